@@ -1,0 +1,92 @@
+//! Injected clocks. The core never reads time; stores read a [`Clock`] once
+//! per transaction and clients read one for their local deadlines.
+
+use crate::sync::{Arc, AtomicU64, Ordering};
+use std::fmt;
+
+/// A source of milliseconds. Implementations must be cheap and thread-safe.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// The current reading, in milliseconds since the clock's own origin.
+    fn now_ms(&self) -> u64;
+}
+
+/// Wall-clock time: milliseconds since the Unix epoch. It can step forward
+/// or back (NTP, an operator); use it only where time must be shared
+/// between machines.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    // The one place wall time is read (clippy.toml bans it elsewhere).
+    #[allow(clippy::disallowed_methods)]
+    fn now_ms(&self) -> u64 {
+        let now = std::time::SystemTime::now();
+        match now.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Err(_) => 0,
+        }
+    }
+}
+
+/// Monotonic time: milliseconds since this clock was created. Immune to
+/// wall-clock steps; the default for holders' local deadlines and for the
+/// in-memory store.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: std::time::Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    // The one place monotonic time is read (clippy.toml bans it elsewhere).
+    #[allow(clippy::disallowed_methods)]
+    pub fn new() -> Self {
+        MonotonicClock {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock that moves only when told to: for tests and the simulator.
+/// Clones share the same reading.
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock {
+    now_ms: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock reading `now_ms`.
+    pub fn new(now_ms: u64) -> Self {
+        ManualClock {
+            now_ms: Arc::new(AtomicU64::new(now_ms)),
+        }
+    }
+
+    /// Set the reading (it may go backwards, to test clock steps).
+    pub fn set(&self, now_ms: u64) {
+        self.now_ms.store(now_ms, Ordering::SeqCst);
+    }
+
+    /// Move the reading forward by `delta_ms`.
+    pub fn advance(&self, delta_ms: u64) {
+        self.now_ms.fetch_add(delta_ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,278 @@
+//! Lease rules (L1, L2, L4, L5) and the holder's local deadline (L3).
+//!
+//! See the [module docs of `core`](super) for the state, transitions and
+//! invariants. Each operation validates, decides on a read-only view of the
+//! record, and only then mutates it.
+
+use super::{check_key, expiry_ms, Holder, HolderId, HolderInfo, Txn, MAX_LEASE_LIMIT};
+use crate::error::{Error, LostReason, Result, Target};
+
+/// The stored state of one key. It is created by the first grant and never
+/// deleted, so `last_token` outlives every lease on the key (L2).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The highest token ever granted for this key.
+    pub last_token: u64,
+    /// Holder slots; some may have expired since the last write.
+    pub slots: Vec<LeaseSlot>,
+}
+
+/// One holder's grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSlot {
+    /// Who holds it.
+    pub holder: Holder,
+    /// Its fencing token.
+    pub token: u64,
+    /// First instant (store clock, ms) at which the slot is expired.
+    pub expires_at_ms: u64,
+}
+
+impl LeaseSlot {
+    /// Whether the slot is live at `now_ms`. Expiry is exclusive: at
+    /// `expires_at_ms` the slot is already expired.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        now_ms < self.expires_at_ms
+    }
+
+    fn info(&self) -> HolderInfo {
+        HolderInfo {
+            holder: self.holder.clone(),
+            token: self.token,
+            expires_at_ms: self.expires_at_ms,
+        }
+    }
+}
+
+impl LeaseRecord {
+    /// Live holders at `now_ms`, in grant order.
+    pub fn live(&self, now_ms: u64) -> impl Iterator<Item = &LeaseSlot> + '_ {
+        self.slots.iter().filter(move |s| s.is_live(now_ms))
+    }
+
+    fn live_infos(&self, now_ms: u64) -> Vec<HolderInfo> {
+        self.live(now_ms).map(LeaseSlot::info).collect()
+    }
+
+    /// Why `holder`/`token` does not name a live slot (used for every
+    /// refused renew and release).
+    fn lost_reason(&self, holder: HolderId, token: u64, now_ms: u64) -> LostReason {
+        match self.slots.iter().find(|s| s.token == token) {
+            Some(s) if s.holder.id != holder => LostReason::NotHolder,
+            Some(s) if !s.is_live(now_ms) => LostReason::Expired,
+            _ => LostReason::StaleToken,
+        }
+    }
+
+    fn position(&self, holder: HolderId, token: u64, now_ms: u64) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.holder.id == holder && s.token == token && s.is_live(now_ms))
+    }
+}
+
+/// A successful acquire or renew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token (unchanged by renewals).
+    pub token: u64,
+    /// When the grant expires on the store's clock.
+    pub expires_at_ms: u64,
+    /// The store's clock when it was granted.
+    pub granted_at_ms: u64,
+    /// True if the holder already held the key and this call extended it.
+    pub renewed: bool,
+}
+
+/// Live holders of a key and its token counter.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseInfo {
+    /// The highest token ever granted for the key (0 if never).
+    pub last_token: u64,
+    /// Live holders at the store's `now_ms`.
+    pub holders: Vec<HolderInfo>,
+    /// The store's clock at the time of the inspection.
+    pub now_ms: u64,
+}
+
+fn check_limit(limit: u32) -> Result<()> {
+    if limit == 0 || limit > MAX_LEASE_LIMIT {
+        return Err(Error::invalid(
+            "limit",
+            format!("{limit} is outside 1..={MAX_LEASE_LIMIT}"),
+        ));
+    }
+    Ok(())
+}
+
+fn lost(key: &str, token: u64, reason: LostReason) -> Error {
+    Error::Lost {
+        target: Target::Lease {
+            key: key.to_owned(),
+            token,
+        },
+        reason,
+    }
+}
+
+/// Try to acquire `key` for `holder` for `ttl_ms`, allowing up to `limit`
+/// holders at once. A holder that already holds the key gets its slot
+/// extended with the same token (no self-deadlock).
+pub fn acquire(
+    tx: &mut dyn Txn,
+    key: &str,
+    holder: &Holder,
+    ttl_ms: u64,
+    limit: u32,
+) -> Result<Grant> {
+    check_key("key", key)?;
+    check_limit(limit)?;
+    let now_ms = tx.now_ms();
+    let expires_at_ms = expiry_ms("ttl", now_ms, ttl_ms)?;
+    let rec = tx
+        .lease_mut(key, true)?
+        .ok_or_else(|| Error::store(format!("acquiring {key:?}"), "record was not created"))?;
+    if let Some(i) = rec
+        .slots
+        .iter()
+        .position(|s| s.holder.id == holder.id && s.is_live(now_ms))
+    {
+        let slot = &mut rec.slots[i];
+        slot.expires_at_ms = expires_at_ms;
+        slot.holder.label.clone_from(&holder.label);
+        return Ok(Grant {
+            token: slot.token,
+            expires_at_ms,
+            granted_at_ms: now_ms,
+            renewed: true,
+        });
+    }
+    let live = rec.live(now_ms).count();
+    if live >= limit as usize {
+        return Err(Error::Held {
+            key: key.to_owned(),
+            holders: rec.live_infos(now_ms),
+        });
+    }
+    let token = rec
+        .last_token
+        .checked_add(1)
+        .ok_or_else(|| Error::store(format!("acquiring {key:?}"), "token counter exhausted"))?;
+    rec.slots.retain(|s| s.is_live(now_ms));
+    rec.last_token = token;
+    rec.slots.push(LeaseSlot {
+        holder: holder.clone(),
+        token,
+        expires_at_ms,
+    });
+    Ok(Grant {
+        token,
+        expires_at_ms,
+        granted_at_ms: now_ms,
+        renewed: false,
+    })
+}
+
+/// Extend the live slot named by `holder` and `token` to `now + ttl_ms`.
+/// An expired slot is not revived: the holder must acquire again and gets a
+/// new token.
+pub fn renew(
+    tx: &mut dyn Txn,
+    key: &str,
+    holder: HolderId,
+    token: u64,
+    ttl_ms: u64,
+) -> Result<Grant> {
+    check_key("key", key)?;
+    let now_ms = tx.now_ms();
+    let expires_at_ms = expiry_ms("ttl", now_ms, ttl_ms)?;
+    let Some(rec) = tx.lease_mut(key, false)? else {
+        return Err(lost(key, token, LostReason::StaleToken));
+    };
+    let Some(i) = rec.position(holder, token, now_ms) else {
+        return Err(lost(key, token, rec.lost_reason(holder, token, now_ms)));
+    };
+    rec.slots[i].expires_at_ms = expires_at_ms;
+    Ok(Grant {
+        token,
+        expires_at_ms,
+        granted_at_ms: now_ms,
+        renewed: true,
+    })
+}
+
+/// Release the live slot named by `holder` and `token`.
+pub fn release(
+    tx: &mut dyn Txn,
+    key: &str,
+    holder: HolderId,
+    token: u64,
+) -> Result<()> {
+    check_key("key", key)?;
+    let now_ms = tx.now_ms();
+    let Some(rec) = tx.lease_mut(key, false)? else {
+        return Err(lost(key, token, LostReason::StaleToken));
+    };
+    let Some(i) = rec.position(holder, token, now_ms) else {
+        return Err(lost(key, token, rec.lost_reason(holder, token, now_ms)));
+    };
+    rec.slots.remove(i);
+    rec.slots.retain(|s| s.is_live(now_ms));
+    tx.lease_freed(key);
+    Ok(())
+}
+
+/// The live holders of `key` and its token counter; changes nothing.
+pub fn inspect(tx: &mut dyn Txn, key: &str) -> Result<LeaseInfo> {
+    check_key("key", key)?;
+    let now_ms = tx.now_ms();
+    Ok(match tx.lease_mut(key, false)? {
+        Some(rec) => LeaseInfo {
+            last_token: rec.last_token,
+            holders: rec.live_infos(now_ms),
+            now_ms,
+        },
+        None => LeaseInfo {
+            now_ms,
+            ..LeaseInfo::default()
+        },
+    })
+}
+
+/// How far a holder's clock may drift from the store's, and the extra
+/// safety margin it keeps before its lease's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriftBound {
+    /// Maximum rate difference between the holder's monotonic clock and the
+    /// store's clock, in parts per million.
+    pub ppm: u32,
+    /// Fixed margin subtracted from every local deadline (for example the
+    /// time an action takes to reach the protected resource).
+    pub margin_ms: u64,
+}
+
+impl Default for DriftBound {
+    /// 1 % drift and no fixed margin.
+    fn default() -> Self {
+        DriftBound {
+            ppm: 10_000,
+            margin_ms: 0,
+        }
+    }
+}
+
+/// The holder's local validity deadline (L3), on its own monotonic clock.
+///
+/// `sent_at_ms` is the local clock read *before* the request was sent: the
+/// store started the TTL no earlier than that. If the local clock runs at a
+/// rate within `1 ± ppm/1e6` of the store's, a local elapsed time below
+/// `ttl * (1 - ppm/1e6)` is a store elapsed time below `ttl`, so the holder
+/// stops acting before the store can grant the key to anyone else.
+pub fn local_deadline_ms(sent_at_ms: u64, ttl_ms: u64, drift: DriftBound) -> u64 {
+    let drift_ms = (u128::from(ttl_ms) * u128::from(drift.ppm)).div_ceil(1_000_000);
+    let drift_ms = u64::try_from(drift_ms).unwrap_or(u64::MAX);
+    let valid_ms = ttl_ms
+        .saturating_sub(drift_ms)
+        .saturating_sub(drift.margin_ms);
+    sent_at_ms.saturating_add(valid_ms)
+}

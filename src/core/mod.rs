@@ -1,0 +1,202 @@
+//! The rules: pure lease and job-claim state machines.
+//!
+//! Nothing in this module reads a clock, touches a file or socket, spawns a
+//! thread or draws unseeded randomness (`clippy.toml` forbids it and CI runs
+//! clippy with `-D warnings`). Time is an argument (`now_ms`, read by the store
+//! from its clock once per transaction), storage is the [`Txn`] trait, and
+//! jitter comes from a seed the caller passes in. This is the only place the
+//! rules live: stores map records to memory, rows or files and make a
+//! transaction atomic; they never decide anything.
+//!
+//! # Leases ([`lease`])
+//! State per key: a [`LeaseRecord`] with the key's `last_token` counter and
+//! up to `limit` holder slots, each with its own token and `expires_at_ms`.
+//! A slot is live while `now_ms < expires_at_ms`.
+//! Transitions: acquire (new slot, token = ++last_token; by a current holder:
+//! extend its slot, same token), renew (extend a live slot named by holder
+//! and token), release (remove it), inspect.
+//! Invariants: live slots <= limit (L1 for limit 1); `last_token` never
+//! decreases and every grant gets a token greater than all earlier ones for the
+//! key, because the record and its counter outlive every slot (L2); only the
+//! holder id + token of a live slot can renew or release it (L5).
+//!
+//! # Jobs ([`job`])
+//! State per job: a [`JobRecord`] in one of [`JobState`]; a running job
+//! carries a claim (holder, token, `lease_until_ms`).
+//! Transitions: enqueue (-> ready, or scheduled until `run_at_ms`), promote
+//! (scheduled -> ready once due), claim (ready -> running, attempts += 1,
+//! token = ++last_token), heartbeat (extend the claim), complete (-> done),
+//! fail (-> scheduled with backoff, or dead after `max_attempts`), expire
+//! (running past its lease -> scheduled, or dead), cancel, retry, purge.
+//! Invariants: a job has at most one claim and only a running job has one
+//! (Q1); complete/fail/heartbeat need the current token of an unexpired
+//! claim (Q2); every job is in exactly one state and every transition moves
+//! it between states without losing it (Q3); attempts grow at claim and a job
+//! is dead once they reach `max_attempts` (Q4); claim takes the ready job
+//! with the highest priority, then earliest `run_at_ms`, then lowest id (Q5).
+//!
+//! Every operation decides before it changes anything: a rule error (held,
+//! lost, invalid) leaves the records untouched, so a store's rollback is only
+//! ever needed for its own I/O errors (S1).
+
+pub mod job;
+pub mod lease;
+mod txn;
+
+pub use job::{
+    backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec,
+    JobState, QueuePolicy, StateCounts,
+};
+pub use lease::{local_deadline_ms, DriftBound, Grant, LeaseInfo, LeaseRecord, LeaseSlot};
+pub use txn::{JobQuery, Txn};
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::sync::Arc;
+
+/// Longest accepted lease or claim TTL: one year.
+pub const MAX_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
+/// Longest accepted key or queue name, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest accepted holder label, unique key or error text, in bytes.
+pub const MAX_TEXT_BYTES: usize = 4096;
+/// Largest accepted job payload.
+pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
+/// Most holders a counting lease may allow.
+pub const MAX_LEASE_LIMIT: u32 = 1024;
+/// Most attempts a job may allow.
+pub const MAX_ATTEMPTS: u32 = 10_000;
+/// Most jobs one batch claim may take.
+pub const MAX_BATCH: usize = 10_000;
+
+/// A holder's identity: a random UUID, fixed for the life of a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderId(pub u128);
+
+impl HolderId {
+    /// Parse the hyphenated UUID form.
+    pub fn parse(text: &str) -> Result<Self> {
+        uuid::Uuid::parse_str(text)
+            .map(|u| HolderId(u.as_u128()))
+            .map_err(|e| Error::invalid("holder", format!("{text:?} is not a UUID: {e}")))
+    }
+}
+
+impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&uuid::Uuid::from_u128(self.0).hyphenated(), f)
+    }
+}
+
+/// Who holds a lease: an id plus an optional human label (host, pid, start
+/// time) so that "who holds it?" has an answer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Holder {
+    /// The identity compared by every rule.
+    pub id: HolderId,
+    /// Free text for people; never compared.
+    pub label: Option<Arc<str>>,
+}
+
+impl Holder {
+    /// A holder with no label.
+    pub fn new(id: HolderId) -> Self {
+        Holder { id, label: None }
+    }
+
+    /// A holder with a label.
+    pub fn with_label(id: HolderId, label: &str) -> Result<Self> {
+        check_text("holder label", label)?;
+        Ok(Holder {
+            id,
+            label: Some(Arc::from(label)),
+        })
+    }
+}
+
+/// One live holder as reported by inspect or by a [`Error::Held`] answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// Who.
+    pub holder: Holder,
+    /// The fencing token of its grant.
+    pub token: u64,
+    /// When its slot expires, on the store's clock (ms).
+    pub expires_at_ms: u64,
+}
+
+impl fmt::Display for HolderInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.holder.id)?;
+        if let Some(label) = &self.holder.label {
+            write!(f, " ({label})")?;
+        }
+        write!(
+            f,
+            " with token {} until {} ms",
+            self.token, self.expires_at_ms
+        )
+    }
+}
+
+/// Check a key or queue name: 1..=[`MAX_KEY_BYTES`] bytes, no NUL, no
+/// control characters. Any other text (slashes, `..`, unicode) is a valid
+/// key; stores that map keys to file names encode them.
+pub fn check_key(field: &'static str, key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("{} bytes is longer than {MAX_KEY_BYTES}", key.len()),
+        ));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            field,
+            format!("{key:?} contains a control character"),
+        ));
+    }
+    Ok(())
+}
+
+/// Check free text (labels, unique keys, error reasons): at most
+/// [`MAX_TEXT_BYTES`] bytes and no NUL.
+pub fn check_text(field: &'static str, text: &str) -> Result<()> {
+    if text.len() > MAX_TEXT_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("{} bytes is longer than {MAX_TEXT_BYTES}", text.len()),
+        ));
+    }
+    if text.contains('\0') {
+        return Err(Error::invalid(field, "contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// Check a TTL and compute `now_ms + ttl_ms` without overflow.
+pub fn expiry_ms(field: &'static str, now_ms: u64, ttl_ms: u64) -> Result<u64> {
+    if ttl_ms == 0 {
+        return Err(Error::invalid(field, "must be at least 1 ms"));
+    }
+    if ttl_ms > MAX_TTL_MS {
+        return Err(Error::invalid(
+            field,
+            format!("{ttl_ms} ms is longer than the maximum of {MAX_TTL_MS} ms (one year)"),
+        ));
+    }
+    now_ms
+        .checked_add(ttl_ms)
+        .ok_or_else(|| Error::invalid(field, format!("now + {ttl_ms} ms overflows the clock")))
+}
+
+/// A deterministic 64-bit mix (SplitMix64 finalizer): jitter from a seed
+/// without any randomness source.
+pub fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}

@@ -1,0 +1,71 @@
+//! Storage adapters. A [`Store`] runs a closure over a [`Txn`] atomically;
+//! the rules in [`crate::core`] do the rest. Adapters stay thin: they map
+//! records to memory, rows or files, keep indexes, and make a transaction
+//! all-or-nothing (S1). They never decide whether a lease is held or a job
+//! is claimable.
+
+pub mod mem;
+
+use crate::core::Txn;
+use crate::error::Result;
+use std::time::Duration;
+
+pub use mem::MemStore;
+
+/// Atomic transactions over lease and job records.
+///
+/// `transact` runs `f` once per attempt; a store that retries internally
+/// (on its own transient errors) may call it again, so `f` must not keep
+/// effects outside the transaction between calls. When `f` returns `Err`,
+/// nothing it did through the [`Txn`] is kept.
+pub trait Store: Send + Sync {
+    /// Run `f` in one atomic transaction.
+    fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()>;
+
+    /// A short description for messages (`"mem"`, `"sqlite:/var/lib/x.db"`).
+    fn describe(&self) -> String;
+
+    /// A counter that changes whenever a lease slot is freed (released).
+    /// Stores that cannot tell return 0 forever, and waiters poll.
+    fn lease_epoch(&self) -> u64 {
+        0
+    }
+
+    /// Block until [`Store::lease_epoch`] differs from `epoch` or `timeout`
+    /// passes; returns true if woken by a change. The default just sleeps.
+    fn wait_lease_epoch(&self, epoch: u64, timeout: Duration) -> bool {
+        let _ = epoch;
+        crate::sync::sleep(timeout);
+        false
+    }
+}
+
+/// Typed convenience over [`Store::transact`].
+pub trait StoreExt: Store {
+    /// Run `f` in one transaction and return its value.
+    fn txn<R>(&self, mut f: impl FnMut(&mut dyn Txn) -> Result<R>) -> Result<R> {
+        let mut out = None;
+        self.transact(&mut |tx| {
+            out = Some(f(tx)?);
+            Ok(())
+        })?;
+        out.ok_or_else(|| crate::error::Error::store("running a transaction", "no result"))
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}
+
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
+        (**self).transact(f)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn lease_epoch(&self) -> u64 {
+        (**self).lease_epoch()
+    }
+    fn wait_lease_epoch(&self, epoch: u64, timeout: Duration) -> bool {
+        (**self).wait_lease_epoch(epoch, timeout)
+    }
+}
