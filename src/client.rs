@@ -474,7 +474,10 @@ impl Lifeline {
             });
         if let Err(e) = spawned {
             lock(&self.state).thread_running = false;
-            return Err(Error::store("starting the keep-alive thread", e.to_string()));
+            return Err(Error::store(
+                "starting the keep-alive thread",
+                e.to_string(),
+            ));
         }
         Ok(())
     }
@@ -612,11 +615,7 @@ impl LeaseGuard {
                 core::lease::renew(tx, &key, id, token, ttl_ms)
             })?;
             Ok(RenewOk {
-                local_deadline_ms: core::local_deadline_ms(
-                    sent_at_ms,
-                    ttl_ms,
-                    client.inner.drift,
-                ),
+                local_deadline_ms: core::local_deadline_ms(sent_at_ms, ttl_ms, client.inner.drift),
                 cancel_requested: false,
             })
         })

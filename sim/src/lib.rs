@@ -1,1 +1,1 @@
-pub fn y(){}
+pub fn y() {}

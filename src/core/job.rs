@@ -451,11 +451,13 @@ pub fn maintain(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<(
 fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) {
     job.expiries = job.expiries.saturating_add(1);
     let quarantined = policy.quarantine_expiries > 0 && job.expiries >= policy.quarantine_expiries;
-    job.last_error = Some(Arc::from(if quarantined && job.attempts < job.max_attempts {
-        "lease expired (crash loop: quarantined)"
-    } else {
-        "lease expired"
-    }));
+    job.last_error = Some(Arc::from(
+        if quarantined && job.attempts < job.max_attempts {
+            "lease expired (crash loop: quarantined)"
+        } else {
+            "lease expired"
+        },
+    ));
     settle_failure(job, now_ms, policy, quarantined);
 }
 

@@ -202,12 +202,7 @@ pub fn renew(
 }
 
 /// Release the live slot named by `holder` and `token`.
-pub fn release(
-    tx: &mut dyn Txn,
-    key: &str,
-    holder: HolderId,
-    token: u64,
-) -> Result<()> {
+pub fn release(tx: &mut dyn Txn, key: &str, holder: HolderId, token: u64) -> Result<()> {
     check_key("key", key)?;
     let now_ms = tx.now_ms();
     let Some(rec) = tx.lease_mut(key, false)? else {

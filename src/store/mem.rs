@@ -4,11 +4,13 @@
 //! ordered set, so a claim costs O(log n) in the queue's depth and nothing in
 //! the number of finished jobs. The store's clock never goes backwards: each
 //! transaction reads `max(clock, last reading)`.
+//!
+//! Atomicity (S1): a transaction writes in place and keeps an undo log of
+//! the first old value of every record it touches; if the closure returns
+//! `Err`, the log is replayed backwards and the state is as before.
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::core::{
-    ClaimRank, JobId, JobQuery, JobRecord, JobState, LeaseRecord, StateCounts, Txn,
-};
+use crate::core::{ClaimRank, JobId, JobQuery, JobRecord, JobState, LeaseRecord, StateCounts, Txn};
 use crate::error::Result;
 use crate::store::Store;
 use crate::sync::{lock, Condvar, Mutex};
@@ -80,14 +82,66 @@ impl QueueIndex {
     }
 }
 
+/// The old value of something a transaction changed.
+#[derive(Debug)]
+enum Undo {
+    Lease(Arc<str>, Option<LeaseRecord>),
+    Job(JobId, Option<JobRecord>),
+    LastJobId(u64),
+}
+
 #[derive(Debug, Default)]
 struct MemState {
     last_now_ms: u64,
-    leases: HashMap<String, LeaseRecord>,
+    leases: HashMap<Arc<str>, LeaseRecord>,
     jobs: HashMap<JobId, JobRecord>,
     queues: HashMap<Arc<str>, QueueIndex>,
     last_job_id: u64,
     lease_epoch: u64,
+    /// Reused between transactions so a transaction does not allocate it.
+    undo: Vec<Undo>,
+}
+
+impl MemState {
+    /// Insert, replace or remove a job, keeping its queue's index in step.
+    /// Returns the previous record.
+    fn set_job(&mut self, id: JobId, new: Option<&JobRecord>) -> Option<JobRecord> {
+        let old = match new {
+            Some(job) => self.jobs.insert(id, job.clone()),
+            None => self.jobs.remove(&id),
+        };
+        if let Some(old) = &old {
+            if let Some(index) = self.queues.get_mut(&*old.queue) {
+                index.remove(old);
+            }
+        }
+        if let Some(job) = new {
+            if !self.queues.contains_key(&*job.queue) {
+                self.queues.insert(job.queue.clone(), QueueIndex::default());
+            }
+            if let Some(index) = self.queues.get_mut(&*job.queue) {
+                index.insert(job);
+            }
+        }
+        old
+    }
+
+    fn rollback(&mut self) {
+        while let Some(undo) = self.undo.pop() {
+            match undo {
+                Undo::Lease(key, Some(rec)) => {
+                    self.leases.insert(key, rec);
+                }
+                Undo::Lease(key, None) => {
+                    self.leases.remove(&key);
+                }
+                Undo::Job(id, old) => {
+                    self.set_job(id, old.as_ref());
+                }
+                Undo::LastJobId(last) => self.last_job_id = last,
+            }
+        }
+    }
 }
 
 /// The in-memory [`Store`]. Thread-safe; clone the `Arc` to share it.
@@ -132,12 +186,17 @@ impl Txn for MemTxn<'_> {
     }
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
-        if create && !self.st.leases.contains_key(key) {
-            self.st
-                .leases
-                .insert(key.to_owned(), LeaseRecord::default());
+        let st = &mut *self.st;
+        match st.leases.get_key_value(key) {
+            Some((k, rec)) => st.undo.push(Undo::Lease(k.clone(), Some(rec.clone()))),
+            None if create => {
+                let k: Arc<str> = Arc::from(key);
+                st.undo.push(Undo::Lease(k.clone(), None));
+                st.leases.insert(k, LeaseRecord::default());
+            }
+            None => return Ok(None),
         }
-        Ok(self.st.leases.get_mut(key))
+        Ok(st.leases.get_mut(key))
     }
 
     fn lease_freed(&mut self, _key: &str) {
@@ -145,6 +204,7 @@ impl Txn for MemTxn<'_> {
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
+        self.st.undo.push(Undo::LastJobId(self.st.last_job_id));
         self.st.last_job_id += 1;
         Ok(JobId(self.st.last_job_id))
     }
@@ -154,32 +214,14 @@ impl Txn for MemTxn<'_> {
     }
 
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
-        let st = &mut *self.st;
-        if !st.queues.contains_key(&*job.queue) {
-            st.queues.insert(job.queue.clone(), QueueIndex::default());
-        }
-        let Some(index) = st.queues.get_mut(&*job.queue) else {
-            return Ok(());
-        };
-        match st.jobs.get_mut(&job.id) {
-            Some(old) => {
-                index.remove(old);
-                old.clone_from(job);
-            }
-            None => {
-                st.jobs.insert(job.id, job.clone());
-            }
-        }
-        index.insert(job);
+        let old = self.st.set_job(job.id, Some(job));
+        self.st.undo.push(Undo::Job(job.id, old));
         Ok(())
     }
 
     fn delete_job(&mut self, id: JobId) -> Result<()> {
-        if let Some(old) = self.st.jobs.remove(&id) {
-            if let Some(index) = self.st.queues.get_mut(&*old.queue) {
-                index.remove(&old);
-            }
-        }
+        let old = self.st.set_job(id, None);
+        self.st.undo.push(Undo::Job(id, old));
         Ok(())
     }
 
@@ -250,6 +292,8 @@ impl Txn for MemTxn<'_> {
 impl Store for MemStore {
     fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
         let mut st = lock(&self.state);
+        // A transaction that panicked left its undo log: finish rolling it back.
+        st.rollback();
         let now_ms = self.clock.now_ms().max(st.last_now_ms);
         st.last_now_ms = now_ms;
         let mut tx = MemTxn {
@@ -258,9 +302,15 @@ impl Store for MemStore {
             freed: false,
         };
         let result = f(&mut tx);
-        if result.is_ok() && tx.freed {
-            st.lease_epoch = st.lease_epoch.wrapping_add(1);
-            self.freed.notify_all();
+        let freed = tx.freed;
+        if result.is_err() {
+            st.rollback();
+        } else {
+            st.undo.clear();
+            if freed {
+                st.lease_epoch = st.lease_epoch.wrapping_add(1);
+                self.freed.notify_all();
+            }
         }
         result
     }

@@ -1,0 +1,800 @@
+//! The conformance suite: written once, run against every `Store`.
+//!
+//! Each case drives the pure rules (`leasehold::core`) through a store whose
+//! clock is a `ManualClock`, so boundary instants are exact. A store joins
+//! the suite with one line: `conformance_cases!(|clock| make_store(clock));`
+//! in `main.rs`.
+
+use leasehold::core::{self, lease::LeaseInfo, JobQuery, Txn};
+use leasehold::{
+    Error, Holder, HolderId, JobId, JobRecord, JobSpec, JobState, LostReason, ManualClock,
+    QueuePolicy, StateCounts, Store, StoreExt,
+};
+use std::sync::Arc;
+
+/// Builds a fresh, empty store on the given clock.
+pub type Make = dyn Fn(&ManualClock) -> Arc<dyn Store>;
+
+pub const T0: u64 = 1_000_000;
+
+pub struct World {
+    pub store: Arc<dyn Store>,
+    pub clock: ManualClock,
+    pub policy: QueuePolicy,
+}
+
+pub fn holder(n: u128) -> Holder {
+    Holder::with_label(HolderId(n), &format!("h{n}")).unwrap()
+}
+
+impl World {
+    pub fn new(make: &Make) -> World {
+        let clock = ManualClock::new(T0);
+        World {
+            store: make(&clock),
+            clock,
+            policy: QueuePolicy {
+                backoff_base_ms: 100,
+                backoff_max_ms: 10_000,
+                jitter_seed: 7,
+                quarantine_expiries: 0,
+            },
+        }
+    }
+
+    pub fn at(&self, now_ms: u64) {
+        self.clock.set(now_ms);
+    }
+
+    pub fn tx<R>(
+        &self,
+        f: impl FnMut(&mut dyn Txn) -> leasehold::Result<R>,
+    ) -> leasehold::Result<R> {
+        self.store.txn(f)
+    }
+
+    pub fn acquire(
+        &self,
+        key: &str,
+        h: u128,
+        ttl: u64,
+        limit: u32,
+    ) -> leasehold::Result<core::Grant> {
+        let holder = holder(h);
+        self.tx(|tx| core::lease::acquire(tx, key, &holder, ttl, limit))
+    }
+
+    pub fn renew(
+        &self,
+        key: &str,
+        h: u128,
+        token: u64,
+        ttl: u64,
+    ) -> leasehold::Result<core::Grant> {
+        self.tx(|tx| core::lease::renew(tx, key, HolderId(h), token, ttl))
+    }
+
+    pub fn release(&self, key: &str, h: u128, token: u64) -> leasehold::Result<()> {
+        self.tx(|tx| core::lease::release(tx, key, HolderId(h), token))
+    }
+
+    pub fn inspect(&self, key: &str) -> LeaseInfo {
+        self.tx(|tx| core::lease::inspect(tx, key)).unwrap()
+    }
+
+    pub fn push(&self, queue: &str, spec: JobSpec) -> JobId {
+        self.tx(|tx| core::job::enqueue(tx, queue, &spec))
+            .unwrap()
+            .id
+    }
+
+    pub fn claim(&self, queue: &str, h: u128, lease: u64, max: usize) -> Vec<JobRecord> {
+        let policy = self.policy;
+        self.tx(|tx| core::job::claim(tx, queue, HolderId(h), lease, max, &policy))
+            .unwrap()
+    }
+
+    pub fn claim_one(&self, queue: &str, h: u128, lease: u64) -> JobRecord {
+        let mut jobs = self.claim(queue, h, lease, 1);
+        assert_eq!(jobs.len(), 1, "expected one claimable job");
+        jobs.remove(0)
+    }
+
+    pub fn complete(&self, job: &JobRecord, h: u128) -> leasehold::Result<()> {
+        let token = job.claim.unwrap().token;
+        self.tx(|tx| core::job::complete(tx, job.id, HolderId(h), token))
+    }
+
+    pub fn fail(&self, job: &JobRecord, h: u128, reason: &str) -> leasehold::Result<JobState> {
+        let token = job.claim.unwrap().token;
+        let policy = self.policy;
+        self.tx(|tx| core::job::fail(tx, job.id, HolderId(h), token, reason, &policy))
+    }
+
+    pub fn get(&self, id: JobId) -> JobRecord {
+        let policy = self.policy;
+        self.tx(|tx| core::job::get(tx, id, &policy)).unwrap()
+    }
+
+    pub fn stats(&self, queue: &str) -> StateCounts {
+        let policy = self.policy;
+        self.tx(|tx| core::job::stats(tx, queue, &policy)).unwrap()
+    }
+
+    pub fn list(&self, queue: &str, state: Option<JobState>) -> Vec<JobRecord> {
+        let policy = self.policy;
+        self.tx(|tx| core::job::list(tx, queue, state, JobId(0), 10_000, &policy))
+            .unwrap()
+    }
+
+    /// Everything observable about the given keys and queues, for
+    /// "nothing changed" checks.
+    pub fn snapshot(&self, keys: &[&str], queues: &[&str]) -> String {
+        let mut out = String::new();
+        for key in keys {
+            out += &format!("{key}: {:?}\n", self.inspect(key).holders);
+            out += &format!("{key} last: {}\n", self.inspect(key).last_token);
+        }
+        for q in queues {
+            out += &format!("{q}: {:?}\n", self.stats(q));
+            for job in self.list(q, None) {
+                out += &format!("{job:?}\n");
+            }
+        }
+        out
+    }
+}
+
+fn lost_reason<T: std::fmt::Debug>(r: leasehold::Result<T>) -> LostReason {
+    match r {
+        Err(Error::Lost { reason, .. }) => reason,
+        other => panic!("expected Lost, got {other:?}"),
+    }
+}
+
+fn counts(
+    ready: u64,
+    scheduled: u64,
+    running: u64,
+    done: u64,
+    dead: u64,
+    cancelled: u64,
+) -> StateCounts {
+    StateCounts([ready, scheduled, running, done, dead, cancelled])
+}
+
+// ---------------------------------------------------------------- leases
+
+pub fn lease_exclusive_then_released(make: &Make) {
+    let w = World::new(make);
+    let g1 = w.acquire("k", 1, 1000, 1).unwrap();
+    assert_eq!(g1.token, 1);
+    assert!(!g1.renewed);
+    assert_eq!(g1.expires_at_ms, T0 + 1000);
+    match w.acquire("k", 2, 1000, 1) {
+        Err(Error::Held { key, holders }) => {
+            assert_eq!(key, "k");
+            assert_eq!(holders.len(), 1);
+            assert_eq!(holders[0].holder.id, HolderId(1));
+            assert_eq!(holders[0].holder.label.as_deref(), Some("h1"));
+            assert_eq!(holders[0].expires_at_ms, T0 + 1000);
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    w.release("k", 1, g1.token).unwrap();
+    let g2 = w.acquire("k", 2, 1000, 1).unwrap();
+    assert_eq!(g2.token, 2, "L2: token grows across release");
+    assert_eq!(w.inspect("k").last_token, 2);
+}
+
+pub fn lease_expiry_boundary(make: &Make) {
+    let w = World::new(make);
+    let g1 = w.acquire("k", 1, 100, 1).unwrap();
+    w.at(T0 + 99);
+    assert!(matches!(w.acquire("k", 2, 100, 1), Err(Error::Held { .. })));
+    assert_eq!(w.inspect("k").holders.len(), 1);
+    w.at(T0 + 100);
+    assert!(
+        w.inspect("k").holders.is_empty(),
+        "expired exactly at expires_at"
+    );
+    assert_eq!(
+        lost_reason(w.renew("k", 1, g1.token, 100)),
+        LostReason::Expired
+    );
+    let g2 = w.acquire("k", 2, 100, 1).unwrap();
+    assert_eq!(g2.token, 2, "L2: token grows across expiry");
+    w.at(T0 + 101);
+    assert_eq!(
+        lost_reason(w.renew("k", 1, g1.token, 100)),
+        LostReason::StaleToken
+    );
+    assert_eq!(
+        lost_reason(w.release("k", 1, g1.token)),
+        LostReason::StaleToken
+    );
+    assert_eq!(
+        w.inspect("k").holders[0].token,
+        2,
+        "stale calls changed nothing"
+    );
+}
+
+pub fn lease_renew_and_reacquire(make: &Make) {
+    let w = World::new(make);
+    let g = w.acquire("k", 1, 100, 1).unwrap();
+    w.at(T0 + 50);
+    let r = w.renew("k", 1, g.token, 100).unwrap();
+    assert_eq!(
+        (r.token, r.expires_at_ms, r.renewed),
+        (g.token, T0 + 150, true)
+    );
+    w.at(T0 + 120);
+    let again = w.acquire("k", 1, 200, 1).unwrap();
+    assert_eq!(
+        again.token, g.token,
+        "re-acquire by the holder keeps its token"
+    );
+    assert!(again.renewed);
+    assert_eq!(again.expires_at_ms, T0 + 320);
+    assert_eq!(w.inspect("k").holders.len(), 1);
+}
+
+pub fn lease_identity_checks(make: &Make) {
+    let w = World::new(make);
+    let g = w.acquire("k", 1, 100, 1).unwrap();
+    assert_eq!(
+        lost_reason(w.renew("k", 2, g.token, 100)),
+        LostReason::NotHolder
+    );
+    assert_eq!(
+        lost_reason(w.release("k", 2, g.token)),
+        LostReason::NotHolder
+    );
+    assert_eq!(
+        lost_reason(w.renew("k", 1, g.token + 1, 100)),
+        LostReason::StaleToken
+    );
+    assert_eq!(lost_reason(w.release("k", 1, 0)), LostReason::StaleToken);
+    assert_eq!(
+        lost_reason(w.release("other", 1, g.token)),
+        LostReason::StaleToken
+    );
+    assert_eq!(w.inspect("k").holders[0].expires_at_ms, T0 + 100);
+    w.release("k", 1, g.token).unwrap();
+    assert_eq!(
+        lost_reason(w.release("k", 1, g.token)),
+        LostReason::StaleToken
+    );
+}
+
+pub fn lease_counting(make: &Make) {
+    let w = World::new(make);
+    let mut tokens = Vec::new();
+    for h in 1..=3 {
+        w.at(T0 + h as u64);
+        tokens.push(w.acquire("k", h, 100, 3).unwrap().token);
+    }
+    assert_eq!(tokens, vec![1, 2, 3]);
+    match w.acquire("k", 4, 100, 3) {
+        Err(Error::Held { holders, .. }) => assert_eq!(holders.len(), 3),
+        other => panic!("expected Held, got {other:?}"),
+    }
+    // Holder 1 expires first (acquired at T0 + 1).
+    w.at(T0 + 101);
+    let g4 = w.acquire("k", 4, 100, 3).unwrap();
+    assert_eq!(g4.token, 4);
+    let info = w.inspect("k");
+    let ids: Vec<u128> = info.holders.iter().map(|h| h.holder.id.0).collect();
+    assert_eq!(ids, vec![2, 3, 4]);
+    w.release("k", 3, 3).unwrap();
+    assert_eq!(w.acquire("k", 5, 100, 3).unwrap().token, 5);
+}
+
+pub fn lease_inspect_creates_nothing(make: &Make) {
+    let w = World::new(make);
+    let info = w.inspect("never");
+    assert_eq!((info.last_token, info.holders.len()), (0, 0));
+    assert_eq!(
+        lost_reason(w.release("never", 1, 1)),
+        LostReason::StaleToken
+    );
+    assert_eq!(w.acquire("never", 1, 10, 1).unwrap().token, 1);
+}
+
+pub fn lease_hostile_keys(make: &Make) {
+    let w = World::new(make);
+    let long = "x".repeat(leasehold::core::MAX_KEY_BYTES);
+    for key in [
+        "../x",
+        "/etc/passwd",
+        "a/b/../../c",
+        "ключ-🔒",
+        " spaced ",
+        long.as_str(),
+    ] {
+        let g = w.acquire(key, 1, 100, 1).unwrap();
+        assert_eq!(g.token, 1, "key {key:?}");
+        assert_eq!(w.inspect(key).holders.len(), 1);
+    }
+    assert_eq!(w.inspect("x").holders.len(), 0, "keys do not collide");
+}
+
+// ------------------------------------------------------------ atomicity
+
+pub fn txn_rolls_back_on_error(make: &Make) {
+    let w = World::new(make);
+    w.acquire("kept", 1, 1000, 1).unwrap();
+    w.push("q", JobSpec::new("kept"));
+    let before = w.snapshot(&["kept", "k"], &["q"]);
+    let holder = holder(2);
+    let result: leasehold::Result<()> = w.tx(|tx| {
+        core::lease::acquire(tx, "k", &holder, 1000, 1)?;
+        core::job::enqueue(tx, "q", &JobSpec::new("lost"))?;
+        let policy = QueuePolicy::default();
+        core::job::claim(tx, "q", HolderId(2), 1000, 10, &policy)?;
+        Err(Error::transient("testing", "injected failure after writes"))
+    });
+    assert!(result.unwrap_err().is_transient());
+    assert_eq!(
+        w.snapshot(&["kept", "k"], &["q"]),
+        before,
+        "S1: nothing kept"
+    );
+    let next = w.push("q", JobSpec::new("next"));
+    assert!(next > JobId(1));
+}
+
+pub fn store_clock_never_goes_back(make: &Make) {
+    let w = World::new(make);
+    let first = w.tx(|tx| Ok(tx.now_ms())).unwrap();
+    assert_eq!(first, T0);
+    w.at(T0 - 500);
+    let second = w.tx(|tx| Ok(tx.now_ms())).unwrap();
+    assert!(second >= first, "store time went back: {first} -> {second}");
+    w.at(T0 + 10);
+    assert_eq!(w.tx(|tx| Ok(tx.now_ms())).unwrap(), T0 + 10);
+}
+
+// ---------------------------------------------------------------- jobs
+
+pub fn job_claim_order(make: &Make) {
+    let w = World::new(make);
+    let spec = |p: i32, run_at: Option<u64>| JobSpec {
+        priority: p,
+        run_at_ms: run_at,
+        ..JobSpec::new(format!("p{p}"))
+    };
+    let a = w.push("q", spec(0, None)); // fifo 1
+    let b = w.push("q", spec(5, None));
+    let c = w.push("q", spec(0, None)); // fifo 2
+    let d = w.push("q", spec(5, Some(T0 - 10_000))); // past: treated as now, after b by id
+    let e = w.push("q", spec(-1, None));
+    let f = w.push("q", spec(9, Some(T0 + 50))); // scheduled, highest priority
+    let g = w.push("other", spec(100, None));
+    let mut order = Vec::new();
+    for _ in 0..5 {
+        order.push(w.claim_one("q", 1, 1000).id);
+    }
+    assert_eq!(order, vec![b, d, a, c, e], "Q5 order");
+    assert!(w.claim("q", 1, 1000, 1).is_empty(), "f is not due yet");
+    w.at(T0 + 50);
+    assert_eq!(w.claim_one("q", 1, 1000).id, f, "due exactly at run_at");
+    assert_eq!(w.claim_one("other", 1, 1000).id, g);
+}
+
+pub fn job_priority_beats_earlier_run_at(make: &Make) {
+    let w = World::new(make);
+    let low = w.push(
+        "q",
+        JobSpec {
+            priority: 1,
+            ..JobSpec::new("low")
+        },
+    );
+    w.at(T0 + 10);
+    let high = w.push(
+        "q",
+        JobSpec {
+            priority: 2,
+            ..JobSpec::new("high")
+        },
+    );
+    w.at(T0 + 20);
+    let late_low = w.push(
+        "q",
+        JobSpec {
+            priority: 1,
+            ..JobSpec::new("low2")
+        },
+    );
+    let got: Vec<JobId> = w.claim("q", 1, 100, 3).iter().map(|j| j.id).collect();
+    assert_eq!(got, vec![high, low, late_low]);
+}
+
+pub fn job_lifecycle_complete(make: &Make) {
+    let w = World::new(make);
+    let id = w.push("q", JobSpec::new(vec![0u8, 1, 2, 255]));
+    assert_eq!(w.stats("q"), counts(1, 0, 0, 0, 0, 0));
+    let job = w.claim_one("q", 1, 100);
+    assert_eq!(job.id, id);
+    assert_eq!(&*job.payload, &[0u8, 1, 2, 255]);
+    assert_eq!(job.attempts, 1, "Q4: counted at claim");
+    assert_eq!(job.state, JobState::Running);
+    let claim = job.claim.unwrap();
+    assert_eq!(
+        (claim.holder, claim.token, claim.lease_until_ms),
+        (HolderId(1), 1, T0 + 100)
+    );
+    assert_eq!(w.stats("q"), counts(0, 0, 1, 0, 0, 0));
+    assert!(w.claim("q", 2, 100, 5).is_empty(), "Q1: no double claim");
+    // Wrong holder, wrong token: refused, nothing changes.
+    let token = claim.token;
+    let r = w.tx(|tx| core::job::complete(tx, id, HolderId(2), token));
+    assert_eq!(lost_reason(r), LostReason::NotHolder);
+    let r = w.tx(|tx| core::job::complete(tx, id, HolderId(1), token + 1));
+    assert_eq!(lost_reason(r), LostReason::StaleToken);
+    w.complete(&job, 1).unwrap();
+    let done = w.get(id);
+    assert_eq!(
+        (done.state, done.claim, done.finished_at_ms),
+        (JobState::Done, None, Some(T0))
+    );
+    assert_eq!(
+        lost_reason(w.complete(&job, 1)),
+        LostReason::StaleToken,
+        "Q2: at most once"
+    );
+    assert_eq!(w.stats("q"), counts(0, 0, 0, 1, 0, 0));
+}
+
+pub fn job_heartbeat_extends_claim(make: &Make) {
+    let w = World::new(make);
+    let id = w.push("q", JobSpec::new("x"));
+    let job = w.claim_one("q", 1, 100);
+    let token = job.claim.unwrap().token;
+    w.at(T0 + 99);
+    let hb = w
+        .tx(|tx| core::job::heartbeat(tx, id, HolderId(1), token, 100))
+        .unwrap();
+    assert_eq!((hb.lease_until_ms, hb.cancel_requested), (T0 + 199, false));
+    w.at(T0 + 150);
+    assert!(
+        w.claim("q", 2, 100, 1).is_empty(),
+        "still claimed after heartbeat"
+    );
+    w.at(T0 + 199);
+    let r = w.tx(|tx| core::job::heartbeat(tx, id, HolderId(1), token, 100));
+    assert_eq!(
+        lost_reason(r),
+        LostReason::Expired,
+        "expired exactly at lease_until"
+    );
+    assert_eq!(lost_reason(w.complete(&job, 1)), LostReason::Expired);
+}
+
+pub fn job_expiry_counts_attempt(make: &Make) {
+    let w = World::new(make);
+    let id = w.push(
+        "q",
+        JobSpec {
+            max_attempts: 2,
+            ..JobSpec::new("x")
+        },
+    );
+    let first = w.claim_one("q", 1, 100);
+    w.at(T0 + 100);
+    let c = w.stats("q");
+    assert_eq!(
+        c.get(JobState::Running),
+        0,
+        "Q3: not running past its lease"
+    );
+    let job = w.get(id);
+    assert_eq!((job.attempts, job.expiries), (1, 1));
+    assert_eq!(job.last_error.as_deref(), Some("lease expired"));
+    assert!(matches!(job.state, JobState::Scheduled | JobState::Ready));
+    w.at(job.run_at_ms);
+    let second = w.claim_one("q", 2, 100);
+    assert_eq!((second.attempts, second.claim.unwrap().token), (2, 2));
+    assert_eq!(lost_reason(w.complete(&first, 1)), LostReason::StaleToken);
+    w.at(job.run_at_ms + 100);
+    let job = w.get(id);
+    assert_eq!(
+        job.state,
+        JobState::Dead,
+        "Q4: expiry is an attempt; out of attempts"
+    );
+    assert_eq!((job.attempts, job.expiries), (2, 2));
+    assert_eq!(job.last_error.as_deref(), Some("lease expired"));
+    assert_eq!(w.stats("q"), counts(0, 0, 0, 0, 1, 0));
+}
+
+pub fn job_quarantine_crash_loop(make: &Make) {
+    let mut w = World::new(make);
+    w.policy.quarantine_expiries = 2;
+    w.policy.backoff_base_ms = 1;
+    w.policy.backoff_max_ms = 1;
+    let id = w.push(
+        "q",
+        JobSpec {
+            max_attempts: 50,
+            ..JobSpec::new("x")
+        },
+    );
+    let mut now = T0;
+    for round in 1..=2 {
+        w.at(now);
+        let job = w.claim_one("q", 1, 10);
+        assert_eq!(job.attempts, round);
+        now += 11;
+    }
+    w.at(now);
+    let job = w.get(id);
+    assert_eq!(job.state, JobState::Dead);
+    assert_eq!(job.expiries, 2);
+    assert!(job.last_error.as_deref().unwrap().contains("crash loop"));
+}
+
+pub fn job_fail_backoff_then_dead(make: &Make) {
+    let w = World::new(make);
+    let id = w.push(
+        "q",
+        JobSpec {
+            max_attempts: 3,
+            ..JobSpec::new("x")
+        },
+    );
+    let mut expected_min = T0;
+    for attempt in 1..=2u32 {
+        let job = w.claim_one("q", 1, 1000);
+        assert_eq!(job.attempts, attempt);
+        assert_eq!(
+            w.fail(&job, 1, &format!("boom {attempt}")).unwrap(),
+            JobState::Scheduled
+        );
+        let rec = w.get(id);
+        let full = 100u64 << (attempt - 1);
+        let now = w.tx(|tx| Ok(tx.now_ms())).unwrap();
+        assert!(
+            rec.run_at_ms >= now + full / 2 && rec.run_at_ms <= now + full,
+            "backoff {} not in [{}, {}]",
+            rec.run_at_ms - now,
+            full / 2,
+            full
+        );
+        assert_eq!(
+            rec.run_at_ms,
+            now + core::backoff_ms(&w.policy, id, attempt)
+        );
+        assert!(w.claim("q", 1, 1000, 1).is_empty(), "not before backoff");
+        expected_min = rec.run_at_ms;
+        w.at(rec.run_at_ms);
+    }
+    assert!(expected_min > T0);
+    let job = w.claim_one("q", 1, 1000);
+    assert_eq!(w.fail(&job, 1, "final").unwrap(), JobState::Dead);
+    let rec = w.get(id);
+    assert_eq!((rec.state, rec.attempts), (JobState::Dead, 3));
+    assert_eq!(rec.last_error.as_deref(), Some("final"));
+    assert_eq!(
+        lost_reason(w.fail(&job, 1, "again")),
+        LostReason::StaleToken
+    );
+}
+
+pub fn job_cancel_and_retry(make: &Make) {
+    let w = World::new(make);
+    let policy = w.policy;
+    let ready = w.push("q", JobSpec::new("r"));
+    let later = w.push(
+        "q",
+        JobSpec {
+            delay_ms: 1000,
+            ..JobSpec::new("s")
+        },
+    );
+    assert_eq!(w.stats("q"), counts(1, 1, 0, 0, 0, 0));
+    assert_eq!(
+        w.tx(|tx| core::job::cancel(tx, later, &policy)).unwrap(),
+        JobState::Cancelled
+    );
+    let running = w.claim_one("q", 1, 100);
+    assert_eq!(running.id, ready);
+    assert_eq!(
+        w.tx(|tx| core::job::cancel(tx, ready, &policy)).unwrap(),
+        JobState::Running
+    );
+    let token = running.claim.unwrap().token;
+    let hb = w
+        .tx(|tx| core::job::heartbeat(tx, ready, HolderId(1), token, 100))
+        .unwrap();
+    assert!(
+        hb.cancel_requested,
+        "worker sees the cancel at its heartbeat"
+    );
+    assert_eq!(
+        w.fail(&running, 1, "cancelled by request").unwrap(),
+        JobState::Cancelled
+    );
+    assert_eq!(w.stats("q"), counts(0, 0, 0, 0, 0, 2));
+    match w.tx(|tx| core::job::cancel(tx, ready, &policy)) {
+        Err(Error::InvalidState {
+            state: JobState::Cancelled,
+            ..
+        }) => {}
+        other => panic!("expected InvalidState, got {other:?}"),
+    }
+    w.tx(|tx| core::job::retry(tx, ready)).unwrap();
+    let rec = w.get(ready);
+    assert_eq!(
+        (rec.state, rec.attempts, rec.cancel_requested),
+        (JobState::Ready, 0, false)
+    );
+    let job = w.claim_one("q", 2, 100);
+    assert_eq!(
+        (job.id, job.attempts, job.claim.unwrap().token),
+        (ready, 1, 2)
+    );
+    match w.tx(|tx| core::job::retry(tx, ready)) {
+        Err(Error::InvalidState {
+            state: JobState::Running,
+            ..
+        }) => {}
+        other => panic!("expected InvalidState, got {other:?}"),
+    }
+    // A cancel requested on a job whose claim then expires ends cancelled.
+    w.tx(|tx| core::job::cancel(tx, ready, &policy)).unwrap();
+    w.at(T0 + 100);
+    assert_eq!(w.get(ready).state, JobState::Cancelled);
+    assert!(matches!(
+        w.tx(|tx| core::job::cancel(tx, JobId(999), &policy)),
+        Err(Error::NotFound(JobId(999)))
+    ));
+}
+
+pub fn job_unique_key(make: &Make) {
+    let w = World::new(make);
+    let spec = || JobSpec {
+        unique_key: Some("u".into()),
+        ..JobSpec::new("x")
+    };
+    let first = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    assert!(first.created);
+    let second = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    assert_eq!((second.id, second.created), (first.id, false));
+    let other_queue = w.tx(|tx| core::job::enqueue(tx, "q2", &spec())).unwrap();
+    assert!(other_queue.created, "unique per queue");
+    let job = w.claim_one("q", 1, 100);
+    let while_running = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    assert_eq!(while_running.id, first.id, "running is live");
+    w.complete(&job, 1).unwrap();
+    let after = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    assert!(
+        after.created && after.id > first.id,
+        "terminal frees the key"
+    );
+    // Retrying the old job would duplicate the live key: refused.
+    let policy = w.policy;
+    w.tx(|tx| core::job::cancel(tx, after.id, &policy)).unwrap();
+    w.tx(|tx| core::job::retry(tx, first.id)).unwrap_err();
+    w.tx(|tx| core::job::retry(tx, after.id)).unwrap();
+    assert_eq!(w.stats("q"), counts(1, 0, 0, 1, 0, 0));
+}
+
+pub fn job_batch_claim(make: &Make) {
+    let w = World::new(make);
+    let ids: Vec<JobId> = (0..10)
+        .map(|i| w.push("q", JobSpec::new(vec![i])))
+        .collect();
+    let first = w.claim("q", 1, 100, 4);
+    assert_eq!(
+        first.iter().map(|j| j.id).collect::<Vec<_>>(),
+        ids[..4].to_vec()
+    );
+    let rest = w.claim("q", 2, 100, 100);
+    assert_eq!(
+        rest.iter().map(|j| j.id).collect::<Vec<_>>(),
+        ids[4..].to_vec()
+    );
+    assert!(w.claim("q", 3, 100, 100).is_empty());
+    assert_eq!(w.stats("q"), counts(0, 0, 10, 0, 0, 0));
+}
+
+pub fn job_purge(make: &Make) {
+    let w = World::new(make);
+    let a = w.push("q", JobSpec::new("a"));
+    let job = w.claim_one("q", 1, 10_000);
+    w.complete(&job, 1).unwrap();
+    w.at(T0 + 1000);
+    let b = w.push("q", JobSpec::new("b"));
+    let job_b = w.claim_one("q", 1, 10_000);
+    w.complete(&job_b, 1).unwrap();
+    let running = w.push("q", JobSpec::new("c"));
+    w.claim_one("q", 1, 100_000);
+    w.at(T0 + 1500);
+    let n = w.tx(|tx| core::job::purge(tx, "q", 1000, 100)).unwrap();
+    assert_eq!(n, 1, "only a finished 1500 ms ago");
+    let policy = w.policy;
+    assert!(matches!(
+        w.tx(|tx| core::job::get(tx, a, &policy)),
+        Err(Error::NotFound(_))
+    ));
+    assert_eq!(w.get(b).state, JobState::Done);
+    assert_eq!(w.get(running).state, JobState::Running);
+    let n = w.tx(|tx| core::job::purge(tx, "q", 0, 100)).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(w.stats("q"), counts(0, 0, 1, 0, 0, 0));
+}
+
+pub fn job_list_pages_and_filters(make: &Make) {
+    let w = World::new(make);
+    let ids: Vec<JobId> = (0..5).map(|i| w.push("q", JobSpec::new(vec![i]))).collect();
+    w.claim_one("q", 1, 100);
+    let policy = w.policy;
+    let page = w
+        .tx(|tx| core::job::list(tx, "q", None, ids[1], 2, &policy))
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![ids[2], ids[3]]
+    );
+    let running = w.list("q", Some(JobState::Running));
+    assert_eq!(
+        running.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![ids[0]]
+    );
+    assert_eq!(w.list("q", Some(JobState::Ready)).len(), 4);
+    assert!(w.list("empty", None).is_empty());
+}
+
+pub fn job_scans_are_ordered(make: &Make) {
+    let w = World::new(make);
+    for i in 0..300u32 {
+        let spec = JobSpec {
+            priority: (i % 7) as i32,
+            delay_ms: u64::from(i % 3) * 10,
+            ..JobSpec::new(i.to_be_bytes().to_vec())
+        };
+        w.push("q", spec);
+    }
+    w.at(T0 + 20);
+    let policy = w.policy;
+    w.tx(|tx| core::job::maintain(tx, "q", &policy)).unwrap();
+    let mut ids = Vec::new();
+    w.tx(|tx| tx.scan("q", JobQuery::Ready, 1000, &mut ids))
+        .unwrap();
+    assert_eq!(ids.len(), 300);
+    let ranks: Vec<_> = ids.iter().map(|&id| w.get(id).rank()).collect();
+    assert!(
+        ranks.windows(2).all(|p| p[0] < p[1]),
+        "ready scan is in claim order"
+    );
+    let claimed: Vec<JobId> = w.claim("q", 1, 100, 300).iter().map(|j| j.id).collect();
+    assert_eq!(claimed, ids);
+}
+
+/// Generates one `#[test]` per case for a store factory.
+#[macro_export]
+macro_rules! conformance_cases {
+    ($make:expr) => {
+        $crate::conformance_cases!(@cases $make;
+            lease_exclusive_then_released, lease_expiry_boundary, lease_renew_and_reacquire,
+            lease_identity_checks, lease_counting, lease_inspect_creates_nothing,
+            lease_hostile_keys, txn_rolls_back_on_error, store_clock_never_goes_back,
+            job_claim_order, job_priority_beats_earlier_run_at, job_lifecycle_complete,
+            job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
+            job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
+            job_purge, job_list_pages_and_filters, job_scans_are_ordered
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let make: &$crate::suite::Make = &$make;
+                $crate::suite::$case(make);
+            }
+        )*
+    };
+}
