@@ -1,0 +1,327 @@
+//! The client layer: guards, local deadlines, keep-alive, blocking
+//! acquire, transient-error retry, queue handles and the worker loop.
+
+use leasehold::core::Txn;
+use leasehold::{
+    Client, DriftBound, Error, Holder, HolderId, JobSpec, JobState, LeaseOptions, LostReason,
+    ManualClock, MemStore, QueuePolicy, Store, WorkOptions,
+};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn manual_pair() -> (ManualClock, ManualClock, Arc<dyn Store>) {
+    let store_clock = ManualClock::new(1_000_000);
+    let local = ManualClock::new(5);
+    let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(store_clock.clone())));
+    (store_clock, local, store)
+}
+
+#[test]
+fn local_deadline_uses_send_time_and_drift() {
+    let (_store_clock, local, store) = manual_pair();
+    let client = Client::builder_shared(store)
+        .clock(Arc::new(local.clone()))
+        .drift(DriftBound {
+            ppm: 10_000,
+            margin_ms: 5,
+        })
+        .build();
+    let guard = client
+        .try_acquire("k", Duration::from_millis(1000))
+        .unwrap();
+    // Sent at local 5; 1000 ms minus 1 % minus 5 ms margin = 985 ms of validity.
+    local.set(5 + 984);
+    assert!(guard.is_valid());
+    assert_eq!(guard.remaining(), Duration::from_millis(1));
+    local.set(5 + 985);
+    assert!(!guard.is_valid(), "L3: invalid at the local deadline");
+    assert_eq!(guard.remaining(), Duration::ZERO);
+}
+
+#[test]
+fn renew_extends_local_deadline_and_reports_loss() {
+    let (store_clock, local, store) = manual_pair();
+    let client = Client::builder_shared(store.clone())
+        .clock(Arc::new(local.clone()))
+        .drift(DriftBound {
+            ppm: 0,
+            margin_ms: 0,
+        })
+        .build();
+    let guard = client.try_acquire("k", Duration::from_millis(100)).unwrap();
+    local.set(95);
+    store_clock.advance(90);
+    guard.renew().unwrap();
+    local.set(190);
+    assert!(guard.is_valid(), "renewed at local 95: valid until 195");
+    // The store's clock passes the expiry; someone else takes the key.
+    store_clock.advance(100);
+    let other = Client::builder_shared(store).build();
+    let theirs = other.try_acquire("k", Duration::from_millis(100)).unwrap();
+    assert!(theirs.token() > guard.token());
+    let err = guard.renew().unwrap_err();
+    assert!(err.is_lost(), "{err}");
+    assert_eq!(guard.lost(), Some(LostReason::StaleToken));
+    assert!(!guard.is_valid());
+    // Dropping the lost guard must not release the new holder's lease.
+    drop(guard);
+    assert_eq!(other.inspect("k").unwrap().holders[0].token, theirs.token());
+}
+
+#[test]
+fn drop_releases_and_tokens_grow() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let a = Client::builder_shared(store.clone()).build();
+    let b = Client::builder_shared(store).build();
+    let t1 = {
+        let g = a.try_acquire("k", Duration::from_secs(10)).unwrap();
+        assert!(matches!(
+            b.try_acquire("k", Duration::from_secs(10)),
+            Err(Error::Held { .. })
+        ));
+        g.token()
+    };
+    let g = b.try_acquire("k", Duration::from_secs(10)).unwrap();
+    assert!(g.token() > t1);
+    // Re-acquire by the same client is a renewal with the same token.
+    let again = b.try_acquire("k", Duration::from_secs(10)).unwrap();
+    assert_eq!(again.token(), g.token());
+}
+
+#[test]
+fn keep_alive_holds_past_ttl_and_stops_on_release() {
+    let client = Client::new(MemStore::new());
+    let guard = client.try_acquire("k", Duration::from_millis(150)).unwrap();
+    let lost = Arc::new(AtomicUsize::new(0));
+    let l = lost.clone();
+    guard
+        .keep_alive(move |_| {
+            l.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(guard.is_valid(), "renewed about every 50 ms");
+    assert_eq!(client.inspect("k").unwrap().holders.len(), 1);
+    guard.release().unwrap();
+    assert!(client.inspect("k").unwrap().holders.is_empty());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        client.inspect("k").unwrap().holders.is_empty(),
+        "no renewal revives a released lease"
+    );
+    assert_eq!(lost.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn keep_alive_reports_loss_once() {
+    let (store_clock, _local, store) = manual_pair();
+    let client = Client::builder_shared(store.clone()).build();
+    let guard = client.try_acquire("k", Duration::from_millis(60)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    guard
+        .keep_alive(move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    // The store's clock jumps past the TTL and another holder takes over.
+    store_clock.advance(1000);
+    let other = Client::builder_shared(store).build();
+    let _theirs = other.try_acquire("k", Duration::from_secs(60)).unwrap();
+    let err = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("loss reported");
+    assert!(err.is_lost(), "{err}");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "reported once"
+    );
+    assert!(!guard.is_valid());
+    assert!(guard.lost().is_some());
+}
+
+#[test]
+fn blocking_acquire_waits_for_release() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let a = Client::builder_shared(store.clone()).build();
+    let b = Client::builder_shared(store).build();
+    let held = a.try_acquire("k", Duration::from_secs(30)).unwrap();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        held.release().unwrap();
+    });
+    let start = Instant::now();
+    let g = b
+        .acquire(
+            "k",
+            LeaseOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(10)),
+        )
+        .unwrap();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(g.token(), 2);
+    t.join().unwrap();
+    // And a wait that runs out answers Held.
+    let c = Client::builder_shared(b.store().clone()).build();
+    let start = Instant::now();
+    let r = c.acquire(
+        "k",
+        LeaseOptions::new(Duration::from_secs(1)).wait(Duration::from_millis(120)),
+    );
+    assert!(matches!(r, Err(Error::Held { .. })), "{r:?}");
+    assert!(start.elapsed() >= Duration::from_millis(120));
+}
+
+/// A store that fails transiently a given number of times, then works.
+struct Flaky {
+    inner: MemStore,
+    failures_left: AtomicUsize,
+}
+
+impl Store for Flaky {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        if self
+            .failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::transient("testing", "SQLITE_BUSY (injected)"));
+        }
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "flaky".into()
+    }
+}
+
+#[test]
+fn transient_errors_are_retried_then_reported_busy() {
+    let flaky = Flaky {
+        inner: MemStore::new(),
+        failures_left: AtomicUsize::new(5),
+    };
+    let client = Client::builder(flaky)
+        .busy_timeout(Duration::from_secs(5))
+        .build();
+    let g = client.try_acquire("k", Duration::from_secs(1)).unwrap();
+    assert_eq!(g.token(), 1);
+    let always = Flaky {
+        inner: MemStore::new(),
+        failures_left: AtomicUsize::new(usize::MAX),
+    };
+    let client = Client::builder(always)
+        .busy_timeout(Duration::from_millis(50))
+        .build();
+    match client.try_acquire("k", Duration::from_secs(1)) {
+        Err(Error::Busy { waited_ms, last }) => {
+            assert!(waited_ms >= 50);
+            assert!(last.to_string().contains("SQLITE_BUSY"));
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+}
+
+#[test]
+fn claimed_job_heartbeat_complete_and_fail() {
+    let client = Client::builder(MemStore::new())
+        .policy(QueuePolicy {
+            backoff_base_ms: 2,
+            backoff_max_ms: 2,
+            ..QueuePolicy::default()
+        })
+        .build();
+    let q = client.queue("q").unwrap();
+    let id = q.push(&JobSpec::new("a")).unwrap().id;
+    let job = q.claim(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!((job.id(), job.attempt(), job.token()), (id, 1, 1));
+    assert!(job.is_valid());
+    assert!(!job.heartbeat().unwrap());
+    assert_eq!(q.cancel(id).unwrap(), JobState::Running);
+    assert!(job.heartbeat().unwrap(), "cancel seen at heartbeat");
+    assert!(job.cancel_requested());
+    assert_eq!(job.fail("stopping").unwrap(), JobState::Cancelled);
+    assert!(job.complete().unwrap_err().is_lost(), "settled once");
+    q.retry(id).unwrap();
+    let job = q.claim(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(job.fail("boom").unwrap(), JobState::Scheduled);
+    std::thread::sleep(Duration::from_millis(5));
+    let job = q.claim(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(job.attempt(), 2);
+    job.complete().unwrap();
+    assert_eq!(q.get(id).unwrap().state, JobState::Done);
+    assert_eq!(q.purge(Duration::ZERO).unwrap(), 1);
+}
+
+#[test]
+fn worker_loop_drains_with_retries() {
+    let client = Client::builder(MemStore::new())
+        .policy(QueuePolicy {
+            backoff_base_ms: 1,
+            backoff_max_ms: 2,
+            ..QueuePolicy::default()
+        })
+        .build();
+    let q = client.queue("work").unwrap();
+    for i in 0..20u8 {
+        q.push(&JobSpec::new(vec![i])).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    let mut seen = Vec::new();
+    let opts = WorkOptions {
+        lease: Duration::from_secs(5),
+        batch: 4,
+        drain: true,
+        idle_poll: Duration::from_millis(5),
+    };
+    let mut report = q
+        .work(&opts, &stop, |job| {
+            seen.push((job.payload()[0], job.attempt()));
+            if job.payload()[0] % 5 == 0 && job.attempt() == 1 {
+                Err("first attempt fails".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap();
+    // Drain stops once nothing is ready or running; retries wait in backoff.
+    while q.stats().unwrap().get(JobState::Done) < 20 {
+        std::thread::sleep(Duration::from_millis(5));
+        let more = q.work(&opts, &stop, |_| Ok(())).unwrap();
+        report.completed += more.completed;
+    }
+    assert_eq!(report.completed, 20);
+    assert_eq!(report.failed, 4);
+    assert_eq!(report.lost, 0);
+    let counts = q.stats().unwrap();
+    assert_eq!(counts.get(JobState::Done), 20);
+    assert_eq!(counts.total(), 20);
+}
+
+#[test]
+fn explicit_holder_can_renew_and_release_by_token() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let id = HolderId::parse("7f1d7c0e-7a43-4b5e-9d2a-0c6f3a1b2c3d").unwrap();
+    let a = Client::builder_shared(store.clone())
+        .holder(Holder::with_label(id, "cli").unwrap())
+        .build();
+    let token = a
+        .try_acquire("k", Duration::from_secs(10))
+        .map(|g| {
+            let t = g.token();
+            std::mem::forget(g);
+            t
+        })
+        .unwrap();
+    // A second client with the same holder id (a later CLI call) can renew
+    // and release by token; a different holder cannot.
+    let b = Client::builder_shared(store.clone())
+        .holder(Holder::new(id))
+        .build();
+    b.renew("k", token, Duration::from_secs(20)).unwrap();
+    let stranger = Client::builder_shared(store).build();
+    assert!(stranger.release("k", token).unwrap_err().is_lost());
+    b.release("k", token).unwrap();
+    assert!(b.inspect("k").unwrap().holders.is_empty());
+}

@@ -1,0 +1,249 @@
+//! Every bad input gets a typed error naming the field, and changes nothing.
+
+use leasehold::core::{self, MAX_KEY_BYTES, MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES, MAX_TTL_MS};
+use leasehold::{
+    Error, Holder, HolderId, JobId, JobSpec, JobState, ManualClock, MemStore, QueuePolicy, Store,
+    StoreExt,
+};
+use std::sync::Arc;
+
+struct World {
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+}
+
+fn world() -> World {
+    let clock = ManualClock::new(1_000_000);
+    let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(clock.clone())));
+    // Some state that must survive every refused call.
+    let h = Holder::new(HolderId(1));
+    store
+        .txn(|tx| core::lease::acquire(tx, "k", &h, 1000, 1))
+        .unwrap();
+    store
+        .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("payload")))
+        .unwrap();
+    World { store, clock }
+}
+
+impl World {
+    fn snapshot(&self) -> String {
+        let p = QueuePolicy::default();
+        let lease = self.store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+        let jobs = self
+            .store
+            .txn(|tx| core::job::list(tx, "q", None, JobId(0), 100, &p))
+            .unwrap();
+        let next = self
+            .store
+            .txn(|tx| core::job::enqueue(tx, "probe", &JobSpec::new("")))
+            .unwrap();
+        format!("{lease:?} {jobs:?} {}", next.id.0)
+    }
+
+    /// Runs `f`, expects `Invalid { field }`, and checks nothing changed
+    /// (the probe enqueue in `snapshot` advances ids by one per snapshot).
+    fn expect_invalid<T: std::fmt::Debug>(
+        &self,
+        field: &str,
+        f: impl FnMut(&mut dyn core::Txn) -> leasehold::Result<T>,
+    ) {
+        let before = self.snapshot();
+        match self.store.txn(f) {
+            Err(e @ Error::Invalid { .. }) => {
+                let Error::Invalid { field: got, .. } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(*got, field, "wrong field in {e}");
+                assert!(
+                    e.to_string().contains(field),
+                    "message names the field: {e}"
+                );
+            }
+            other => panic!("expected Invalid({field}), got {other:?}"),
+        }
+        let after = self.snapshot();
+        let bump = |s: &str| {
+            let (head, n) = s.rsplit_once(' ').unwrap();
+            format!("{head} {}", n.parse::<u64>().unwrap() + 1)
+        };
+        assert_eq!(bump(&before), after, "state changed by a refused call");
+    }
+}
+
+fn h() -> Holder {
+    Holder::new(HolderId(9))
+}
+
+#[test]
+fn bad_ttls() {
+    let w = world();
+    w.expect_invalid("ttl", |tx| core::lease::acquire(tx, "x", &h(), 0, 1));
+    w.expect_invalid("ttl", |tx| {
+        core::lease::acquire(tx, "x", &h(), MAX_TTL_MS + 1, 1)
+    });
+    w.expect_invalid("ttl", |tx| core::lease::renew(tx, "k", HolderId(1), 1, 0));
+    w.expect_invalid("lease", |tx| {
+        core::job::claim(tx, "q", HolderId(1), 0, 1, &QueuePolicy::default())
+    });
+    w.expect_invalid("lease", |tx| {
+        core::job::claim(tx, "q", HolderId(1), u64::MAX, 1, &QueuePolicy::default())
+    });
+    // A clock near the end of time: now + ttl would overflow.
+    w.clock.set(u64::MAX - 10);
+    w.expect_invalid("ttl", |tx| core::lease::acquire(tx, "x", &h(), 100, 1));
+}
+
+#[test]
+fn bad_keys() {
+    let w = world();
+    let long = "k".repeat(MAX_KEY_BYTES + 1);
+    for key in ["", "a\0b", "line\nbreak", long.as_str()] {
+        w.expect_invalid("key", |tx| core::lease::acquire(tx, key, &h(), 100, 1));
+        w.expect_invalid("key", |tx| core::lease::release(tx, key, HolderId(1), 1));
+        w.expect_invalid("queue", |tx| {
+            core::job::enqueue(tx, key, &JobSpec::new("x"))
+        });
+    }
+}
+
+#[test]
+fn bad_limits_and_batches() {
+    let w = world();
+    w.expect_invalid("limit", |tx| core::lease::acquire(tx, "x", &h(), 100, 0));
+    w.expect_invalid("limit", |tx| {
+        core::lease::acquire(tx, "x", &h(), 100, core::MAX_LEASE_LIMIT + 1)
+    });
+    let p = QueuePolicy::default();
+    w.expect_invalid("batch", |tx| {
+        core::job::claim(tx, "q", HolderId(1), 10, 0, &p)
+    });
+    w.expect_invalid("batch", |tx| {
+        core::job::claim(tx, "q", HolderId(1), 10, core::MAX_BATCH + 1, &p)
+    });
+    w.expect_invalid("batch", |tx| core::job::purge(tx, "q", 0, 0));
+}
+
+#[test]
+fn bad_job_specs() {
+    let w = world();
+    let huge = JobSpec::new(vec![0u8; MAX_PAYLOAD_BYTES + 1]);
+    w.expect_invalid("payload", |tx| core::job::enqueue(tx, "q", &huge));
+    for max_attempts in [0, core::MAX_ATTEMPTS + 1] {
+        let spec = JobSpec {
+            max_attempts,
+            ..JobSpec::new("x")
+        };
+        w.expect_invalid("max_attempts", |tx| core::job::enqueue(tx, "q", &spec));
+    }
+    let far = JobSpec {
+        run_at_ms: Some(u64::MAX),
+        ..JobSpec::new("x")
+    };
+    w.expect_invalid("run_at", |tx| core::job::enqueue(tx, "q", &far));
+    let long_delay = JobSpec {
+        delay_ms: MAX_TTL_MS + 1,
+        ..JobSpec::new("x")
+    };
+    w.expect_invalid("delay", |tx| core::job::enqueue(tx, "q", &long_delay));
+    for key in ["", "a\0b"] {
+        let spec = JobSpec {
+            unique_key: Some(key.into()),
+            ..JobSpec::new("x")
+        };
+        w.expect_invalid("unique_key", |tx| core::job::enqueue(tx, "q", &spec));
+    }
+    let long_reason = "r".repeat(MAX_TEXT_BYTES + 1);
+    let p = QueuePolicy::default();
+    w.expect_invalid("reason", |tx| {
+        core::job::fail(tx, JobId(1), HolderId(1), 1, &long_reason, &p)
+    });
+}
+
+#[test]
+fn run_at_in_the_past_means_now() {
+    let w = world();
+    let spec = JobSpec {
+        run_at_ms: Some(0),
+        ..JobSpec::new("x")
+    };
+    let id = w
+        .store
+        .txn(|tx| core::job::enqueue(tx, "past", &spec))
+        .unwrap()
+        .id;
+    let p = QueuePolicy::default();
+    let job = w.store.txn(|tx| core::job::get(tx, id, &p)).unwrap();
+    assert_eq!((job.run_at_ms, job.state), (1_000_000, JobState::Ready));
+}
+
+#[test]
+fn bad_text_fields() {
+    assert!(matches!(
+        Holder::with_label(HolderId(1), "a\0b"),
+        Err(Error::Invalid {
+            field: "holder label",
+            ..
+        })
+    ));
+    assert!(Holder::with_label(HolderId(1), &"x".repeat(MAX_TEXT_BYTES + 1)).is_err());
+    let e = HolderId::parse("not-a-uuid").unwrap_err();
+    assert!(e.to_string().contains("not-a-uuid"), "{e}");
+    let e = JobState::parse("runing").unwrap_err();
+    assert!(e.to_string().contains("runing"), "{e}");
+    assert_eq!(JobState::parse("dead").unwrap(), JobState::Dead);
+}
+
+#[test]
+fn unknown_jobs_and_wrong_states() {
+    let w = world();
+    let p = QueuePolicy::default();
+    let before = w.snapshot();
+    for r in [
+        w.store
+            .txn(|tx| core::job::complete(tx, JobId(77), HolderId(1), 1)),
+        w.store.txn(|tx| core::job::retry(tx, JobId(77))),
+    ] {
+        assert!(matches!(r, Err(Error::NotFound(JobId(77)))), "{r:?}");
+    }
+    match w.store.txn(|tx| core::job::retry(tx, JobId(1))) {
+        Err(e @ Error::InvalidState { .. }) => {
+            assert!(e.to_string().contains("job 1 is ready"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // A never-claimed job cannot be completed, failed or heartbeaten.
+    for r in [
+        w.store
+            .txn(|tx| core::job::complete(tx, JobId(1), HolderId(1), 0)),
+        w.store
+            .txn(|tx| core::job::fail(tx, JobId(1), HolderId(1), 0, "x", &p).map(|_| ())),
+        w.store
+            .txn(|tx| core::job::heartbeat(tx, JobId(1), HolderId(1), 0, 10).map(|_| ())),
+    ] {
+        assert!(r.as_ref().is_err_and(Error::is_lost), "{r:?}");
+    }
+    let after = w.snapshot();
+    assert_ne!(before, after); // only the probe id moved
+    assert_eq!(
+        before.rsplit_once(' ').unwrap().0,
+        after.rsplit_once(' ').unwrap().0
+    );
+}
+
+#[test]
+fn held_error_names_holder_and_expiry() {
+    let w = world();
+    let h = Holder::with_label(HolderId(2), "host-a:42").unwrap();
+    let e = w
+        .store
+        .txn(|tx| core::lease::acquire(tx, "k", &h, 100, 1))
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("\"k\""), "{text}");
+    assert!(
+        text.contains("00000000-0000-0000-0000-000000000001"),
+        "{text}"
+    );
+    assert!(text.contains("1001000"), "{text}");
+}
