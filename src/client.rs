@@ -720,8 +720,10 @@ impl Queue {
 
     /// Enqueue a job.
     pub fn push(&self, spec: &JobSpec) -> Result<EnqueueOutcome> {
-        self.client
-            .run("enqueueing", |tx| core::job::enqueue(tx, &self.name, spec))
+        let policy = self.client.inner.policy;
+        self.client.run("enqueueing", |tx| {
+            core::job::enqueue(tx, &self.name, spec, &policy)
+        })
     }
 
     /// Claim the next ready job, if any, under a lease of `lease`.
@@ -788,17 +790,20 @@ impl Queue {
 
     /// Make a dead or cancelled job ready again.
     pub fn retry(&self, id: JobId) -> Result<()> {
-        self.client.run("retrying", |tx| core::job::retry(tx, id))
+        let policy = self.client.inner.policy;
+        self.client
+            .run("retrying", |tx| core::job::retry(tx, id, &policy))
     }
 
     /// Delete terminal jobs that finished at least `older_than` ago.
     /// Returns how many were deleted.
     pub fn purge(&self, older_than: Duration) -> Result<u64> {
         const CHUNK: usize = 1000;
+        let policy = self.client.inner.policy;
         let mut total = 0u64;
         loop {
             let n = self.client.run("purging", |tx| {
-                core::job::purge(tx, &self.name, ms(older_than), CHUNK)
+                core::job::purge(tx, &self.name, ms(older_than), CHUNK, &policy)
             })?;
             total += n as u64;
             if n < CHUNK {

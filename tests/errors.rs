@@ -21,7 +21,7 @@ fn world() -> World {
         .txn(|tx| core::lease::acquire(tx, "k", &h, 1000, 1))
         .unwrap();
     store
-        .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("payload")))
+        .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("payload"), &QueuePolicy::default()))
         .unwrap();
     World { store, clock }
 }
@@ -36,7 +36,7 @@ impl World {
             .unwrap();
         let next = self
             .store
-            .txn(|tx| core::job::enqueue(tx, "probe", &JobSpec::new("")))
+            .txn(|tx| core::job::enqueue(tx, "probe", &JobSpec::new(""), &QueuePolicy::default()))
             .unwrap();
         format!("{lease:?} {jobs:?} {}", next.id.0)
     }
@@ -102,7 +102,7 @@ fn bad_keys() {
         w.expect_invalid("key", |tx| core::lease::acquire(tx, key, &h(), 100, 1));
         w.expect_invalid("key", |tx| core::lease::release(tx, key, HolderId(1), 1));
         w.expect_invalid("queue", |tx| {
-            core::job::enqueue(tx, key, &JobSpec::new("x"))
+            core::job::enqueue(tx, key, &JobSpec::new("x"), &QueuePolicy::default())
         });
     }
 }
@@ -121,37 +121,49 @@ fn bad_limits_and_batches() {
     w.expect_invalid("batch", |tx| {
         core::job::claim(tx, "q", HolderId(1), 10, core::MAX_BATCH + 1, &p)
     });
-    w.expect_invalid("batch", |tx| core::job::purge(tx, "q", 0, 0));
+    w.expect_invalid("batch", |tx| {
+        core::job::purge(tx, "q", 0, 0, &QueuePolicy::default())
+    });
 }
 
 #[test]
 fn bad_job_specs() {
     let w = world();
     let huge = JobSpec::new(vec![0u8; MAX_PAYLOAD_BYTES + 1]);
-    w.expect_invalid("payload", |tx| core::job::enqueue(tx, "q", &huge));
+    w.expect_invalid("payload", |tx| {
+        core::job::enqueue(tx, "q", &huge, &QueuePolicy::default())
+    });
     for max_attempts in [0, core::MAX_ATTEMPTS + 1] {
         let spec = JobSpec {
             max_attempts,
             ..JobSpec::new("x")
         };
-        w.expect_invalid("max_attempts", |tx| core::job::enqueue(tx, "q", &spec));
+        w.expect_invalid("max_attempts", |tx| {
+            core::job::enqueue(tx, "q", &spec, &QueuePolicy::default())
+        });
     }
     let far = JobSpec {
         run_at_ms: Some(u64::MAX),
         ..JobSpec::new("x")
     };
-    w.expect_invalid("run_at", |tx| core::job::enqueue(tx, "q", &far));
+    w.expect_invalid("run_at", |tx| {
+        core::job::enqueue(tx, "q", &far, &QueuePolicy::default())
+    });
     let long_delay = JobSpec {
         delay_ms: MAX_TTL_MS + 1,
         ..JobSpec::new("x")
     };
-    w.expect_invalid("delay", |tx| core::job::enqueue(tx, "q", &long_delay));
+    w.expect_invalid("delay", |tx| {
+        core::job::enqueue(tx, "q", &long_delay, &QueuePolicy::default())
+    });
     for key in ["", "a\0b"] {
         let spec = JobSpec {
             unique_key: Some(key.into()),
             ..JobSpec::new("x")
         };
-        w.expect_invalid("unique_key", |tx| core::job::enqueue(tx, "q", &spec));
+        w.expect_invalid("unique_key", |tx| {
+            core::job::enqueue(tx, "q", &spec, &QueuePolicy::default())
+        });
     }
     let long_reason = "r".repeat(MAX_TEXT_BYTES + 1);
     let p = QueuePolicy::default();
@@ -169,7 +181,7 @@ fn run_at_in_the_past_means_now() {
     };
     let id = w
         .store
-        .txn(|tx| core::job::enqueue(tx, "past", &spec))
+        .txn(|tx| core::job::enqueue(tx, "past", &spec, &QueuePolicy::default()))
         .unwrap()
         .id;
     let p = QueuePolicy::default();
@@ -202,11 +214,15 @@ fn unknown_jobs_and_wrong_states() {
     for r in [
         w.store
             .txn(|tx| core::job::complete(tx, JobId(77), HolderId(1), 1)),
-        w.store.txn(|tx| core::job::retry(tx, JobId(77))),
+        w.store
+            .txn(|tx| core::job::retry(tx, JobId(77), &QueuePolicy::default())),
     ] {
         assert!(matches!(r, Err(Error::NotFound(JobId(77)))), "{r:?}");
     }
-    match w.store.txn(|tx| core::job::retry(tx, JobId(1))) {
+    match w
+        .store
+        .txn(|tx| core::job::retry(tx, JobId(1), &QueuePolicy::default()))
+    {
         Err(e @ Error::InvalidState { .. }) => {
             assert!(e.to_string().contains("job 1 is ready"), "{e}")
         }

@@ -352,7 +352,12 @@ fn load_fresh(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobRe
 }
 
 /// Add a job to `queue`, or return the live job with the same unique key.
-pub fn enqueue(tx: &mut dyn Txn, queue: &str, spec: &JobSpec) -> Result<EnqueueOutcome> {
+pub fn enqueue(
+    tx: &mut dyn Txn,
+    queue: &str,
+    spec: &JobSpec,
+    policy: &QueuePolicy,
+) -> Result<EnqueueOutcome> {
     check_queue(queue)?;
     if spec.payload.len() > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
@@ -392,7 +397,10 @@ pub fn enqueue(tx: &mut dyn Txn, queue: &str, spec: &JobSpec) -> Result<EnqueueO
     };
     if let Some(key) = &spec.unique_key {
         if let Some(id) = tx.live_unique(queue, key)? {
-            return Ok(EnqueueOutcome { id, created: false });
+            // The holder of the key may have just expired into a terminal state.
+            if !load_fresh(tx, id, policy)?.state.is_terminal() {
+                return Ok(EnqueueOutcome { id, created: false });
+            }
         }
     }
     let id = tx.next_job_id()?;
@@ -448,7 +456,11 @@ pub fn maintain(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<(
     Ok(())
 }
 
+/// A claim that ran out is settled as of the instant it expired, not the
+/// instant someone noticed, so a job's state is a function of time alone,
+/// whenever `maintain` happens to run.
 fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) {
+    let expired_at_ms = job.claim.map_or(now_ms, |c| c.lease_until_ms);
     job.expiries = job.expiries.saturating_add(1);
     let quarantined = policy.quarantine_expiries > 0 && job.expiries >= policy.quarantine_expiries;
     job.last_error = Some(Arc::from(
@@ -458,19 +470,26 @@ fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) {
             "lease expired"
         },
     ));
-    settle_failure(job, now_ms, policy, quarantined);
+    settle_failure(job, expired_at_ms, now_ms, policy, quarantined);
 }
 
-/// After a failed or expired attempt: cancelled if a cancel was asked, dead
-/// without attempts left (or when quarantined), else scheduled after backoff.
-fn settle_failure(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy, quarantined: bool) {
+/// After a failed or expired attempt (ending at `at_ms`): cancelled if a
+/// cancel was asked, dead without attempts left (or when quarantined), else
+/// scheduled after backoff.
+fn settle_failure(
+    job: &mut JobRecord,
+    at_ms: u64,
+    now_ms: u64,
+    policy: &QueuePolicy,
+    quarantined: bool,
+) {
     if job.cancel_requested {
-        job.finish(JobState::Cancelled, now_ms);
+        job.finish(JobState::Cancelled, at_ms);
     } else if quarantined || job.attempts >= job.max_attempts {
-        job.finish(JobState::Dead, now_ms);
+        job.finish(JobState::Dead, at_ms);
     } else {
         let delay = backoff_ms(policy, job.id, job.attempts);
-        job.reschedule(now_ms.saturating_add(delay), now_ms);
+        job.reschedule(at_ms.saturating_add(delay), now_ms);
     }
 }
 
@@ -558,7 +577,7 @@ pub fn fail(
     let mut job = load(tx, id)?;
     job.check_claim(holder, token, now_ms)?;
     job.last_error = Some(Arc::from(reason));
-    settle_failure(&mut job, now_ms, policy, false);
+    settle_failure(&mut job, now_ms, now_ms, policy, false);
     tx.put_job(&job)?;
     Ok(job.state)
 }
@@ -585,9 +604,9 @@ pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobSt
 }
 
 /// Make a dead or cancelled job ready again with a fresh attempt budget.
-pub fn retry(tx: &mut dyn Txn, id: JobId) -> Result<()> {
+pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
     let now_ms = tx.now_ms();
-    let mut job = load(tx, id)?;
+    let mut job = load_fresh(tx, id, policy)?;
     if !matches!(job.state, JobState::Dead | JobState::Cancelled) {
         return Err(Error::InvalidState {
             id,
@@ -596,7 +615,11 @@ pub fn retry(tx: &mut dyn Txn, id: JobId) -> Result<()> {
         });
     }
     if let Some(key) = &job.unique_key {
-        if let Some(other) = tx.live_unique(&job.queue, key)? {
+        let holder = match tx.live_unique(&job.queue, key)? {
+            Some(other) if !load_fresh(tx, other, policy)?.state.is_terminal() => Some(other),
+            _ => None,
+        };
+        if let Some(other) = holder {
             return Err(Error::invalid(
                 "unique_key",
                 format!("job {other} already holds unique key {key:?}"),
@@ -614,9 +637,16 @@ pub fn retry(tx: &mut dyn Txn, id: JobId) -> Result<()> {
 
 /// Delete up to `limit` terminal jobs of `queue` that finished at least
 /// `older_than_ms` ago. Returns how many were deleted.
-pub fn purge(tx: &mut dyn Txn, queue: &str, older_than_ms: u64, limit: usize) -> Result<usize> {
+pub fn purge(
+    tx: &mut dyn Txn,
+    queue: &str,
+    older_than_ms: u64,
+    limit: usize,
+    policy: &QueuePolicy,
+) -> Result<usize> {
     check_queue(queue)?;
     check_batch(limit)?;
+    maintain(tx, queue, policy)?;
     let cutoff_ms = tx.now_ms().saturating_sub(older_than_ms);
     let mut ids = Vec::new();
     tx.scan(queue, JobQuery::FinishedBy { cutoff_ms }, limit, &mut ids)?;

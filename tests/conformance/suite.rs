@@ -83,7 +83,7 @@ impl World {
     }
 
     pub fn push(&self, queue: &str, spec: JobSpec) -> JobId {
-        self.tx(|tx| core::job::enqueue(tx, queue, &spec))
+        self.tx(|tx| core::job::enqueue(tx, queue, &spec, &QueuePolicy::default()))
             .unwrap()
             .id
     }
@@ -330,7 +330,7 @@ pub fn txn_rolls_back_on_error(make: &Make) {
     let holder = holder(2);
     let result: leasehold::Result<()> = w.tx(|tx| {
         core::lease::acquire(tx, "k", &holder, 1000, 1)?;
-        core::job::enqueue(tx, "q", &JobSpec::new("lost"))?;
+        core::job::enqueue(tx, "q", &JobSpec::new("lost"), &QueuePolicy::default())?;
         let policy = QueuePolicy::default();
         core::job::claim(tx, "q", HolderId(2), 1000, 10, &policy)?;
         Err(Error::transient("testing", "injected failure after writes"))
@@ -625,7 +625,8 @@ pub fn job_cancel_and_retry(make: &Make) {
         }) => {}
         other => panic!("expected InvalidState, got {other:?}"),
     }
-    w.tx(|tx| core::job::retry(tx, ready)).unwrap();
+    w.tx(|tx| core::job::retry(tx, ready, &QueuePolicy::default()))
+        .unwrap();
     let rec = w.get(ready);
     assert_eq!(
         (rec.state, rec.attempts, rec.cancel_requested),
@@ -636,7 +637,7 @@ pub fn job_cancel_and_retry(make: &Make) {
         (job.id, job.attempts, job.claim.unwrap().token),
         (ready, 1, 2)
     );
-    match w.tx(|tx| core::job::retry(tx, ready)) {
+    match w.tx(|tx| core::job::retry(tx, ready, &QueuePolicy::default())) {
         Err(Error::InvalidState {
             state: JobState::Running,
             ..
@@ -659,17 +660,27 @@ pub fn job_unique_key(make: &Make) {
         unique_key: Some("u".into()),
         ..JobSpec::new("x")
     };
-    let first = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    let first = w
+        .tx(|tx| core::job::enqueue(tx, "q", &spec(), &QueuePolicy::default()))
+        .unwrap();
     assert!(first.created);
-    let second = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    let second = w
+        .tx(|tx| core::job::enqueue(tx, "q", &spec(), &QueuePolicy::default()))
+        .unwrap();
     assert_eq!((second.id, second.created), (first.id, false));
-    let other_queue = w.tx(|tx| core::job::enqueue(tx, "q2", &spec())).unwrap();
+    let other_queue = w
+        .tx(|tx| core::job::enqueue(tx, "q2", &spec(), &QueuePolicy::default()))
+        .unwrap();
     assert!(other_queue.created, "unique per queue");
     let job = w.claim_one("q", 1, 100);
-    let while_running = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    let while_running = w
+        .tx(|tx| core::job::enqueue(tx, "q", &spec(), &QueuePolicy::default()))
+        .unwrap();
     assert_eq!(while_running.id, first.id, "running is live");
     w.complete(&job, 1).unwrap();
-    let after = w.tx(|tx| core::job::enqueue(tx, "q", &spec())).unwrap();
+    let after = w
+        .tx(|tx| core::job::enqueue(tx, "q", &spec(), &QueuePolicy::default()))
+        .unwrap();
     assert!(
         after.created && after.id > first.id,
         "terminal frees the key"
@@ -677,8 +688,10 @@ pub fn job_unique_key(make: &Make) {
     // Retrying the old job would duplicate the live key: refused.
     let policy = w.policy;
     w.tx(|tx| core::job::cancel(tx, after.id, &policy)).unwrap();
-    w.tx(|tx| core::job::retry(tx, first.id)).unwrap_err();
-    w.tx(|tx| core::job::retry(tx, after.id)).unwrap();
+    w.tx(|tx| core::job::retry(tx, first.id, &QueuePolicy::default()))
+        .unwrap_err();
+    w.tx(|tx| core::job::retry(tx, after.id, &QueuePolicy::default()))
+        .unwrap();
     assert_eq!(w.stats("q"), counts(1, 0, 0, 1, 0, 0));
 }
 
@@ -713,7 +726,9 @@ pub fn job_purge(make: &Make) {
     let running = w.push("q", JobSpec::new("c"));
     w.claim_one("q", 1, 100_000);
     w.at(T0 + 1500);
-    let n = w.tx(|tx| core::job::purge(tx, "q", 1000, 100)).unwrap();
+    let n = w
+        .tx(|tx| core::job::purge(tx, "q", 1000, 100, &QueuePolicy::default()))
+        .unwrap();
     assert_eq!(n, 1, "only a finished 1500 ms ago");
     let policy = w.policy;
     assert!(matches!(
@@ -722,7 +737,9 @@ pub fn job_purge(make: &Make) {
     ));
     assert_eq!(w.get(b).state, JobState::Done);
     assert_eq!(w.get(running).state, JobState::Running);
-    let n = w.tx(|tx| core::job::purge(tx, "q", 0, 100)).unwrap();
+    let n = w
+        .tx(|tx| core::job::purge(tx, "q", 0, 100, &QueuePolicy::default()))
+        .unwrap();
     assert_eq!(n, 1);
     assert_eq!(w.stats("q"), counts(0, 0, 1, 0, 0, 0));
 }
