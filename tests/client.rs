@@ -1,4 +1,5 @@
 //! The client layer: guards, local deadlines, keep-alive, blocking
+#![allow(clippy::disallowed_methods)] // tests use real threads and time
 //! acquire, transient-error retry, queue handles and the worker loop.
 
 use leasehold::core::Txn;
