@@ -1,6 +1,7 @@
 //! The client layer: guards, local deadlines, keep-alive, blocking
-#![allow(clippy::disallowed_methods)] // tests use real threads and time
 //! acquire, transient-error retry, queue handles and the worker loop.
+
+#![allow(clippy::disallowed_methods)] // tests use real threads and time
 
 use leasehold::core::Txn;
 use leasehold::{
