@@ -1,1 +1,3 @@
-pub fn y() {}
+//! leasehold-sim: the deterministic simulator and the reference model.
+
+pub mod model;

@@ -1,0 +1,694 @@
+//! The reference model: an obviously correct, deliberately naive statement
+//! of the lease and job rules, with no indexes, no laziness and no storage.
+//!
+//! Every operation scans plain vectors. Time-driven changes (a claim that
+//! ran out, a delay that passed) are applied eagerly by [`Model::settle`]
+//! before every operation, as of the instant they happened. The property
+//! tests compare `leasehold::core` over a real store with this model after
+//! every step; the simulator uses the same [`Outcome`] vocabulary.
+//!
+//! The model shares only *formulas* with the core (`backoff_ms`, the limits,
+//! the local deadline): never a state rule.
+
+use leasehold::core::{self, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_LIMIT, MAX_TTL_MS};
+use leasehold::{Error, JobState, LostReason, QueuePolicy};
+
+/// A normalized, comparable result of one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing returned yet.
+    None,
+    /// Plain success.
+    Ok,
+    /// A lease grant.
+    Grant {
+        /// Token.
+        token: u64,
+        /// Store-clock expiry.
+        expires_at_ms: u64,
+        /// Whether an existing slot was extended.
+        renewed: bool,
+    },
+    /// The key is held: live holders as (holder, token, expiry), by token.
+    Held(Vec<(u128, u64, u64)>),
+    /// Lost; `Some` when the model pins the reason, `None` for any reason.
+    Lost(Option<LostReason>),
+    /// Rejected input naming this field.
+    Invalid(&'static str),
+    /// No such job.
+    NotFound,
+    /// The job's state does not allow the operation.
+    InvalidState(JobState),
+    /// An enqueue.
+    Enqueued {
+        /// The job id.
+        id: u64,
+        /// False when a live job with the unique key was returned.
+        created: bool,
+    },
+    /// Claimed jobs as (id, token, attempts), in claim order.
+    Claimed(Vec<(u64, u64, u32)>),
+    /// A heartbeat reply.
+    Heartbeat {
+        /// The new claim expiry.
+        lease_until_ms: u64,
+        /// A cancel was requested.
+        cancel_requested: bool,
+    },
+    /// The job's state after the operation.
+    State(JobState),
+    /// How many jobs were purged.
+    Purged(usize),
+}
+
+impl Outcome {
+    /// The outcome of a failed operation.
+    pub fn of_error(e: &Error) -> Outcome {
+        match e {
+            Error::Held { holders, .. } => {
+                let mut v: Vec<_> = holders
+                    .iter()
+                    .map(|h| (h.holder.id.0, h.token, h.expires_at_ms))
+                    .collect();
+                v.sort_by_key(|h| h.1);
+                Outcome::Held(v)
+            }
+            Error::Lost { reason, .. } => Outcome::Lost(Some(*reason)),
+            Error::Invalid { field, .. } => Outcome::Invalid(field),
+            Error::NotFound(_) => Outcome::NotFound,
+            Error::InvalidState { state, .. } => Outcome::InvalidState(*state),
+            other => panic!("unexpected error in a model comparison: {other}"),
+        }
+    }
+
+    /// Whether `actual` (from the system) satisfies this expectation.
+    pub fn accepts(&self, actual: &Outcome) -> bool {
+        match (self, actual) {
+            (Outcome::Lost(None), Outcome::Lost(_)) => true,
+            (a, b) => a == b,
+        }
+    }
+}
+
+/// One holder slot of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// Holder id.
+    pub holder: u128,
+    /// Token.
+    pub token: u64,
+    /// Expiry (exclusive).
+    pub expires_at_ms: u64,
+}
+
+/// One key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Key {
+    /// Highest token granted.
+    pub last_token: u64,
+    /// Slots in grant order; expired ones are filtered by time.
+    pub slots: Vec<Slot>,
+}
+
+/// One job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Id (1-based, in enqueue order).
+    pub id: u64,
+    /// Queue name.
+    pub queue: String,
+    /// Payload.
+    pub payload: Vec<u8>,
+    /// Priority.
+    pub priority: i32,
+    /// Not before.
+    pub run_at_ms: u64,
+    /// Enqueue time.
+    pub created_at_ms: u64,
+    /// Attempt budget.
+    pub max_attempts: u32,
+    /// Claims so far.
+    pub attempts: u32,
+    /// Claims that expired.
+    pub expiries: u32,
+    /// Last claim token.
+    pub last_token: u64,
+    /// State.
+    pub state: JobState,
+    /// (holder, token, lease_until) while running.
+    pub claim: Option<(u128, u64, u64)>,
+    /// Cancel requested while running.
+    pub cancel_requested: bool,
+    /// Last failure reason.
+    pub last_error: Option<String>,
+    /// Dedup key.
+    pub unique_key: Option<String>,
+    /// When it became terminal.
+    pub finished_at_ms: Option<u64>,
+    /// Deleted by purge.
+    pub purged: bool,
+}
+
+/// The whole reference state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Model {
+    /// The store's clock.
+    pub now_ms: u64,
+    /// Retry policy.
+    pub policy: QueuePolicy,
+    /// Keys by name (a `Vec` of pairs: naive on purpose).
+    pub keys: Vec<(String, Key)>,
+    /// Every job ever enqueued, by id - 1.
+    pub jobs: Vec<Job>,
+    /// The result of the last operation.
+    pub last: Outcome,
+}
+
+fn ttl_check(field: &'static str, now_ms: u64, ttl_ms: u64) -> Result<u64, Outcome> {
+    if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
+        return Err(Outcome::Invalid(field));
+    }
+    now_ms.checked_add(ttl_ms).ok_or(Outcome::Invalid(field))
+}
+
+fn key_ok(key: &str) -> bool {
+    !key.is_empty() && key.len() <= core::MAX_KEY_BYTES && !key.chars().any(char::is_control)
+}
+
+impl Model {
+    /// An empty world at `now_ms`.
+    pub fn new(now_ms: u64, policy: QueuePolicy) -> Self {
+        Model {
+            now_ms,
+            policy,
+            keys: Vec::new(),
+            jobs: Vec::new(),
+            last: Outcome::None,
+        }
+    }
+
+    fn key_mut(&mut self, name: &str) -> &mut Key {
+        if let Some(i) = self.keys.iter().position(|(k, _)| k == name) {
+            return &mut self.keys[i].1;
+        }
+        self.keys.push((name.to_owned(), Key::default()));
+        let last = self.keys.len() - 1;
+        &mut self.keys[last].1
+    }
+
+    /// The key's state, if it was ever granted.
+    pub fn key(&self, name: &str) -> Option<&Key> {
+        self.keys.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    /// Live slots of a key, sorted by token.
+    pub fn live(&self, name: &str) -> Vec<Slot> {
+        let now = self.now_ms;
+        let mut v: Vec<Slot> = self
+            .key(name)
+            .map(|k| {
+                k.slots
+                    .iter()
+                    .filter(|s| now < s.expires_at_ms)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by_key(|s| s.token);
+        v
+    }
+
+    /// Move time forward (never back: the store's clock is monotonic).
+    pub fn tick(&mut self, to_ms: u64) {
+        self.now_ms = self.now_ms.max(to_ms);
+        self.settle();
+        self.last = Outcome::Ok;
+    }
+
+    // ------------------------------------------------------------ leases
+
+    /// Acquire (or extend, for a current holder).
+    pub fn acquire(&mut self, key: &str, holder: u128, ttl_ms: u64, limit: u32) -> Outcome {
+        let now = self.now_ms;
+        self.last = (|| {
+            if !key_ok(key) {
+                return Outcome::Invalid("key");
+            }
+            if limit == 0 || limit > MAX_LEASE_LIMIT {
+                return Outcome::Invalid("limit");
+            }
+            let exp = match ttl_check("ttl", now, ttl_ms) {
+                Ok(e) => e,
+                Err(o) => return o,
+            };
+            let live = self.live(key);
+            let k = self.key_mut(key);
+            if let Some(s) = k
+                .slots
+                .iter_mut()
+                .find(|s| s.holder == holder && now < s.expires_at_ms)
+            {
+                s.expires_at_ms = exp;
+                return Outcome::Grant {
+                    token: s.token,
+                    expires_at_ms: exp,
+                    renewed: true,
+                };
+            }
+            if live.len() >= limit as usize {
+                return Outcome::Held(
+                    live.iter()
+                        .map(|s| (s.holder, s.token, s.expires_at_ms))
+                        .collect(),
+                );
+            }
+            k.last_token += 1;
+            let token = k.last_token;
+            k.slots.retain(|s| now < s.expires_at_ms);
+            k.slots.push(Slot {
+                holder,
+                token,
+                expires_at_ms: exp,
+            });
+            Outcome::Grant {
+                token,
+                expires_at_ms: exp,
+                renewed: false,
+            }
+        })();
+        self.last.clone()
+    }
+
+    fn lease_lost(&self, key: &str, holder: u128, token: u64) -> Outcome {
+        let other_live = self
+            .live(key)
+            .iter()
+            .any(|s| s.token == token && s.holder != holder);
+        Outcome::Lost(other_live.then_some(LostReason::NotHolder))
+    }
+
+    /// Renew a live slot.
+    pub fn renew(&mut self, key: &str, holder: u128, token: u64, ttl_ms: u64) -> Outcome {
+        let now = self.now_ms;
+        self.last = (|| {
+            if !key_ok(key) {
+                return Outcome::Invalid("key");
+            }
+            let exp = match ttl_check("ttl", now, ttl_ms) {
+                Ok(e) => e,
+                Err(o) => return o,
+            };
+            let lost = self.lease_lost(key, holder, token);
+            let Some((_, k)) = self.keys.iter_mut().find(|(k, _)| k == key) else {
+                return lost;
+            };
+            match k
+                .slots
+                .iter_mut()
+                .find(|s| s.holder == holder && s.token == token && now < s.expires_at_ms)
+            {
+                Some(s) => {
+                    s.expires_at_ms = exp;
+                    Outcome::Grant {
+                        token,
+                        expires_at_ms: exp,
+                        renewed: true,
+                    }
+                }
+                None => lost,
+            }
+        })();
+        self.last.clone()
+    }
+
+    /// Release a live slot.
+    pub fn release(&mut self, key: &str, holder: u128, token: u64) -> Outcome {
+        let now = self.now_ms;
+        self.last = (|| {
+            if !key_ok(key) {
+                return Outcome::Invalid("key");
+            }
+            let lost = self.lease_lost(key, holder, token);
+            let Some((_, k)) = self.keys.iter_mut().find(|(k, _)| k == key) else {
+                return lost;
+            };
+            let before = k.slots.len();
+            k.slots
+                .retain(|s| !(s.holder == holder && s.token == token && now < s.expires_at_ms));
+            if k.slots.len() == before {
+                return lost;
+            }
+            k.slots.retain(|s| now < s.expires_at_ms);
+            Outcome::Ok
+        })();
+        self.last.clone()
+    }
+
+    // -------------------------------------------------------------- jobs
+
+    /// Apply every time-driven change up to `now_ms`, each as of the
+    /// instant it happened: expired claims end (an attempt already counted),
+    /// then due jobs become ready.
+    pub fn settle(&mut self) {
+        let now = self.now_ms;
+        let policy = self.policy;
+        for job in self.jobs.iter_mut().filter(|j| !j.purged) {
+            if let (JobState::Running, Some((_, _, until))) = (job.state, job.claim) {
+                if until <= now {
+                    job.claim = None;
+                    job.expiries += 1;
+                    let quarantined = policy.quarantine_expiries > 0
+                        && job.expiries >= policy.quarantine_expiries;
+                    job.last_error = Some(
+                        if quarantined && job.attempts < job.max_attempts {
+                            "lease expired (crash loop: quarantined)"
+                        } else {
+                            "lease expired"
+                        }
+                        .to_owned(),
+                    );
+                    if job.cancel_requested {
+                        job.state = JobState::Cancelled;
+                        job.finished_at_ms = Some(until);
+                    } else if quarantined || job.attempts >= job.max_attempts {
+                        job.state = JobState::Dead;
+                        job.finished_at_ms = Some(until);
+                    } else {
+                        job.run_at_ms = until
+                            + core::backoff_ms(&policy, leasehold::JobId(job.id), job.attempts);
+                        job.state = JobState::Scheduled;
+                    }
+                }
+            }
+            if job.state == JobState::Scheduled && job.run_at_ms <= now {
+                job.state = JobState::Ready;
+            }
+        }
+    }
+
+    fn live_job_mut(&mut self, id: u64) -> Option<&mut Job> {
+        let i = usize::try_from(id).ok()?.checked_sub(1)?;
+        self.jobs.get_mut(i).filter(|j| !j.purged)
+    }
+
+    /// A job by id (not purged).
+    pub fn job(&self, id: u64) -> Option<&Job> {
+        let i = usize::try_from(id).ok()?.checked_sub(1)?;
+        self.jobs.get(i).filter(|j| !j.purged)
+    }
+
+    fn unique_holder(&self, queue: &str, key: &str) -> Option<u64> {
+        self.jobs
+            .iter()
+            .find(|j| {
+                !j.purged
+                    && j.queue == queue
+                    && !j.state.is_terminal()
+                    && j.unique_key.as_deref() == Some(key)
+            })
+            .map(|j| j.id)
+    }
+
+    /// Enqueue.
+    pub fn enqueue(&mut self, queue: &str, spec: &leasehold::JobSpec) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        self.last = (|| {
+            if !key_ok(queue) {
+                return Outcome::Invalid("queue");
+            }
+            if spec.payload.len() > core::MAX_PAYLOAD_BYTES {
+                return Outcome::Invalid("payload");
+            }
+            if spec.max_attempts == 0 || spec.max_attempts > MAX_ATTEMPTS {
+                return Outcome::Invalid("max_attempts");
+            }
+            if let Some(k) = &spec.unique_key {
+                if k.is_empty() || k.contains('\0') || k.len() > core::MAX_TEXT_BYTES {
+                    return Outcome::Invalid("unique_key");
+                }
+            }
+            let run_at = match spec.run_at_ms {
+                Some(at) if at > now.saturating_add(MAX_TTL_MS) => {
+                    return Outcome::Invalid("run_at")
+                }
+                Some(at) => at.max(now),
+                None if spec.delay_ms == 0 => now,
+                None => match ttl_check("delay", now, spec.delay_ms) {
+                    Ok(t) => t,
+                    Err(o) => return o,
+                },
+            };
+            if let Some(k) = &spec.unique_key {
+                if let Some(id) = self.unique_holder(queue, k) {
+                    return Outcome::Enqueued { id, created: false };
+                }
+            }
+            let id = self.jobs.len() as u64 + 1;
+            self.jobs.push(Job {
+                id,
+                queue: queue.to_owned(),
+                payload: spec.payload.clone(),
+                priority: spec.priority,
+                run_at_ms: run_at,
+                created_at_ms: now,
+                max_attempts: spec.max_attempts,
+                attempts: 0,
+                expiries: 0,
+                last_token: 0,
+                state: if run_at <= now {
+                    JobState::Ready
+                } else {
+                    JobState::Scheduled
+                },
+                claim: None,
+                cancel_requested: false,
+                last_error: None,
+                unique_key: spec.unique_key.clone(),
+                finished_at_ms: None,
+                purged: false,
+            });
+            Outcome::Enqueued { id, created: true }
+        })();
+        self.last.clone()
+    }
+
+    /// Claim up to `max` ready jobs in claim order.
+    pub fn claim(&mut self, queue: &str, holder: u128, lease_ms: u64, max: usize) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        self.last = (|| {
+            if !key_ok(queue) {
+                return Outcome::Invalid("queue");
+            }
+            if max == 0 || max > MAX_BATCH {
+                return Outcome::Invalid("batch");
+            }
+            let until = match ttl_check("lease", now, lease_ms) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            let mut ready: Vec<&mut Job> = self
+                .jobs
+                .iter_mut()
+                .filter(|j| !j.purged && j.queue == queue && j.state == JobState::Ready)
+                .collect();
+            ready.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at_ms, j.id));
+            let mut out = Vec::new();
+            for job in ready.into_iter().take(max) {
+                job.last_token += 1;
+                job.attempts += 1;
+                job.state = JobState::Running;
+                job.claim = Some((holder, job.last_token, until));
+                out.push((job.id, job.last_token, job.attempts));
+            }
+            Outcome::Claimed(out)
+        })();
+        self.last.clone()
+    }
+
+    /// The claim check shared by heartbeat, complete and fail.
+    fn claimed(&mut self, id: u64, holder: u128, token: u64) -> Result<&mut Job, Outcome> {
+        let job = self.live_job_mut(id).ok_or(Outcome::NotFound)?;
+        match job.claim {
+            Some((h, t, _)) if job.state == JobState::Running && t == token => {
+                if h == holder {
+                    Ok(job)
+                } else {
+                    Err(Outcome::Lost(Some(LostReason::NotHolder)))
+                }
+            }
+            _ => Err(Outcome::Lost(None)),
+        }
+    }
+
+    /// Extend a claim.
+    pub fn heartbeat(&mut self, id: u64, holder: u128, token: u64, lease_ms: u64) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        self.last = (|| {
+            let until = match ttl_check("lease", now, lease_ms) {
+                Ok(t) => t,
+                Err(o) => return o,
+            };
+            match self.claimed(id, holder, token) {
+                Ok(job) => {
+                    job.claim = Some((holder, token, until));
+                    Outcome::Heartbeat {
+                        lease_until_ms: until,
+                        cancel_requested: job.cancel_requested,
+                    }
+                }
+                Err(o) => o,
+            }
+        })();
+        self.last.clone()
+    }
+
+    /// Complete.
+    pub fn complete(&mut self, id: u64, holder: u128, token: u64) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        self.last = match self.claimed(id, holder, token) {
+            Ok(job) => {
+                job.state = JobState::Done;
+                job.claim = None;
+                job.finished_at_ms = Some(now);
+                Outcome::Ok
+            }
+            Err(o) => o,
+        };
+        self.last.clone()
+    }
+
+    /// Fail an attempt.
+    pub fn fail(&mut self, id: u64, holder: u128, token: u64, reason: &str) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        let policy = self.policy;
+        self.last = (|| {
+            if reason.len() > core::MAX_TEXT_BYTES || reason.contains('\0') {
+                return Outcome::Invalid("reason");
+            }
+            let job = match self.claimed(id, holder, token) {
+                Ok(job) => job,
+                Err(o) => return o,
+            };
+            job.claim = None;
+            job.last_error = Some(reason.to_owned());
+            if job.cancel_requested {
+                job.state = JobState::Cancelled;
+                job.finished_at_ms = Some(now);
+            } else if job.attempts >= job.max_attempts {
+                job.state = JobState::Dead;
+                job.finished_at_ms = Some(now);
+            } else {
+                job.run_at_ms =
+                    now + core::backoff_ms(&policy, leasehold::JobId(job.id), job.attempts);
+                job.state = if job.run_at_ms <= now {
+                    JobState::Ready
+                } else {
+                    JobState::Scheduled
+                };
+            }
+            Outcome::State(job.state)
+        })();
+        self.last.clone()
+    }
+
+    /// Cancel.
+    pub fn cancel(&mut self, id: u64) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        self.last = match self.live_job_mut(id) {
+            None => Outcome::NotFound,
+            Some(job) => match job.state {
+                JobState::Ready | JobState::Scheduled => {
+                    job.state = JobState::Cancelled;
+                    job.finished_at_ms = Some(now);
+                    Outcome::State(JobState::Cancelled)
+                }
+                JobState::Running => {
+                    job.cancel_requested = true;
+                    Outcome::State(JobState::Running)
+                }
+                s => Outcome::InvalidState(s),
+            },
+        };
+        self.last.clone()
+    }
+
+    /// Retry a dead or cancelled job.
+    pub fn retry(&mut self, id: u64) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        self.last = (|| {
+            let Some(job) = self.job(id) else {
+                return Outcome::NotFound;
+            };
+            if !matches!(job.state, JobState::Dead | JobState::Cancelled) {
+                return Outcome::InvalidState(job.state);
+            }
+            if let Some(k) = job.unique_key.clone() {
+                if self.unique_holder(&job.queue.clone(), &k).is_some() {
+                    return Outcome::Invalid("unique_key");
+                }
+            }
+            let Some(job) = self.live_job_mut(id) else {
+                return Outcome::NotFound;
+            };
+            job.attempts = 0;
+            job.expiries = 0;
+            job.cancel_requested = false;
+            job.finished_at_ms = None;
+            job.run_at_ms = now;
+            job.state = JobState::Ready;
+            Outcome::Ok
+        })();
+        self.last.clone()
+    }
+
+    /// Purge terminal jobs finished at least `older_than_ms` ago (up to `limit`).
+    pub fn purge(&mut self, queue: &str, older_than_ms: u64, limit: usize) -> Outcome {
+        self.settle();
+        let cutoff = self.now_ms.saturating_sub(older_than_ms);
+        self.last = (|| {
+            if !key_ok(queue) {
+                return Outcome::Invalid("queue");
+            }
+            if limit == 0 || limit > MAX_BATCH {
+                return Outcome::Invalid("batch");
+            }
+            let mut victims: Vec<&mut Job> = self
+                .jobs
+                .iter_mut()
+                .filter(|j| {
+                    !j.purged
+                        && j.queue == queue
+                        && j.state.is_terminal()
+                        && j.finished_at_ms.is_some_and(|f| f <= cutoff)
+                })
+                .collect();
+            victims.sort_by_key(|j| (j.finished_at_ms, j.id));
+            let n = victims.len().min(limit);
+            for j in victims.into_iter().take(n) {
+                j.purged = true;
+            }
+            Outcome::Purged(n)
+        })();
+        self.last.clone()
+    }
+
+    /// Jobs of a queue per state, in [`JobState::ALL`] order.
+    pub fn counts(&self, queue: &str) -> [u64; 6] {
+        let mut c = [0u64; 6];
+        for j in self.jobs.iter().filter(|j| !j.purged && j.queue == queue) {
+            let i = JobState::ALL
+                .iter()
+                .position(|s| *s == j.state)
+                .unwrap_or(0);
+            c[i] += 1;
+        }
+        c
+    }
+}
