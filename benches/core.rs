@@ -62,9 +62,7 @@ fn leases(c: &mut Criterion) {
     let client = Client::new(MemStore::new());
     g.bench_function("acquire_release_pair/client_guard", |b| {
         b.iter(|| {
-            let guard = client
-                .try_acquire("key", Duration::from_secs(30))
-                .unwrap();
+            let guard = client.try_acquire("key", Duration::from_secs(30)).unwrap();
             let token = guard.token();
             guard.release().unwrap();
             black_box(token)
@@ -79,16 +77,20 @@ fn leases(c: &mut Criterion) {
                 .txn(|tx| core::lease::acquire(tx, &key, &holder, 3_600_000, 1))
                 .unwrap();
         }
-        g.bench_with_input(BenchmarkId::new("pair_with_live_keys", live), &live, |b, _| {
-            b.iter(|| {
-                let grant = store
-                    .txn(|tx| core::lease::acquire(tx, "key", &holder, 30_000, 1))
-                    .unwrap();
-                store
-                    .txn(|tx| core::lease::release(tx, "key", holder.id, grant.token))
-                    .unwrap();
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("pair_with_live_keys", live),
+            &live,
+            |b, _| {
+                b.iter(|| {
+                    let grant = store
+                        .txn(|tx| core::lease::acquire(tx, "key", &holder, 30_000, 1))
+                        .unwrap();
+                    store
+                        .txn(|tx| core::lease::release(tx, "key", holder.id, grant.token))
+                        .unwrap();
+                })
+            },
+        );
     }
     g.finish();
 }

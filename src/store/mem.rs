@@ -14,7 +14,9 @@ use crate::core::{ClaimRank, JobId, JobQuery, JobRecord, JobState, LeaseRecord, 
 use crate::error::Result;
 use crate::store::Store;
 use crate::sync::{lock, Condvar, Mutex};
-use std::collections::{BTreeSet, HashMap};
+use hashbrown::hash_map::EntryRef;
+use hashbrown::HashMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,24 +84,32 @@ impl QueueIndex {
     }
 }
 
-/// The old value of something a transaction changed.
-#[derive(Debug)]
-enum Undo {
-    Lease(Arc<str>, Option<LeaseRecord>),
-    Job(JobId, Option<JobRecord>),
-    LastJobId(u64),
+/// What a transaction changed, to put back if it fails. Leases, jobs and
+/// the id counter are disjoint, so each log is replayed backwards on its own.
+#[derive(Debug, Default)]
+struct UndoLog {
+    leases: Vec<(Arc<str>, Option<LeaseRecord>)>,
+    jobs: Vec<(JobId, Option<JobRecord>)>,
+    last_job_id: Option<u64>,
 }
 
 #[derive(Debug, Default)]
 struct MemState {
     last_now_ms: u64,
-    leases: HashMap<Arc<str>, LeaseRecord>,
+    /// Each value keeps its own key, so one lookup yields both the record
+    /// and the key the undo log needs.
+    leases: HashMap<Arc<str>, (Arc<str>, LeaseRecord)>,
     jobs: HashMap<JobId, JobRecord>,
     queues: HashMap<Arc<str>, QueueIndex>,
     last_job_id: u64,
     lease_epoch: u64,
+    /// Threads blocked in `wait_lease_epoch` (a notify is a system call;
+    /// skip it when nobody waits).
+    waiters: usize,
     /// Reused between transactions so a transaction does not allocate it.
-    undo: Vec<Undo>,
+    undo: UndoLog,
+    /// Spare lease records whose allocations the undo log reuses.
+    spare: Vec<LeaseRecord>,
 }
 
 impl MemState {
@@ -127,20 +137,35 @@ impl MemState {
     }
 
     fn rollback(&mut self) {
-        while let Some(undo) = self.undo.pop() {
-            match undo {
-                Undo::Lease(key, Some(rec)) => {
-                    self.leases.insert(key, rec);
+        while let Some((key, old)) = self.undo.leases.pop() {
+            match old {
+                Some(rec) => {
+                    self.leases.insert(key.clone(), (key, rec));
                 }
-                Undo::Lease(key, None) => {
+                None => {
                     self.leases.remove(&key);
                 }
-                Undo::Job(id, old) => {
-                    self.set_job(id, old.as_ref());
-                }
-                Undo::LastJobId(last) => self.last_job_id = last,
             }
         }
+        while let Some((id, old)) = self.undo.jobs.pop() {
+            self.set_job(id, old.as_ref());
+        }
+        if let Some(last) = self.undo.last_job_id.take() {
+            self.last_job_id = last;
+        }
+    }
+
+    /// Forget the undo log of a committed transaction, keeping the lease
+    /// records' allocations for the next one.
+    fn commit(&mut self) {
+        const SPARE_MAX: usize = 64;
+        for (_, old) in self.undo.leases.drain(..) {
+            if let (Some(rec), true) = (old, self.spare.len() < SPARE_MAX) {
+                self.spare.push(rec);
+            }
+        }
+        self.undo.jobs.clear();
+        self.undo.last_job_id = None;
     }
 }
 
@@ -187,16 +212,23 @@ impl Txn for MemTxn<'_> {
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
         let st = &mut *self.st;
-        match st.leases.get_key_value(key) {
-            Some((k, rec)) => st.undo.push(Undo::Lease(k.clone(), Some(rec.clone()))),
-            None if create => {
-                let k: Arc<str> = Arc::from(key);
-                st.undo.push(Undo::Lease(k.clone(), None));
-                st.leases.insert(k, LeaseRecord::default());
+        // One hash lookup either way; the key is only allocated on insert.
+        Ok(match st.leases.entry_ref(key) {
+            EntryRef::Occupied(entry) => {
+                let (k, rec) = entry.into_mut();
+                let mut old = st.spare.pop().unwrap_or_default();
+                old.clone_from(rec);
+                st.undo.leases.push((k.clone(), Some(old)));
+                Some(rec)
             }
-            None => return Ok(None),
-        }
-        Ok(st.leases.get_mut(key))
+            EntryRef::Vacant(entry) if create => {
+                let k: Arc<str> = Arc::from(key);
+                st.undo.leases.push((k.clone(), None));
+                let (_, rec) = entry.insert((k, LeaseRecord::default()));
+                Some(rec)
+            }
+            EntryRef::Vacant(_) => None,
+        })
     }
 
     fn lease_freed(&mut self, _key: &str) {
@@ -204,7 +236,9 @@ impl Txn for MemTxn<'_> {
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
-        self.st.undo.push(Undo::LastJobId(self.st.last_job_id));
+        if self.st.undo.last_job_id.is_none() {
+            self.st.undo.last_job_id = Some(self.st.last_job_id);
+        }
         self.st.last_job_id += 1;
         Ok(JobId(self.st.last_job_id))
     }
@@ -215,13 +249,13 @@ impl Txn for MemTxn<'_> {
 
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
         let old = self.st.set_job(job.id, Some(job));
-        self.st.undo.push(Undo::Job(job.id, old));
+        self.st.undo.jobs.push((job.id, old));
         Ok(())
     }
 
     fn delete_job(&mut self, id: JobId) -> Result<()> {
         let old = self.st.set_job(id, None);
-        self.st.undo.push(Undo::Job(id, old));
+        self.st.undo.jobs.push((id, old));
         Ok(())
     }
 
@@ -306,10 +340,12 @@ impl Store for MemStore {
         if result.is_err() {
             st.rollback();
         } else {
-            st.undo.clear();
+            st.commit();
             if freed {
                 st.lease_epoch = st.lease_epoch.wrapping_add(1);
-                self.freed.notify_all();
+                if st.waiters > 0 {
+                    self.freed.notify_all();
+                }
             }
         }
         result
@@ -324,14 +360,16 @@ impl Store for MemStore {
     }
 
     fn wait_lease_epoch(&self, epoch: u64, timeout: Duration) -> bool {
-        let st = lock(&self.state);
+        let mut st = lock(&self.state);
         if st.lease_epoch != epoch {
             return true;
         }
-        let (st, _) = match self.freed.wait_timeout(st, timeout) {
+        st.waiters += 1;
+        let (mut st, _) = match self.freed.wait_timeout(st, timeout) {
             Ok(pair) => pair,
             Err(poisoned) => poisoned.into_inner(),
         };
+        st.waiters -= 1;
         st.lease_epoch != epoch
     }
 }
