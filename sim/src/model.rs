@@ -81,6 +81,40 @@ impl Outcome {
         }
     }
 
+    /// The outcome of a lease grant.
+    pub fn grant(g: &core::Grant) -> Outcome {
+        Outcome::Grant {
+            token: g.token,
+            expires_at_ms: g.expires_at_ms,
+            renewed: g.renewed,
+        }
+    }
+
+    /// The outcome of a claim.
+    pub fn claimed(jobs: &[leasehold::JobRecord]) -> Outcome {
+        Outcome::Claimed(
+            jobs.iter()
+                .map(|j| (j.id.0, j.claim.map_or(0, |c| c.token), j.attempts))
+                .collect(),
+        )
+    }
+
+    /// The outcome of a heartbeat.
+    pub fn heartbeat(r: &core::HeartbeatReply) -> Outcome {
+        Outcome::Heartbeat {
+            lease_until_ms: r.lease_until_ms,
+            cancel_requested: r.cancel_requested,
+        }
+    }
+
+    /// Map any result through `ok`, errors through [`Outcome::of_error`].
+    pub fn of<T>(r: &leasehold::Result<T>, ok: impl FnOnce(&T) -> Outcome) -> Outcome {
+        match r {
+            Ok(v) => ok(v),
+            Err(e) => Outcome::of_error(e),
+        }
+    }
+
     /// Whether `actual` (from the system) satisfies this expectation.
     pub fn accepts(&self, actual: &Outcome) -> bool {
         match (self, actual) {

@@ -1,0 +1,211 @@
+//! `leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--trace]
+//! [--shrink] [--canary NAME|all]`
+//!
+//! Exit codes: 0 when every seed held every guarantee (or every selected
+//! canary was caught), 1 on a violation (or a canary that slipped through),
+//! 2 on a usage error.
+
+#![allow(clippy::disallowed_methods)] // the runner measures real time for events/s
+
+use leasehold_sim::plan::{Canary, Plan, Scenario};
+use leasehold_sim::runner::{self, Failure};
+use leasehold_sim::world;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--trace] [--shrink] [--canary NAME|all]
+scenarios: leases, queue, mixed, clock-chaos
+canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease";
+
+struct Args {
+    scenarios: Vec<Scenario>,
+    seed: Option<u64>,
+    seeds: u64,
+    trace: bool,
+    shrink: bool,
+    canaries: Vec<Canary>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        scenarios: Scenario::ALL.to_vec(),
+        seed: None,
+        seeds: 100,
+        trace: false,
+        shrink: false,
+        canaries: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--scenario" => {
+                let v = value("--scenario")?;
+                args.scenarios = if v == "all" {
+                    Scenario::ALL.to_vec()
+                } else {
+                    vec![Scenario::parse(&v).ok_or_else(|| format!("unknown scenario {v:?}"))?]
+                };
+            }
+            "--seed" => {
+                let v = value("--seed")?;
+                args.seed = Some(
+                    v.parse()
+                        .map_err(|_| format!("--seed {v:?} is not a number"))?,
+                );
+            }
+            "--seeds" => {
+                let v = value("--seeds")?;
+                args.seeds = v
+                    .parse()
+                    .map_err(|_| format!("--seeds {v:?} is not a number"))?;
+            }
+            "--trace" => args.trace = true,
+            "--shrink" => args.shrink = true,
+            "--canary" => {
+                let v = value("--canary")?;
+                args.canaries = if v == "all" {
+                    Canary::ALL.to_vec()
+                } else {
+                    vec![Canary::parse(&v).ok_or_else(|| format!("unknown canary {v:?}"))?]
+                };
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+fn report(f: &Failure, shrink: bool) {
+    eprintln!();
+    println!(
+        "VIOLATION seed {} scenario {}: {}",
+        f.plan.seed,
+        f.plan.scenario.name(),
+        f.violation
+    );
+    let tail: Vec<String> = f
+        .result
+        .trace
+        .iter()
+        .rev()
+        .take(25)
+        .rev()
+        .map(|(t, l)| format!("  t={t:>8} {l}"))
+        .collect();
+    println!("last trace lines:\n{}", tail.join("\n"));
+    println!("replay: {}", f.replay_command());
+    if shrink {
+        let (small, result) = runner::shrink(&f.plan, f.violation.guarantee, &world::mem_store);
+        println!(
+            "shrunk to {} faults over {} ms: {:?}",
+            small.faults.len(),
+            small.duration_ms,
+            small.faults
+        );
+        print!("{}", result.trace_text());
+    }
+}
+
+fn run_canaries(canaries: &[Canary]) -> ExitCode {
+    let mut missed = 0;
+    for &c in canaries {
+        match runner::hunt_canary(c, 200) {
+            Some((seed, v)) => println!("canary {} caught at seed {seed}: {v}", c.name()),
+            None => {
+                missed += 1;
+                println!("canary {} NOT caught in 200 seeds", c.name());
+            }
+        }
+    }
+    if missed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if !args.canaries.is_empty() {
+        return run_canaries(&args.canaries);
+    }
+    if let Some(seed) = args.seed {
+        let mut status = ExitCode::SUCCESS;
+        for &scenario in &args.scenarios {
+            let plan = Plan::generate(seed, scenario, None);
+            let result = world::run(&plan);
+            if args.trace {
+                print!("{}", result.trace_text());
+            }
+            match result.violation.clone() {
+                Some(violation) => {
+                    report(
+                        &Failure {
+                            plan,
+                            violation,
+                            result,
+                        },
+                        args.shrink,
+                    );
+                    status = ExitCode::FAILURE;
+                }
+                None => println!(
+                    "seed {seed} scenario {}: ok ({} events)",
+                    scenario.name(),
+                    result.events
+                ),
+            }
+        }
+        return status;
+    }
+    let tty = std::io::stderr().is_terminal();
+    let total = args.seeds * args.scenarios.len() as u64;
+    let start = Instant::now();
+    let (mut seeds, mut events, mut violations) = (0u64, 0u64, 0u64);
+    for &scenario in &args.scenarios {
+        let summary = runner::run_seeds(scenario, 0, args.seeds, &world::mem_store, |_| {
+            seeds += 1;
+            if tty && (seeds % 10 == 0 || seeds == total) {
+                let width = 30;
+                let done = (seeds * width / total.max(1)) as usize;
+                eprint!(
+                    "\r[{}{}] {seeds}/{total} seeds",
+                    "#".repeat(done),
+                    " ".repeat(width as usize - done)
+                );
+                let _ = std::io::stderr().flush();
+            }
+        });
+        events += summary.events;
+        violations += summary.failures.len() as u64;
+        for f in &summary.failures {
+            report(f, args.shrink);
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    println!(
+        "seeds: {seeds}, violations: {violations}, events: {events}, events/s: {:.0}, seeds/s: {:.1}",
+        events as f64 / secs,
+        seeds as f64 / secs
+    );
+    if violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,380 @@
+//! The oracle: checks every guarantee against what actually happened, in
+//! true time, as the store applies operations and holders act.
+//!
+//! It records, per lease token and per job claim, which process incarnation
+//! owns it and the interval of true time during which the store considered
+//! it live (start at grant, end at expiry as extended by renewals, or at
+//! release/settle). Then:
+//! - L1: a grant at `t` finds fewer than `limit` other live grants of the key.
+//! - L2: each new grant's token is above every earlier one of the key.
+//! - L3 (strict runs, clocks within the bound): every resource write lies
+//!   inside its token's live interval. In every run, the fenced resource
+//!   accepts a write only if its token is at least the highest accepted.
+//! - L5/Q2: every accepted renew, release, write, heartbeat, complete or
+//!   fail comes from the incarnation that owns the token; a job is completed
+//!   at most once, by its current claim.
+//! - Q1: a claim at `t` finds the job's previous claim ended.
+//! - Q3-Q5, S1: the reference model, run in lockstep with the store, must
+//!   agree with every outcome; counts are compared at the end.
+//! - L4, Q3 liveness: checked after the heal phase by the simulator.
+
+use crate::model::{Model, Outcome};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Who: a process index and its incarnation (a restart is a new owner).
+pub type Owner = (usize, u32);
+
+/// A broken guarantee.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which guarantee ("L1", "Q2", ...).
+    pub guarantee: &'static str,
+    /// What happened.
+    pub detail: String,
+    /// True time.
+    pub at_ms: u64,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} violated at t={} ms: {}",
+            self.guarantee, self.at_ms, self.detail
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Interval {
+    owner: Owner,
+    start_ms: u64,
+    end_ms: u64,
+}
+
+impl Interval {
+    fn live_at(&self, t: u64) -> bool {
+        self.start_ms <= t && t < self.end_ms
+    }
+}
+
+/// The oracle's record of the run.
+#[derive(Debug)]
+pub struct Oracle {
+    /// The reference model, stepped with every applied operation.
+    pub model: Model,
+    limits: Vec<u32>,
+    grants: BTreeMap<(usize, u64), Interval>,
+    last_token: BTreeMap<usize, u64>,
+    accepted: BTreeMap<usize, u64>,
+    claims: BTreeMap<u64, Vec<(u64, Interval)>>,
+    completed: BTreeMap<u64, Owner>,
+    strict_l3: bool,
+}
+
+type Check = Result<(), Violation>;
+
+fn violation(guarantee: &'static str, at_ms: u64, detail: String) -> Check {
+    Err(Violation {
+        guarantee,
+        detail,
+        at_ms,
+    })
+}
+
+impl Oracle {
+    /// An oracle for keys with these limits.
+    pub fn new(model: Model, limits: Vec<u32>, strict_l3: bool) -> Self {
+        Oracle {
+            model,
+            limits,
+            grants: BTreeMap::new(),
+            last_token: BTreeMap::new(),
+            accepted: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            completed: BTreeMap::new(),
+            strict_l3,
+        }
+    }
+
+    /// Compare the store's outcome of an operation with the model's.
+    pub fn compare(&self, t: u64, what: &str, got: &Outcome) -> Check {
+        if self.model.last.accepts(got) {
+            Ok(())
+        } else {
+            violation(
+                "model (Q3-Q5/S1)",
+                t,
+                format!(
+                    "{what}: store answered {got:?}, reference model {:?}",
+                    self.model.last
+                ),
+            )
+        }
+    }
+
+    fn owner_of(&self, key: usize, token: u64) -> Option<Owner> {
+        self.grants.get(&(key, token)).map(|g| g.owner)
+    }
+
+    /// A grant (new or renewed) applied at `t`.
+    pub fn grant(
+        &mut self,
+        t: u64,
+        key: usize,
+        owner: Owner,
+        token: u64,
+        expires: u64,
+        renewed: bool,
+    ) -> Check {
+        if renewed {
+            match self.grants.get_mut(&(key, token)) {
+                Some(g) if g.owner == owner && !g.live_at(t) => {
+                    return violation(
+                        "L2",
+                        t,
+                        format!(
+                            "key {key} token {token} extended at {t} after it ended at {}",
+                            g.end_ms
+                        ),
+                    )
+                }
+                Some(g) if g.owner == owner => {
+                    g.end_ms = expires;
+                    return Ok(());
+                }
+                Some(g) => {
+                    return violation(
+                        "L5",
+                        t,
+                        format!(
+                            "p{}.{} extended key {key} token {token}, granted to p{}.{}",
+                            owner.0, owner.1, g.owner.0, g.owner.1
+                        ),
+                    )
+                }
+                None => {
+                    return violation(
+                        "L2",
+                        t,
+                        format!("renewed unknown token {token} of key {key}"),
+                    )
+                }
+            }
+        }
+        let last = self.last_token.entry(key).or_default();
+        if token <= *last {
+            return violation(
+                "L2",
+                t,
+                format!("key {key} granted token {token} after token {last}"),
+            );
+        }
+        *last = token;
+        let limit = self.limits.get(key).copied().unwrap_or(1) as usize;
+        let live: Vec<u64> = self
+            .grants
+            .range((key, 0)..(key, u64::MAX))
+            .filter(|(_, g)| g.live_at(t))
+            .map(|(&(_, tok), _)| tok)
+            .collect();
+        if live.len() >= limit {
+            return violation(
+                "L1",
+                t,
+                format!("key {key} granted token {token} to p{}.{} while tokens {live:?} were live (limit {limit})", owner.0, owner.1),
+            );
+        }
+        self.grants.insert(
+            (key, token),
+            Interval {
+                owner,
+                start_ms: t,
+                end_ms: expires,
+            },
+        );
+        Ok(())
+    }
+
+    /// An accepted renew (an extension).
+    pub fn renewed(&mut self, t: u64, key: usize, owner: Owner, token: u64, expires: u64) -> Check {
+        self.grant(t, key, owner, token, expires, true)
+    }
+
+    /// An accepted release.
+    pub fn released(&mut self, t: u64, key: usize, owner: Owner, token: u64) -> Check {
+        match self.grants.get_mut(&(key, token)) {
+            Some(g) if g.owner == owner && !g.live_at(t) => violation(
+                "L2",
+                t,
+                format!(
+                    "release of key {key} token {token} accepted at {t} after it ended at {}",
+                    g.end_ms
+                ),
+            ),
+            Some(g) if g.owner == owner => {
+                g.end_ms = g.end_ms.min(t);
+                Ok(())
+            }
+            Some(g) => violation(
+                "L5",
+                t,
+                format!(
+                    "p{}.{} released key {key} token {token}, granted to p{}.{}",
+                    owner.0, owner.1, g.owner.0, g.owner.1
+                ),
+            ),
+            None => violation(
+                "L5",
+                t,
+                format!("release of unknown token {token} of key {key} accepted"),
+            ),
+        }
+    }
+
+    /// A write to the protected resource; returns whether the resource
+    /// accepts it (it fences when `fencing`).
+    pub fn write(
+        &mut self,
+        t: u64,
+        key: usize,
+        owner: Owner,
+        token: u64,
+        fencing: bool,
+    ) -> Result<bool, Violation> {
+        match self.owner_of(key, token) {
+            Some(o) if o == owner => {}
+            Some(o) => {
+                return Err(Violation {
+                    guarantee: "L5",
+                    detail: format!(
+                        "p{}.{} wrote with key {key} token {token}, granted to p{}.{}",
+                        owner.0, owner.1, o.0, o.1
+                    ),
+                    at_ms: t,
+                })
+            }
+            None => {
+                return Err(Violation {
+                    guarantee: "L2",
+                    detail: format!("write with never-granted token {token} of key {key}"),
+                    at_ms: t,
+                })
+            }
+        }
+        if self.strict_l3 {
+            let g = &self.grants[&(key, token)];
+            if !g.live_at(t) {
+                let others: Vec<u64> = self
+                    .grants
+                    .range((key, 0)..(key, u64::MAX))
+                    .filter(|(_, g)| g.live_at(t))
+                    .map(|(&(_, tok), _)| tok)
+                    .collect();
+                return Err(Violation {
+                    guarantee: "L3",
+                    detail: format!(
+                        "p{}.{} acted with key {key} token {token} outside its lease [{}, {}); live now: {others:?}",
+                        owner.0, owner.1, g.start_ms, g.end_ms
+                    ),
+                    at_ms: t,
+                });
+            }
+        }
+        // One fenced resource per mutex key; a counting lease's holders
+        // each act on their own share, so there is nothing to fence.
+        let mutex = self.limits.get(key).copied().unwrap_or(1) == 1;
+        let highest = self.accepted.entry(key).or_default();
+        if fencing && mutex && token < *highest {
+            return Ok(false);
+        }
+        *highest = (*highest).max(token);
+        Ok(true)
+    }
+
+    /// Jobs claimed at `t`, each `(id, token, lease_until)`.
+    pub fn claimed(&mut self, t: u64, owner: Owner, jobs: &[(u64, u64, u64)]) -> Check {
+        for &(id, token, until) in jobs {
+            let history = self.claims.entry(id).or_default();
+            if let Some((prev_token, prev)) = history.last() {
+                if prev.live_at(t) {
+                    return violation(
+                        "Q1",
+                        t,
+                        format!("job {id} claimed by p{}.{} (token {token}) while p{}.{}'s claim (token {prev_token}) runs until {}", owner.0, owner.1, prev.owner.0, prev.owner.1, prev.end_ms),
+                    );
+                }
+            }
+            history.push((
+                token,
+                Interval {
+                    owner,
+                    start_ms: t,
+                    end_ms: until,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    fn current_claim(
+        &mut self,
+        t: u64,
+        id: u64,
+        owner: Owner,
+        token: u64,
+        what: &str,
+    ) -> Result<&mut Interval, Violation> {
+        let current = self.claims.get(&id).and_then(|h| h.last());
+        let detail = match current {
+            Some((tok, c)) if *tok == token && c.owner == owner => None,
+            Some((tok, c)) => Some(format!(
+                "{what} of job {id} by p{}.{} with token {token} accepted, but the current claim is p{}.{}'s token {tok}",
+                owner.0, owner.1, c.owner.0, c.owner.1
+            )),
+            None => Some(format!("{what} of never-claimed job {id} accepted")),
+        };
+        if let Some(detail) = detail {
+            return Err(Violation {
+                guarantee: "Q2",
+                detail,
+                at_ms: t,
+            });
+        }
+        match self.claims.get_mut(&id).and_then(|h| h.last_mut()) {
+            Some((_, c)) => Ok(c),
+            None => Err(Violation {
+                guarantee: "Q2",
+                detail: format!("{what} of never-claimed job {id} accepted"),
+                at_ms: t,
+            }),
+        }
+    }
+
+    /// An accepted heartbeat.
+    pub fn heartbeat(&mut self, t: u64, id: u64, owner: Owner, token: u64, until: u64) -> Check {
+        self.current_claim(t, id, owner, token, "heartbeat")?.end_ms = until;
+        Ok(())
+    }
+
+    /// An accepted complete or fail.
+    pub fn settled(&mut self, t: u64, id: u64, owner: Owner, token: u64, complete: bool) -> Check {
+        let what = if complete { "complete" } else { "fail" };
+        let c = self.current_claim(t, id, owner, token, what)?;
+        c.end_ms = c.end_ms.min(t);
+        if complete {
+            if let Some(first) = self.completed.insert(id, owner) {
+                return violation(
+                    "Q2",
+                    t,
+                    format!(
+                        "job {id} completed twice (first by p{}.{})",
+                        first.0, first.1
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,435 @@
+//! What a run does, as plain data: the scenario, the processes and their
+//! clocks, the swarm of fault classes switched on for this seed, and the
+//! fault schedule. One `u64` seed generates the plan; a failing plan can be
+//! shrunk by deleting faults and shortening the run, then replayed exactly.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::fmt;
+
+/// A family of worlds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scenario {
+    /// Lease holders writing to a fenced resource, plus a boundary prober.
+    Leases,
+    /// Producers and workers on one queue.
+    Queue,
+    /// Both at once on one store.
+    Mixed,
+    /// Leases with clocks beyond the drift bound and backward steps: the
+    /// strict L3 check is off and fencing must reject every stale write.
+    ClockChaos,
+}
+
+impl Scenario {
+    /// Every scenario.
+    pub const ALL: [Scenario; 4] = [
+        Scenario::Leases,
+        Scenario::Queue,
+        Scenario::Mixed,
+        Scenario::ClockChaos,
+    ];
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Leases => "leases",
+            Scenario::Queue => "queue",
+            Scenario::Mixed => "mixed",
+            Scenario::ClockChaos => "clock-chaos",
+        }
+    }
+
+    /// Parse [`Scenario::name`].
+    pub fn parse(text: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.name() == text)
+    }
+}
+
+/// A deliberately broken variant that must be caught.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Canary {
+    /// The store ignores fencing: renew, release, heartbeat and complete
+    /// succeed with any token and holder.
+    IgnoresFencing,
+    /// Holders' clocks drift far beyond the configured bound and the
+    /// resource does not fence: a holder trusts a lease that has ended.
+    TrustsPastDeadline,
+    /// A forked child keeps using its parent's lease and claim handles.
+    ForkReusesHandle,
+    /// Claim also takes running jobs whose lease has not expired.
+    ClaimIgnoresLease,
+}
+
+impl Canary {
+    /// Every canary.
+    pub const ALL: [Canary; 4] = [
+        Canary::IgnoresFencing,
+        Canary::TrustsPastDeadline,
+        Canary::ForkReusesHandle,
+        Canary::ClaimIgnoresLease,
+    ];
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Canary::IgnoresFencing => "ignores-fencing",
+            Canary::TrustsPastDeadline => "trusts-past-deadline",
+            Canary::ForkReusesHandle => "fork-reuses-handle",
+            Canary::ClaimIgnoresLease => "claim-ignores-lease",
+        }
+    }
+
+    /// Parse [`Canary::name`].
+    pub fn parse(text: &str) -> Option<Canary> {
+        Canary::ALL.into_iter().find(|c| c.name() == text)
+    }
+
+    /// The scenario the canary runs in.
+    pub fn scenario(self) -> Scenario {
+        match self {
+            Canary::IgnoresFencing | Canary::ForkReusesHandle => Scenario::Mixed,
+            Canary::TrustsPastDeadline => Scenario::Leases,
+            Canary::ClaimIgnoresLease => Scenario::Queue,
+        }
+    }
+}
+
+/// What a simulated process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Acquires `key`, writes to the protected resource, renews, releases.
+    Holder {
+        /// Index into [`Plan::keys`].
+        key: usize,
+    },
+    /// Pushes jobs.
+    Producer {
+        /// How many.
+        jobs: u32,
+    },
+    /// Claims (in batches), heartbeats, completes or fails jobs.
+    Worker {
+        /// Claim batch size.
+        batch: usize,
+    },
+    /// Fires operations exactly at expiry boundaries (on `Boundary` faults).
+    Prober,
+}
+
+/// One process at the start of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcSpec {
+    /// What it does.
+    pub role: Role,
+    /// Its clock's rate error against true time, in ppm (negative: slow).
+    pub drift_ppm: i64,
+    /// Its clock's offset from true time (skew).
+    pub offset_ms: u64,
+}
+
+/// A fault, injected at a true time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The process vanishes (in-flight requests still land; replies are
+    /// lost) and restarts with a new identity after a while.
+    Kill {
+        /// Which process.
+        proc: usize,
+        /// When it comes back.
+        restart_after_ms: u64,
+    },
+    /// SIGSTOP / a long GC pause, then resume.
+    Pause {
+        /// Which process.
+        proc: usize,
+        /// For how long.
+        for_ms: u64,
+    },
+    /// The process duplicates itself with all its handles.
+    Fork {
+        /// Which process.
+        proc: usize,
+    },
+    /// Every worker and holder issues its next request at this instant.
+    Burst,
+    /// The process's clock jumps.
+    ClockStep {
+        /// Which process.
+        proc: usize,
+        /// By how much.
+        delta_ms: i64,
+    },
+    /// The prober fires at the next expiry, one ms before and one after.
+    Boundary,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Fault::Kill {
+                proc,
+                restart_after_ms,
+            } => write!(f, "kill p{proc} (restart after {restart_after_ms} ms)"),
+            Fault::Pause { proc, for_ms } => write!(f, "pause p{proc} for {for_ms} ms"),
+            Fault::Fork { proc } => write!(f, "fork p{proc}"),
+            Fault::Burst => f.write_str("burst"),
+            Fault::ClockStep { proc, delta_ms } => write!(f, "clock step p{proc} {delta_ms:+} ms"),
+            Fault::Boundary => f.write_str("boundary probe"),
+        }
+    }
+}
+
+/// Everything a run needs; nothing else influences it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The seed of every random choice in the run.
+    pub seed: u64,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The canary, if this run is one.
+    pub canary: Option<Canary>,
+    /// Faults stop at this true time; the heal phase follows.
+    pub duration_ms: u64,
+    /// Lease TTL.
+    pub ttl_ms: u64,
+    /// Job claim lease.
+    pub lease_ms: u64,
+    /// The drift bound holders assume (their `DriftBound::ppm`).
+    pub drift_bound_ppm: u32,
+    /// One-way network latency range.
+    pub latency_ms: (u64, u64),
+    /// Chance of a transient store error per request, ppm.
+    pub transient_ppm: u32,
+    /// Chance the store commits but the reply is lost, ppm.
+    pub ambiguous_ppm: u32,
+    /// Chance a job handler fails, ppm.
+    pub fail_ppm: u32,
+    /// Holder limit of each key.
+    pub keys: Vec<u32>,
+    /// Attempts per job.
+    pub max_attempts: u32,
+    /// Longest job handler run.
+    pub work_max_ms: u64,
+    /// The processes.
+    pub procs: Vec<ProcSpec>,
+    /// The fault schedule, by time.
+    pub faults: Vec<(u64, Fault)>,
+    /// Whether the protected resource rejects stale tokens.
+    pub fencing: bool,
+    /// Whether L3 is checked strictly (clocks within the bound).
+    pub strict_l3: bool,
+}
+
+fn chance(rng: &mut StdRng, p: f64) -> bool {
+    rng.random_bool(p)
+}
+
+impl Plan {
+    /// The plan for `seed` in `scenario`, optionally as a canary.
+    pub fn generate(seed: u64, scenario: Scenario, canary: Option<Canary>) -> Plan {
+        let salt = scenario as u64 * 0x9E37_79B9 + canary.map_or(0, |c| c as u64 + 1) * 0x1234_5678;
+        let mut rng = StdRng::seed_from_u64(seed ^ salt.rotate_left(17));
+        let ttl_ms = rng.random_range(40..=200);
+        let lease_ms = rng.random_range(40..=200);
+        let drift_bound_ppm = rng.random_range(1_000..=50_000);
+        let chaos = scenario == Scenario::ClockChaos;
+        // Swarm testing: each fault class is on or off for this seed.
+        let on = |rng: &mut StdRng| chance(rng, 0.6);
+        let kills = on(&mut rng);
+        let pauses = on(&mut rng);
+        let forks = on(&mut rng);
+        let bursts = on(&mut rng);
+        let boundaries = on(&mut rng);
+        let steps = chaos || on(&mut rng);
+        let transient_ppm = if on(&mut rng) {
+            rng.random_range(1_000..=100_000)
+        } else {
+            0
+        };
+        let ambiguous_ppm = if on(&mut rng) {
+            rng.random_range(1_000..=50_000)
+        } else {
+            0
+        };
+        let lat_min = rng.random_range(0..=3);
+        let latency_ms = (lat_min, lat_min + rng.random_range(0..=10));
+
+        let mut procs = Vec::new();
+        let mut keys = Vec::new();
+        let leases = matches!(
+            scenario,
+            Scenario::Leases | Scenario::Mixed | Scenario::ClockChaos
+        );
+        let queue = matches!(scenario, Scenario::Queue | Scenario::Mixed);
+        let drift = |rng: &mut StdRng| -> i64 {
+            let bound = i64::from(drift_bound_ppm);
+            if chaos {
+                rng.random_range(-5 * bound..=5 * bound)
+            } else {
+                // Inside the bound, leaving 10 % for ms rounding.
+                rng.random_range(-bound * 9 / 10..=bound * 9 / 10)
+            }
+        };
+        if leases {
+            let nkeys = rng.random_range(1..=3);
+            for _ in 0..nkeys {
+                keys.push(if chance(&mut rng, 0.3) { 2 } else { 1 });
+            }
+            for i in 0..rng.random_range(2..=6) {
+                procs.push(ProcSpec {
+                    role: Role::Holder { key: i % nkeys },
+                    drift_ppm: drift(&mut rng),
+                    offset_ms: rng.random_range(0..1_000_000),
+                });
+            }
+        }
+        if queue {
+            let producers = rng.random_range(1..=2);
+            for _ in 0..producers {
+                procs.push(ProcSpec {
+                    role: Role::Producer {
+                        jobs: rng.random_range(10..=60),
+                    },
+                    drift_ppm: drift(&mut rng),
+                    offset_ms: rng.random_range(0..1_000_000),
+                });
+            }
+            for _ in 0..rng.random_range(2..=6) {
+                procs.push(ProcSpec {
+                    role: Role::Worker {
+                        batch: rng.random_range(1..=3),
+                    },
+                    drift_ppm: drift(&mut rng),
+                    offset_ms: rng.random_range(0..1_000_000),
+                });
+            }
+        }
+        procs.push(ProcSpec {
+            role: Role::Prober,
+            drift_ppm: 0,
+            offset_ms: 0,
+        });
+
+        let duration_ms = rng.random_range(1_000..=4_000);
+        let mut plan = Plan {
+            seed,
+            scenario,
+            canary,
+            duration_ms,
+            ttl_ms,
+            lease_ms,
+            drift_bound_ppm,
+            latency_ms,
+            transient_ppm,
+            ambiguous_ppm,
+            fail_ppm: rng.random_range(0..=200_000),
+            keys,
+            max_attempts: rng.random_range(1..=4),
+            work_max_ms: rng.random_range(5..=lease_ms),
+            procs,
+            faults: Vec::new(),
+            fencing: true,
+            strict_l3: !chaos,
+        };
+        let actors: Vec<usize> = plan
+            .procs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.role != Role::Prober)
+            .map(|(i, _)| i)
+            .collect();
+        let mut faults = Vec::new();
+        let n_faults = rng.random_range(0..=12);
+        for _ in 0..n_faults {
+            let at = rng.random_range(0..duration_ms);
+            let proc = actors[rng.random_range(0..actors.len())];
+            let long = ttl_ms.max(lease_ms);
+            let fault = match rng.random_range(0..6) {
+                0 if kills => Fault::Kill {
+                    proc,
+                    restart_after_ms: rng.random_range(0..=2 * long),
+                },
+                1 if pauses => Fault::Pause {
+                    proc,
+                    for_ms: rng.random_range(long / 2..=3 * long),
+                },
+                2 if forks => Fault::Fork { proc },
+                3 if bursts => Fault::Burst,
+                4 if steps => {
+                    let limit = 2 * long as i64;
+                    // Forward steps only are conservative; backward ones
+                    // break the bound and appear in clock-chaos alone.
+                    let delta = if chaos {
+                        rng.random_range(-limit..=limit)
+                    } else {
+                        rng.random_range(1..=limit)
+                    };
+                    Fault::ClockStep {
+                        proc,
+                        delta_ms: delta,
+                    }
+                }
+                5 if boundaries => Fault::Boundary,
+                _ => continue,
+            };
+            faults.push((at, fault));
+        }
+        if let Some(c) = canary {
+            plan.apply_canary(c, &mut rng, &mut faults, &actors);
+        }
+        faults.sort_by_key(|&(at, _)| at);
+        plan.faults = faults;
+        plan
+    }
+
+    /// Make sure the broken behaviour has a chance to show.
+    fn apply_canary(
+        &mut self,
+        canary: Canary,
+        rng: &mut StdRng,
+        faults: &mut Vec<(u64, Fault)>,
+        actors: &[usize],
+    ) {
+        let long = self.ttl_ms.max(self.lease_ms);
+        let pause_some = |rng: &mut StdRng, faults: &mut Vec<(u64, Fault)>, n: usize| {
+            for _ in 0..n {
+                let proc = actors[rng.random_range(0..actors.len())];
+                let at = rng.random_range(0..self.duration_ms);
+                faults.push((
+                    at,
+                    Fault::Pause {
+                        proc,
+                        for_ms: rng.random_range(long..=3 * long),
+                    },
+                ));
+            }
+        };
+        match canary {
+            Canary::IgnoresFencing | Canary::ClaimIgnoresLease => pause_some(rng, faults, 4),
+            Canary::TrustsPastDeadline => {
+                self.fencing = false;
+                self.strict_l3 = true;
+                for p in &mut self.procs {
+                    if p.role != Role::Prober {
+                        p.drift_ppm = -(rng.random_range(200_000..=400_000));
+                    }
+                }
+                // Pauses a little longer than the TTL: the slow clock says
+                // the lease is still good when the holder wakes.
+                for _ in 0..6 {
+                    let proc = actors[rng.random_range(0..actors.len())];
+                    let at = rng.random_range(0..self.duration_ms);
+                    let for_ms = self.ttl_ms + rng.random_range(1..=self.ttl_ms / 2);
+                    faults.push((at, Fault::Pause { proc, for_ms }));
+                }
+            }
+            Canary::ForkReusesHandle => {
+                for _ in 0..4 {
+                    let proc = actors[rng.random_range(0..actors.len())];
+                    faults.push((rng.random_range(0..self.duration_ms), Fault::Fork { proc }));
+                }
+            }
+        }
+    }
+}
