@@ -263,3 +263,38 @@ fn held_error_names_holder_and_expiry() {
     );
     assert!(text.contains("1001000"), "{text}");
 }
+
+/// The documented limits, as literals, are inclusive.
+#[test]
+fn limits_are_inclusive() {
+    let w = world();
+    let year_ms = 365 * 24 * 3600 * 1000;
+    assert_eq!(MAX_TTL_MS, year_ms);
+    w.store
+        .txn(|tx| core::lease::acquire(tx, "year", &h(), year_ms, 1))
+        .unwrap();
+    let p = QueuePolicy::default();
+    let max_payload = JobSpec::new(vec![7u8; 16 * 1024 * 1024]);
+    assert_eq!(MAX_PAYLOAD_BYTES, 16 * 1024 * 1024);
+    w.store
+        .txn(|tx| core::job::enqueue(tx, "big", &max_payload, &p))
+        .unwrap();
+    let text = "t".repeat(4096);
+    assert_eq!(MAX_TEXT_BYTES, 4096);
+    Holder::with_label(HolderId(1), &text).unwrap();
+    let spec = JobSpec {
+        unique_key: Some(text.clone()),
+        max_attempts: 10_000,
+        ..JobSpec::new("x")
+    };
+    w.store
+        .txn(|tx| core::job::enqueue(tx, "q", &spec, &p))
+        .unwrap();
+    w.store
+        .txn(|tx| core::lease::acquire(tx, "many", &h(), 10, 1024))
+        .unwrap();
+    w.store
+        .txn(|tx| core::job::claim(tx, "q", HolderId(1), 10, 10_000, &p))
+        .unwrap();
+    assert_eq!(MAX_KEY_BYTES, 1024);
+}
