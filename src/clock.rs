@@ -90,3 +90,36 @@ impl Clock for ManualClock {
         self.now_ms.load(Ordering::SeqCst)
     }
 }
+
+/// The machine's boot-time clock (`CLOCK_BOOTTIME`) in milliseconds:
+/// monotonic, counting time spent suspended, and the same for every process
+/// on the machine. Immune to wall-clock steps; it restarts at each boot,
+/// which stores detect with [`boot_id`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BootClock;
+
+impl Clock for BootClock {
+    fn now_ms(&self) -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        if rc != 0 {
+            return 0;
+        }
+        let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+        let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+        secs.saturating_mul(1000).saturating_add(nanos / 1_000_000)
+    }
+}
+
+/// This boot's identity (`/proc/sys/kernel/random/boot_id`), if the kernel
+/// provides one.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}

@@ -74,10 +74,17 @@ pub use client::{
     random_holder_id, ClaimedJob, Client, ClientBuilder, LeaseGuard, LeaseOptions, Queue,
     WorkOptions, WorkReport,
 };
-pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
+pub use clock::{BootClock, Clock, ManualClock, MonotonicClock, SystemClock};
 pub use core::{
     DriftBound, EnqueueOutcome, Holder, HolderId, HolderInfo, JobId, JobRecord, JobSpec, JobState,
     QueuePolicy, StateCounts,
 };
 pub use error::{Error, LostReason, Result, Target};
 pub use store::{MemStore, Store, StoreExt};
+#[cfg(feature = "sqlite")]
+pub use store::{SqliteOptions, SqliteStore, Synchronous};
+
+/// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

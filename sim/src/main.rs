@@ -14,7 +14,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--trace] [--shrink] [--canary NAME|all]
+const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--store mem|sqlite] [--trace] [--shrink] [--canary NAME|all]
 scenarios: leases, queue, mixed, clock-chaos
 canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease";
 
@@ -25,6 +25,7 @@ struct Args {
     trace: bool,
     shrink: bool,
     canaries: Vec<Canary>,
+    sqlite: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -35,6 +36,7 @@ fn parse() -> Result<Args, String> {
         trace: false,
         shrink: false,
         canaries: Vec::new(),
+        sqlite: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -61,6 +63,13 @@ fn parse() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--seeds {v:?} is not a number"))?;
             }
+            "--store" => {
+                args.sqlite = match value("--store")?.as_str() {
+                    "mem" => false,
+                    "sqlite" => true,
+                    other => return Err(format!("unknown store {other:?} (mem or sqlite)")),
+                };
+            }
             "--trace" => args.trace = true,
             "--shrink" => args.shrink = true,
             "--canary" => {
@@ -78,7 +87,15 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-fn report(f: &Failure, shrink: bool) {
+fn store_of(sqlite: bool) -> &'static world::StoreFactory {
+    if sqlite {
+        &world::sqlite_store
+    } else {
+        &world::mem_store
+    }
+}
+
+fn report(f: &Failure, shrink: bool, make: &world::StoreFactory) {
     eprintln!();
     println!(
         "VIOLATION seed {} scenario {}: {}",
@@ -98,7 +115,7 @@ fn report(f: &Failure, shrink: bool) {
     println!("last trace lines:\n{}", tail.join("\n"));
     println!("replay: {}", f.replay_command());
     if shrink {
-        let (small, result) = runner::shrink(&f.plan, f.violation.guarantee, &world::mem_store);
+        let (small, result) = runner::shrink(&f.plan, f.violation.guarantee, make);
         println!(
             "shrunk to {} faults over {} ms: {:?}",
             small.faults.len(),
@@ -145,7 +162,7 @@ fn main() -> ExitCode {
         let mut status = ExitCode::SUCCESS;
         for &scenario in &args.scenarios {
             let plan = Plan::generate(seed, scenario, None);
-            let result = world::run(&plan);
+            let result = world::run_with(&plan, store_of(args.sqlite));
             if args.trace {
                 print!("{}", result.trace_text());
             }
@@ -158,6 +175,7 @@ fn main() -> ExitCode {
                             result,
                         },
                         args.shrink,
+                        store_of(args.sqlite),
                     );
                     status = ExitCode::FAILURE;
                 }
@@ -175,7 +193,7 @@ fn main() -> ExitCode {
     let start = Instant::now();
     let (mut seeds, mut events, mut violations) = (0u64, 0u64, 0u64);
     for &scenario in &args.scenarios {
-        let summary = runner::run_seeds(scenario, 0, args.seeds, &world::mem_store, |_| {
+        let summary = runner::run_seeds(scenario, 0, args.seeds, store_of(args.sqlite), |_| {
             seeds += 1;
             if tty && (seeds % 10 == 0 || seeds == total) {
                 let width = 30;
@@ -191,7 +209,7 @@ fn main() -> ExitCode {
         events += summary.events;
         violations += summary.failures.len() as u64;
         for f in &summary.failures {
-            report(f, args.shrink);
+            report(f, args.shrink, store_of(args.sqlite));
         }
     }
     if tty {

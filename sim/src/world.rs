@@ -388,6 +388,54 @@ pub fn mem_store(clock: &ManualClock) -> Arc<dyn Store> {
     Arc::new(MemStore::with_clock(Arc::new(clock.clone())))
 }
 
+/// A SQLite store in a fresh temporary directory (removed with the store),
+/// on the run's clock: the simulator drives the real SQLite adapter.
+pub fn sqlite_store(clock: &ManualClock) -> Arc<dyn Store> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "leasehold-sim-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = leasehold::SqliteOptions {
+        clock: Some(Arc::new(clock.clone())),
+        boot_id: Some("sim".into()),
+        ..leasehold::SqliteOptions::default()
+    };
+    let store = std::fs::create_dir_all(&dir)
+        .map_err(|e| leasehold::Error::store("creating a temp dir", e.to_string()))
+        .and_then(|()| leasehold::SqliteStore::open_with(dir.join("sim.db"), opts));
+    match store {
+        Ok(store) => Arc::new(TempSqlite { store, dir }),
+        Err(e) => panic!("the simulator could not open its SQLite store: {e}"),
+    }
+}
+
+struct TempSqlite {
+    store: leasehold::SqliteStore,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for TempSqlite {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Store for TempSqlite {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        self.store.transact(f)
+    }
+    fn describe(&self) -> String {
+        self.store.describe()
+    }
+}
+
 /// Run `plan` on the mem store.
 pub fn run(plan: &Plan) -> RunResult {
     run_with(plan, &mem_store)

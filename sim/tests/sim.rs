@@ -28,6 +28,27 @@ fn seed_budget_holds_every_guarantee() {
     }
 }
 
+/// The real SQLite adapter inside the simulator, with fewer seeds.
+#[test]
+fn sqlite_store_holds_every_guarantee() {
+    for scenario in Scenario::ALL {
+        let summary = runner::run_seeds(scenario, 0, 8, &world::sqlite_store, |_| {});
+        if let Some(f) = summary.failures.first() {
+            panic!(
+                "sqlite, {}: seed {}: {}\nreplay: {} --store sqlite",
+                scenario.name(),
+                f.plan.seed,
+                f.violation,
+                f.replay_command()
+            );
+        }
+    }
+    // The same seed gives the same trace on SQLite as on the mem store.
+    let plan = Plan::generate(3, Scenario::Mixed, None);
+    let on_sqlite = world::run_with(&plan, &world::sqlite_store).trace_text();
+    assert_eq!(on_sqlite, world::run(&plan).trace_text());
+}
+
 #[test]
 fn same_seed_same_trace_byte_for_byte() {
     for scenario in Scenario::ALL {

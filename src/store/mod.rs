@@ -5,12 +5,16 @@
 //! is claimable.
 
 pub mod mem;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 use crate::core::Txn;
 use crate::error::Result;
 use std::time::Duration;
 
 pub use mem::MemStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 /// Atomic transactions over lease and job records.
 ///

@@ -11,3 +11,59 @@ mod mem {
         Arc::new(MemStore::with_clock(Arc::new(clock.clone())))
     });
 }
+
+/// A fresh directory under the system temp dir, removed when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "leasehold-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+mod sqlite {
+    use super::TempDir;
+    use leasehold::{ManualClock, SqliteOptions, SqliteStore, Store};
+    use std::sync::Arc;
+
+    /// The store keeps its temp directory alive.
+    struct Kept(SqliteStore, #[allow(dead_code)] TempDir);
+
+    impl Store for Kept {
+        fn transact(
+            &self,
+            f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
+        ) -> leasehold::Result<()> {
+            self.0.transact(f)
+        }
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+    }
+
+    conformance_cases!(|clock: &ManualClock| -> Arc<dyn Store> {
+        let dir = TempDir::new("conformance");
+        let opts = SqliteOptions {
+            clock: Some(Arc::new(clock.clone())),
+            boot_id: Some("test-boot".into()),
+            ..SqliteOptions::default()
+        };
+        let store = SqliteStore::open_with(dir.0.join("test.db"), opts).unwrap();
+        Arc::new(Kept(store, dir))
+    });
+}

@@ -1,0 +1,837 @@
+//! The SQLite store: the embedded default, safe for many processes and
+//! threads on one machine.
+//!
+//! # Design
+//! - **One connection per store handle**, behind a mutex: threads of a
+//!   process share it safely (no unsynchronized shared session), and SQLite
+//!   serializes writers across processes anyway.
+//! - **Every transaction begins with `BEGIN IMMEDIATE`**, so a transaction
+//!   that will write takes the write lock before it reads: no deferred read
+//!   that later upgrades (the source of the double claims and BUSY storms in
+//!   the brief's queue report). `SQLITE_BUSY` waits in SQLite's busy handler
+//!   up to `busy_timeout`, then surfaces as a transient error that the client
+//!   retries with jittered backoff up to its own deadline.
+//! - **WAL mode**, checked to have taken effect. `synchronous=NORMAL` by
+//!   default: a committed transaction survives a crash of the process; after
+//!   a power loss or OS crash the last transactions before the latest WAL
+//!   checkpoint may be lost, never half-applied. `FULL` syncs the WAL on
+//!   every commit and loses nothing that was acknowledged.
+//! - **Indexes match the scans exactly**: one partial index per job state,
+//!   ordered as the query orders (`priority DESC, run_at, id` for ready
+//!   jobs), so a claim costs O(log n) whatever the number of finished jobs.
+//! - **The clock** is the machine's boot-time clock (`CLOCK_BOOTTIME`), the
+//!   same for every process on the machine and immune to wall-clock steps.
+//!   The database stores the boot id and an offset; on the first open after a
+//!   reboot the offset is moved so that store time continues above the
+//!   highest instant the database has seen (holders died with the old boot,
+//!   so their leases simply run out). Store time never goes backwards.
+//! - **Fork**: the store remembers its process. Used in a forked child it
+//!   returns [`Error::Forked`]; dropped there, it leaks the connection
+//!   instead of closing the parent's file descriptors and locks.
+//! - **Versioned schema** in `PRAGMA user_version`, marked with an
+//!   `application_id`. A database from a newer version, a foreign SQLite
+//!   database or a non-database file gets a clear error and is left
+//!   untouched.
+//! - **Network filesystems** (NFS, SMB/CIFS, FUSE) are refused: WAL needs
+//!   shared memory between the processes of one machine, which they do not
+//!   provide. `SqliteOptions::allow_network_fs` overrides, at your risk.
+
+use crate::clock::{boot_id, BootClock, Clock};
+use crate::core::{
+    Claim, HolderId, JobId, JobQuery, JobRecord, JobState, LeaseRecord, LeaseSlot, StateCounts, Txn,
+};
+use crate::error::{Error, Result};
+use crate::fork::ForkGuard;
+use crate::store::Store;
+use crate::sync::{lock, Mutex};
+use crate::Holder;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+/// `PRAGMA application_id` of leasehold databases ("LSHD").
+pub const APPLICATION_ID: i64 = 0x4C53_4844;
+
+const SCHEMA_V1: &str = "
+CREATE TABLE leasehold_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE leases (key TEXT PRIMARY KEY, last_token INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE lease_slots (
+    key TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    holder BLOB NOT NULL,
+    label TEXT,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (key, token)
+) WITHOUT ROWID;
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    priority INTEGER NOT NULL,
+    run_at INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    expiries INTEGER NOT NULL,
+    last_token INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    claim_holder BLOB,
+    claim_token INTEGER,
+    lease_until INTEGER,
+    cancel_requested INTEGER NOT NULL,
+    last_error TEXT,
+    unique_key TEXT,
+    finished_at INTEGER
+);
+CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0;
+CREATE INDEX jobs_scheduled ON jobs (queue, run_at, id) WHERE state = 1;
+CREATE INDEX jobs_running ON jobs (queue, lease_until, id) WHERE state = 2;
+CREATE INDEX jobs_finished ON jobs (queue, finished_at, id) WHERE state >= 3;
+CREATE INDEX jobs_unique ON jobs (queue, unique_key) WHERE state <= 2 AND unique_key IS NOT NULL;
+CREATE INDEX jobs_queue_state ON jobs (queue, state);
+INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
+";
+
+/// How hard SQLite syncs on commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Survives a process crash; a power loss may lose the last commits.
+    #[default]
+    Normal,
+    /// Survives a power loss: the WAL is synced at every commit.
+    Full,
+}
+
+/// Options of [`SqliteStore::open_with`].
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// Commit durability.
+    pub synchronous: Synchronous,
+    /// How long SQLite waits for the write lock before reporting busy.
+    pub busy_timeout: Duration,
+    /// Open a database on NFS, SMB or FUSE anyway.
+    pub allow_network_fs: bool,
+    /// The clock (default: [`BootClock`]); tests inject a manual one.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// The boot id (default: the kernel's); tests inject one to simulate reboots.
+    pub boot_id: Option<String>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            synchronous: Synchronous::Normal,
+            busy_timeout: Duration::from_secs(5),
+            allow_network_fs: false,
+            clock: None,
+            boot_id: None,
+        }
+    }
+}
+
+/// The SQLite [`Store`].
+pub struct SqliteStore {
+    path: PathBuf,
+    conn: Mutex<Option<Connection>>,
+    fork: ForkGuard,
+    clock: Arc<dyn Clock>,
+    offset_ms: i64,
+    /// Highest store time handed out by this handle.
+    high_water_ms: AtomicU64,
+    /// Highest store time known to be persisted in the database.
+    persisted_ms: AtomicU64,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Map a SQLite error to a typed store error naming what was being done.
+fn sql_err(context: impl FnOnce() -> String, e: rusqlite::Error) -> Error {
+    let transient = is_busy(&e);
+    let message = match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => {
+            format!("not a SQLite database ({e})")
+        }
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
+            format!("the database is corrupt ({e})")
+        }
+        Some(rusqlite::ErrorCode::ReadOnly) => format!("the database is read-only ({e})"),
+        Some(rusqlite::ErrorCode::CannotOpen) => format!("cannot open the file ({e})"),
+        _ => e.to_string(),
+    };
+    Error::Store {
+        context: context(),
+        message,
+        transient,
+        ambiguous: false,
+    }
+}
+
+fn i64_of(field: &'static str, v: u64) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::invalid(field, format!("{v} does not fit the database")))
+}
+
+fn u64_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// Filesystem magic numbers (statfs `f_type`) where SQLite's WAL is unsafe.
+const NETWORK_FS: &[(i64, &str)] = &[
+    (0x6969, "NFS"),
+    (0x517B, "SMB"),
+    (0xFF53_4D42, "CIFS"),
+    (0xFE53_4D42, "SMB2"),
+    (0x6573_5546, "FUSE"),
+    (0x0102_1997, "9P"),
+];
+
+/// The network filesystem `dir` is on, if any.
+pub fn network_fs(dir: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: zeroed statfs is a valid out-parameter; `c` is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    let kind = st.f_type as i64;
+    NETWORK_FS
+        .iter()
+        .find(|(magic, _)| *magic == kind)
+        .map(|&(_, name)| name)
+}
+
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the database at `path` with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    /// Open (creating if needed) the database at `path`.
+    pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        let ctx = |what: &str| format!("{what} {shown}");
+        let dir = parent_dir(&path);
+        if !dir.is_dir() {
+            return Err(Error::store(
+                ctx("opening"),
+                format!("directory {} does not exist", dir.display()),
+            ));
+        }
+        if let (Some(fs), false) = (network_fs(&dir), opts.allow_network_fs) {
+            return Err(Error::store(
+                ctx("opening"),
+                format!("{} is on {fs}, where SQLite's WAL locking is not safe across processes; use a local disk (or allow_network_fs at your own risk)", dir.display()),
+            ));
+        }
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| sql_err(|| ctx("opening"), e))?;
+        conn.busy_timeout(opts.busy_timeout)
+            .map_err(|e| sql_err(|| ctx("configuring"), e))?;
+        conn.set_prepared_statement_cache_capacity(64);
+        Self::check_schema(&conn, &shown)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(|e| sql_err(|| ctx("enabling WAL on"), e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::store(
+                ctx("enabling WAL on"),
+                format!("journal mode is {mode:?}, not WAL (is the filesystem able to hold the -wal and -shm files?)"),
+            ));
+        }
+        let sync = match opts.synchronous {
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Full => "FULL",
+        };
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF;"
+        ))
+        .map_err(|e| sql_err(|| ctx("configuring"), e))?;
+        let clock = opts.clock.unwrap_or_else(|| Arc::new(BootClock));
+        let boot = opts
+            .boot_id
+            .or_else(boot_id)
+            .unwrap_or_else(|| "unknown-boot".to_owned());
+        let (offset_ms, high_ms) = Self::init_clock(&conn, &*clock, &boot, &shown)?;
+        Ok(SqliteStore {
+            path,
+            conn: Mutex::new(Some(conn)),
+            fork: ForkGuard::new(),
+            clock,
+            offset_ms,
+            high_water_ms: AtomicU64::new(high_ms),
+            persisted_ms: AtomicU64::new(high_ms),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Create the schema in a new database; refuse foreign or newer ones.
+    fn check_schema(conn: &Connection, shown: &str) -> Result<()> {
+        let ctx = || format!("reading the schema of {shown}");
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| sql_err(ctx, e))?;
+        let app: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| sql_err(ctx, e))?;
+        let tables: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .map_err(|e| sql_err(ctx, e))?;
+        if app != APPLICATION_ID && (tables > 0 || version != 0) {
+            return Err(Error::store(
+                format!("opening {shown}"),
+                format!("not a leasehold database (application_id {app:#x}, {tables} schema objects); left untouched"),
+            ));
+        }
+        if version > SCHEMA_VERSION {
+            return Err(Error::store(
+                format!("opening {shown}"),
+                format!("written by a newer leasehold (schema version {version}; this build knows up to {SCHEMA_VERSION}); left untouched"),
+            ));
+        }
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        // New database: create the schema once, even if many processes race.
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| sql_err(|| format!("creating the schema of {shown}"), e))?;
+        let result = (|| {
+            let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            if v == 0 {
+                conn.execute_batch(SCHEMA_V1)?;
+                conn.execute_batch(&format!(
+                    "PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={SCHEMA_VERSION};"
+                ))?;
+            }
+            Ok(())
+        })();
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        let ended = conn.execute_batch(end);
+        result
+            .and(ended)
+            .map_err(|e: rusqlite::Error| sql_err(|| format!("creating the schema of {shown}"), e))
+    }
+
+    /// Settle the offset from the boot-time clock to store time. Returns the
+    /// offset and the database's high-water mark.
+    fn init_clock(
+        conn: &Connection,
+        clock: &dyn Clock,
+        boot: &str,
+        shown: &str,
+    ) -> Result<(i64, u64)> {
+        let ctx = || format!("reading the clock state of {shown}");
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| sql_err(ctx, e))?;
+        let result = (|| -> rusqlite::Result<(i64, u64)> {
+            let get = |name: &str| -> rusqlite::Result<Option<String>> {
+                conn.query_row(
+                    "SELECT value FROM leasehold_meta WHERE name = ?1",
+                    [name],
+                    |r| r.get(0),
+                )
+                .optional()
+            };
+            let stored_boot = get("boot_id")?;
+            let offset: i64 = get("clock_offset_ms")?
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let high: u64 = get("high_water_ms")?
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let now = i64::try_from(clock.now_ms()).unwrap_or(i64::MAX);
+            if stored_boot.as_deref() == Some(boot) {
+                return Ok((offset, high));
+            }
+            // A new boot (or a new database): continue above the high water.
+            let offset = i64::try_from(high)
+                .unwrap_or(i64::MAX)
+                .saturating_add(1)
+                .saturating_sub(now)
+                .max(0);
+            let set = "INSERT INTO leasehold_meta (name, value) VALUES (?1, ?2)
+                       ON CONFLICT(name) DO UPDATE SET value = excluded.value";
+            conn.execute(set, params!["boot_id", boot])?;
+            conn.execute(set, params!["clock_offset_ms", offset.to_string()])?;
+            Ok((offset, high))
+        })();
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        let ended = conn.execute_batch(end);
+        let (offset, high) = result.map_err(|e| sql_err(ctx, e))?;
+        ended.map_err(|e| sql_err(ctx, e))?;
+        Ok((offset, high))
+    }
+
+    /// Store time now: boot clock plus offset, never below what this handle
+    /// already handed out.
+    fn now_ms(&self) -> u64 {
+        let raw = i64::try_from(self.clock.now_ms())
+            .unwrap_or(i64::MAX)
+            .saturating_add(self.offset_ms);
+        let now = u64::try_from(raw).unwrap_or(0);
+        let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
+        now.max(prev)
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        let conn = match self.conn.get_mut() {
+            Ok(c) => c.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(conn) = conn {
+            if self.fork.is_origin_strict() {
+                drop(conn);
+            } else {
+                // Closing in a forked child could disturb the parent's locks.
+                std::mem::forget(conn);
+            }
+        }
+    }
+}
+
+const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
+
+fn holder_bytes(id: HolderId) -> [u8; 16] {
+    id.0.to_be_bytes()
+}
+
+fn holder_from(bytes: &[u8]) -> HolderId {
+    let mut b = [0u8; 16];
+    let n = bytes.len().min(16);
+    b[..n].copy_from_slice(&bytes[..n]);
+    HolderId(u128::from_be_bytes(b))
+}
+
+fn state_of(v: i64) -> rusqlite::Result<JobState> {
+    usize::try_from(v)
+        .ok()
+        .and_then(|i| JobState::ALL.get(i).copied())
+        .ok_or(rusqlite::Error::IntegralValueOutOfRange(10, v))
+}
+
+fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
+    let state = state_of(r.get(10)?)?;
+    let claim = match (
+        r.get::<_, Option<Vec<u8>>>(11)?,
+        r.get::<_, Option<i64>>(12)?,
+        r.get::<_, Option<i64>>(13)?,
+    ) {
+        (Some(h), Some(t), Some(u)) => Some(Claim {
+            holder: holder_from(&h),
+            token: u64_of(t),
+            lease_until_ms: u64_of(u),
+        }),
+        _ => None,
+    };
+    Ok(JobRecord {
+        id: JobId(u64_of(r.get(0)?)),
+        queue: Arc::from(r.get::<_, String>(1)?.as_str()),
+        payload: Arc::from(r.get::<_, Vec<u8>>(2)?),
+        priority: r.get(3)?,
+        run_at_ms: u64_of(r.get(4)?),
+        created_at_ms: u64_of(r.get(5)?),
+        max_attempts: r.get(6)?,
+        attempts: r.get(7)?,
+        expiries: r.get(8)?,
+        last_token: u64_of(r.get(9)?),
+        state,
+        claim,
+        cancel_requested: r.get::<_, i64>(14)? != 0,
+        last_error: r
+            .get::<_, Option<String>>(15)?
+            .map(|s| Arc::from(s.as_str())),
+        unique_key: r
+            .get::<_, Option<String>>(16)?
+            .map(|s| Arc::from(s.as_str())),
+        finished_at_ms: r.get::<_, Option<i64>>(17)?.map(u64_of),
+    })
+}
+
+/// A lease record read in this transaction, and its state when read.
+struct CachedLease {
+    key: String,
+    original: Option<LeaseRecord>,
+    record: LeaseRecord,
+}
+
+struct SqlTxn<'c> {
+    conn: &'c Connection,
+    now_ms: u64,
+    leases: Vec<CachedLease>,
+}
+
+fn ctx_key(what: &str, key: &str) -> String {
+    format!("{what} lease {key:?}")
+}
+
+impl SqlTxn<'_> {
+    fn err<'a>(&self, what: &'a str) -> impl FnOnce(rusqlite::Error) -> Error + 'a {
+        move |e| sql_err(|| what.to_owned(), e)
+    }
+
+    fn load_lease(&self, key: &str) -> Result<Option<LeaseRecord>> {
+        let last: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT last_token FROM leases WHERE key = ?1")
+            .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
+            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
+        let Some(last) = last else {
+            return Ok(None);
+        };
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT token, holder, label, expires_at FROM lease_slots WHERE key = ?1 ORDER BY token",
+            )
+            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
+        let slots = stmt
+            .query_map([key], |r| {
+                let label: Option<String> = r.get(2)?;
+                Ok(LeaseSlot {
+                    token: u64_of(r.get(0)?),
+                    holder: Holder {
+                        id: holder_from(&r.get::<_, Vec<u8>>(1)?),
+                        label: label.map(|l| Arc::from(l.as_str())),
+                    },
+                    expires_at_ms: u64_of(r.get(3)?),
+                })
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
+        Ok(Some(LeaseRecord {
+            last_token: u64_of(last),
+            slots,
+        }))
+    }
+
+    /// Write back every lease record this transaction changed.
+    fn flush(&mut self) -> Result<()> {
+        for c in &self.leases {
+            if c.original.as_ref() == Some(&c.record) {
+                continue;
+            }
+            let key = c.key.as_str();
+            let fail = |e| sql_err(|| ctx_key("writing", key), e);
+            let last = i64_of("token", c.record.last_token)?;
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO leases (key, last_token) VALUES (?1, ?2)
+                     ON CONFLICT(key) DO UPDATE SET last_token = excluded.last_token",
+                )
+                .and_then(|mut s| s.execute(params![key, last]))
+                .map_err(fail)?;
+            self.conn
+                .prepare_cached("DELETE FROM lease_slots WHERE key = ?1")
+                .and_then(|mut s| s.execute([key]))
+                .map_err(fail)?;
+            let mut insert = self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO lease_slots (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(fail)?;
+            for s in &c.record.slots {
+                insert
+                    .execute(params![
+                        key,
+                        i64_of("token", s.token)?,
+                        &holder_bytes(s.holder.id)[..],
+                        s.holder.label.as_deref(),
+                        i64_of("expires_at", s.expires_at_ms)?,
+                    ])
+                    .map_err(fail)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Txn for SqlTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
+        let i = match self.leases.iter().position(|c| c.key == key) {
+            Some(i) => i,
+            None => {
+                let loaded = self.load_lease(key)?;
+                if loaded.is_none() && !create {
+                    return Ok(None);
+                }
+                self.leases.push(CachedLease {
+                    key: key.to_owned(),
+                    record: loaded.clone().unwrap_or_default(),
+                    original: loaded,
+                });
+                self.leases.len() - 1
+            }
+        };
+        Ok(Some(&mut self.leases[i].record))
+    }
+
+    fn next_job_id(&mut self) -> Result<JobId> {
+        let id: String = self
+            .conn
+            .prepare_cached(
+                "UPDATE leasehold_meta SET value = CAST(value AS INTEGER) + 1
+                 WHERE name = 'last_job_id' RETURNING value",
+            )
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .map_err(self.err("allocating a job id"))?;
+        id.parse::<u64>()
+            .map(JobId)
+            .map_err(|_| Error::store("allocating a job id", format!("corrupt counter {id:?}")))
+    }
+
+    fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+        let key = i64_of("id", id.0)?;
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([key], job_from_row).optional())
+            .map_err(|e| sql_err(|| format!("reading job {id}"), e))
+    }
+
+    fn put_job(&mut self, job: &JobRecord) -> Result<()> {
+        let claim = job.claim;
+        let sql = format!(
+            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+             ON CONFLICT(id) DO UPDATE SET
+               queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
+               run_at = excluded.run_at, created_at = excluded.created_at,
+               max_attempts = excluded.max_attempts, attempts = excluded.attempts,
+               expiries = excluded.expiries, last_token = excluded.last_token, state = excluded.state,
+               claim_holder = excluded.claim_holder, claim_token = excluded.claim_token,
+               lease_until = excluded.lease_until, cancel_requested = excluded.cancel_requested,
+               last_error = excluded.last_error, unique_key = excluded.unique_key,
+               finished_at = excluded.finished_at"
+        );
+        let holder = claim.map(|c| holder_bytes(c.holder).to_vec());
+        let token = claim.map(|c| i64_of("token", c.token)).transpose()?;
+        let until = claim
+            .map(|c| i64_of("lease_until", c.lease_until_ms))
+            .transpose()?;
+        let finished = job
+            .finished_at_ms
+            .map(|f| i64_of("finished_at", f))
+            .transpose()?;
+        let (id, run_at) = (i64_of("id", job.id.0)?, i64_of("run_at", job.run_at_ms)?);
+        let created = i64_of("created_at", job.created_at_ms)?;
+        let last_token = i64_of("token", job.last_token)?;
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.execute(params![
+                    id,
+                    &*job.queue,
+                    &*job.payload,
+                    job.priority,
+                    run_at,
+                    created,
+                    job.max_attempts,
+                    job.attempts,
+                    job.expiries,
+                    last_token,
+                    job.state as i64,
+                    holder,
+                    token,
+                    until,
+                    i64::from(job.cancel_requested),
+                    job.last_error.as_deref(),
+                    job.unique_key.as_deref(),
+                    finished,
+                ])
+            })
+            .map(|_| ())
+            .map_err(|e| sql_err(|| format!("writing job {}", job.id), e))
+    }
+
+    fn delete_job(&mut self, id: JobId) -> Result<()> {
+        let key = i64_of("id", id.0)?;
+        self.conn
+            .prepare_cached("DELETE FROM jobs WHERE id = ?1")
+            .and_then(|mut s| s.execute([key]))
+            .map(|_| ())
+            .map_err(|e| sql_err(|| format!("deleting job {id}"), e))
+    }
+
+    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>> {
+        self.conn
+            .prepare_cached(
+                "SELECT id FROM jobs WHERE queue = ?1 AND unique_key = ?2 AND state <= 2 AND unique_key IS NOT NULL LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row(params![queue, unique_key], |r| r.get::<_, i64>(0)).optional())
+            .map(|id| id.map(|i| JobId(u64_of(i))))
+            .map_err(|e| sql_err(|| format!("looking up unique key {unique_key:?} in queue {queue:?}"), e))
+    }
+
+    fn scan(
+        &mut self,
+        queue: &str,
+        query: JobQuery,
+        limit: usize,
+        out: &mut Vec<JobId>,
+    ) -> Result<()> {
+        // The literal state in each WHERE lets SQLite use the partial index,
+        // whose order is exactly the ORDER BY (no sort step).
+        let (sql, bound) = match query {
+            JobQuery::Ready => (
+                "SELECT id FROM jobs WHERE queue = ?1 AND state = 0 AND ?3 >= 0 ORDER BY priority DESC, run_at, id LIMIT ?2",
+                0,
+            ),
+            JobQuery::Due { now_ms } => (
+                "SELECT id FROM jobs WHERE queue = ?1 AND state = 1 AND run_at <= ?3 ORDER BY run_at, id LIMIT ?2",
+                now_ms,
+            ),
+            JobQuery::Expired { now_ms } => (
+                "SELECT id FROM jobs WHERE queue = ?1 AND state = 2 AND lease_until <= ?3 ORDER BY lease_until, id LIMIT ?2",
+                now_ms,
+            ),
+            JobQuery::FinishedBy { cutoff_ms } => (
+                "SELECT id FROM jobs WHERE queue = ?1 AND state >= 3 AND finished_at <= ?3 ORDER BY finished_at, id LIMIT ?2",
+                cutoff_ms,
+            ),
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let fail = |e| sql_err(|| format!("scanning queue {queue:?}"), e);
+        let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
+        let bound = i64::try_from(bound).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map(params![queue, limit, bound], |r| r.get::<_, i64>(0))
+            .map_err(fail)?;
+        for id in rows {
+            out.push(JobId(u64_of(id.map_err(fail)?)));
+        }
+        Ok(())
+    }
+
+    fn counts(&mut self, queue: &str) -> Result<StateCounts> {
+        let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT state, count(*) FROM jobs WHERE queue = ?1 GROUP BY state")
+            .map_err(fail)?;
+        let rows = stmt
+            .query_map([queue], |r| Ok((state_of(r.get(0)?)?, r.get::<_, i64>(1)?)))
+            .map_err(fail)?;
+        let mut counts = StateCounts::default();
+        for row in rows {
+            let (state, n) = row.map_err(fail)?;
+            counts.add(state, n);
+        }
+        Ok(counts)
+    }
+
+    fn list(
+        &mut self,
+        queue: &str,
+        state: Option<JobState>,
+        after: JobId,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>> {
+        let fail = |e| sql_err(|| format!("listing queue {queue:?}"), e);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = i64_of("after", after.0)?;
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE queue = ?1 AND id > ?2 AND (?3 < 0 OR state = ?3) ORDER BY id LIMIT ?4"
+        );
+        let state = state.map_or(-1, |s| s as i64);
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
+        let rows = stmt
+            .query_map(params![queue, after, state, limit], job_from_row)
+            .map_err(fail)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+    }
+}
+
+impl Store for SqliteStore {
+    fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
+        self.fork.check()?;
+        let guard = lock(&self.conn);
+        let Some(conn) = guard.as_ref() else {
+            return Err(Error::store(
+                "running a transaction",
+                "the connection is closed",
+            ));
+        };
+        let shown = || format!("beginning a transaction on {}", self.path.display());
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| sql_err(shown, e))?;
+        let now_ms = self.now_ms();
+        let mut tx = SqlTxn {
+            conn,
+            now_ms,
+            leases: Vec::new(),
+        };
+        let result = f(&mut tx).and_then(|()| tx.flush()).and_then(|()| {
+            // Persist the clock's high water about once a second, so that a
+            // reboot continues above it.
+            let persisted = self.persisted_ms.load(Ordering::Relaxed);
+            if now_ms > persisted.saturating_add(1000) {
+                conn.prepare_cached(
+                    "INSERT INTO leasehold_meta (name, value) VALUES ('high_water_ms', ?1)
+                     ON CONFLICT(name) DO UPDATE SET value = excluded.value
+                     WHERE CAST(value AS INTEGER) < CAST(excluded.value AS INTEGER)",
+                )
+                .and_then(|mut s| s.execute([now_ms.to_string()]))
+                .map_err(|e| sql_err(|| "recording the clock".to_owned(), e))?;
+                self.persisted_ms.fetch_max(now_ms, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => conn
+                .execute_batch("COMMIT")
+                .map_err(|e| sql_err(|| format!("committing to {}", self.path.display()), e))
+                .inspect_err(|_| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }),
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.path.display())
+    }
+}
