@@ -24,7 +24,8 @@ use crate::core::{
 use crate::error::{Error, LostReason, Result, Target};
 use crate::fork::ForkGuard;
 use crate::store::{Store, StoreExt};
-use crate::sync::{lock, thread, AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{lock, thread, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,9 @@ struct ClientInner {
     busy_timeout: Duration,
     jitter: AtomicU64,
     fork: ForkGuard,
+    /// Keys this client holds through a live guard: a second acquire of one
+    /// waits like any other contender instead of sharing the slot.
+    held: Mutex<HashSet<String>>,
 }
 
 /// A handle on a store with one holder identity. Cheap to clone; clones
@@ -122,6 +126,7 @@ impl ClientBuilder {
                 busy_timeout: self.busy_timeout,
                 jitter: AtomicU64::new(seed),
                 fork: ForkGuard::new(),
+                held: Mutex::new(HashSet::new()),
             }),
         }
     }
@@ -237,23 +242,36 @@ impl Client {
 
     /// Run `f` in a store transaction, retrying transient store errors with
     /// jittered exponential backoff until the busy timeout (S1).
-    fn run<R>(&self, what: &str, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
+    fn run<R>(&self, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
+        self.run_until(None, f)
+    }
+
+    /// [`Client::run`], but retrying no later than `until_local_ms` on the
+    /// local clock (a renewal is pointless past the local deadline).
+    fn run_until<R>(
+        &self,
+        until_local_ms: Option<u64>,
+        mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
+    ) -> Result<R> {
         self.inner.fork.check()?;
-        let mut f = f;
         let start_ms = self.local_now_ms();
+        let give_up_ms = start_ms
+            .saturating_add(ms(self.inner.busy_timeout))
+            .min(until_local_ms.unwrap_or(u64::MAX));
         let mut backoff_ms = 1u64;
         loop {
             match self.inner.store.txn(&mut f) {
                 Err(e) if e.is_transient() => {
-                    let waited_ms = self.local_now_ms().saturating_sub(start_ms);
-                    if waited_ms >= ms(self.inner.busy_timeout) {
+                    let now_ms = self.local_now_ms();
+                    if now_ms >= give_up_ms {
                         return Err(Error::Busy {
-                            waited_ms,
+                            waited_ms: now_ms.saturating_sub(start_ms),
                             last: Box::new(e),
                         });
                     }
-                    let _ = what;
-                    let sleep_ms = backoff_ms / 2 + self.jitter(backoff_ms / 2 + 1);
+                    let sleep_ms = (backoff_ms / 2 + self.jitter(backoff_ms / 2 + 1))
+                        .min(give_up_ms - now_ms)
+                        .max(1);
                     crate::sync::sleep(Duration::from_millis(sleep_ms));
                     backoff_ms = (backoff_ms * 2).min(100);
                 }
@@ -268,21 +286,34 @@ impl Client {
     }
 
     /// Acquire `key`, waiting up to `opts.wait` (jittered backoff, woken
-    /// early when the store sees a release). Re-acquiring a key this
-    /// client already holds extends it (same token).
+    /// early when the store sees a release). While a guard of this client
+    /// holds the key, another acquire through this client waits like any
+    /// other contender (two guards never share one grant).
     pub fn acquire(&self, key: &str, opts: LeaseOptions) -> Result<LeaseGuard> {
+        self.inner.fork.check()?;
+        core::check_key("key", key)?;
         let ttl_ms = ms(opts.ttl);
         let start_ms = self.local_now_ms();
         let wait_ms = ms(opts.wait);
         let mut backoff_ms = 1u64;
         loop {
             let epoch = self.inner.store.lease_epoch();
-            let sent_at_ms = self.local_now_ms();
-            let holder = &self.inner.holder;
-            match self.run("acquiring", |tx| {
-                core::lease::acquire(tx, key, holder, ttl_ms, opts.limit)
-            }) {
-                Ok(grant) => {
+            let attempt = if lock(&self.inner.held).contains(key) {
+                // Held by another guard of ours: report it as held.
+                self.inspect(key).and_then(|info| {
+                    Err(Error::Held {
+                        key: key.to_owned(),
+                        holders: info.holders,
+                    })
+                })
+            } else {
+                let sent_at_ms = self.local_now_ms();
+                let holder = &self.inner.holder;
+                self.run(|tx| core::lease::acquire(tx, key, holder, ttl_ms, opts.limit))
+                    .map(|grant| (grant, sent_at_ms))
+            };
+            match attempt {
+                Ok((grant, sent_at_ms)) => {
                     return Ok(LeaseGuard::new(
                         self.clone(),
                         key,
@@ -311,22 +342,20 @@ impl Client {
 
     /// Live holders of `key` and its token counter.
     pub fn inspect(&self, key: &str) -> Result<LeaseInfo> {
-        self.run("inspecting", |tx| core::lease::inspect(tx, key))
+        self.run(|tx| core::lease::inspect(tx, key))
     }
 
     /// Renew a lease by key and token (for callers that keep the token
-    /// themselves, like the CLI). Returns the new store expiry.
+    /// themselves, like the CLI). Returns the grant with its store expiry.
     pub fn renew(&self, key: &str, token: u64, ttl: Duration) -> Result<core::Grant> {
         let id = self.inner.holder.id;
-        self.run("renewing", |tx| {
-            core::lease::renew(tx, key, id, token, ms(ttl))
-        })
+        self.run(|tx| core::lease::renew(tx, key, id, token, ms(ttl)))
     }
 
     /// Release a lease by key and token.
     pub fn release(&self, key: &str, token: u64) -> Result<()> {
         let id = self.inner.holder.id;
-        self.run("releasing", |tx| core::lease::release(tx, key, id, token))
+        self.run(|tx| core::lease::release(tx, key, id, token))
     }
 
     /// A handle on queue `name`.
@@ -339,8 +368,12 @@ impl Client {
     }
 }
 
+/// Called once when a lease or claim is lost.
+type OnLost = Box<dyn FnOnce(Error) + Send>;
+
 /// Shared validity state of a guard or claimed job, and its keep-alive.
 struct Lifeline {
+    target: Target,
     state: Mutex<LifeState>,
     wake: Condvar,
     fork: ForkGuard,
@@ -353,19 +386,36 @@ struct LifeState {
     lost: Option<LostReason>,
     cancel_requested: bool,
     thread_running: bool,
+    thread: Option<thread::ThreadId>,
+    on_lost: Option<OnLost>,
 }
 
-/// What a renewal closure reports.
-type RenewFn = Box<dyn FnMut() -> Result<RenewOk> + Send>;
+/// A renewal: given the local deadline (retry no later), renew and report
+/// the new local deadline.
+type RenewFn = Box<dyn FnMut(u64) -> Result<RenewOk> + Send>;
 
 struct RenewOk {
     local_deadline_ms: u64,
     cancel_requested: bool,
 }
 
+/// Clears `thread_running` when the keep-alive thread ends, even by panic,
+/// so that `join` never waits forever.
+struct RunningFlag(Arc<Lifeline>);
+
+impl Drop for RunningFlag {
+    fn drop(&mut self) {
+        let mut st = lock(&self.0.state);
+        st.thread_running = false;
+        st.thread = None;
+        self.0.wake.notify_all();
+    }
+}
+
 impl Lifeline {
-    fn new(local_deadline_ms: u64) -> Arc<Lifeline> {
+    fn new(target: Target, local_deadline_ms: u64) -> Arc<Lifeline> {
         Arc::new(Lifeline {
+            target,
             state: Mutex::new(LifeState {
                 local_deadline_ms,
                 ..LifeState::default()
@@ -376,51 +426,80 @@ impl Lifeline {
     }
 
     fn is_valid(&self, now_ms: u64) -> bool {
+        // The fork check comes first: in a child, the mutex may have been
+        // copied locked by a keep-alive thread that does not exist there.
+        if !self.fork.is_origin() {
+            return false;
+        }
         let st = lock(&self.state);
-        self.fork.is_origin() && !st.finished && st.lost.is_none() && now_ms < st.local_deadline_ms
+        !st.finished && st.lost.is_none() && now_ms < st.local_deadline_ms
     }
 
-    /// Check the handle may act: same process, not finished, not lost.
-    fn check_usable(&self, target: impl FnOnce() -> Target) -> Result<()> {
-        self.fork.check()?;
+    fn lost_error(&self, reason: LostReason) -> Error {
+        Error::Lost {
+            target: self.target.clone(),
+            reason,
+        }
+    }
+
+    /// Check the handle may act: same process (`strict`: also by pid, for
+    /// calls that would release or settle), not finished, not lost.
+    fn check_usable(&self, strict: bool) -> Result<()> {
+        if strict {
+            self.fork.check_strict()?;
+        } else {
+            self.fork.check()?;
+        }
         let st = lock(&self.state);
         if st.finished {
-            return Err(Error::Lost {
-                target: target(),
-                reason: LostReason::StaleToken,
-            });
+            return Err(self.lost_error(LostReason::StaleToken));
         }
-        if let Some(reason) = st.lost {
-            return Err(Error::Lost {
-                target: target(),
-                reason,
-            });
+        match st.lost {
+            Some(reason) => Err(self.lost_error(reason)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Record the outcome of a renewal made by anyone (thread or caller).
-    /// Returns true if this call is the one that first saw a loss.
-    fn record(&self, outcome: &Result<RenewOk>, now_ms: u64) -> bool {
+    /// The first loss seen is reported to `on_lost`, exactly once.
+    fn record(&self, outcome: &Result<RenewOk>, now_ms: u64) {
         let mut st = lock(&self.state);
-        match outcome {
-            Ok(ok) if !st.finished && st.lost.is_none() => {
-                st.local_deadline_ms = ok.local_deadline_ms;
+        if st.finished || st.lost.is_some() {
+            return;
+        }
+        let reason = match outcome {
+            Ok(ok) => {
+                st.local_deadline_ms = st.local_deadline_ms.max(ok.local_deadline_ms);
                 st.cancel_requested |= ok.cancel_requested;
-                false
+                return;
             }
-            Ok(_) => false,
-            Err(Error::Lost { reason, .. }) if st.lost.is_none() && !st.finished => {
-                st.lost = Some(*reason);
-                self.wake.notify_all();
-                true
-            }
-            Err(_) if st.lost.is_none() && !st.finished && now_ms >= st.local_deadline_ms => {
-                st.lost = Some(LostReason::LocalDeadline);
-                self.wake.notify_all();
-                true
-            }
-            Err(_) => false,
+            Err(Error::Lost { reason, .. }) => *reason,
+            Err(_) if now_ms >= st.local_deadline_ms => LostReason::LocalDeadline,
+            Err(_) => return,
+        };
+        self.mark_lost(st, reason);
+    }
+
+    /// Declare the loss if the local deadline has passed.
+    fn check_deadline(&self, now_ms: u64) -> bool {
+        let st = lock(&self.state);
+        if st.finished || st.lost.is_some() {
+            return true;
+        }
+        if now_ms < st.local_deadline_ms {
+            return false;
+        }
+        self.mark_lost(st, LostReason::LocalDeadline);
+        true
+    }
+
+    fn mark_lost(&self, mut st: MutexGuard<'_, LifeState>, reason: LostReason) {
+        st.lost = Some(reason);
+        let callback = st.on_lost.take();
+        self.wake.notify_all();
+        drop(st);
+        if let Some(callback) = callback {
+            callback(self.lost_error(reason));
         }
     }
 
@@ -430,13 +509,18 @@ impl Lifeline {
         let mut st = lock(&self.state);
         let was = st.finished;
         st.finished = true;
+        st.on_lost = None;
         self.wake.notify_all();
         !was
     }
 
-    /// Wait until the keep-alive thread has exited.
+    /// Wait until the keep-alive thread has exited (unless called from it).
     fn join(&self) {
+        let me = thread::current().id();
         let mut st = lock(&self.state);
+        if st.thread == Some(me) {
+            return;
+        }
         while st.thread_running {
             st = match self.wake.wait(st) {
                 Ok(g) => g,
@@ -446,15 +530,15 @@ impl Lifeline {
     }
 
     /// Start a thread that calls `renew` about every `interval_ms` (with
-    /// jitter from `seed`) until finished or lost, and calls `on_lost` once
-    /// on loss.
+    /// jitter from `seed`) until finished or lost; declares the loss at the
+    /// local deadline if renewals fail until then.
     fn spawn_keep_alive(
         self: &Arc<Self>,
         clock: Arc<dyn Clock>,
         interval_ms: u64,
         seed: u64,
         mut renew: RenewFn,
-        on_lost: Box<dyn FnOnce(Error) + Send>,
+        on_lost: OnLost,
     ) -> Result<()> {
         {
             let mut st = lock(&self.state);
@@ -462,18 +546,21 @@ impl Lifeline {
                 return Ok(());
             }
             st.thread_running = true;
+            st.on_lost = Some(on_lost);
         }
         let me = Arc::clone(self);
         let spawned = thread::Builder::new()
             .name("leasehold-keepalive".to_owned())
             .spawn(move || {
-                me.keep_alive_loop(&*clock, interval_ms, seed, &mut renew, on_lost);
-                let mut st = lock(&me.state);
-                st.thread_running = false;
-                me.wake.notify_all();
+                lock(&me.state).thread = Some(thread::current().id());
+                let flag = RunningFlag(Arc::clone(&me));
+                me.keep_alive_loop(&*clock, interval_ms, seed, &mut renew);
+                drop(flag);
             });
         if let Err(e) = spawned {
-            lock(&self.state).thread_running = false;
+            let mut st = lock(&self.state);
+            st.thread_running = false;
+            st.on_lost = None;
             return Err(Error::store(
                 "starting the keep-alive thread",
                 e.to_string(),
@@ -482,48 +569,41 @@ impl Lifeline {
         Ok(())
     }
 
-    fn keep_alive_loop(
-        &self,
-        clock: &dyn Clock,
-        interval_ms: u64,
-        seed: u64,
-        renew: &mut RenewFn,
-        on_lost: Box<dyn FnOnce(Error) + Send>,
-    ) {
+    fn keep_alive_loop(&self, clock: &dyn Clock, interval_ms: u64, seed: u64, renew: &mut RenewFn) {
         let mut round = 0u64;
         let mut next_wait_ms = interval_ms;
         loop {
-            {
-                let st = lock(&self.state);
-                if st.finished || st.lost.is_some() {
+            // Jitter of +-10 % so that many holders do not renew in step.
+            let span = (next_wait_ms / 5).max(1);
+            let wait_ms = next_wait_ms - next_wait_ms / 10 + core::mix64(seed ^ round) % span;
+            round += 1;
+            let renew_at = clock.now_ms().saturating_add(wait_ms);
+            // Sleep until the renewal is due, waking for release or at the
+            // local deadline, whichever comes first.
+            loop {
+                let now = clock.now_ms();
+                if self.check_deadline(now) {
                     return;
                 }
-                // Jitter of +-10 % so that many holders do not renew in step.
-                let span = (next_wait_ms / 5).max(1);
-                let wait_ms = next_wait_ms - next_wait_ms / 10 + core::mix64(seed ^ round) % span;
-                round += 1;
-                let st = match self.wake.wait_timeout(st, Duration::from_millis(wait_ms)) {
+                if now >= renew_at {
+                    break;
+                }
+                let st = lock(&self.state);
+                let until = renew_at.min(st.local_deadline_ms);
+                let nap = Duration::from_millis(until.saturating_sub(now).max(1));
+                drop(match self.wake.wait_timeout(st, nap) {
                     Ok((g, _)) => g,
                     Err(p) => p.into_inner().0,
-                };
-                if st.finished || st.lost.is_some() {
-                    return;
-                }
+                });
             }
-            let outcome = renew();
-            let now_ms = clock.now_ms();
-            let first_loss = self.record(&outcome, now_ms);
-            match outcome {
-                Ok(_) => next_wait_ms = interval_ms,
-                Err(e) if first_loss => {
-                    on_lost(e);
-                    return;
-                }
-                Err(_) => {
-                    // Transient trouble: retry sooner while the deadline allows.
-                    next_wait_ms = (interval_ms / 4).max(1);
-                }
-            }
+            let deadline = lock(&self.state).local_deadline_ms;
+            let outcome = renew(deadline);
+            self.record(&outcome, clock.now_ms());
+            next_wait_ms = match outcome {
+                Ok(_) => interval_ms,
+                // Transient trouble: retry sooner while the deadline allows.
+                Err(_) => (interval_ms / 4).max(1),
+            };
         }
     }
 }
@@ -551,12 +631,17 @@ impl std::fmt::Debug for LeaseGuard {
 impl LeaseGuard {
     fn new(client: Client, key: &str, token: u64, ttl_ms: u64, sent_at_ms: u64) -> Self {
         let deadline = core::local_deadline_ms(sent_at_ms, ttl_ms, client.inner.drift);
+        lock(&client.inner.held).insert(key.to_owned());
+        let target = Target::Lease {
+            key: key.to_owned(),
+            token,
+        };
         LeaseGuard {
             client,
             key: key.to_owned(),
             token,
             ttl_ms,
-            life: Lifeline::new(deadline),
+            life: Lifeline::new(target, deadline),
         }
     }
 
@@ -577,7 +662,8 @@ impl LeaseGuard {
     }
 
     /// Whether the holder may act now: same process, not released or lost,
-    /// and before the local deadline on the holder's own clock.
+    /// and before the local deadline on the holder's own clock. This is the
+    /// check to make before every protected action.
     pub fn is_valid(&self) -> bool {
         self.life.is_valid(self.client.local_now_ms())
     }
@@ -594,24 +680,20 @@ impl LeaseGuard {
 
     /// The loss seen by a renewal or keep-alive, if any.
     pub fn lost(&self) -> Option<LostReason> {
-        lock(&self.life.state).lost
-    }
-
-    fn target(&self) -> Target {
-        Target::Lease {
-            key: self.key.clone(),
-            token: self.token,
+        if !self.life.fork.is_origin() {
+            return None;
         }
+        lock(&self.life.state).lost
     }
 
     fn renew_fn(&self) -> RenewFn {
         let client = self.client.clone();
         let key = self.key.clone();
         let (token, ttl_ms) = (self.token, self.ttl_ms);
-        Box::new(move || {
+        Box::new(move |deadline| {
             let sent_at_ms = client.local_now_ms();
             let id = client.inner.holder.id;
-            client.run("renewing", |tx| {
+            client.run_until(Some(deadline), |tx| {
                 core::lease::renew(tx, &key, id, token, ttl_ms)
             })?;
             Ok(RenewOk {
@@ -623,17 +705,19 @@ impl LeaseGuard {
 
     /// Renew now, extending the local deadline.
     pub fn renew(&self) -> Result<()> {
-        self.life.check_usable(|| self.target())?;
-        let outcome = (self.renew_fn())();
+        self.life.check_usable(false)?;
+        let deadline = lock(&self.life.state).local_deadline_ms;
+        let outcome = (self.renew_fn())(deadline);
         self.life.record(&outcome, self.client.local_now_ms());
         outcome.map(|_| ())
     }
 
     /// Renew in a background thread about every TTL/3; `on_lost` is called
-    /// once if the lease is lost (refused renewal, or the local deadline
-    /// passed while renewals failed).
+    /// once if the lease is lost (a refused renewal, or the local deadline
+    /// reached while renewals failed). [`LeaseGuard::is_valid`] turns false
+    /// at the local deadline whether or not the callback has run.
     pub fn keep_alive(&self, on_lost: impl FnOnce(Error) + Send + 'static) -> Result<()> {
-        self.life.check_usable(|| self.target())?;
+        self.life.check_usable(false)?;
         self.life.spawn_keep_alive(
             self.client.inner.clock.clone(),
             (self.ttl_ms / 3).max(1),
@@ -648,16 +732,33 @@ impl LeaseGuard {
         self.release_inner()
     }
 
+    /// Stop managing the lease without releasing it: it stays held in the
+    /// store until its TTL runs out or someone releases it by token (what
+    /// `leasehold lock acquire` does). Returns the key and the token.
+    pub fn detach(self) -> (String, u64) {
+        if self.life.fork.is_origin_strict() {
+            self.life.finish();
+            self.life.join();
+            lock(&self.client.inner.held).remove(&self.key);
+        }
+        (self.key.clone(), self.token)
+    }
+
     fn release_inner(&self) -> Result<()> {
-        self.life.fork.check()?;
+        self.life.check_usable(true).or_else(|e| match e {
+            Error::Lost { .. } => Ok(()),
+            other => Err(other),
+        })?;
         if !self.life.finish() {
             return Ok(());
         }
         self.life.join();
         let id = self.client.inner.holder.id;
-        self.client.run("releasing", |tx| {
-            core::lease::release(tx, &self.key, id, self.token)
-        })
+        let released = self
+            .client
+            .run(|tx| core::lease::release(tx, &self.key, id, self.token));
+        lock(&self.client.inner.held).remove(&self.key);
+        released
     }
 }
 
@@ -666,6 +767,7 @@ impl Drop for LeaseGuard {
         // In a forked child, do nothing: the lease is the parent's.
         if self.life.fork.is_origin_strict() {
             let _ = self.release_inner();
+            lock(&self.client.inner.held).remove(&self.key);
         }
     }
 }
@@ -708,7 +810,8 @@ pub struct WorkReport {
     pub completed: u64,
     /// Jobs reported failed.
     pub failed: u64,
-    /// Jobs whose claim was lost before the outcome was recorded.
+    /// Jobs whose claim was lost (or whose outcome is unknown) before the
+    /// outcome was recorded; the store retries them after their lease.
     pub lost: u64,
 }
 
@@ -718,12 +821,16 @@ impl Queue {
         &self.name
     }
 
+    /// The client behind this handle.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Enqueue a job.
     pub fn push(&self, spec: &JobSpec) -> Result<EnqueueOutcome> {
         let policy = self.client.inner.policy;
-        self.client.run("enqueueing", |tx| {
-            core::job::enqueue(tx, &self.name, spec, &policy)
-        })
+        self.client
+            .run(|tx| core::job::enqueue(tx, &self.name, spec, &policy))
     }
 
     /// Claim the next ready job, if any, under a lease of `lease`.
@@ -737,18 +844,22 @@ impl Queue {
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
         let sent_at_ms = self.client.local_now_ms();
-        let jobs = self.client.run("claiming", |tx| {
-            core::job::claim(tx, &self.name, holder, lease_ms, max, &policy)
-        })?;
+        let jobs = self
+            .client
+            .run(|tx| core::job::claim(tx, &self.name, holder, lease_ms, max, &policy))?;
         let deadline = core::local_deadline_ms(sent_at_ms, lease_ms, self.client.inner.drift);
         Ok(jobs
             .into_iter()
-            .map(|job| ClaimedJob {
-                client: self.client.clone(),
-                token: job.claim.map_or(0, |c| c.token),
-                lease_ms,
-                job,
-                life: Lifeline::new(deadline),
+            .map(|job| {
+                let token = job.claim.map_or(0, |c| c.token);
+                let target = Target::Job { id: job.id, token };
+                ClaimedJob {
+                    client: self.client.clone(),
+                    token,
+                    lease_ms,
+                    job,
+                    life: Lifeline::new(target, deadline),
+                }
             })
             .collect())
     }
@@ -757,7 +868,7 @@ impl Queue {
     pub fn stats(&self) -> Result<StateCounts> {
         let policy = self.client.inner.policy;
         self.client
-            .run("counting", |tx| core::job::stats(tx, &self.name, &policy))
+            .run(|tx| core::job::stats(tx, &self.name, &policy))
     }
 
     /// Up to `limit` jobs after id `after`, optionally only in `state`.
@@ -768,31 +879,27 @@ impl Queue {
         limit: usize,
     ) -> Result<Vec<JobRecord>> {
         let policy = self.client.inner.policy;
-        self.client.run("listing", |tx| {
-            core::job::list(tx, &self.name, state, after, limit, &policy)
-        })
+        self.client
+            .run(|tx| core::job::list(tx, &self.name, state, after, limit, &policy))
     }
 
     /// One job by id (any queue).
     pub fn get(&self, id: JobId) -> Result<JobRecord> {
         let policy = self.client.inner.policy;
-        self.client
-            .run("reading", |tx| core::job::get(tx, id, &policy))
+        self.client.run(|tx| core::job::get(tx, id, &policy))
     }
 
     /// Cancel a job; returns its state afterwards (running means a cancel
     /// was requested).
     pub fn cancel(&self, id: JobId) -> Result<JobState> {
         let policy = self.client.inner.policy;
-        self.client
-            .run("cancelling", |tx| core::job::cancel(tx, id, &policy))
+        self.client.run(|tx| core::job::cancel(tx, id, &policy))
     }
 
     /// Make a dead or cancelled job ready again.
     pub fn retry(&self, id: JobId) -> Result<()> {
         let policy = self.client.inner.policy;
-        self.client
-            .run("retrying", |tx| core::job::retry(tx, id, &policy))
+        self.client.run(|tx| core::job::retry(tx, id, &policy))
     }
 
     /// Delete terminal jobs that finished at least `older_than` ago.
@@ -802,9 +909,9 @@ impl Queue {
         let policy = self.client.inner.policy;
         let mut total = 0u64;
         loop {
-            let n = self.client.run("purging", |tx| {
-                core::job::purge(tx, &self.name, ms(older_than), CHUNK, &policy)
-            })?;
+            let n = self
+                .client
+                .run(|tx| core::job::purge(tx, &self.name, ms(older_than), CHUNK, &policy))?;
             total += n as u64;
             if n < CHUNK {
                 return Ok(total);
@@ -813,8 +920,10 @@ impl Queue {
     }
 
     /// Claim and run jobs until `stop` is set (or, with `drain`, until no
-    /// job is ready or running). Each job gets a heartbeat thread; the
-    /// handler's `Ok` completes it, `Err(reason)` fails it.
+    /// job is ready or running). Every claimed job heartbeats in the
+    /// background from the moment it is claimed; a job whose claim is no
+    /// longer valid when its turn comes is skipped (counted as lost). The
+    /// handler's `Ok` completes a job, `Err(reason)` fails it.
     pub fn work(
         &self,
         opts: &WorkOptions,
@@ -839,16 +948,25 @@ impl Queue {
                 continue;
             }
             idle_ms = 1;
-            for job in jobs {
+            for job in &jobs {
                 job.heartbeat_in_background(|_| {})?;
-                let outcome = handler(&job);
-                let recorded = match outcome {
+            }
+            for job in &jobs {
+                if !job.is_valid() {
+                    report.lost += 1;
+                    continue;
+                }
+                let recorded = match handler(job) {
                     Ok(()) => job.complete().map(|()| &mut report.completed),
                     Err(reason) => job.fail(&reason).map(|_| &mut report.failed),
                 };
                 match recorded {
                     Ok(count) => *count += 1,
-                    Err(e) if e.is_lost() => report.lost += 1,
+                    Err(e)
+                        if e.is_lost() || e.is_ambiguous() || matches!(e, Error::Busy { .. }) =>
+                    {
+                        report.lost += 1
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -911,23 +1029,24 @@ impl ClaimedJob {
 
     /// Whether a heartbeat has seen a cancel request.
     pub fn cancel_requested(&self) -> bool {
-        lock(&self.life.state).cancel_requested
+        self.life.fork.is_origin() && lock(&self.life.state).cancel_requested
     }
 
-    fn target(&self) -> Target {
-        Target::Job {
-            id: self.job.id,
-            token: self.token,
+    /// The loss seen by a heartbeat, if any.
+    pub fn lost(&self) -> Option<LostReason> {
+        if !self.life.fork.is_origin() {
+            return None;
         }
+        lock(&self.life.state).lost
     }
 
     fn renew_fn(&self) -> RenewFn {
         let client = self.client.clone();
         let (id, token, lease_ms) = (self.job.id, self.token, self.lease_ms);
-        Box::new(move || {
+        Box::new(move |deadline| {
             let sent_at_ms = client.local_now_ms();
             let holder = client.inner.holder.id;
-            let reply = client.run("heartbeating", |tx| {
+            let reply = client.run_until(Some(deadline), |tx| {
                 core::job::heartbeat(tx, id, holder, token, lease_ms)
             })?;
             Ok(RenewOk {
@@ -943,8 +1062,9 @@ impl ClaimedJob {
 
     /// Extend the claim now. Returns whether a cancel was requested.
     pub fn heartbeat(&self) -> Result<bool> {
-        self.life.check_usable(|| self.target())?;
-        let outcome = (self.renew_fn())();
+        self.life.check_usable(false)?;
+        let deadline = lock(&self.life.state).local_deadline_ms;
+        let outcome = (self.renew_fn())(deadline);
         self.life.record(&outcome, self.client.local_now_ms());
         outcome.map(|ok| ok.cancel_requested)
     }
@@ -955,7 +1075,7 @@ impl ClaimedJob {
         &self,
         on_lost: impl FnOnce(Error) + Send + 'static,
     ) -> Result<()> {
-        self.life.check_usable(|| self.target())?;
+        self.life.check_usable(false)?;
         self.life.spawn_keep_alive(
             self.client.inner.clock.clone(),
             (self.lease_ms / 3).max(1),
@@ -966,10 +1086,10 @@ impl ClaimedJob {
     }
 
     fn settle<R>(&self, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
-        self.life.check_usable(|| self.target())?;
+        self.life.check_usable(true)?;
         self.life.finish();
         self.life.join();
-        self.client.run("settling", f)
+        self.client.run(f)
     }
 
     /// Mark the job done (Q2: only with the current, unexpired claim).

@@ -73,6 +73,21 @@ impl ForkGuard {
     }
 }
 
+impl ForkGuard {
+    /// Like [`ForkGuard::check`], with the pid comparison of
+    /// [`ForkGuard::is_origin_strict`]: for calls that release or settle.
+    pub fn check_strict(&self) -> Result<()> {
+        if self.is_origin_strict() {
+            Ok(())
+        } else {
+            Err(Error::Forked {
+                created_pid: self.pid,
+                current_pid: std::process::id(),
+            })
+        }
+    }
+}
+
 impl Default for ForkGuard {
     fn default() -> Self {
         Self::new()

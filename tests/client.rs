@@ -86,9 +86,21 @@ fn drop_releases_and_tokens_grow() {
     };
     let g = b.try_acquire("k", Duration::from_secs(10)).unwrap();
     assert!(g.token() > t1);
-    // Re-acquire by the same client is a renewal with the same token.
+    // A second guard of the same client does not share the grant: it is
+    // told the key is held (by us), and dropping it cannot free the key.
+    match b.try_acquire("k", Duration::from_secs(10)) {
+        Err(Error::Held { holders, .. }) => assert_eq!(holders[0].token, g.token()),
+        other => panic!("expected Held, got {other:?}"),
+    }
+    assert!(g.is_valid());
+    assert!(matches!(
+        a.try_acquire("k", Duration::from_secs(10)),
+        Err(Error::Held { .. })
+    ));
+    // Once released, the same client can acquire it again.
+    g.release().unwrap();
     let again = b.try_acquire("k", Duration::from_secs(10)).unwrap();
-    assert_eq!(again.token(), g.token());
+    assert!(again.token() > t1 + 1);
 }
 
 #[test]
@@ -174,6 +186,7 @@ fn blocking_acquire_waits_for_release() {
 }
 
 /// A store that fails transiently a given number of times, then works.
+/// (`Arc<Flaky>` is a store too, so tests can change the count later.)
 struct Flaky {
     inner: MemStore,
     failures_left: AtomicUsize,
@@ -196,6 +209,102 @@ impl Store for Flaky {
     fn describe(&self) -> String {
         "flaky".into()
     }
+}
+
+#[test]
+fn keep_alive_declares_loss_at_the_local_deadline_when_renewals_fail() {
+    // Every renewal fails transiently: the loss is reported at the local
+    // deadline, not after the busy timeout.
+    let flaky = Flaky {
+        inner: MemStore::new(),
+        failures_left: AtomicUsize::new(0),
+    };
+    let flaky = Arc::new(flaky);
+    let client = Client::builder_shared(flaky.clone())
+        .busy_timeout(Duration::from_secs(30))
+        .build();
+    let guard = client.try_acquire("k", Duration::from_millis(300)).unwrap();
+    flaky.failures_left.store(usize::MAX, Ordering::SeqCst);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    guard
+        .keep_alive(move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    let err = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("loss reported");
+    let waited = start.elapsed();
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LostReason::LocalDeadline,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(waited < Duration::from_secs(2), "reported after {waited:?}");
+    assert!(!guard.is_valid());
+    flaky.failures_left.store(0, Ordering::SeqCst);
+}
+
+#[test]
+fn on_lost_fires_once_even_when_a_manual_renew_sees_the_loss_first() {
+    let (store_clock, _local, store) = manual_pair();
+    let client = Client::builder_shared(store.clone()).build();
+    let guard = client.try_acquire("k", Duration::from_secs(60)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    guard
+        .keep_alive(move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    store_clock.advance(61_000);
+    let _other = Client::builder_shared(store)
+        .build()
+        .try_acquire("k", Duration::from_secs(60))
+        .unwrap();
+    assert!(guard.renew().unwrap_err().is_lost());
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    drop(guard);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn on_lost_may_drop_the_guard_and_panics_do_not_hang_release() {
+    let (store_clock, _local, store) = manual_pair();
+    let client = Client::builder_shared(store.clone()).build();
+    let slot: Arc<std::sync::Mutex<Option<leasehold::LeaseGuard>>> = Default::default();
+    let guard = client.try_acquire("k", Duration::from_millis(90)).unwrap();
+    let s = slot.clone();
+    guard
+        .keep_alive(move |_| {
+            // Dropping the guard from its own keep-alive thread must not
+            // deadlock (no self-join).
+            drop(s.lock().unwrap().take());
+        })
+        .unwrap();
+    *slot.lock().unwrap() = Some(guard);
+    store_clock.advance(10_000);
+    let start = Instant::now();
+    while slot.lock().unwrap().is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "on_lost never ran"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A panicking callback ends the thread; release still returns.
+    let g = client.try_acquire("k2", Duration::from_millis(90)).unwrap();
+    g.keep_alive(|_| panic!("callback panics")).unwrap();
+    store_clock.advance(10_000);
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = g.release();
 }
 
 #[test]
@@ -308,14 +417,16 @@ fn explicit_holder_can_renew_and_release_by_token() {
     let a = Client::builder_shared(store.clone())
         .holder(Holder::with_label(id, "cli").unwrap())
         .build();
-    let token = a
+    let (key, token) = a
         .try_acquire("k", Duration::from_secs(10))
-        .map(|g| {
-            let t = g.token();
-            std::mem::forget(g);
-            t
-        })
-        .unwrap();
+        .unwrap()
+        .detach();
+    assert_eq!(key, "k");
+    assert_eq!(
+        a.inspect("k").unwrap().holders.len(),
+        1,
+        "detach keeps the lease"
+    );
     // A second client with the same holder id (a later CLI call) can renew
     // and release by token; a different holder cannot.
     let b = Client::builder_shared(store.clone())

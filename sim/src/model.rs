@@ -46,8 +46,8 @@ pub enum Outcome {
         /// False when a live job with the unique key was returned.
         created: bool,
     },
-    /// Claimed jobs as (id, token, attempts), in claim order.
-    Claimed(Vec<(u64, u64, u32)>),
+    /// Claimed jobs as (id, token, attempts, lease_until), in claim order.
+    Claimed(Vec<(u64, u64, u32, u64)>),
     /// A heartbeat reply.
     Heartbeat {
         /// The new claim expiry.
@@ -59,6 +59,8 @@ pub enum Outcome {
     State(JobState),
     /// How many jobs were purged.
     Purged(usize),
+    /// A store error the model does not describe (the run reports it).
+    StoreError(String),
 }
 
 impl Outcome {
@@ -77,7 +79,7 @@ impl Outcome {
             Error::Invalid { field, .. } => Outcome::Invalid(field),
             Error::NotFound(_) => Outcome::NotFound,
             Error::InvalidState { state, .. } => Outcome::InvalidState(*state),
-            other => panic!("unexpected error in a model comparison: {other}"),
+            other => Outcome::StoreError(other.to_string()),
         }
     }
 
@@ -94,7 +96,10 @@ impl Outcome {
     pub fn claimed(jobs: &[leasehold::JobRecord]) -> Outcome {
         Outcome::Claimed(
             jobs.iter()
-                .map(|j| (j.id.0, j.claim.map_or(0, |c| c.token), j.attempts))
+                .map(|j| {
+                    let (token, until) = j.claim.map_or((0, 0), |c| (c.token, c.lease_until_ms));
+                    (j.id.0, token, j.attempts, until)
+                })
                 .collect(),
         )
     }
@@ -282,10 +287,10 @@ impl Model {
                 .iter_mut()
                 .find(|s| s.holder == holder && now < s.expires_at_ms)
             {
-                s.expires_at_ms = exp;
+                s.expires_at_ms = s.expires_at_ms.max(exp);
                 return Outcome::Grant {
                     token: s.token,
-                    expires_at_ms: exp,
+                    expires_at_ms: s.expires_at_ms,
                     renewed: true,
                 };
             }
@@ -342,10 +347,10 @@ impl Model {
                 .find(|s| s.holder == holder && s.token == token && now < s.expires_at_ms)
             {
                 Some(s) => {
-                    s.expires_at_ms = exp;
+                    s.expires_at_ms = s.expires_at_ms.max(exp);
                     Outcome::Grant {
                         token,
-                        expires_at_ms: exp,
+                        expires_at_ms: s.expires_at_ms,
                         renewed: true,
                     }
                 }
@@ -534,7 +539,7 @@ impl Model {
                 job.attempts += 1;
                 job.state = JobState::Running;
                 job.claim = Some((holder, job.last_token, until));
-                out.push((job.id, job.last_token, job.attempts));
+                out.push((job.id, job.last_token, job.attempts, until));
             }
             Outcome::Claimed(out)
         })();
@@ -567,6 +572,7 @@ impl Model {
             };
             match self.claimed(id, holder, token) {
                 Ok(job) => {
+                    let until = job.claim.map_or(until, |c| c.2.max(until));
                     job.claim = Some((holder, token, until));
                     Outcome::Heartbeat {
                         lease_until_ms: until,

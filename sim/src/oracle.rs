@@ -328,6 +328,10 @@ impl Oracle {
     ) -> Result<&mut Interval, Violation> {
         let current = self.claims.get(&id).and_then(|h| h.last());
         let detail = match current {
+            Some((tok, c)) if *tok == token && c.owner == owner && !c.live_at(t) => Some(format!(
+                "{what} of job {id} by p{}.{} with token {token} accepted at {t}, after its claim ended at {}",
+                owner.0, owner.1, c.end_ms
+            )),
             Some((tok, c)) if *tok == token && c.owner == owner => None,
             Some((tok, c)) => Some(format!(
                 "{what} of job {id} by p{}.{} with token {token} accepted, but the current claim is p{}.{}'s token {tok}",
@@ -349,6 +353,40 @@ impl Oracle {
                 detail: format!("{what} of never-claimed job {id} accepted"),
                 at_ms: t,
             }),
+        }
+    }
+
+    /// A worker's effect on the outside world while it believes its claim
+    /// valid (the job's side effect, before it completes): with clocks
+    /// within the bound it must fall inside the claim (L3 for jobs).
+    pub fn effect(&mut self, t: u64, id: u64, owner: Owner, token: u64) -> Check {
+        let current = self
+            .claims
+            .get(&id)
+            .and_then(|h| h.iter().rev().find(|(tok, _)| *tok == token));
+        match current {
+            Some((_, c)) if c.owner != owner => violation(
+                "L5",
+                t,
+                format!(
+                    "p{}.{} acted on job {id} with token {token}, claimed by p{}.{}",
+                    owner.0, owner.1, c.owner.0, c.owner.1
+                ),
+            ),
+            Some((_, c)) if self.strict_l3 && !c.live_at(t) => violation(
+                "L3",
+                t,
+                format!(
+                    "p{}.{} acted on job {id} with token {token} outside its claim [{}, {})",
+                    owner.0, owner.1, c.start_ms, c.end_ms
+                ),
+            ),
+            Some(_) => Ok(()),
+            None => violation(
+                "Q2",
+                t,
+                format!("effect on job {id} with never-granted token {token}"),
+            ),
         }
     }
 

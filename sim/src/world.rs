@@ -143,6 +143,7 @@ enum Ev {
     },
     Resume {
         p: usize,
+        pause: u64,
     },
     Heal,
 }
@@ -241,6 +242,11 @@ struct HeldJob {
     deadline_local: u64,
     work_end_local: u64,
     next_hb_local: u64,
+    /// Whether the handler fails (decided once, at claim).
+    will_fail: bool,
+    /// The worker has started settling: a retried complete or fail (after a
+    /// lost reply) neither redoes the side effect nor changes its mind.
+    settling: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -269,6 +275,8 @@ struct Proc {
     alive: bool,
     exited: bool,
     paused_until: Option<u64>,
+    /// Which pause is in force (a stale Resume must not end a later one).
+    pause_id: u64,
     deferred: Vec<Ev>,
     holder: HolderId,
     clock: LocalClock,
@@ -489,6 +497,7 @@ pub fn run_with(plan: &Plan, make: &StoreFactory) -> RunResult {
             alive: true,
             exited: false,
             paused_until: None,
+            pause_id: 0,
             deferred: Vec::new(),
             holder,
             clock: LocalClock {
@@ -682,7 +691,11 @@ impl Sim<'_> {
                 }
             }
             Ev::Restart { p } => self.restart(p),
-            Ev::Resume { p } => self.resume(p),
+            Ev::Resume { p, pause } => {
+                if self.procs[p].pause_id == pause {
+                    self.resume(p);
+                }
+            }
             Ev::Heal => self.heal(),
         }
     }
@@ -1089,7 +1102,7 @@ impl Sim<'_> {
             return;
         }
         let Some(front) = jobs.front().cloned() else {
-            if self.healing && self.queue_drained() {
+            if self.healing && self.producers_quiet() && self.queue_drained() {
                 self.exit(p);
             } else if local >= next_local {
                 self.send(p, Req::Claim { n: batch });
@@ -1100,9 +1113,27 @@ impl Sim<'_> {
         };
         if local >= front.deadline_local || local >= front.work_end_local {
             // Done, or the claim ran out locally: report it either way (the
-            // store refuses a stale outcome).
-            let fails = self.procs[p].rng.random_range(0..1_000_000) < self.plan.fail_ppm;
+            // store refuses a stale outcome). The job's side effect happens
+            // only while the claim is locally valid.
+            let fails = front.will_fail;
             let (job, token) = (front.id, front.token);
+            let forked_ok = !forked || self.plan.canary == Some(Canary::ForkReusesHandle);
+            if !fails && forked_ok && !front.settling && local < front.deadline_local {
+                let owner = self.owner(p);
+                let c = self.oracle.effect(self.now, job, owner, token);
+                self.note(Line::Note(format!(
+                    "p{p} performs job {job}'s effect with token {token}"
+                )));
+                if let Err(v) = c {
+                    self.fail(v);
+                    return;
+                }
+            }
+            if let RoleState::Worker { jobs, .. } = &mut self.procs[p].state {
+                if let Some(j) = jobs.iter_mut().find(|j| j.id == job) {
+                    j.settling = true;
+                }
+            }
             if fails {
                 self.send(p, Req::Fail { job, token });
             } else {
@@ -1135,6 +1166,17 @@ impl Sim<'_> {
         self.wake_at_local(p, next);
     }
 
+    /// Every producer has stopped and none of its pushes is still in the
+    /// network (a worker that left earlier would strand them).
+    fn producers_quiet(&self) -> bool {
+        let in_flight_bound = T0 + self.plan.duration_ms + 2 * self.plan.latency_ms.1 + 1;
+        self.now >= in_flight_bound
+            && self
+                .procs
+                .iter()
+                .all(|pr| !matches!(pr.state, RoleState::Producer { .. }) || pr.exited || !pr.alive)
+    }
+
     fn queue_drained(&mut self) -> bool {
         let policy = self.policy;
         self.clock.set(self.now);
@@ -1160,6 +1202,7 @@ impl Sim<'_> {
         let local = self.local(p);
         let (ttl, lease_ms, work_max) =
             (self.plan.ttl_ms, self.plan.lease_ms, self.plan.work_max_ms);
+        let fail_ppm = self.plan.fail_ppm;
         let drift = self.drift;
         let pr = &mut self.procs[p];
         let retry = matches!(rep, Rep::Transient | Rep::Unknown);
@@ -1231,13 +1274,15 @@ impl Sim<'_> {
             ) => match rep {
                 Rep::Done(Outcome::Claimed(claimed)) if !claimed.is_empty() => {
                     let deadline = core::local_deadline_ms(sent_local, lease_ms, drift);
-                    for (id, token, _attempts) in claimed {
+                    for (id, token, _attempts, _until) in claimed {
                         jobs.push_back(HeldJob {
                             id,
                             token,
                             deadline_local: deadline,
                             work_end_local: local + pr.rng.random_range(1..=work_max.max(1)),
                             next_hb_local: sent_local + lease_ms / 3,
+                            will_fail: pr.rng.random_range(0..1_000_000) < fail_ppm,
+                            settling: false,
                         });
                     }
                 }
@@ -1304,7 +1349,9 @@ impl Sim<'_> {
                     return;
                 }
                 pr.paused_until = Some(self.now + for_ms);
-                self.push(self.now + for_ms, Ev::Resume { p: proc });
+                pr.pause_id += 1;
+                let pause = pr.pause_id;
+                self.push(self.now + for_ms, Ev::Resume { p: proc, pause });
             }
             Fault::Fork { proc } => {
                 let parent = self.procs[proc].clone();

@@ -381,13 +381,7 @@ impl StateMachineTest for Sut {
                 max,
             } => flatten(
                 sut.run(|tx| core::job::claim(tx, QUEUES[queue], HolderId(holder), lease, max, &p))
-                    .map(|jobs| {
-                        Outcome::Claimed(
-                            jobs.iter()
-                                .map(|j| (j.id.0, j.claim.map_or(0, |c| c.token), j.attempts))
-                                .collect(),
-                        )
-                    }),
+                    .map(|jobs| Outcome::claimed(&jobs)),
             ),
             Step::Heartbeat {
                 job,

@@ -514,7 +514,10 @@ pub fn claim(
     let mut claimed = Vec::with_capacity(ids.len());
     for id in ids {
         let mut job = load(tx, id)?;
-        let token = job.last_token.saturating_add(1);
+        let token = job
+            .last_token
+            .checked_add(1)
+            .ok_or_else(|| Error::store(format!("claiming job {id}"), "token counter exhausted"))?;
         job.last_token = token;
         job.attempts = job.attempts.saturating_add(1);
         job.state = JobState::Running;
@@ -542,11 +545,12 @@ pub fn heartbeat(
     let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
     let mut job = load(tx, id)?;
     let mut claim = job.check_claim(holder, token, now_ms)?;
-    claim.lease_until_ms = lease_until_ms;
+    // Never shorten: the worker's earlier local deadline relies on it.
+    claim.lease_until_ms = claim.lease_until_ms.max(lease_until_ms);
     job.claim = Some(claim);
     tx.put_job(&job)?;
     Ok(HeartbeatReply {
-        lease_until_ms,
+        lease_until_ms: claim.lease_until_ms,
         cancel_requested: job.cancel_requested,
     })
 }

@@ -117,7 +117,8 @@ fn lost(key: &str, token: u64, reason: LostReason) -> Error {
 
 /// Try to acquire `key` for `holder` for `ttl_ms`, allowing up to `limit`
 /// holders at once. A holder that already holds the key gets its slot
-/// extended with the same token (no self-deadlock).
+/// extended (never shortened) with the same token (no self-deadlock, and a
+/// safe retry after an ambiguous commit).
 pub fn acquire(
     tx: &mut dyn Txn,
     key: &str,
@@ -138,11 +139,12 @@ pub fn acquire(
         .position(|s| s.holder.id == holder.id && s.is_live(now_ms))
     {
         let slot = &mut rec.slots[i];
-        slot.expires_at_ms = expires_at_ms;
+        // Never shorten: an earlier grant's holder may rely on its expiry.
+        slot.expires_at_ms = slot.expires_at_ms.max(expires_at_ms);
         slot.holder.label.clone_from(&holder.label);
         return Ok(Grant {
             token: slot.token,
-            expires_at_ms,
+            expires_at_ms: slot.expires_at_ms,
             granted_at_ms: now_ms,
             renewed: true,
         });
@@ -173,9 +175,9 @@ pub fn acquire(
     })
 }
 
-/// Extend the live slot named by `holder` and `token` to `now + ttl_ms`.
-/// An expired slot is not revived: the holder must acquire again and gets a
-/// new token.
+/// Extend the live slot named by `holder` and `token` to `now + ttl_ms`
+/// (never shortening it). An expired slot is not revived: the holder must
+/// acquire again and gets a new token.
 pub fn renew(
     tx: &mut dyn Txn,
     key: &str,
@@ -192,10 +194,12 @@ pub fn renew(
     let Some(i) = rec.position(holder, token, now_ms) else {
         return Err(lost(key, token, rec.lost_reason(holder, token, now_ms)));
     };
-    rec.slots[i].expires_at_ms = expires_at_ms;
+    // Never shorten: the holder's earlier local deadline relies on it.
+    let slot = &mut rec.slots[i];
+    slot.expires_at_ms = slot.expires_at_ms.max(expires_at_ms);
     Ok(Grant {
         token,
-        expires_at_ms,
+        expires_at_ms: slot.expires_at_ms,
         granted_at_ms: now_ms,
         renewed: true,
     })

@@ -238,6 +238,13 @@ pub fn lease_renew_and_reacquire(make: &Make) {
     assert!(again.renewed);
     assert_eq!(again.expires_at_ms, T0 + 320);
     assert_eq!(w.inspect("k").holders.len(), 1);
+    // A shorter TTL never shortens a live grant (its holder relies on it).
+    let short = w.renew("k", 1, g.token, 10).unwrap();
+    assert_eq!(short.expires_at_ms, T0 + 320);
+    let short = w.acquire("k", 1, 10, 1).unwrap();
+    assert_eq!((short.token, short.expires_at_ms), (g.token, T0 + 320));
+    w.at(T0 + 319);
+    assert!(matches!(w.acquire("k", 2, 10, 1), Err(Error::Held { .. })));
 }
 
 pub fn lease_identity_checks(make: &Make) {
@@ -462,6 +469,14 @@ pub fn job_heartbeat_extends_claim(make: &Make) {
     assert!(
         w.claim("q", 2, 100, 1).is_empty(),
         "still claimed after heartbeat"
+    );
+    let hb = w
+        .tx(|tx| core::job::heartbeat(tx, id, HolderId(1), token, 10))
+        .unwrap();
+    assert_eq!(
+        hb.lease_until_ms,
+        T0 + 199,
+        "a shorter lease never shortens"
     );
     w.at(T0 + 199);
     let r = w.tx(|tx| core::job::heartbeat(tx, id, HolderId(1), token, 100));
