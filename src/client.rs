@@ -16,7 +16,7 @@
 //! once. A renewal never revives a released lease: the store only extends a
 //! live slot named by holder and token, and release removes the slot.
 
-use crate::clock::{Clock, MonotonicClock};
+use crate::clock::{BootClock, Clock};
 use crate::core::{
     self, lease::LeaseInfo, DriftBound, EnqueueOutcome, Holder, HolderId, JobId, JobRecord,
     JobSpec, JobState, QueuePolicy, StateCounts,
@@ -80,7 +80,9 @@ impl ClientBuilder {
         self
     }
 
-    /// The clock for local deadlines (default: [`MonotonicClock`]).
+    /// The clock for local deadlines (default: [`BootClock`], which keeps
+    /// counting while the machine is suspended, so a suspended holder wakes
+    /// up knowing its lease ran out).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
@@ -117,9 +119,7 @@ impl ClientBuilder {
         Client {
             inner: Arc::new(ClientInner {
                 store: self.store,
-                clock: self
-                    .clock
-                    .unwrap_or_else(|| Arc::new(MonotonicClock::new())),
+                clock: self.clock.unwrap_or_else(|| Arc::new(BootClock)),
                 holder,
                 drift: self.drift,
                 policy,
@@ -356,6 +356,25 @@ impl Client {
     pub fn release(&self, key: &str, token: u64) -> Result<()> {
         let id = self.inner.holder.id;
         self.run(|tx| core::lease::release(tx, key, id, token))
+    }
+
+    /// One job by id, as of the store's clock.
+    pub fn job(&self, id: JobId) -> Result<JobRecord> {
+        let policy = self.inner.policy;
+        self.run(|tx| core::job::get(tx, id, &policy))
+    }
+
+    /// Cancel a job by id; returns its state afterwards (running means a
+    /// cancel was requested, seen by its worker at the next heartbeat).
+    pub fn cancel_job(&self, id: JobId) -> Result<JobState> {
+        let policy = self.inner.policy;
+        self.run(|tx| core::job::cancel(tx, id, &policy))
+    }
+
+    /// Make a dead or cancelled job ready again, by id.
+    pub fn retry_job(&self, id: JobId) -> Result<()> {
+        let policy = self.inner.policy;
+        self.run(|tx| core::job::retry(tx, id, &policy))
     }
 
     /// A handle on queue `name`.
@@ -883,23 +902,19 @@ impl Queue {
             .run(|tx| core::job::list(tx, &self.name, state, after, limit, &policy))
     }
 
-    /// One job by id (any queue).
+    /// One job by id (see [`Client::job`]).
     pub fn get(&self, id: JobId) -> Result<JobRecord> {
-        let policy = self.client.inner.policy;
-        self.client.run(|tx| core::job::get(tx, id, &policy))
+        self.client.job(id)
     }
 
-    /// Cancel a job; returns its state afterwards (running means a cancel
-    /// was requested).
+    /// Cancel a job (see [`Client::cancel_job`]).
     pub fn cancel(&self, id: JobId) -> Result<JobState> {
-        let policy = self.client.inner.policy;
-        self.client.run(|tx| core::job::cancel(tx, id, &policy))
+        self.client.cancel_job(id)
     }
 
-    /// Make a dead or cancelled job ready again.
+    /// Retry a dead or cancelled job (see [`Client::retry_job`]).
     pub fn retry(&self, id: JobId) -> Result<()> {
-        let policy = self.client.inner.policy;
-        self.client.run(|tx| core::job::retry(tx, id, &policy))
+        self.client.retry_job(id)
     }
 
     /// Delete terminal jobs that finished at least `older_than` ago.

@@ -44,6 +44,43 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// Open a store from a URL: `sqlite:PATH` (the default scheme), `mem:`
+/// (in-process, for tests). `file:DIR` and `postgres://` are reserved for
+/// the file and PostgreSQL stores and refused clearly until they exist.
+pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
+    use crate::error::Error;
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        #[cfg(feature = "sqlite")]
+        {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(Error::invalid(
+                    "store",
+                    "sqlite: needs a path, as in sqlite:leasehold.db",
+                ));
+            }
+            return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path)?));
+        }
+        #[cfg(not(feature = "sqlite"))]
+        {
+            let _ = path;
+            return Err(Error::invalid("store", "this build has no sqlite feature"));
+        }
+    }
+    if url == "mem:" {
+        return Ok(std::sync::Arc::new(MemStore::new()));
+    }
+    let scheme = url.split(':').next().unwrap_or("");
+    let reason = match scheme {
+        "file" => format!("{url:?}: the file store is not part of this build yet; use sqlite:PATH"),
+        "postgres" | "postgresql" => {
+            format!("{url:?}: the PostgreSQL store is not part of this build yet; use sqlite:PATH")
+        }
+        _ => format!("{url:?}: unknown store; expected sqlite:PATH (file:DIR and postgres://... are planned)"),
+    };
+    Err(Error::invalid("store", reason))
+}
+
 /// Typed convenience over [`Store::transact`].
 pub trait StoreExt: Store {
     /// Run `f` in one transaction and return its value.
