@@ -484,6 +484,16 @@ fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
     })
 }
 
+/// The indexed scans: ready (claim order), due, expired, finished. Each has
+/// its state as a literal so SQLite picks the matching partial index, whose
+/// order is exactly the ORDER BY. Parameters: queue, limit, bound.
+pub const SCAN_SQL: [&str; 4] = [
+    "SELECT id FROM jobs WHERE queue = ?1 AND state = 0 AND ?3 >= 0 ORDER BY priority DESC, run_at, id LIMIT ?2",
+    "SELECT id FROM jobs WHERE queue = ?1 AND state = 1 AND run_at <= ?3 ORDER BY run_at, id LIMIT ?2",
+    "SELECT id FROM jobs WHERE queue = ?1 AND state = 2 AND lease_until <= ?3 ORDER BY lease_until, id LIMIT ?2",
+    "SELECT id FROM jobs WHERE queue = ?1 AND state >= 3 AND finished_at <= ?3 ORDER BY finished_at, id LIMIT ?2",
+];
+
 /// A lease record read in this transaction, and its state when read.
 struct CachedLease {
     key: String,
@@ -713,22 +723,10 @@ impl Txn for SqlTxn<'_> {
         // The literal state in each WHERE lets SQLite use the partial index,
         // whose order is exactly the ORDER BY (no sort step).
         let (sql, bound) = match query {
-            JobQuery::Ready => (
-                "SELECT id FROM jobs WHERE queue = ?1 AND state = 0 AND ?3 >= 0 ORDER BY priority DESC, run_at, id LIMIT ?2",
-                0,
-            ),
-            JobQuery::Due { now_ms } => (
-                "SELECT id FROM jobs WHERE queue = ?1 AND state = 1 AND run_at <= ?3 ORDER BY run_at, id LIMIT ?2",
-                now_ms,
-            ),
-            JobQuery::Expired { now_ms } => (
-                "SELECT id FROM jobs WHERE queue = ?1 AND state = 2 AND lease_until <= ?3 ORDER BY lease_until, id LIMIT ?2",
-                now_ms,
-            ),
-            JobQuery::FinishedBy { cutoff_ms } => (
-                "SELECT id FROM jobs WHERE queue = ?1 AND state >= 3 AND finished_at <= ?3 ORDER BY finished_at, id LIMIT ?2",
-                cutoff_ms,
-            ),
+            JobQuery::Ready => (SCAN_SQL[0], 0),
+            JobQuery::Due { now_ms } => (SCAN_SQL[1], now_ms),
+            JobQuery::Expired { now_ms } => (SCAN_SQL[2], now_ms),
+            JobQuery::FinishedBy { cutoff_ms } => (SCAN_SQL[3], cutoff_ms),
         };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let fail = |e| sql_err(|| format!("scanning queue {queue:?}"), e);

@@ -1,0 +1,538 @@
+//! Real processes, real files: the `leasehold` binary against one SQLite
+//! database. Burst (8 processes x 2 threads claiming at the same instant),
+//! repeated SIGKILL of workers mid-job, `run` exit codes and mutual
+//! exclusion, and the CLI contract (JSON lines, exit codes 0/1/2/75/76).
+
+#![allow(clippy::disallowed_methods)] // real processes, real time
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "leasehold-cli-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    fn store(&self) -> String {
+        format!("sqlite:{}", self.0.join("test.db").display())
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("LEASEHOLD_STORE", self.store()).current_dir(&self.0);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{args:?} printed {text:?}: {e}"))
+    }
+
+    fn stats(&self, queue: &str) -> BTreeMap<String, u64> {
+        let v = self.json(&["queue", "stats", queue]);
+        v.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+            .collect()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+#[test]
+fn lock_contract_and_exit_codes() {
+    let d = Dir::new("lock");
+    let a = d.json(&[
+        "lock",
+        "acquire",
+        "nightly/etl",
+        "--ttl",
+        "30s",
+        "--label",
+        "etl-box",
+    ]);
+    let holder = a["holder"].as_str().unwrap().to_owned();
+    let token = a["token"].as_u64().unwrap();
+    assert_eq!(
+        (a["key"].as_str(), token, a["label"].as_str()),
+        (Some("nightly/etl"), 1, Some("etl-box"))
+    );
+
+    let held = d.run(&["lock", "acquire", "nightly/etl", "--ttl", "30s"]);
+    assert_eq!(code(&held), 75);
+    let v: serde_json::Value = serde_json::from_slice(&held.stdout).unwrap();
+    assert_eq!(v["holders"][0]["holder"].as_str(), Some(holder.as_str()));
+    assert!(v["holders"][0]["expires_in_ms"].as_u64().unwrap() > 20_000);
+    assert!(String::from_utf8_lossy(&held.stderr).contains("etl-box"));
+
+    let r = d.json(&[
+        "lock",
+        "renew",
+        "nightly/etl",
+        "--holder",
+        &holder,
+        "--token",
+        "1",
+        "--ttl",
+        "60s",
+    ]);
+    assert_eq!(r["token"].as_u64(), Some(1));
+    let stranger = "00000000-0000-4000-8000-000000000000";
+    let refused = d.run(&[
+        "lock",
+        "release",
+        "nightly/etl",
+        "--holder",
+        stranger,
+        "--token",
+        "1",
+    ]);
+    assert_eq!(code(&refused), 1);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not the holder"));
+    d.json(&[
+        "lock",
+        "release",
+        "nightly/etl",
+        "--holder",
+        &holder,
+        "--token",
+        "1",
+    ]);
+    let s = d.json(&["lock", "status", "nightly/etl"]);
+    assert_eq!(
+        (
+            s["last_token"].as_u64(),
+            s["holders"].as_array().unwrap().len()
+        ),
+        (Some(1), 0)
+    );
+    let again = d.json(&["lock", "acquire", "nightly/etl", "--ttl", "1s"]);
+    assert_eq!(
+        again["token"].as_u64(),
+        Some(2),
+        "tokens grow across release"
+    );
+
+    // Usage errors exit 2; bad input exits 1 naming the cause.
+    assert_eq!(code(&d.run(&["lock", "acquire", "k", "--ttl", "5"])), 2);
+    assert_eq!(code(&d.run(&["lock", "frobnicate"])), 2);
+    let zero = d.run(&["lock", "acquire", "k", "--ttl", "0s"]);
+    assert_eq!(code(&zero), 1);
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("ttl"));
+    let nul = d.run(&["lock", "acquire", "", "--ttl", "1s"]);
+    assert!(
+        String::from_utf8_lossy(&nul.stderr).contains("key"),
+        "{nul:?}"
+    );
+    let bad_store = d
+        .cmd()
+        .args(["lock", "status", "k"])
+        .env("LEASEHOLD_STORE", "redis://x")
+        .output()
+        .unwrap();
+    assert_eq!(code(&bad_store), 1);
+    assert!(String::from_utf8_lossy(&bad_store.stderr).contains("unknown store"));
+}
+
+#[test]
+fn queue_contract_push_work_retry_cancel_purge() {
+    let d = Dir::new("queue");
+    for (p, prio) in [("low", "0"), ("high", "5"), ("mid", "2")] {
+        d.json(&["queue", "push", "q", "--payload", p, "--priority", prio]);
+    }
+    let dup1 = d.json(&["queue", "push", "q", "--payload", "x", "--unique", "u1"]);
+    let dup2 = d.json(&["queue", "push", "q", "--payload", "x", "--unique", "u1"]);
+    assert_eq!(dup1["id"], dup2["id"]);
+    assert_eq!(dup2["created"].as_bool(), Some(false));
+    let mut stdin_push = d
+        .cmd()
+        .args(["queue", "push", "q", "--max-attempts", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    stdin_push
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"fail-me")
+        .unwrap();
+    assert!(stdin_push.wait_with_output().unwrap().status.success());
+    let delayed = d.json(&["queue", "push", "q", "--payload", "later", "--delay", "1h"]);
+    let s = d.stats("q");
+    assert_eq!((s["ready"], s["scheduled"]), (5, 1));
+
+    // The worker gets the payload on stdin and the job's identity in env.
+    let out = d.run(&[
+        "queue", "work", "q", "--drain", "--", "sh", "-c",
+        "p=$(cat); echo \"$p $LEASEHOLD_JOB_ID $LEASEHOLD_ATTEMPT $LEASEHOLD_TOKEN\" >> seen.txt; [ \"$p\" != fail-me ]",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5, "stdout holds only our JSON lines");
+    let seen = std::fs::read_to_string(d.0.join("seen.txt")).unwrap();
+    let order: Vec<&str> = seen.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(
+        order,
+        ["high", "mid", "low", "x", "fail-me"],
+        "priority, then FIFO"
+    );
+    assert!(
+        seen.lines().all(|l| l.ends_with(" 1 1")),
+        "attempt 1, token 1: {seen}"
+    );
+    let s = d.stats("q");
+    assert_eq!(
+        (s["done"], s["dead"], s["scheduled"], s["ready"]),
+        (4, 1, 1, 0)
+    );
+    let dead = d.json(&["queue", "list", "q", "--state", "dead"]);
+    assert_eq!(
+        dead["last_error"].as_str(),
+        Some("command exited with status 1")
+    );
+
+    let id = dead["id"].as_u64().unwrap().to_string();
+    assert_eq!(
+        d.json(&["queue", "retry", &id])["state"].as_str(),
+        Some("ready")
+    );
+    let cancel = d.json(&["queue", "cancel", &id]);
+    assert_eq!(cancel["state"].as_str(), Some("cancelled"));
+    let later = delayed["id"].as_u64().unwrap().to_string();
+    d.json(&["queue", "cancel", &later]);
+    let refused = d.run(&["queue", "cancel", &later]);
+    assert_eq!(code(&refused), 1);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("cancelled"));
+    let purged = d.json(&["queue", "purge", "q", "--older-than", "0s"]);
+    assert_eq!(purged["purged"].as_u64(), Some(6));
+    assert_eq!(d.stats("q").values().sum::<u64>(), 0);
+    assert_eq!(
+        code(&d.run(&["queue", "list", "q", "--state", "runing"])),
+        1
+    );
+}
+
+fn shell(d: &Dir) -> Command {
+    let mut c = Command::new("sh");
+    c.env("LEASEHOLD_STORE", d.store()).current_dir(&d.0);
+    c
+}
+
+#[test]
+fn burst_of_8_processes_with_2_threads_claims_each_job_once() {
+    let d = Dir::new("burst");
+    const JOBS: usize = 200;
+    for i in 0..JOBS {
+        d.json(&["queue", "push", "burst", "--payload", &i.to_string()]);
+    }
+    let workers: Vec<Child> = (0..8)
+        .map(|_| {
+            let quoted = format!(
+                "while [ ! -e go ]; do :; done; exec '{BIN}' queue work burst --drain --concurrency 2 -- sh -c 'echo \"$LEASEHOLD_JOB_ID $$\" >> claims.log'"
+            );
+            shell(&d).args(["-c", &quoted]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(d.0.join("go"), b"").unwrap();
+    let mut stderr = String::new();
+    for w in workers {
+        let out = w.wait_with_output().unwrap();
+        stderr += &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "worker failed: {stderr}");
+    }
+    assert!(
+        !stderr.contains("locked") && !stderr.contains("busy"),
+        "BUSY surfaced: {stderr}"
+    );
+    let log = std::fs::read_to_string(d.0.join("claims.log")).unwrap();
+    let mut runs = BTreeMap::<u64, usize>::new();
+    for line in log.lines() {
+        *runs
+            .entry(line.split(' ').next().unwrap().parse().unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(runs.len(), JOBS, "every job ran");
+    assert!(
+        runs.values().all(|&n| n == 1),
+        "a job ran twice: {:?}",
+        runs.iter().filter(|(_, &n)| n > 1).collect::<Vec<_>>()
+    );
+    let s = d.stats("burst");
+    assert_eq!((s["done"], s["running"], s["ready"]), (JOBS as u64, 0, 0));
+}
+
+#[test]
+fn workers_sigkilled_mid_job_again_and_again_lose_nothing() {
+    let d = Dir::new("kill");
+    const JOBS: usize = 30;
+    for i in 0..JOBS {
+        d.json(&[
+            "queue",
+            "push",
+            "k",
+            "--payload",
+            &i.to_string(),
+            "--max-attempts",
+            "20",
+        ]);
+    }
+    let spawn = || {
+        d.cmd()
+            .args([
+                "queue",
+                "work",
+                "k",
+                "--lease",
+                "400ms",
+                "--concurrency",
+                "2",
+                "--",
+                "sh",
+                "-c",
+                "sleep 0.1; echo \"$LEASEHOLD_JOB_ID\" >> done.log",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut workers: Vec<Child> = (0..3).map(|_| spawn()).collect();
+    let start = Instant::now();
+    let mut kills = 0;
+    while start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(150));
+        // SIGKILL the oldest worker (its running command dies with it) and
+        // start a fresh one.
+        let mut victim = workers.remove(0);
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+        kills += 1;
+        workers.push(spawn());
+        if kills >= 12 {
+            break;
+        }
+    }
+    // Let the survivors drain what is left (expired claims come back).
+    let drainer = d.run(&[
+        "queue",
+        "work",
+        "k",
+        "--drain",
+        "--lease",
+        "400ms",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$LEASEHOLD_JOB_ID\" >> done.log",
+    ]);
+    assert!(
+        drainer.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drainer.stderr)
+    );
+    for mut w in workers {
+        w.kill().unwrap();
+        w.wait().unwrap();
+    }
+    let s = d.stats("k");
+    assert_eq!(
+        (
+            s["done"],
+            s["running"],
+            s["ready"],
+            s["scheduled"],
+            s["dead"]
+        ),
+        (JOBS as u64, 0, 0, 0, 0),
+        "{s:?}"
+    );
+    let jobs: Vec<serde_json::Value> =
+        String::from_utf8(d.run(&["queue", "list", "k", "--limit", "1000"]).stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let expired: u64 = jobs.iter().map(|j| j["expiries"].as_u64().unwrap()).sum();
+    assert!(expired > 0, "no claim was cut by a kill ({kills} kills)");
+    assert!(jobs
+        .iter()
+        .all(|j| j["attempts"].as_u64().unwrap() == j["expiries"].as_u64().unwrap() + 1));
+}
+
+#[test]
+fn run_passes_status_token_and_excludes_others() {
+    let d = Dir::new("run");
+    let out = d.run(&[
+        "run",
+        "job",
+        "--ttl",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        "echo token=$LEASEHOLD_TOKEN; exit 7",
+    ]);
+    assert_eq!(code(&out), 7);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "token=1");
+    let killed = d.run(&[
+        "run",
+        "job",
+        "--ttl",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        "kill -TERM $$",
+    ]);
+    assert_eq!(code(&killed), 128 + 15);
+    // Held: exit 75 without running the command.
+    let holder = d
+        .cmd()
+        .args(["run", "job", "--ttl", "2s", "--", "sleep", "1"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = d.run(&["run", "job", "--ttl", "2s", "--", "touch", "ran"]);
+    assert_eq!(code(&refused), 75);
+    assert!(!d.0.join("ran").exists());
+    assert!(holder.wait_with_output().unwrap().status.success());
+    // Many concurrent runs: exactly one command at any moment.
+    let script = "n=$(cat count 2>/dev/null || echo 0); echo $((n+1)) > count; [ \"$n\" = 0 ] || echo overlap >> bad; sleep 0.05; echo 0 > count";
+    let runners: Vec<Child> = (0..6)
+        .map(|_| {
+            d.cmd()
+                .args([
+                    "run", "job", "--ttl", "1s", "--wait", "20s", "--", "sh", "-c", script,
+                ])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for r in runners {
+        assert!(r.wait_with_output().unwrap().status.success());
+    }
+    assert!(!d.0.join("bad").exists(), "two commands overlapped");
+    let s = d.json(&["lock", "status", "job"]);
+    assert!(s["last_token"].as_u64().unwrap() >= 9);
+}
+
+fn pgid_kill(pid: u32, sig: i32) {
+    // SAFETY: signalling a process group we created.
+    unsafe {
+        libc::kill(-(pid as i32), sig);
+    }
+}
+
+#[test]
+fn run_stopped_past_its_ttl_is_taken_over_and_exits_76() {
+    let d = Dir::new("stop");
+    let mut holder = d.cmd();
+    holder.args([
+        "run", "job", "--ttl", "600ms", "--grace", "200ms", "--", "sleep", "30",
+    ]);
+    holder.process_group(0);
+    use std::os::unix::process::CommandExt;
+    let mut holder = holder.stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    pgid_kill(holder.id(), libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(1200));
+    let taken = d.json(&["lock", "acquire", "job", "--ttl", "10s"]);
+    assert_eq!(
+        taken["token"].as_u64(),
+        Some(2),
+        "the stopped holder's lease expired"
+    );
+    pgid_kill(holder.id(), libc::SIGCONT);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = holder.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "holder did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(76));
+    let s = d.json(&["lock", "status", "job"]);
+    assert_eq!(
+        s["holders"][0]["token"].as_u64(),
+        Some(2),
+        "the new holder keeps the lease"
+    );
+}
+
+#[test]
+fn run_sigkilled_group_frees_the_lease_within_ttl() {
+    let d = Dir::new("sigkill");
+    use std::os::unix::process::CommandExt;
+    let mut holder = d.cmd();
+    holder
+        .args(["run", "job", "--ttl", "500ms", "--", "sleep", "30"])
+        .process_group(0);
+    let mut holder = holder.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    pgid_kill(holder.id(), libc::SIGKILL);
+    holder.wait().unwrap();
+    let start = Instant::now();
+    let got = d.run(&["lock", "acquire", "job", "--ttl", "5s", "--wait", "5s"]);
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(500 + 700),
+        "took {:?}",
+        start.elapsed()
+    );
+    let v: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!(v["token"].as_u64(), Some(2));
+}

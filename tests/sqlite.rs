@@ -1,0 +1,240 @@
+//! SQLite-specific behaviour: WAL in effect, claim scans served by their
+//! index in order (no sort), foreign/newer/corrupt files refused and left
+//! untouched, store time continuous across reboots, and a real fork.
+
+use leasehold::core::{self};
+use leasehold::store::sqlite::{network_fs, SCAN_SQL, SCHEMA_VERSION};
+use leasehold::{
+    Client, Error, Holder, HolderId, JobSpec, JobState, ManualClock, QueuePolicy, SqliteOptions,
+    SqliteStore, StoreExt,
+};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "leasehold-sqlite-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+    fn db(&self) -> PathBuf {
+        self.0.join("q.db")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn opts(clock: &ManualClock, boot: &str) -> SqliteOptions {
+    SqliteOptions {
+        clock: Some(Arc::new(clock.clone())),
+        boot_id: Some(boot.into()),
+        ..SqliteOptions::default()
+    }
+}
+
+fn open_err(path: &Path) -> String {
+    match SqliteStore::open(path) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(e) => {
+            assert!(matches!(e, Error::Store { .. }), "{e:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&path.display().to_string()),
+                "names the file: {text}"
+            );
+            text
+        }
+    }
+}
+
+#[test]
+fn wal_is_on_and_scans_use_their_index_in_order() {
+    let d = Dir::new("plan");
+    let store = SqliteStore::open(d.db()).unwrap();
+    let p = QueuePolicy::default();
+    store
+        .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("x"), &p))
+        .unwrap();
+    drop(store);
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let expected = [
+        "jobs_ready",
+        "jobs_scheduled",
+        "jobs_running",
+        "jobs_finished",
+    ];
+    for (sql, index) in SCAN_SQL.iter().zip(expected) {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let plan: Vec<String> = stmt
+            .query_map(rusqlite::params!["q", 10, 0], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let plan = plan.join(" | ");
+        assert!(plan.contains(index), "{sql}: {plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "{sql} sorts: {plan}");
+    }
+}
+
+#[test]
+fn foreign_newer_and_broken_files_are_refused_and_untouched() {
+    let d = Dir::new("refuse");
+    // Not a database at all.
+    let junk = d.0.join("junk.db");
+    std::fs::write(
+        &junk,
+        b"this is not a database, just some text that is long enough to matter".repeat(100),
+    )
+    .unwrap();
+    let before = std::fs::read(&junk).unwrap();
+    assert!(open_err(&junk).contains("not a SQLite database"));
+    assert_eq!(std::fs::read(&junk).unwrap(), before);
+    // Someone else's SQLite database.
+    let foreign = d.0.join("foreign.db");
+    rusqlite::Connection::open(&foreign)
+        .unwrap()
+        .execute_batch("CREATE TABLE accounts (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    let before = std::fs::read(&foreign).unwrap();
+    assert!(open_err(&foreign).contains("not a leasehold database"));
+    assert_eq!(std::fs::read(&foreign).unwrap(), before);
+    // Written by a newer leasehold.
+    let newer = d.db();
+    drop(SqliteStore::open(&newer).unwrap());
+    rusqlite::Connection::open(&newer)
+        .unwrap()
+        .execute_batch(&format!("PRAGMA user_version = {}", SCHEMA_VERSION + 1))
+        .unwrap();
+    let before = std::fs::read(&newer).unwrap();
+    let text = open_err(&newer);
+    assert!(text.contains("newer leasehold"), "{text}");
+    assert_eq!(std::fs::read(&newer).unwrap(), before);
+    // Truncated in the middle of its pages.
+    let broken = d.0.join("broken.db");
+    {
+        let store = SqliteStore::open(&broken).unwrap();
+        let p = QueuePolicy::default();
+        for i in 0..200 {
+            store
+                .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new(vec![i as u8; 300]), &p))
+                .unwrap();
+        }
+    }
+    let bytes = std::fs::read(&broken).unwrap();
+    std::fs::write(&broken, &bytes[..bytes.len() / 2]).unwrap();
+    let result = SqliteStore::open(&broken).and_then(|s| {
+        let p = QueuePolicy::default();
+        s.txn(|tx| core::job::list(tx, "q", None, leasehold::JobId(0), 1000, &p))
+            .map(|_| ())
+    });
+    let e = result.expect_err("a truncated database must not read back as fine");
+    assert!(
+        e.to_string().contains("corrupt") || e.to_string().contains("malformed"),
+        "{e}"
+    );
+    // A directory that does not exist.
+    let missing = d.0.join("no/such/dir/q.db");
+    assert!(open_err(&missing).contains("does not exist"));
+}
+
+#[test]
+fn store_time_continues_across_a_reboot() {
+    let d = Dir::new("reboot");
+    let clock = ManualClock::new(50_000_000);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "boot-a")).unwrap();
+    let h = Holder::new(HolderId(1));
+    let g = store
+        .txn(|tx| core::lease::acquire(tx, "k", &h, 10_000, 1))
+        .unwrap();
+    let before = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    drop(store);
+    // The machine reboots: its boot clock starts again near zero.
+    let clock = ManualClock::new(5);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "boot-b")).unwrap();
+    let after = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert!(
+        after > before,
+        "store time went back across the reboot: {before} -> {after}"
+    );
+    // The old holder died with the old boot; its lease runs out in store time.
+    let h2 = Holder::new(HolderId(2));
+    assert!(matches!(
+        store.txn(|tx| core::lease::acquire(tx, "k", &h2, 1000, 1)),
+        Err(Error::Held { .. })
+    ));
+    clock.advance(10_000);
+    let g2 = store
+        .txn(|tx| core::lease::acquire(tx, "k", &h2, 1000, 1))
+        .unwrap();
+    assert!(g2.token > g.token);
+    // Same boot, a second process: same timeline (no jump).
+    let again = SqliteStore::open_with(d.db(), opts(&clock, "boot-b")).unwrap();
+    let t = again.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert!(t >= after && t < after + 20_000, "{after} vs {t}");
+}
+
+#[test]
+fn the_local_disk_is_not_a_network_filesystem() {
+    assert_eq!(network_fs(&std::env::temp_dir()), None);
+}
+
+#[test]
+fn forked_child_gets_forked_and_leaves_the_parents_connection_alone() {
+    let d = Dir::new("fork");
+    let client = Client::new(SqliteStore::open(d.db()).unwrap());
+    let q = client.queue("q").unwrap();
+    q.push(&JobSpec::new("x")).unwrap();
+    let job = q.claim(Duration::from_secs(30)).unwrap().unwrap();
+    let store = client.store().clone();
+    // SAFETY: the child only calls leasehold on inherited memory and leaves
+    // with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let forked = |r: leasehold::Result<()>| matches!(r, Err(Error::Forked { .. }));
+        let mut code = 0;
+        if !forked(store.txn(|tx| Ok(tx.now_ms())).map(|_| ())) {
+            code = 10;
+        }
+        if code == 0 && !forked(job.complete()) {
+            code = 11;
+        }
+        if code == 0 && !forked(q.push(&JobSpec::new("y")).map(|_| ())) {
+            code = 12;
+        }
+        // Dropping everything in the child must not close the parent's
+        // connection or release its locks.
+        drop(job);
+        drop(q);
+        drop(store);
+        drop(client);
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status));
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
+    job.complete().unwrap();
+    assert_eq!(q.stats().unwrap().get(JobState::Done), 1);
+    q.push(&JobSpec::new("after")).unwrap();
+    assert_eq!(q.stats().unwrap().get(JobState::Ready), 1);
+}
