@@ -883,6 +883,39 @@ impl Queue {
             .collect())
     }
 
+    /// Complete many claimed jobs in one transaction (group commit: one
+    /// fsync for all). Each job's outcome is reported on its own: a lost
+    /// claim does not stop the others.
+    pub fn complete_many(&self, jobs: &[ClaimedJob]) -> Result<Vec<Result<()>>> {
+        self.client.inner.fork.check_strict()?;
+        let mut ready = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            ready.push(job.life.check_usable(true).map(|()| {
+                job.life.finish();
+                job.life.join();
+            }));
+        }
+        let holder = self.client.inner.holder.id;
+        self.client.run(|tx| {
+            Ok(jobs
+                .iter()
+                .zip(&ready)
+                .map(|(job, ok)| match ok {
+                    // A rule error decides before it writes, so the others
+                    // in the transaction are unaffected.
+                    Ok(()) => core::job::complete(tx, job.job.id, holder, job.token),
+                    Err(e) => Err(Error::Lost {
+                        target: job.life.target.clone(),
+                        reason: match e {
+                            Error::Lost { reason, .. } => *reason,
+                            _ => LostReason::StaleToken,
+                        },
+                    }),
+                })
+                .collect())
+        })
+    }
+
     /// Jobs per state.
     pub fn stats(&self) -> Result<StateCounts> {
         let policy = self.client.inner.policy;

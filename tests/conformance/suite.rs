@@ -780,6 +780,39 @@ pub fn job_list_pages_and_filters(make: &Make) {
     assert!(w.list("empty", None).is_empty());
 }
 
+pub fn job_time_driven_changes_are_complete_and_visible(make: &Make) {
+    let w = World::new(make);
+    // More due jobs than one maintenance chunk: all become ready at once.
+    for i in 0..600u32 {
+        let spec = JobSpec {
+            delay_ms: 10,
+            ..JobSpec::new(i.to_be_bytes().to_vec())
+        };
+        w.push("q", spec);
+    }
+    assert_eq!(w.stats("q"), counts(0, 600, 0, 0, 0, 0));
+    w.at(T0 + 10);
+    assert_eq!(w.stats("q"), counts(600, 0, 0, 0, 0, 0));
+    // A single job read after its run_at reads as ready, without a claim.
+    let id = w.push(
+        "r",
+        JobSpec {
+            delay_ms: 5,
+            ..JobSpec::new("x")
+        },
+    );
+    assert_eq!(w.get(id).state, JobState::Scheduled);
+    w.at(T0 + 15);
+    assert_eq!(w.get(id).state, JobState::Ready);
+    // run_at at the far edge (now + one year) is accepted.
+    let edge = JobSpec {
+        run_at_ms: Some(T0 + 15 + leasehold::core::MAX_TTL_MS),
+        ..JobSpec::new("edge")
+    };
+    let edge = w.push("r", edge);
+    assert_eq!(w.get(edge).state, JobState::Scheduled);
+}
+
 pub fn job_scans_are_ordered(make: &Make) {
     let w = World::new(make);
     for i in 0..300u32 {
@@ -817,7 +850,8 @@ macro_rules! conformance_cases {
             job_claim_order, job_priority_beats_earlier_run_at, job_lifecycle_complete,
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
-            job_purge, job_list_pages_and_filters, job_scans_are_ordered
+            job_purge, job_list_pages_and_filters, job_scans_are_ordered,
+            job_time_driven_changes_are_complete_and_visible
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
