@@ -82,9 +82,10 @@ fn wal_is_on_and_scans_use_their_index_in_order() {
         "jobs_finished",
     ];
     for (sql, index) in SCAN_SQL.iter().zip(expected) {
+        let sql = sql.replace("{queue}", "'q'").replace("{limit}", "10");
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         let plan: Vec<String> = stmt
-            .query_map(rusqlite::params!["q", 10, 0], |r| r.get::<_, String>(3))
+            .query_map([], |r| r.get::<_, String>(3))
             .unwrap()
             .map(Result::unwrap)
             .collect();

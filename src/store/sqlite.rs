@@ -90,9 +90,8 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0;
 CREATE INDEX jobs_scheduled ON jobs (queue, run_at, id) WHERE state = 1;
 CREATE INDEX jobs_running ON jobs (queue, lease_until, id) WHERE state = 2;
-CREATE INDEX jobs_finished ON jobs (queue, finished_at, id) WHERE state >= 3;
+CREATE INDEX jobs_finished ON jobs (queue, finished_at, id, state) WHERE state >= 3;
 CREATE INDEX jobs_unique ON jobs (queue, unique_key) WHERE state <= 2 AND unique_key IS NOT NULL;
-CREATE INDEX jobs_queue_state ON jobs (queue, state);
 INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 ";
 
@@ -144,6 +143,7 @@ pub struct SqliteStore {
     high_water_ms: AtomicU64,
     /// Highest store time known to be persisted in the database.
     persisted_ms: AtomicU64,
+    busy_timeout: Duration,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -181,6 +181,53 @@ fn sql_err(context: impl FnOnce() -> String, e: rusqlite::Error) -> Error {
         transient,
         ambiguous: false,
     }
+}
+
+/// `text` as an SQL string literal. Safe for any text: the only special
+/// character inside single quotes is the quote itself, which is doubled
+/// (queue names are also checked by the core: no NUL or control characters).
+pub fn sql_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+thread_local! {
+    /// When the current wait for SQLite's write lock began, and how long it
+    /// may last (set per transaction by the thread that holds the store).
+    static BUSY: std::cell::Cell<(Option<std::time::Instant>, Duration)> =
+        const { std::cell::Cell::new((None, Duration::from_secs(5))) };
+}
+
+/// SQLite's busy handler: short jittered sleeps (50 µs growing to 2 ms)
+/// instead of SQLite's default of 1 ms and up, so that processes sharing a
+/// database hand the write lock over quickly; gives up (SQLITE_BUSY, which
+/// the client retries up to its own deadline) after the store's busy timeout.
+// Real time is this adapter's business (clippy.toml keeps it out of the core).
+#[allow(clippy::disallowed_methods)]
+fn busy_wait(count: i32) -> bool {
+    BUSY.with(|b| {
+        let (start, limit) = b.get();
+        let now = std::time::Instant::now();
+        let start = match (count, start) {
+            (0, _) | (_, None) => now,
+            (_, Some(s)) => s,
+        };
+        b.set((Some(start), limit));
+        if now.duration_since(start) >= limit {
+            return false;
+        }
+        let step = u32::try_from(count.clamp(0, 24) / 4).unwrap_or(0);
+        let base_us = (50u64 << step).min(2000);
+        let seed = start.elapsed().as_nanos() as u64 ^ (count as u64).rotate_left(32);
+        let jitter = crate::core::mix64(seed) % (base_us / 2 + 1);
+        std::thread::sleep(Duration::from_micros(base_us / 2 + jitter));
+        true
+    })
+}
+
+/// Run a parameterless statement from the statement cache (BEGIN, COMMIT
+/// and ROLLBACK would otherwise be parsed again for every transaction).
+fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 fn i64_of(field: &'static str, v: u64) -> Result<i64> {
@@ -250,16 +297,18 @@ impl SqliteStore {
                 format!("{} is on {fs}, where SQLite's WAL locking is not safe across processes; use a local disk (or allow_network_fs at your own risk)", dir.display()),
             ));
         }
-        let conn = Connection::open_with_flags(
+        BUSY.with(|b| b.set((None, opts.busy_timeout)));
+        let mut conn = Connection::open_with_flags(
             &path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| sql_err(|| ctx("opening"), e))?;
-        conn.busy_timeout(opts.busy_timeout)
+        conn.busy_handler(Some(busy_wait))
             .map_err(|e| sql_err(|| ctx("configuring"), e))?;
-        conn.set_prepared_statement_cache_capacity(64);
+        // Room for the scans of many queues (one statement per queue each).
+        conn.set_prepared_statement_cache_capacity(256);
         Self::check_schema(&conn, &shown)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
@@ -292,6 +341,7 @@ impl SqliteStore {
             offset_ms,
             high_water_ms: AtomicU64::new(high_ms),
             persisted_ms: AtomicU64::new(high_ms),
+            busy_timeout: opts.busy_timeout,
         })
     }
 
@@ -486,12 +536,19 @@ fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
 
 /// The indexed scans: ready (claim order), due, expired, finished. Each has
 /// its state as a literal so SQLite picks the matching partial index, whose
-/// order is exactly the ORDER BY. Parameters: queue, limit, bound.
+/// order is exactly the ORDER BY, and streams rows in that order; the time
+/// bound is checked on each row (`bound` column) and reading stops at the
+/// first row past it. A bound parameter in the SQL would make SQLite (built
+/// with STAT4) re-prepare the statement on every call as `now` changes.
+/// `{queue}` is replaced by the queue as a literal ([`sql_quote`]) and
+/// `{limit}` by the limit: bound as parameters, either one makes SQLite
+/// re-prepare these statements on every execution (measured: a fifth of a
+/// claim's cost). The statement cache keeps one per queue and limit.
 pub const SCAN_SQL: [&str; 4] = [
-    "SELECT id FROM jobs WHERE queue = ?1 AND state = 0 AND ?3 >= 0 ORDER BY priority DESC, run_at, id LIMIT ?2",
-    "SELECT id FROM jobs WHERE queue = ?1 AND state = 1 AND run_at <= ?3 ORDER BY run_at, id LIMIT ?2",
-    "SELECT id FROM jobs WHERE queue = ?1 AND state = 2 AND lease_until <= ?3 ORDER BY lease_until, id LIMIT ?2",
-    "SELECT id FROM jobs WHERE queue = ?1 AND state >= 3 AND finished_at <= ?3 ORDER BY finished_at, id LIMIT ?2",
+    "SELECT id, 0 FROM jobs WHERE queue = {queue} AND state = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
+    "SELECT id, run_at FROM jobs WHERE queue = {queue} AND state = 1 ORDER BY run_at, id LIMIT {limit}",
+    "SELECT id, lease_until FROM jobs WHERE queue = {queue} AND state = 2 ORDER BY lease_until, id LIMIT {limit}",
+    "SELECT id, finished_at FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
 ];
 
 /// A lease record read in this transaction, and its state when read.
@@ -505,6 +562,9 @@ struct SqlTxn<'c> {
     conn: &'c Connection,
     now_ms: u64,
     leases: Vec<CachedLease>,
+    /// Jobs read in this transaction: writing one back updates only the
+    /// columns that can change (never the payload).
+    loaded: Vec<JobId>,
 }
 
 fn ctx_key(what: &str, key: &str) -> String {
@@ -593,6 +653,52 @@ impl SqlTxn<'_> {
     }
 }
 
+impl SqlTxn<'_> {
+    /// Write back a job read in this transaction: only what can change.
+    fn update_job(&mut self, job: &JobRecord) -> Result<()> {
+        let claim = job.claim;
+        let holder = claim.map(|c| holder_bytes(c.holder).to_vec());
+        let token = claim.map(|c| i64_of("token", c.token)).transpose()?;
+        let until = claim
+            .map(|c| i64_of("lease_until", c.lease_until_ms))
+            .transpose()?;
+        let finished = job
+            .finished_at_ms
+            .map(|f| i64_of("finished_at", f))
+            .transpose()?;
+        let (id, run_at) = (i64_of("id", job.id.0)?, i64_of("run_at", job.run_at_ms)?);
+        let last_token = i64_of("token", job.last_token)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET priority = ?2, run_at = ?3, max_attempts = ?4, attempts = ?5,
+                   expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
+                   claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
+                   last_error = ?13, finished_at = ?14
+                 WHERE id = ?1",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    id,
+                    job.priority,
+                    run_at,
+                    job.max_attempts,
+                    job.attempts,
+                    job.expiries,
+                    last_token,
+                    job.state as i64,
+                    holder,
+                    token,
+                    until,
+                    i64::from(job.cancel_requested),
+                    job.last_error.as_deref(),
+                    finished,
+                ])
+            })
+            .map(|_| ())
+            .map_err(|e| sql_err(|| format!("writing job {}", job.id), e))
+    }
+}
+
 impl Txn for SqlTxn<'_> {
     fn now_ms(&self) -> u64 {
         self.now_ms
@@ -634,13 +740,21 @@ impl Txn for SqlTxn<'_> {
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
         let key = i64_of("id", id.0)?;
-        self.conn
+        let job = self
+            .conn
             .prepare_cached(&sql)
             .and_then(|mut s| s.query_row([key], job_from_row).optional())
-            .map_err(|e| sql_err(|| format!("reading job {id}"), e))
+            .map_err(|e| sql_err(|| format!("reading job {id}"), e))?;
+        if job.is_some() && !self.loaded.contains(&id) {
+            self.loaded.push(id);
+        }
+        Ok(job)
     }
 
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
+        if self.loaded.contains(&job.id) {
+            return self.update_job(job);
+        }
         let claim = job.claim;
         let sql = format!(
             "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
@@ -723,34 +837,59 @@ impl Txn for SqlTxn<'_> {
         // The literal state in each WHERE lets SQLite use the partial index,
         // whose order is exactly the ORDER BY (no sort step).
         let (sql, bound) = match query {
-            JobQuery::Ready => (SCAN_SQL[0], 0),
+            JobQuery::Ready => (SCAN_SQL[0], u64::MAX),
             JobQuery::Due { now_ms } => (SCAN_SQL[1], now_ms),
             JobQuery::Expired { now_ms } => (SCAN_SQL[2], now_ms),
             JobQuery::FinishedBy { cutoff_ms } => (SCAN_SQL[3], cutoff_ms),
         };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let fail = |e| sql_err(|| format!("scanning queue {queue:?}"), e);
-        let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
-        let bound = i64::try_from(bound).unwrap_or(i64::MAX);
-        let rows = stmt
-            .query_map(params![queue, limit, bound], |r| r.get::<_, i64>(0))
-            .map_err(fail)?;
-        for id in rows {
-            out.push(JobId(u64_of(id.map_err(fail)?)));
+        // Literals, not parameters: see SCAN_SQL.
+        let sql = sql.replacen("{limit}", &limit.to_string(), 1).replacen(
+            "{queue}",
+            &sql_quote(queue),
+            1,
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
+        let mut rows = stmt.query([]).map_err(fail)?;
+        while let Some(row) = rows.next().map_err(fail)? {
+            let at: Option<i64> = row.get(1).map_err(fail)?;
+            if u64_of(at.unwrap_or(0)) > bound {
+                break;
+            }
+            out.push(JobId(u64_of(row.get(0).map_err(fail)?)));
         }
         Ok(())
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {
+        // Each count reads one partial index (no index is kept just for
+        // counting: every state change would have to update it).
+        const LIVE: [&str; 3] = [
+            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 0",
+            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 1",
+            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 2",
+        ];
         let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
+        let mut counts = StateCounts::default();
+        for (state, sql) in JobState::ALL.into_iter().zip(LIVE) {
+            let n: i64 = self
+                .conn
+                .prepare_cached(sql)
+                .and_then(|mut s| s.query_row([queue], |r| r.get(0)))
+                .map_err(fail)?;
+            counts.add(state, n);
+        }
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT state, count(*) FROM jobs WHERE queue = ?1 GROUP BY state")
+            .prepare_cached(
+                "SELECT state, count(*) FROM jobs INDEXED BY jobs_finished
+                 WHERE queue = ?1 AND state >= 3 GROUP BY state",
+            )
             .map_err(fail)?;
         let rows = stmt
             .query_map([queue], |r| Ok((state_of(r.get(0)?)?, r.get::<_, i64>(1)?)))
             .map_err(fail)?;
-        let mut counts = StateCounts::default();
         for row in rows {
             let (state, n) = row.map_err(fail)?;
             counts.add(state, n);
@@ -791,13 +930,14 @@ impl Store for SqliteStore {
             ));
         };
         let shown = || format!("beginning a transaction on {}", self.path.display());
-        conn.execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| sql_err(shown, e))?;
+        BUSY.with(|b| b.set((None, self.busy_timeout)));
+        exec_cached(conn, "BEGIN IMMEDIATE").map_err(|e| sql_err(shown, e))?;
         let now_ms = self.now_ms();
         let mut tx = SqlTxn {
             conn,
             now_ms,
             leases: Vec::new(),
+            loaded: Vec::new(),
         };
         let result = f(&mut tx).and_then(|()| tx.flush()).and_then(|()| {
             // Persist the clock's high water about once a second, so that a
@@ -816,14 +956,13 @@ impl Store for SqliteStore {
             Ok(())
         });
         match result {
-            Ok(()) => conn
-                .execute_batch("COMMIT")
+            Ok(()) => exec_cached(conn, "COMMIT")
                 .map_err(|e| sql_err(|| format!("committing to {}", self.path.display()), e))
                 .inspect_err(|_| {
-                    let _ = conn.execute_batch("ROLLBACK");
+                    let _ = exec_cached(conn, "ROLLBACK");
                 }),
             Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = exec_cached(conn, "ROLLBACK");
                 Err(e)
             }
         }

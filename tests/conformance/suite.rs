@@ -813,6 +813,34 @@ pub fn job_time_driven_changes_are_complete_and_visible(make: &Make) {
     assert_eq!(w.get(edge).state, JobState::Scheduled);
 }
 
+pub fn job_hostile_queue_names(make: &Make) {
+    let w = World::new(make);
+    let long = "q".repeat(leasehold::core::MAX_KEY_BYTES);
+    let names = [
+        "it's",
+        "'; DROP TABLE jobs; --",
+        "a\"b",
+        "../../etc",
+        "очередь",
+        "{queue}",
+        long.as_str(),
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let id = w.push(name, JobSpec::new(vec![i as u8]));
+        assert_eq!(w.stats(name), counts(1, 0, 0, 0, 0, 0), "{name:?}");
+        let job = w.claim_one(name, 1, 100);
+        assert_eq!((job.id, &*job.queue), (id, *name));
+        w.complete(&job, 1).unwrap();
+    }
+    for name in names {
+        assert_eq!(
+            w.stats(name),
+            counts(0, 0, 0, 1, 0, 0),
+            "queues stay apart: {name:?}"
+        );
+    }
+}
+
 pub fn job_scans_are_ordered(make: &Make) {
     let w = World::new(make);
     for i in 0..300u32 {
@@ -851,7 +879,7 @@ macro_rules! conformance_cases {
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
             job_purge, job_list_pages_and_filters, job_scans_are_ordered,
-            job_time_driven_changes_are_complete_and_visible
+            job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
