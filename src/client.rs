@@ -387,6 +387,24 @@ impl Client {
     }
 }
 
+/// Deliberately broken variants for the loom models to reject (compiled
+/// only under `--cfg loom`; see `tests/loom.rs`).
+#[cfg(loom)]
+pub mod loom_canary {
+    use std::cell::Cell;
+
+    std::thread_local! {
+        /// Release without waiting for the keep-alive thread, and renew by
+        /// re-acquiring: the naive keep-alive that revives released leases.
+        pub static NAIVE_KEEP_ALIVE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether the naive keep-alive is on (on this model's thread).
+    pub fn naive() -> bool {
+        NAIVE_KEEP_ALIVE.with(Cell::get)
+    }
+}
+
 /// Called once when a lease or claim is lost.
 type OnLost = Box<dyn FnOnce(Error) + Send>;
 
@@ -610,10 +628,7 @@ impl Lifeline {
                 let st = lock(&self.state);
                 let until = renew_at.min(st.local_deadline_ms);
                 let nap = Duration::from_millis(until.saturating_sub(now).max(1));
-                drop(match self.wake.wait_timeout(st, nap) {
-                    Ok((g, _)) => g,
-                    Err(p) => p.into_inner().0,
-                });
+                drop(crate::sync::nap(&self.wake, &self.state, st, nap));
             }
             let deadline = lock(&self.state).local_deadline_ms;
             let outcome = renew(deadline);
@@ -709,9 +724,20 @@ impl LeaseGuard {
         let client = self.client.clone();
         let key = self.key.clone();
         let (token, ttl_ms) = (self.token, self.ttl_ms);
+        #[cfg(loom)]
+        let naive = loom_canary::naive();
         Box::new(move |deadline| {
             let sent_at_ms = client.local_now_ms();
             let id = client.inner.holder.id;
+            #[cfg(loom)]
+            if naive {
+                let holder = client.inner.holder.clone();
+                client.run(|tx| core::lease::acquire(tx, &key, &holder, ttl_ms, 1))?;
+                return Ok(RenewOk {
+                    local_deadline_ms: deadline,
+                    cancel_requested: false,
+                });
+            }
             client.run_until(Some(deadline), |tx| {
                 core::lease::renew(tx, &key, id, token, ttl_ms)
             })?;
@@ -771,7 +797,13 @@ impl LeaseGuard {
         if !self.life.finish() {
             return Ok(());
         }
-        self.life.join();
+        #[cfg(loom)]
+        let skip_join = loom_canary::naive();
+        #[cfg(not(loom))]
+        let skip_join = false;
+        if !skip_join {
+            self.life.join();
+        }
         let id = self.client.inner.holder.id;
         let released = self
             .client

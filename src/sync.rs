@@ -41,3 +41,30 @@ pub fn sleep(duration: std::time::Duration) {
     #[cfg(not(loom))]
     thread::sleep(duration);
 }
+
+/// Wait on `condvar` (paired with `mutex`, whose guard is passed in) for at
+/// most `timeout`: a nap that a notify cuts short. Under loom, which has no
+/// time, a nap is a yield: the timeout may fire at any moment, which is what
+/// a model must allow for.
+pub fn nap<'a, T>(
+    condvar: &Condvar,
+    mutex: &'a Mutex<T>,
+    guard: MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    #[cfg(loom)]
+    {
+        let _ = (condvar, timeout);
+        drop(guard);
+        thread::yield_now();
+        lock(mutex)
+    }
+    #[cfg(not(loom))]
+    {
+        let _ = mutex;
+        match condvar.wait_timeout(guard, timeout) {
+            Ok((g, _)) => g,
+            Err(p) => p.into_inner().0,
+        }
+    }
+}

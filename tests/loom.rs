@@ -1,0 +1,313 @@
+//! loom models of everything leasehold's threads share. Run with
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom`.
+//!
+//! Each model runs against the real code and, beside it, a deliberately
+//! broken variant that loom must reject, so that every model can fail:
+//! - the mem store under concurrent acquire and claim: no double grant, no
+//!   double claim, distinct increasing tokens (broken: check-then-act split
+//!   across two transactions);
+//! - blocking acquire woken by release: no lost wake-up (broken: the epoch
+//!   is checked outside the lock, then the waiter sleeps);
+//! - the keep-alive thread racing release: after release no renewal revives
+//!   the lease and the thread always stops (broken: release that does not
+//!   wait for the thread, with a renewal that re-acquires);
+//! - a heartbeat racing complete: the claim is never revived.
+#![cfg(loom)]
+
+use leasehold::client::loom_canary;
+use leasehold::core::{self, Txn};
+use leasehold::store::StoreExt;
+use leasehold::{
+    Client, Error, Holder, HolderId, JobSpec, JobState, LeaseOptions, ManualClock, MemStore,
+    QueuePolicy, Store,
+};
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::{Condvar, Mutex};
+use loom::thread;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `true` if loom finds a failing interleaving of `model`.
+fn loom_rejects(model: impl Fn() + Sync + Send + 'static) -> bool {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let rejected = std::panic::catch_unwind(move || loom::model(model)).is_err();
+    std::panic::set_hook(hook);
+    rejected
+}
+
+fn mem() -> Arc<MemStore> {
+    Arc::new(MemStore::with_clock(Arc::new(ManualClock::new(1_000))))
+}
+
+// ------------------------------------------------------------ store models
+
+type Acquire = fn(&MemStore, u128) -> leasehold::Result<u64>;
+
+fn acquire_atomic(store: &MemStore, h: u128) -> leasehold::Result<u64> {
+    let holder = Holder::new(HolderId(h));
+    store
+        .txn(|tx| core::lease::acquire(tx, "k", &holder, 100, 1))
+        .map(|g| g.token)
+}
+
+/// Broken: look, then act in a second transaction.
+fn acquire_check_then_act(store: &MemStore, h: u128) -> leasehold::Result<u64> {
+    let holder = Holder::new(HolderId(h));
+    let free = store
+        .txn(|tx| core::lease::inspect(tx, "k"))?
+        .holders
+        .is_empty();
+    if !free {
+        return Err(Error::Held {
+            key: "k".into(),
+            holders: vec![],
+        });
+    }
+    store
+        .txn(|tx| core::lease::acquire(tx, "k", &holder, 100, 1024))
+        .map(|g| g.token)
+}
+
+fn grant_model(acquire: Acquire) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        let store = mem();
+        let handles: Vec<_> = (1..=2u128)
+            .map(|h| {
+                let store = store.clone();
+                thread::spawn(move || acquire(&store, h).ok())
+            })
+            .collect();
+        let tokens: Vec<u64> = handles
+            .into_iter()
+            .filter_map(|t| t.join().unwrap())
+            .collect();
+        assert_eq!(tokens.len(), 1, "L1: exactly one grant, got {tokens:?}");
+        let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+        assert_eq!(info.holders.len(), 1);
+        assert_eq!(info.last_token, tokens[0]);
+    }
+}
+
+#[test]
+fn store_grants_one_holder() {
+    loom::model(grant_model(acquire_atomic));
+}
+
+#[test]
+fn store_model_rejects_check_then_act() {
+    assert!(loom_rejects(grant_model(acquire_check_then_act)));
+}
+
+#[test]
+fn store_claims_each_job_once_with_increasing_tokens() {
+    loom::model(|| {
+        let store = mem();
+        let p = QueuePolicy::default();
+        store
+            .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("x"), &p))
+            .unwrap();
+        let handles: Vec<_> = (1..=2u128)
+            .map(|h| {
+                let store = store.clone();
+                thread::spawn(move || {
+                    store
+                        .txn(|tx| core::job::claim(tx, "q", HolderId(h), 100, 1, &p))
+                        .unwrap()
+                })
+            })
+            .collect();
+        let claimed: Vec<_> = handles
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        assert_eq!(claimed.len(), 1, "Q1: one claim");
+        assert_eq!(claimed[0].claim.unwrap().token, 1);
+        // Tokens across release: a third acquire after two sequential ones.
+        let a = acquire_atomic(&store, 7).unwrap();
+        store
+            .txn(|tx| core::lease::release(tx, "k", HolderId(7), a))
+            .unwrap();
+        assert!(acquire_atomic(&store, 8).unwrap() > a);
+    });
+}
+
+// ------------------------------------------------------------ wake-up model
+
+/// A minimal store-like waiter protocol with the epoch check in or outside
+/// the lock; the real one is `MemStore::wait_lease_epoch`.
+struct Epoch {
+    state: Mutex<(u64, bool)>,
+    cv: Condvar,
+    broken: bool,
+}
+
+impl Epoch {
+    fn release(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.0 += 1;
+        st.1 = false;
+        self.cv.notify_all();
+    }
+
+    fn wait_free(&self) {
+        let epoch = self.state.lock().unwrap().0;
+        if self.state.lock().unwrap().1 {
+            if self.broken {
+                // Broken: the check above and this wait are separate lock
+                // scopes; a release in between is missed.
+                let st = self.state.lock().unwrap();
+                drop(self.cv.wait(st).unwrap());
+            } else {
+                let mut st = self.state.lock().unwrap();
+                while st.0 == epoch {
+                    st = self.cv.wait(st).unwrap();
+                }
+            }
+        }
+    }
+}
+
+fn wakeup_model(broken: bool) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        let e = Arc::new(Epoch {
+            state: Mutex::new((0, true)),
+            cv: Condvar::new(),
+            broken,
+        });
+        let waiter = {
+            let e = e.clone();
+            thread::spawn(move || e.wait_free())
+        };
+        e.release();
+        waiter.join().unwrap();
+    }
+}
+
+#[test]
+fn wakeup_protocol_loses_no_wakeup() {
+    loom::model(wakeup_model(false));
+}
+
+#[test]
+fn wakeup_model_rejects_check_outside_the_lock() {
+    assert!(loom_rejects(wakeup_model(true)));
+}
+
+#[test]
+fn blocking_acquire_is_woken_by_release() {
+    loom::model(|| {
+        let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(ManualClock::new(1))));
+        let clock = ManualClock::new(0);
+        let a = Client::builder_shared(store.clone())
+            .clock(Arc::new(clock.clone()))
+            .build();
+        let b = Client::builder_shared(store)
+            .clock(Arc::new(clock))
+            .build();
+        let held = a.try_acquire("k", Duration::from_secs(60)).unwrap();
+        let waiter = thread::spawn(move || {
+            // The local clock never moves: only a release can end the wait.
+            let g = b
+                .acquire("k", LeaseOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(1)))
+                .unwrap();
+            let token = g.token();
+            g.detach();
+            token
+        });
+        held.release().unwrap();
+        assert_eq!(waiter.join().unwrap(), 2);
+    });
+}
+
+// ---------------------------------------------------------- keep-alive model
+
+fn keep_alive_model(naive: bool) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(naive));
+        let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(ManualClock::new(1))));
+        let local = ManualClock::new(0);
+        let client = Client::builder_shared(store.clone())
+            .clock(Arc::new(local.clone()))
+            .build();
+        let guard = client.try_acquire("k", Duration::from_millis(30)).unwrap();
+        let lost = Arc::new(AtomicU64::new(0));
+        let l = lost.clone();
+        guard
+            .keep_alive(move |_| {
+                l.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        // Time passes: a renewal is due, racing the release below.
+        local.advance(15);
+        guard.release().unwrap();
+        let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+        assert!(info.holders.is_empty(), "a renewal revived the released lease");
+        assert_eq!(lost.load(Ordering::SeqCst), 0, "release is not a loss");
+    }
+}
+
+#[test]
+fn keep_alive_never_revives_a_released_lease() {
+    loom::model(keep_alive_model(false));
+}
+
+#[test]
+fn keep_alive_model_rejects_the_naive_keep_alive() {
+    let rejected = loom_rejects(keep_alive_model(true));
+    loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(false));
+    assert!(rejected);
+}
+
+#[test]
+fn keep_alive_reports_a_loss_exactly_once() {
+    loom::model(|| {
+        let store_clock = ManualClock::new(1);
+        let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(store_clock.clone())));
+        let local = ManualClock::new(0);
+        let client = Client::builder_shared(store.clone())
+            .clock(Arc::new(local.clone()))
+            .build();
+        let guard = client.try_acquire("k", Duration::from_millis(30)).unwrap();
+        let lost = Arc::new(AtomicU64::new(0));
+        let l = lost.clone();
+        guard
+            .keep_alive(move |_| {
+                l.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        // The store's clock passes the TTL: the renewal is refused, while
+        // the holder also renews by hand.
+        store_clock.advance(100);
+        local.advance(15);
+        let _ = guard.renew();
+        drop(guard);
+        assert_eq!(lost.load(Ordering::SeqCst), 1, "reported exactly once");
+    });
+}
+
+// ------------------------------------------------------- heartbeat model
+
+#[test]
+fn heartbeat_racing_complete_never_revives_the_claim() {
+    loom::model(|| {
+        let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(ManualClock::new(1))));
+        let local = ManualClock::new(0);
+        let client = Client::builder_shared(store.clone())
+            .clock(Arc::new(local.clone()))
+            .build();
+        let q = client.queue("q").unwrap();
+        q.push(&JobSpec::new("x")).unwrap();
+        let job = q.claim(Duration::from_millis(30)).unwrap().unwrap();
+        job.heartbeat_in_background(|_| {}).unwrap();
+        local.advance(15);
+        job.complete().unwrap();
+        let p = QueuePolicy::default();
+        let rec = store
+            .txn(|tx| core::job::get(tx, job.id(), &p))
+            .unwrap();
+        assert_eq!(rec.state, JobState::Done);
+        assert!(rec.claim.is_none());
+        let _: &dyn Txn;
+    });
+}
