@@ -121,6 +121,7 @@ fn jobs(c: &mut Criterion) {
         })
     });
     let store = MemStore::new();
+    g.throughput(Throughput::Elements(64));
     g.bench_function("claim_batch64_complete", |b| {
         b.iter_custom(|iters| {
             for _ in 0..iters * 64 {

@@ -35,11 +35,14 @@ def load(bench_dir):
     est = json.loads((new / "estimates.json").read_text())
     meta = json.loads((new / "benchmark.json").read_text())
     sample = json.loads((new / "sample.json").read_text())
-    per_iter = [t / i for t, i in zip(sample["times"], sample["iters"]) if i]
+    # Criterion's times are per iteration; an iteration may carry several
+    # elements (a batch of 64 jobs): report per element.
+    elements = (meta.get("throughput") or {}).get("Elements", 1) or 1
+    per_iter = [t / i / elements for t, i in zip(sample["times"], sample["iters"]) if i]
     return {
         "group": meta["group_id"],
         "id": meta["full_id"].split("/", 1)[1] if "/" in meta["full_id"] else meta["full_id"],
-        "median_ns": est["median"]["point_estimate"],
+        "median_ns": est["median"]["point_estimate"] / elements,
         "min_ns": min(per_iter),
         "max_ns": max(per_iter),
     }

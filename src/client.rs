@@ -394,8 +394,10 @@ pub mod loom_canary {
     use std::cell::Cell;
 
     std::thread_local! {
-        /// Release without waiting for the keep-alive thread, and renew by
-        /// re-acquiring: the naive keep-alive that revives released leases.
+        /// Release (or settle) without waiting for the keep-alive thread;
+        /// renew a lease by re-acquiring it and heartbeat a job by reading
+        /// and writing it back in two transactions: the naive keep-alive
+        /// that revives released leases and completed claims.
         pub static NAIVE_KEEP_ALIVE: Cell<bool> = const { Cell::new(false) };
     }
 
@@ -1123,9 +1125,24 @@ impl ClaimedJob {
     fn renew_fn(&self) -> RenewFn {
         let client = self.client.clone();
         let (id, token, lease_ms) = (self.job.id, self.token, self.lease_ms);
+        #[cfg(loom)]
+        let naive = loom_canary::naive();
         Box::new(move |deadline| {
             let sent_at_ms = client.local_now_ms();
             let holder = client.inner.holder.id;
+            #[cfg(loom)]
+            if naive {
+                // Read, then write back in a second transaction: a lost update.
+                let mut job = client.run(|tx| core::job::get(tx, id, &QueuePolicy::default()))?;
+                if let Some(c) = job.claim.as_mut() {
+                    c.lease_until_ms += lease_ms;
+                }
+                client.run(|tx| tx.put_job(&job))?;
+                return Ok(RenewOk {
+                    local_deadline_ms: deadline,
+                    cancel_requested: false,
+                });
+            }
             let reply = client.run_until(Some(deadline), |tx| {
                 core::job::heartbeat(tx, id, holder, token, lease_ms)
             })?;
@@ -1168,7 +1185,13 @@ impl ClaimedJob {
     fn settle<R>(&self, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
         self.life.check_usable(true)?;
         self.life.finish();
-        self.life.join();
+        #[cfg(loom)]
+        let skip_join = loom_canary::naive();
+        #[cfg(not(loom))]
+        let skip_join = false;
+        if !skip_join {
+            self.life.join();
+        }
         self.client.run(f)
     }
 

@@ -15,7 +15,7 @@
 #![cfg(loom)]
 
 use leasehold::client::loom_canary;
-use leasehold::core::{self, Txn};
+use leasehold::core;
 use leasehold::store::StoreExt;
 use leasehold::{
     Client, Error, Holder, HolderId, JobSpec, JobState, LeaseOptions, ManualClock, MemStore,
@@ -27,11 +27,21 @@ use loom::thread;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Explore `model` with at least `preemptions` preemptions (more if
+/// LOOM_MAX_PREEMPTIONS asks for more).
+fn check(preemptions: usize, model: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    let bound = builder.preemption_bound.unwrap_or(0).max(preemptions);
+    builder.preemption_bound = Some(bound);
+    builder.check(model);
+}
+
 /// `true` if loom finds a failing interleaving of `model`.
-fn loom_rejects(model: impl Fn() + Sync + Send + 'static) -> bool {
+fn loom_rejects(preemptions: usize, model: impl Fn() + Sync + Send + 'static) -> bool {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let rejected = std::panic::catch_unwind(move || loom::model(model)).is_err();
+    let run = std::panic::AssertUnwindSafe(move || check(preemptions, model));
+    let rejected = std::panic::catch_unwind(run).is_err();
     std::panic::set_hook(hook);
     rejected
 }
@@ -96,7 +106,7 @@ fn store_grants_one_holder() {
 
 #[test]
 fn store_model_rejects_check_then_act() {
-    assert!(loom_rejects(grant_model(acquire_check_then_act)));
+    assert!(loom_rejects(2, grant_model(acquire_check_then_act)));
 }
 
 #[test]
@@ -191,7 +201,7 @@ fn wakeup_protocol_loses_no_wakeup() {
 
 #[test]
 fn wakeup_model_rejects_check_outside_the_lock() {
-    assert!(loom_rejects(wakeup_model(true)));
+    assert!(loom_rejects(2, wakeup_model(true)));
 }
 
 #[test]
@@ -202,14 +212,15 @@ fn blocking_acquire_is_woken_by_release() {
         let a = Client::builder_shared(store.clone())
             .clock(Arc::new(clock.clone()))
             .build();
-        let b = Client::builder_shared(store)
-            .clock(Arc::new(clock))
-            .build();
+        let b = Client::builder_shared(store).clock(Arc::new(clock)).build();
         let held = a.try_acquire("k", Duration::from_secs(60)).unwrap();
         let waiter = thread::spawn(move || {
             // The local clock never moves: only a release can end the wait.
             let g = b
-                .acquire("k", LeaseOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(1)))
+                .acquire(
+                    "k",
+                    LeaseOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(1)),
+                )
                 .unwrap();
             let token = g.token();
             g.detach();
@@ -242,19 +253,25 @@ fn keep_alive_model(naive: bool) -> impl Fn() + Sync + Send + 'static {
         local.advance(15);
         guard.release().unwrap();
         let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
-        assert!(info.holders.is_empty(), "a renewal revived the released lease");
+        assert!(
+            info.holders.is_empty(),
+            "a renewal revived the released lease"
+        );
         assert_eq!(lost.load(Ordering::SeqCst), 0, "release is not a loss");
     }
 }
 
+/// The revival needs three preemptions (start the thread, let it pass its
+/// check after the clock moves, stop it before its store call), so these
+/// two run with a bound of 3.
 #[test]
 fn keep_alive_never_revives_a_released_lease() {
-    loom::model(keep_alive_model(false));
+    check(3, keep_alive_model(false));
 }
 
 #[test]
 fn keep_alive_model_rejects_the_naive_keep_alive() {
-    let rejected = loom_rejects(keep_alive_model(true));
+    let rejected = loom_rejects(3, keep_alive_model(true));
     loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(false));
     assert!(rejected);
 }
@@ -288,9 +305,9 @@ fn keep_alive_reports_a_loss_exactly_once() {
 
 // ------------------------------------------------------- heartbeat model
 
-#[test]
-fn heartbeat_racing_complete_never_revives_the_claim() {
-    loom::model(|| {
+fn heartbeat_model(naive: bool) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(naive));
         let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(ManualClock::new(1))));
         let local = ManualClock::new(0);
         let client = Client::builder_shared(store.clone())
@@ -303,11 +320,20 @@ fn heartbeat_racing_complete_never_revives_the_claim() {
         local.advance(15);
         job.complete().unwrap();
         let p = QueuePolicy::default();
-        let rec = store
-            .txn(|tx| core::job::get(tx, job.id(), &p))
-            .unwrap();
-        assert_eq!(rec.state, JobState::Done);
+        let rec = store.txn(|tx| core::job::get(tx, job.id(), &p)).unwrap();
+        assert_eq!(rec.state, JobState::Done, "a heartbeat revived the claim");
         assert!(rec.claim.is_none());
-        let _: &dyn Txn;
-    });
+    }
+}
+
+#[test]
+fn heartbeat_racing_complete_never_revives_the_claim() {
+    check(3, heartbeat_model(false));
+}
+
+#[test]
+fn heartbeat_model_rejects_a_read_then_write_heartbeat() {
+    let rejected = loom_rejects(3, heartbeat_model(true));
+    loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(false));
+    assert!(rejected);
 }
