@@ -80,7 +80,7 @@ pub use core::{
     QueuePolicy, StateCounts,
 };
 pub use error::{Error, LostReason, Result, Target};
-pub use store::{MemStore, Store, StoreExt};
+pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteOptions, SqliteStore, Synchronous};
 

@@ -3,7 +3,8 @@
 //! untouched, store time continuous across reboots, and a real fork.
 
 use leasehold::core::{self};
-use leasehold::store::sqlite::{network_fs, SCAN_SQL, SCHEMA_VERSION};
+use leasehold::store::network_fs;
+use leasehold::store::sqlite::{SCAN_SQL, SCHEMA_VERSION};
 use leasehold::{
     Client, Error, Holder, HolderId, JobSpec, JobState, ManualClock, QueuePolicy, SqliteOptions,
     SqliteStore, StoreExt,

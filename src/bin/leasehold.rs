@@ -31,7 +31,7 @@ const EXIT_LOST: u8 = 76;
     about = "Expiring, fenced leases and a leased job queue"
 )]
 struct Cli {
-    /// Store URL: sqlite:PATH (file:DIR and postgres://... are planned).
+    /// Store URL: sqlite:PATH, or file:DIR (leases only; postgres://... is planned).
     #[arg(
         long,
         env = "LEASEHOLD_STORE",

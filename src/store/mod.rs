@@ -4,14 +4,17 @@
 //! all-or-nothing (S1). They never decide whether a lease is held or a job
 //! is claimable.
 
+pub mod file;
 pub mod mem;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 use crate::core::Txn;
 use crate::error::Result;
+use std::path::Path;
 use std::time::Duration;
 
+pub use file::{FileOptions, FileStore};
 pub use mem::MemStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
@@ -44,9 +47,9 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// Open a store from a URL: `sqlite:PATH` (the default scheme), `mem:`
-/// (in-process, for tests). `file:DIR` and `postgres://` are reserved for
-/// the file and PostgreSQL stores and refused clearly until they exist.
+/// Open a store from a URL: `sqlite:PATH` (the default scheme), `file:DIR`
+/// (leases only), `mem:` (in-process, for tests). `postgres://` is reserved
+/// for the PostgreSQL store and refused clearly until it exists.
 pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     use crate::error::Error;
     if let Some(path) = url.strip_prefix("sqlite:") {
@@ -70,15 +73,55 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     if url == "mem:" {
         return Ok(std::sync::Arc::new(MemStore::new()));
     }
+    if let Some(dir) = url.strip_prefix("file:") {
+        let dir = dir.strip_prefix("//").unwrap_or(dir);
+        if dir.is_empty() {
+            return Err(Error::invalid(
+                "store",
+                "file: needs a directory, as in file:/run/leasehold",
+            ));
+        }
+        return Ok(std::sync::Arc::new(file::FileStore::open(dir)?));
+    }
     let scheme = url.split(':').next().unwrap_or("");
     let reason = match scheme {
-        "file" => format!("{url:?}: the file store is not part of this build yet; use sqlite:PATH"),
         "postgres" | "postgresql" => {
             format!("{url:?}: the PostgreSQL store is not part of this build yet; use sqlite:PATH")
         }
-        _ => format!("{url:?}: unknown store; expected sqlite:PATH (file:DIR and postgres://... are planned)"),
+        _ => format!(
+            "{url:?}: unknown store; expected sqlite:PATH or file:DIR (postgres://... is planned)"
+        ),
     };
     Err(Error::invalid("store", reason))
+}
+
+/// Filesystem magic numbers (statfs `f_type`) of network and FUSE
+/// filesystems, where SQLite's WAL and `flock` are not safe between processes.
+const NETWORK_FS: &[(i64, &str)] = &[
+    (0x6969, "NFS"),
+    (0x517B, "SMB"),
+    (0xFF53_4D42, "CIFS"),
+    (0xFE53_4D42, "SMB2"),
+    (0x6573_5546, "FUSE"),
+    (0x0102_1997, "9P"),
+];
+
+/// The network filesystem `dir` is on, if any.
+pub fn network_fs(dir: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: zeroed statfs is a valid out-parameter; `c` is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    let kind = st.f_type as i64;
+    NETWORK_FS
+        .iter()
+        .find(|(magic, _)| *magic == kind)
+        .map(|&(_, name)| name)
 }
 
 /// Typed convenience over [`Store::transact`].

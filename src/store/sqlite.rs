@@ -238,33 +238,7 @@ fn u64_of(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-/// Filesystem magic numbers (statfs `f_type`) where SQLite's WAL is unsafe.
-const NETWORK_FS: &[(i64, &str)] = &[
-    (0x6969, "NFS"),
-    (0x517B, "SMB"),
-    (0xFF53_4D42, "CIFS"),
-    (0xFE53_4D42, "SMB2"),
-    (0x6573_5546, "FUSE"),
-    (0x0102_1997, "9P"),
-];
-
-/// The network filesystem `dir` is on, if any.
-pub fn network_fs(dir: &Path) -> Option<&'static str> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: zeroed statfs is a valid out-parameter; `c` is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: both pointers are valid for the call.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
-    let kind = st.f_type as i64;
-    NETWORK_FS
-        .iter()
-        .find(|(magic, _)| *magic == kind)
-        .map(|&(_, name)| name)
-}
+pub use crate::store::network_fs;
 
 fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {

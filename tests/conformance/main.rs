@@ -67,3 +67,35 @@ mod sqlite {
         Arc::new(Kept(store, dir))
     });
 }
+
+mod file {
+    use super::TempDir;
+    use leasehold::{FileOptions, FileStore, ManualClock, Store};
+    use std::sync::Arc;
+
+    struct Kept(FileStore, #[allow(dead_code)] TempDir);
+
+    impl Store for Kept {
+        fn transact(
+            &self,
+            f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
+        ) -> leasehold::Result<()> {
+            self.0.transact(f)
+        }
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+    }
+
+    conformance_lease_cases!(|clock: &ManualClock| -> Arc<dyn Store> {
+        let dir = TempDir::new("conformance-file");
+        let opts = FileOptions {
+            clock: Some(Arc::new(clock.clone())),
+            boot_id: Some("test-boot".into()),
+            durable: false,
+            ..FileOptions::default()
+        };
+        let store = FileStore::open_with(dir.0.join("leases"), opts).unwrap();
+        Arc::new(Kept(store, dir))
+    });
+}

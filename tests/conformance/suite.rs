@@ -352,6 +352,25 @@ pub fn txn_rolls_back_on_error(make: &Make) {
     assert!(next > JobId(1));
 }
 
+pub fn txn_lease_rolls_back_on_error(make: &Make) {
+    let w = World::new(make);
+    let g = w.acquire("kept", 1, 1000, 1).unwrap();
+    let before = w.snapshot(&["kept", "k"], &[]);
+    let holder = holder(2);
+    let result: leasehold::Result<()> = w.tx(|tx| {
+        core::lease::acquire(tx, "k", &holder, 1000, 1)?;
+        core::lease::release(tx, "kept", HolderId(1), g.token)?;
+        Err(Error::transient("testing", "injected failure after writes"))
+    });
+    assert!(result.unwrap_err().is_transient());
+    assert_eq!(w.snapshot(&["kept", "k"], &[]), before, "S1: nothing kept");
+    assert_eq!(
+        w.acquire("k", 3, 10, 1).unwrap().token,
+        1,
+        "the token was not spent"
+    );
+}
+
 pub fn store_clock_never_goes_back(make: &Make) {
     let w = World::new(make);
     let first = w.tx(|tx| Ok(tx.now_ms())).unwrap();
@@ -867,14 +886,25 @@ pub fn job_scans_are_ordered(make: &Make) {
     assert_eq!(claimed, ids);
 }
 
-/// Generates one `#[test]` per case for a store factory.
+/// Generates one `#[test]` per lease case for a store factory.
 #[macro_export]
-macro_rules! conformance_cases {
+macro_rules! conformance_lease_cases {
     ($make:expr) => {
         $crate::conformance_cases!(@cases $make;
             lease_exclusive_then_released, lease_expiry_boundary, lease_renew_and_reacquire,
             lease_identity_checks, lease_counting, lease_inspect_creates_nothing,
-            lease_hostile_keys, txn_rolls_back_on_error, store_clock_never_goes_back,
+            lease_hostile_keys, txn_lease_rolls_back_on_error, store_clock_never_goes_back
+        );
+    };
+}
+
+/// Generates one `#[test]` per case (leases and jobs) for a store factory.
+#[macro_export]
+macro_rules! conformance_cases {
+    ($make:expr) => {
+        $crate::conformance_lease_cases!($make);
+        $crate::conformance_cases!(@cases $make;
+            txn_rolls_back_on_error,
             job_claim_order, job_priority_beats_earlier_run_at, job_lifecycle_complete,
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,

@@ -1,0 +1,222 @@
+//! File-store specifics: keys never escape the directory, corrupt and
+//! truncated records are reported (naming the file) and left alone, crash
+//! leftovers are cleaned, store time survives a reboot, jobs are refused
+//! clearly, and a forked child cannot use the store.
+
+use leasehold::core;
+use leasehold::store::file::encode_key;
+use leasehold::{
+    Client, Error, FileOptions, FileStore, Holder, HolderId, JobSpec, ManualClock, StoreExt,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "leasehold-file-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        Dir(d)
+    }
+    fn leases(&self) -> PathBuf {
+        self.0.join("leases")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn opts(clock: &ManualClock, boot: &str) -> FileOptions {
+    FileOptions {
+        clock: Some(Arc::new(clock.clone())),
+        boot_id: Some(boot.into()),
+        ..FileOptions::default()
+    }
+}
+
+fn acquire(store: &FileStore, key: &str, h: u128, ttl: u64) -> leasehold::Result<u64> {
+    let holder = Holder::new(HolderId(h));
+    store
+        .txn(|tx| core::lease::acquire(tx, key, &holder, ttl, 1))
+        .map(|g| g.token)
+}
+
+#[test]
+fn hostile_keys_stay_inside_the_directory() {
+    let d = Dir::new("keys");
+    let store = FileStore::open(d.leases()).unwrap();
+    let long = "k/".repeat(500);
+    let keys = [
+        "../x",
+        "/etc/passwd",
+        "a/b/../../c",
+        ".",
+        "..",
+        "ключ 🔒",
+        "%2F",
+        long.as_str(),
+    ];
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(
+            acquire(&store, key, i as u128 + 1, 10_000).unwrap(),
+            1,
+            "{key:?}"
+        );
+    }
+    // Everything written is a plain file directly in the directory.
+    for entry in std::fs::read_dir(d.leases()).unwrap() {
+        let entry = entry.unwrap();
+        assert!(entry.file_type().unwrap().is_file(), "{:?}", entry.path());
+        let name = entry.file_name().into_string().unwrap();
+        assert!(!name.contains('/') && name.len() < 255, "{name}");
+    }
+    assert!(!d.0.join("x.lease").exists() && !d.0.join("x").exists());
+    // Distinct keys, distinct files, even past the length cut.
+    let a = format!("{long}a");
+    let b = format!("{long}b");
+    assert_ne!(encode_key(&a), encode_key(&b));
+    assert_eq!(encode_key("%2F"), "%252F");
+    assert_ne!(encode_key("/"), encode_key("%2F"));
+}
+
+#[test]
+fn corrupt_and_truncated_records_are_reported_and_left_alone() {
+    let d = Dir::new("corrupt");
+    let store = FileStore::open(d.leases()).unwrap();
+    acquire(&store, "k", 1, 10_000).unwrap();
+    let path = store.record_path("k");
+    let good = std::fs::read(&path).unwrap();
+    for bad in [
+        good[..good.len() / 2].to_vec(),
+        Vec::new(),
+        good.iter()
+            .map(|&b| if b == b'1' { b'2' } else { b })
+            .collect(),
+        b"\0\0\0\0garbage".to_vec(),
+    ] {
+        std::fs::write(&path, &bad).unwrap();
+        let e = acquire(&store, "k", 2, 10_000).unwrap_err();
+        assert!(matches!(e, Error::Store { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&path.display().to_string()),
+            "names the file: {text}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), bad, "left as it was");
+    }
+    std::fs::write(&path, &good).unwrap();
+    assert!(matches!(
+        acquire(&store, "k", 2, 10_000),
+        Err(Error::Held { .. })
+    ));
+}
+
+#[test]
+fn crash_leftovers_are_removed_and_jobs_are_refused() {
+    let d = Dir::new("temps");
+    let store = FileStore::open(d.leases()).unwrap();
+    let stale = d.leases().join(format!("{}.tmp.99999.7", encode_key("k")));
+    std::fs::write(&stale, b"half a record").unwrap();
+    acquire(&store, "k", 1, 10_000).unwrap();
+    assert!(
+        !stale.exists(),
+        "a crashed writer's temp file is cleaned up"
+    );
+    let client = Client::new(FileStore::open(d.leases()).unwrap());
+    let e = client
+        .queue("q")
+        .unwrap()
+        .push(&JobSpec::new("x"))
+        .unwrap_err();
+    assert!(e.to_string().contains("leases only"), "{e}");
+}
+
+#[test]
+fn store_time_continues_across_a_reboot_and_tokens_survive() {
+    let d = Dir::new("reboot");
+    let clock = ManualClock::new(90_000_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "boot-a")).unwrap();
+    assert_eq!(acquire(&store, "k", 1, 5_000).unwrap(), 1);
+    clock.advance(2_000);
+    acquire(&store, "other", 1, 5_000).unwrap();
+    drop(store);
+    let clock = ManualClock::new(3);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "boot-b")).unwrap();
+    assert!(matches!(
+        acquire(&store, "k", 2, 100),
+        Err(Error::Held { .. })
+    ));
+    clock.advance(5_000);
+    assert_eq!(
+        acquire(&store, "k", 2, 100).unwrap(),
+        2,
+        "the counter survived"
+    );
+}
+
+#[test]
+fn non_durable_mode_works_the_same() {
+    let d = Dir::new("fast");
+    let store = FileStore::open_with(
+        d.leases(),
+        FileOptions {
+            durable: false,
+            ..FileOptions::default()
+        },
+    )
+    .unwrap();
+    let client = Client::new(store);
+    let g = client.try_acquire("k", Duration::from_secs(5)).unwrap();
+    assert_eq!(g.token(), 1);
+    g.release().unwrap();
+    assert_eq!(
+        client
+            .try_acquire("k", Duration::from_secs(5))
+            .unwrap()
+            .token(),
+        2
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_directory_is_refused() {
+    let d = Dir::new("notdir");
+    std::fs::create_dir_all(&d.0).unwrap();
+    let file = d.0.join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let e = FileStore::open(&file).unwrap_err();
+    assert!(e.to_string().contains("plain"), "{e}");
+}
+
+#[test]
+fn forked_child_cannot_use_the_store() {
+    let d = Dir::new("fork");
+    let client = Client::new(FileStore::open(d.leases()).unwrap());
+    let guard = client.try_acquire("k", Duration::from_secs(30)).unwrap();
+    // SAFETY: the child only calls leasehold on inherited memory, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let ok = matches!(guard.renew(), Err(Error::Forked { .. }))
+            && matches!(client.inspect("k"), Err(Error::Forked { .. }));
+        drop(guard);
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(libc::WEXITSTATUS(status), 0);
+    assert_eq!(client.inspect("k").unwrap().holders[0].token, guard.token());
+    guard.release().unwrap();
+}
