@@ -12,9 +12,16 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
-struct Dir(PathBuf);
+struct Dir(PathBuf, bool);
 
 impl Dir {
+    /// A directory whose store is `file:DIR/leases` instead of SQLite.
+    fn new_file(tag: &str) -> Dir {
+        let mut d = Dir::new(tag);
+        d.1 = true;
+        d
+    }
+
     fn new(tag: &str) -> Dir {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
@@ -25,11 +32,15 @@ impl Dir {
         ));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
+        Dir(d, false)
     }
 
     fn store(&self) -> String {
-        format!("sqlite:{}", self.0.join("test.db").display())
+        if self.1 {
+            format!("file:{}", self.0.join("leases").display())
+        } else {
+            format!("sqlite:{}", self.0.join("test.db").display())
+        }
     }
 
     fn cmd(&self) -> Command {
@@ -407,7 +418,15 @@ fn workers_sigkilled_mid_job_again_and_again_lose_nothing() {
 
 #[test]
 fn run_passes_status_token_and_excludes_others() {
-    let d = Dir::new("run");
+    run_contract(Dir::new("run"));
+}
+
+#[test]
+fn run_on_the_file_store_passes_status_token_and_excludes_others() {
+    run_contract(Dir::new_file("run"));
+}
+
+fn run_contract(d: Dir) {
     let out = d.run(&[
         "run",
         "job",
@@ -471,7 +490,15 @@ fn pgid_kill(pid: u32, sig: i32) {
 
 #[test]
 fn run_stopped_past_its_ttl_is_taken_over_and_exits_76() {
-    let d = Dir::new("stop");
+    stopped_run(Dir::new("stop"));
+}
+
+#[test]
+fn run_on_the_file_store_stopped_past_its_ttl_exits_76() {
+    stopped_run(Dir::new_file("stop"));
+}
+
+fn stopped_run(d: Dir) {
     let mut holder = d.cmd();
     holder.args([
         "run", "job", "--ttl", "600ms", "--grace", "200ms", "--", "sleep", "30",
@@ -511,7 +538,15 @@ fn run_stopped_past_its_ttl_is_taken_over_and_exits_76() {
 
 #[test]
 fn run_sigkilled_group_frees_the_lease_within_ttl() {
-    let d = Dir::new("sigkill");
+    killed_run(Dir::new("sigkill"));
+}
+
+#[test]
+fn run_on_the_file_store_sigkilled_frees_the_lease_within_ttl() {
+    killed_run(Dir::new_file("sigkill"));
+}
+
+fn killed_run(d: Dir) {
     use std::os::unix::process::CommandExt;
     let mut holder = d.cmd();
     holder
@@ -535,4 +570,43 @@ fn run_sigkilled_group_frees_the_lease_within_ttl() {
     );
     let v: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
     assert_eq!(v["token"].as_u64(), Some(2));
+}
+
+#[test]
+fn file_store_refuses_queues_and_keeps_keys_inside_its_directory() {
+    let d = Dir::new_file("filebad");
+    let out = d.run(&["queue", "push", "q", "--payload", "x"]);
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("leases only"));
+    for key in ["../escape", "/etc/passwd", "a/../../b"] {
+        let v = d.json(&["lock", "acquire", key, "--ttl", "5s"]);
+        assert_eq!(v["token"].as_u64(), Some(1));
+    }
+    let outside: Vec<_> = std::fs::read_dir(&d.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        outside,
+        ["leases"],
+        "nothing written outside the store's directory"
+    );
+    // A corrupt record: a clear error naming the file, and nothing rewritten.
+    let rec = std::fs::read_dir(d.0.join("leases"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "lease"))
+        .unwrap();
+    std::fs::write(&rec, b"leasehold-lease v1\ntruncat").unwrap();
+    let key = ["../escape", "/etc/passwd", "a/../../b"]
+        .into_iter()
+        .find(|k| {
+            rec.to_string_lossy()
+                .contains(&leasehold::store::file::encode_key(k))
+        })
+        .unwrap();
+    let out = d.run(&["lock", "status", key]);
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&rec.display().to_string()));
+    assert_eq!(std::fs::read(&rec).unwrap(), b"leasehold-lease v1\ntruncat");
 }

@@ -14,9 +14,10 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--store mem|sqlite] [--trace] [--shrink] [--canary NAME|all]
+const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--store mem|sqlite|file] [--trace] [--shrink] [--canary NAME|all]
 scenarios: leases, queue, mixed, clock-chaos
-canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease";
+canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease
+the file store keeps leases only: use it with --scenario leases or clock-chaos";
 
 struct Args {
     scenarios: Vec<Scenario>,
@@ -25,7 +26,7 @@ struct Args {
     trace: bool,
     shrink: bool,
     canaries: Vec<Canary>,
-    sqlite: bool,
+    store: &'static str,
 }
 
 fn parse() -> Result<Args, String> {
@@ -36,7 +37,7 @@ fn parse() -> Result<Args, String> {
         trace: false,
         shrink: false,
         canaries: Vec::new(),
-        sqlite: false,
+        store: "mem",
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -64,10 +65,11 @@ fn parse() -> Result<Args, String> {
                     .map_err(|_| format!("--seeds {v:?} is not a number"))?;
             }
             "--store" => {
-                args.sqlite = match value("--store")?.as_str() {
-                    "mem" => false,
-                    "sqlite" => true,
-                    other => return Err(format!("unknown store {other:?} (mem or sqlite)")),
+                args.store = match value("--store")?.as_str() {
+                    "mem" => "mem",
+                    "sqlite" => "sqlite",
+                    "file" => "file",
+                    other => return Err(format!("unknown store {other:?} (mem, sqlite or file)")),
                 };
             }
             "--trace" => args.trace = true,
@@ -87,11 +89,11 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-fn store_of(sqlite: bool) -> &'static world::StoreFactory {
-    if sqlite {
-        &world::sqlite_store
-    } else {
-        &world::mem_store
+fn store_of(name: &str) -> &'static world::StoreFactory {
+    match name {
+        "sqlite" => &world::sqlite_store,
+        "file" => &world::file_store,
+        _ => &world::mem_store,
     }
 }
 
@@ -162,7 +164,7 @@ fn main() -> ExitCode {
         let mut status = ExitCode::SUCCESS;
         for &scenario in &args.scenarios {
             let plan = Plan::generate(seed, scenario, None);
-            let result = world::run_with(&plan, store_of(args.sqlite));
+            let result = world::run_with(&plan, store_of(args.store));
             if args.trace {
                 print!("{}", result.trace_text());
             }
@@ -175,7 +177,7 @@ fn main() -> ExitCode {
                             result,
                         },
                         args.shrink,
-                        store_of(args.sqlite),
+                        store_of(args.store),
                     );
                     status = ExitCode::FAILURE;
                 }
@@ -193,7 +195,7 @@ fn main() -> ExitCode {
     let start = Instant::now();
     let (mut seeds, mut events, mut violations) = (0u64, 0u64, 0u64);
     for &scenario in &args.scenarios {
-        let summary = runner::run_seeds(scenario, 0, args.seeds, store_of(args.sqlite), |_| {
+        let summary = runner::run_seeds(scenario, 0, args.seeds, store_of(args.store), |_| {
             seeds += 1;
             if tty && (seeds % 10 == 0 || seeds == total) {
                 let width = 30;
@@ -209,7 +211,7 @@ fn main() -> ExitCode {
         events += summary.events;
         violations += summary.failures.len() as u64;
         for f in &summary.failures {
-            report(f, args.shrink, store_of(args.sqlite));
+            report(f, args.shrink, store_of(args.store));
         }
     }
     if tty {

@@ -444,6 +444,52 @@ impl Store for TempSqlite {
     }
 }
 
+/// A file store (durable writes off, as a tmpfs would) in a fresh temporary
+/// directory, on the run's clock. Leases only: use it with lease scenarios.
+pub fn file_store(clock: &ManualClock) -> Arc<dyn Store> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "leasehold-sim-file-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = leasehold::FileOptions {
+        clock: Some(Arc::new(clock.clone())),
+        boot_id: Some("sim".into()),
+        durable: false,
+        ..leasehold::FileOptions::default()
+    };
+    match leasehold::FileStore::open_with(&dir, opts) {
+        Ok(store) => Arc::new(TempFiles { store, dir }),
+        Err(e) => panic!("the simulator could not open its file store: {e}"),
+    }
+}
+
+struct TempFiles {
+    store: leasehold::FileStore,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for TempFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Store for TempFiles {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        self.store.transact(f)
+    }
+    fn describe(&self) -> String {
+        self.store.describe()
+    }
+}
+
 /// Run `plan` on the mem store.
 pub fn run(plan: &Plan) -> RunResult {
     run_with(plan, &mem_store)
@@ -1524,6 +1570,14 @@ impl Sim<'_> {
                 };
                 return self.fail(v);
             }
+        }
+        let has_jobs = self
+            .plan
+            .procs
+            .iter()
+            .any(|p| matches!(p.role, Role::Producer { .. } | Role::Worker { .. }));
+        if !has_jobs {
+            return;
         }
         let policy = self.policy;
         let counts = match self.store.txn(|tx| core::job::stats(tx, QUEUE, &policy)) {

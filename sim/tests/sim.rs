@@ -49,6 +49,26 @@ fn sqlite_store_holds_every_guarantee() {
     assert_eq!(on_sqlite, world::run(&plan).trace_text());
 }
 
+/// The real file store inside the simulator (lease scenarios), fewer seeds.
+#[test]
+fn file_store_holds_every_lease_guarantee() {
+    for scenario in [Scenario::Leases, Scenario::ClockChaos] {
+        let summary = runner::run_seeds(scenario, 0, 8, &world::file_store, |_| {});
+        if let Some(f) = summary.failures.first() {
+            panic!(
+                "file, {}: seed {}: {}\nreplay: {} --store file",
+                scenario.name(),
+                f.plan.seed,
+                f.violation,
+                f.replay_command()
+            );
+        }
+    }
+    let plan = Plan::generate(5, Scenario::Leases, None);
+    let on_files = world::run_with(&plan, &world::file_store).trace_text();
+    assert_eq!(on_files, world::run(&plan).trace_text());
+}
+
 #[test]
 fn same_seed_same_trace_byte_for_byte() {
     for scenario in Scenario::ALL {
