@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo bench --bench core
 cargo bench --bench sqlite 2>&1 | tee target/bench-sqlite.log
+cargo bench --bench file
 cargo build --release -p leasehold-sim
 sim=$(./target/release/leasehold-sim --seeds 2000 | tail -1)
 python3 scripts/benchmarks.py
