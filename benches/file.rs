@@ -70,27 +70,33 @@ fn pairs(c: &mut Criterion) {
             .unwrap(),
         );
         for threads in [1usize, 2, 4, 8] {
-            g.bench_with_input(BenchmarkId::new(format!("{name}/threads"), threads), &threads, |b, &t| {
-                b.iter_custom(|iters| {
-                    let per = iters.div_ceil(t as u64);
-                    let start = Instant::now();
-                    let hs: Vec<_> = (0..t)
-                        .map(|i| {
-                            let store = store.clone();
-                            std::thread::spawn(move || {
-                                let h = Holder::new(HolderId(i as u128 + 1));
-                                for _ in 0..per {
-                                    pair(&store, "contended", &h);
-                                }
+            g.bench_with_input(
+                BenchmarkId::new(format!("{name}/threads"), threads),
+                &threads,
+                |b, &t| {
+                    b.iter_custom(|iters| {
+                        let per = iters.div_ceil(t as u64);
+                        let start = Instant::now();
+                        let hs: Vec<_> = (0..t)
+                            .map(|i| {
+                                let store = store.clone();
+                                std::thread::spawn(move || {
+                                    let h = Holder::new(HolderId(i as u128 + 1));
+                                    for _ in 0..per {
+                                        pair(&store, "contended", &h);
+                                    }
+                                })
                             })
-                        })
-                        .collect();
-                    for h in hs {
-                        h.join().unwrap();
-                    }
-                    start.elapsed().mul_f64(iters as f64 / (per * t as u64) as f64)
-                })
-            });
+                            .collect();
+                        for h in hs {
+                            h.join().unwrap();
+                        }
+                        start
+                            .elapsed()
+                            .mul_f64(iters as f64 / (per * t as u64) as f64)
+                    })
+                },
+            );
         }
     }
     g.finish();

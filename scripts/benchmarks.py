@@ -120,7 +120,10 @@ def main():
             lines += [f"Baseline: `{base_id}` ({base_note}).", ""]
         lines += ["| benchmark | median / element | min - max | elements/s | ratio |", "|---|---|---|---|---|"]
         for r in rows:
-            ratio = f"{base['median_ns'] / r['median_ns']:.2f}x" if base else ""
+            ratio = ""
+            if base:
+                x = base["median_ns"] / r["median_ns"]
+                ratio = f"{x:.2f}x" if x >= 0.1 else f"1/{1 / x:.0f}"
             lines.append(
                 f"| `{r['id']}` | {fmt_ns(r['median_ns'])} | {fmt_ns(r['min_ns'])} - {fmt_ns(r['max_ns'])} "
                 f"| {fmt_rate(r['median_ns'])} | {ratio} |"
@@ -128,6 +131,21 @@ def main():
         lines.append("")
     if notes.exists():
         lines += [notes.read_text().rstrip(), ""]
+    sim = ROOT / "target" / "bench-sim.log"
+    if sim.exists():
+        lines += [
+            "## simulator",
+            "",
+            "`leasehold-sim --seeds 2000` (all four scenarios, mem store, full oracle with the lockstep model):",
+            "",
+            "    " + sim.read_text().strip(),
+            "",
+        ]
+    log = ROOT / "target" / "bench-sqlite.log"
+    if log.exists():
+        naive = [l for l in log.read_text().splitlines() if l.startswith("naive baseline")]
+        lines += ["The naive baseline's double claims and BUSY errors, from `cargo bench --bench sqlite`:", ""]
+        lines += ["    " + l for l in naive] + [""]
     out.write_text("\n".join(lines))
     print(f"wrote {out} ({len(results)} benchmarks)")
 

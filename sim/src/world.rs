@@ -396,43 +396,19 @@ pub fn mem_store(clock: &ManualClock) -> Arc<dyn Store> {
     Arc::new(MemStore::with_clock(Arc::new(clock.clone())))
 }
 
-/// A SQLite store in a fresh temporary directory (removed with the store),
-/// on the run's clock: the simulator drives the real SQLite adapter.
-pub fn sqlite_store(clock: &ManualClock) -> Arc<dyn Store> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "leasehold-sim-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    let opts = leasehold::SqliteOptions {
-        clock: Some(Arc::new(clock.clone())),
-        boot_id: Some("sim".into()),
-        ..leasehold::SqliteOptions::default()
-    };
-    let store = std::fs::create_dir_all(&dir)
-        .map_err(|e| leasehold::Error::store("creating a temp dir", e.to_string()))
-        .and_then(|()| leasehold::SqliteStore::open_with(dir.join("sim.db"), opts));
-    match store {
-        Ok(store) => Arc::new(TempSqlite { store, dir }),
-        Err(e) => panic!("the simulator could not open its SQLite store: {e}"),
-    }
-}
-
-struct TempSqlite {
-    store: leasehold::SqliteStore,
+/// A real store in a fresh temporary directory, removed with the store.
+struct TempStore<S> {
+    store: S,
     dir: std::path::PathBuf,
 }
 
-impl Drop for TempSqlite {
+impl<S> Drop for TempStore<S> {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-impl Store for TempSqlite {
+impl<S: Store> Store for TempStore<S> {
     fn transact(
         &self,
         f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
@@ -444,50 +420,52 @@ impl Store for TempSqlite {
     }
 }
 
-/// A file store (durable writes off, as a tmpfs would) in a fresh temporary
-/// directory, on the run's clock. Leases only: use it with lease scenarios.
-pub fn file_store(clock: &ManualClock) -> Arc<dyn Store> {
+/// Open a store of kind `tag` in a fresh temporary directory.
+fn temp_store<S: Store + 'static>(
+    tag: &str,
+    open: impl FnOnce(&std::path::Path) -> leasehold::Result<S>,
+) -> Arc<dyn Store> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "leasehold-sim-file-{}-{}",
+        "leasehold-sim-{tag}-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::SeqCst)
     ));
     let _ = std::fs::remove_dir_all(&dir);
+    let opened = std::fs::create_dir_all(&dir)
+        .map_err(|e| leasehold::Error::store("creating a temp dir", e.to_string()))
+        .and_then(|()| open(&dir));
+    match opened {
+        Ok(store) => Arc::new(TempStore { store, dir }),
+        Err(e) => panic!("the simulator could not open its {tag} store: {e}"),
+    }
+}
+
+/// A SQLite store on the run's clock: the simulator drives the real adapter.
+pub fn sqlite_store(clock: &ManualClock) -> Arc<dyn Store> {
+    let opts = leasehold::SqliteOptions {
+        clock: Some(Arc::new(clock.clone())),
+        boot_id: Some("sim".into()),
+        ..leasehold::SqliteOptions::default()
+    };
+    temp_store("sqlite", |dir| {
+        leasehold::SqliteStore::open_with(dir.join("sim.db"), opts)
+    })
+}
+
+/// A file store (durable writes off) on the run's clock. Leases only: use it
+/// with lease scenarios.
+pub fn file_store(clock: &ManualClock) -> Arc<dyn Store> {
     let opts = leasehold::FileOptions {
         clock: Some(Arc::new(clock.clone())),
         boot_id: Some("sim".into()),
         durable: false,
         ..leasehold::FileOptions::default()
     };
-    match leasehold::FileStore::open_with(&dir, opts) {
-        Ok(store) => Arc::new(TempFiles { store, dir }),
-        Err(e) => panic!("the simulator could not open its file store: {e}"),
-    }
-}
-
-struct TempFiles {
-    store: leasehold::FileStore,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for TempFiles {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Store for TempFiles {
-    fn transact(
-        &self,
-        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
-    ) -> leasehold::Result<()> {
-        self.store.transact(f)
-    }
-    fn describe(&self) -> String {
-        self.store.describe()
-    }
+    temp_store("file", |dir| {
+        leasehold::FileStore::open_with(dir.join("leases"), opts)
+    })
 }
 
 /// Run `plan` on the mem store.

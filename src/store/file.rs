@@ -2,22 +2,24 @@
 //! replacement.
 //!
 //! # Layout
-//! For each key, two files whose names encode the key ([`encode_key`]):
-//! `NAME.lock`, an empty file that is only ever `flock`ed and never
-//! unlinked, and `NAME.lease`, the record. A transaction takes an exclusive
-//! `flock` on the key's lock file, reads the record, lets the rules decide,
-//! and writes the new record to `NAME.tmp.PID.N`, fsyncs it, renames it over
-//! `NAME.lease` and fsyncs the directory (the fsyncs are skipped in
-//! non-durable mode). Readers see the old record or the new one, never a
-//! torn one; a crash leaves at most a temp file, removed by the next
-//! transaction on that key.
+//! One file per key, `NAME.lease`, whose name encodes the key
+//! ([`encode_key`]). It is never unlinked or replaced, so it doubles as the
+//! key's lock: a transaction takes an exclusive `flock` on it, reads the
+//! record, lets the rules decide, writes the new record in place, and closes
+//! the file (which drops the lock).
 //!
 //! # Record
-//! A short text file: a version line, the key (hex), the key's token
-//! counter, one line per holder slot, and a checksum line over all of it. A
-//! record that fails to parse or to match its checksum is reported as an
-//! error naming the file and is left in place: silently resetting it would
-//! lose the token counter and break fencing (L2).
+//! The file holds two slots, at offset 0 and at 16 MiB (the file is sparse:
+//! the gap takes no disk space). Each slot is a header (magic, sequence
+//! number, length, checksum) and a short text record: a version line, the
+//! key (hex), the key's token counter, one line per holder slot. A write
+//! goes to the slot that does not hold the current record, with the next
+//! sequence number; a reader takes the valid slot with the highest sequence.
+//! A write torn by a crash leaves the other slot, the previous record, in
+//! force: no rename, no directory fsync, and one `fdatasync` per write in
+//! durable mode (none otherwise). If neither slot is valid the file is
+//! reported as corrupt, naming it, and left as it is: silently resetting it
+//! would lose the token counter and break fencing (L2).
 //!
 //! # Clock
 //! As for SQLite: the machine's boot-time clock plus an offset kept in the
@@ -29,6 +31,10 @@
 //! Leases only (counting leases included). Jobs need the ordered indexes of
 //! a database: every job operation answers a clear error pointing to
 //! `sqlite:`.
+//!
+//! Durability: durable mode survives power loss after each commit;
+//! otherwise a commit survives the process (the page cache has it), not the
+//! machine.
 //!
 //! Directories on NFS, SMB/CIFS or FUSE are refused unless
 //! `FileOptions::allow_network_fs`: `flock` there is not reliable between
@@ -47,20 +53,25 @@ use crate::store::network_fs;
 use crate::store::Store;
 use crate::Holder;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const VERSION_LINE: &str = "leasehold-lease v1";
+/// Where the second slot starts (the file is sparse up to it).
+const SLOT_BYTES: u64 = 16 << 20;
+/// Slot header: magic, sequence number, payload length, payload checksum.
+const HEADER_BYTES: usize = 4 + 8 + 4 + 8;
+const SLOT_MAGIC: &[u8; 4] = b"LHS1";
 /// Longest encoded file name stem; longer keys are shortened and hashed.
 const MAX_STEM: usize = 160;
 
 /// Options of [`FileStore::open_with`].
 #[derive(Debug, Clone)]
 pub struct FileOptions {
-    /// fsync the record and the directory on every write (default true).
+    /// `fdatasync` every record write (default true).
     pub durable: bool,
     /// Open a directory on NFS, SMB or FUSE anyway.
     pub allow_network_fs: bool,
@@ -240,6 +251,56 @@ fn parse(text: &str, key: &str) -> std::result::Result<LeaseRecord, String> {
     Ok(LeaseRecord { last_token, slots })
 }
 
+/// The record of one slot, if the slot holds a valid one.
+fn read_slot(
+    file: &File,
+    slot: u64,
+    key: &str,
+) -> std::io::Result<Option<(u64, std::result::Result<LeaseRecord, String>)>> {
+    let mut header = [0u8; HEADER_BYTES];
+    let base = slot * SLOT_BYTES;
+    let n = read_full(file, &mut header, base)?;
+    if n < HEADER_BYTES || &header[..4] != SLOT_MAGIC {
+        return Ok(None);
+    }
+    let seq = u64::from_le_bytes(header[4..12].try_into().unwrap_or_default());
+    let len = u32::from_le_bytes(header[12..16].try_into().unwrap_or_default()) as usize;
+    let sum = u64::from_le_bytes(header[16..24].try_into().unwrap_or_default());
+    if len as u64 > SLOT_BYTES - HEADER_BYTES as u64 {
+        return Ok(None);
+    }
+    let mut payload = vec![0u8; len];
+    let got = read_full(file, &mut payload, base + HEADER_BYTES as u64)?;
+    if got < len || checksum_bytes(&payload) != sum {
+        return Ok(None); // torn or never completed
+    }
+    let parsed = std::str::from_utf8(&payload)
+        .map_err(|_| "record is not text".to_owned())
+        .and_then(|text| parse(text, key));
+    Ok(Some((seq, parsed)))
+}
+
+/// Read up to `buf.len()` bytes at `offset`; returns how many (short at EOF).
+fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn checksum_bytes(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xCBF2_9CE4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
+    })
+}
+
 /// Take an exclusive `flock` on `file` (blocking; EINTR retried).
 fn flock(file: &File, path: &Path) -> Result<()> {
     loop {
@@ -400,7 +461,7 @@ impl FileStore {
     }
 
     /// Write `bytes` to `path` through a temp file and a rename (fsyncs
-    /// in durable mode).
+    /// in durable mode). Only the clock file is written this way.
     fn write_atomically(&self, path: &Path, stem: &str, bytes: &[u8]) -> Result<()> {
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
         let tmp = self
@@ -424,28 +485,14 @@ impl FileStore {
         }
         Ok(())
     }
-
-    /// Remove temp files of `stem` left by a crash (we hold its lock, so no
-    /// one is writing one).
-    fn clean_temps(&self, stem: &str) {
-        let prefix = format!("{stem}.tmp.");
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for e in entries.flatten() {
-                if e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.starts_with(&prefix))
-                {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-    }
 }
 
 struct Locked {
     key: String,
-    stem: String,
-    _lock: File,
+    path: PathBuf,
+    file: File,
+    /// The slot holding the current record and its sequence number.
+    current: Option<(u64, u64)>,
     original: Option<LeaseRecord>,
     record: LeaseRecord,
 }
@@ -472,41 +519,57 @@ impl Txn for FileTxn<'_> {
         if let Some(i) = self.keys.iter().position(|k| k.key == key) {
             return Ok(Some(&mut self.keys[i].record));
         }
-        let stem = encode_key(key);
-        let lock_path = self.store.dir.join(format!("{stem}.lock"));
-        let path = self.store.dir.join(format!("{stem}.lease"));
-        // Reading needs no lock when nothing will be created: a rename makes
-        // every record read whole. Writing always locks first.
-        let lock = open_lock(&lock_path)?;
-        flock(&lock, &lock_path)?;
-        let original = match File::open(&path) {
-            Ok(mut f) => {
-                let mut text = String::new();
-                f.read_to_string(&mut text)
-                    .map_err(io_err(|| format!("reading {}", path.display())))?;
-                Some(parse(&text, key).map_err(|why| {
-                    Error::store(
-                        format!("reading {}", path.display()),
-                        format!("{why}; the file is left as it is"),
-                    )
-                })?)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        let path = self.store.record_path(key);
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
                 return Err(Error::store(
-                    format!("reading {}", path.display()),
+                    format!("opening {}", path.display()),
                     e.to_string(),
                 ))
             }
         };
-        if original.is_none() && !create {
+        flock(&file, &path)?;
+        let reading = || format!("reading {}", path.display());
+        let mut best: Option<(u64, u64, LeaseRecord)> = None;
+        let mut broken = None;
+        for slot in 0..2 {
+            match read_slot(&file, slot, key).map_err(io_err(reading))? {
+                Some((seq, Ok(rec))) if best.as_ref().is_none_or(|b| seq > b.1) => {
+                    best = Some((slot, seq, rec));
+                }
+                Some((_, Err(why))) => broken = Some(why),
+                _ => {}
+            }
+        }
+        let len = file.metadata().map_err(io_err(reading))?.len();
+        if best.is_none() && len > 0 {
+            let why =
+                broken.unwrap_or_else(|| "no valid record slot (corrupt or truncated)".into());
+            return Err(Error::store(
+                reading(),
+                format!("{why}; the file is left as it is"),
+            ));
+        }
+        if best.is_none() && !create {
             return Ok(None);
         }
-        self.store.clean_temps(&stem);
+        let (current, original) = match best {
+            Some((slot, seq, rec)) => (Some((slot, seq)), Some(rec)),
+            None => (None, None),
+        };
         self.keys.push(Locked {
             key: key.to_owned(),
-            stem,
-            _lock: lock,
+            path,
+            file,
+            current,
             record: original.clone().unwrap_or_default(),
             original,
         });
@@ -552,6 +615,35 @@ impl Txn for FileTxn<'_> {
     }
 }
 
+impl FileStore {
+    /// Write `rec` into the slot that does not hold the current record.
+    fn write_record(&self, k: &Locked) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (slot, seq) = match k.current {
+            Some((slot, seq)) => (1 - slot, seq + 1),
+            None => (0, 1),
+        };
+        let payload = render(&k.key, &k.record).into_bytes();
+        let writing = || format!("writing {}", k.path.display());
+        if payload.len() as u64 > SLOT_BYTES - HEADER_BYTES as u64 {
+            return Err(Error::store(writing(), "record larger than a slot"));
+        }
+        let mut buf = Vec::with_capacity(HEADER_BYTES + payload.len());
+        buf.extend_from_slice(SLOT_MAGIC);
+        buf.extend_from_slice(&seq.to_le_bytes());
+        buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&checksum_bytes(&payload).to_le_bytes());
+        buf.extend_from_slice(&payload);
+        k.file
+            .write_all_at(&buf, slot * SLOT_BYTES)
+            .map_err(io_err(writing))?;
+        if self.durable {
+            k.file.sync_data().map_err(io_err(writing))?;
+        }
+        Ok(())
+    }
+}
+
 impl Store for FileStore {
     fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
         self.fork.check()?;
@@ -562,11 +654,10 @@ impl Store for FileStore {
             keys: Vec::new(),
         };
         f(&mut tx)?;
-        // Commit: write each changed record, then drop the locks.
+        // Commit: write each changed record, then close (dropping the locks).
         for k in &tx.keys {
             if k.original.as_ref() != Some(&k.record) {
-                let path = self.dir.join(format!("{}.lease", k.stem));
-                self.write_atomically(&path, &k.stem, render(&k.key, &k.record).as_bytes())?;
+                self.write_record(k)?;
             }
         }
         drop(tx);

@@ -36,25 +36,25 @@ impl Drop for TempDir {
     }
 }
 
+/// A store that keeps its temp directory alive.
+pub struct Kept<S>(pub S, pub TempDir);
+
+impl<S: leasehold::Store> leasehold::Store for Kept<S> {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        self.0.transact(f)
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
 mod sqlite {
-    use super::TempDir;
+    use super::{Kept, TempDir};
     use leasehold::{ManualClock, SqliteOptions, SqliteStore, Store};
     use std::sync::Arc;
-
-    /// The store keeps its temp directory alive.
-    struct Kept(SqliteStore, #[allow(dead_code)] TempDir);
-
-    impl Store for Kept {
-        fn transact(
-            &self,
-            f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
-        ) -> leasehold::Result<()> {
-            self.0.transact(f)
-        }
-        fn describe(&self) -> String {
-            self.0.describe()
-        }
-    }
 
     conformance_cases!(|clock: &ManualClock| -> Arc<dyn Store> {
         let dir = TempDir::new("conformance");
@@ -69,23 +69,9 @@ mod sqlite {
 }
 
 mod file {
-    use super::TempDir;
+    use super::{Kept, TempDir};
     use leasehold::{FileOptions, FileStore, ManualClock, Store};
     use std::sync::Arc;
-
-    struct Kept(FileStore, #[allow(dead_code)] TempDir);
-
-    impl Store for Kept {
-        fn transact(
-            &self,
-            f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
-        ) -> leasehold::Result<()> {
-            self.0.transact(f)
-        }
-        fn describe(&self) -> String {
-            self.0.describe()
-        }
-    }
 
     conformance_lease_cases!(|clock: &ManualClock| -> Arc<dyn Store> {
         let dir = TempDir::new("conformance-file");
