@@ -194,11 +194,74 @@ fn depth(c: &mut Criterion) {
     g.finish();
 }
 
+/// Aggregate throughput with 1, 2, 4 and 8 threads sharing one mem store:
+/// lease pairs (each thread its own key) and claim+complete (one queue).
+fn contention(c: &mut Criterion) {
+    let mut g = c.benchmark_group("mem_contention");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    for threads in [1usize, 2, 4, 8] {
+        let store = std::sync::Arc::new(MemStore::new());
+        g.bench_with_input(BenchmarkId::new("lease_pair/threads", threads), &threads, |b, &t| {
+            b.iter_custom(|iters| {
+                let per = iters.div_ceil(t as u64);
+                let start = Instant::now();
+                let hs: Vec<_> = (0..t)
+                    .map(|i| {
+                        let store = store.clone();
+                        std::thread::spawn(move || {
+                            let holder = Holder::new(HolderId(i as u128 + 1));
+                            let key = format!("key-{i}");
+                            for _ in 0..per {
+                                let g = store
+                                    .txn(|tx| core::lease::acquire(tx, &key, &holder, 30_000, 1))
+                                    .unwrap();
+                                store
+                                    .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
+                                    .unwrap();
+                            }
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().unwrap();
+                }
+                start.elapsed().mul_f64(iters as f64 / (per * t as u64) as f64)
+            })
+        });
+        let store = std::sync::Arc::new(MemStore::new());
+        g.bench_with_input(BenchmarkId::new("claim_complete/threads", threads), &threads, |b, &t| {
+            b.iter_custom(|iters| {
+                let per = iters.div_ceil(t as u64);
+                for _ in 0..per * t as u64 {
+                    push(&store, "q", 0);
+                }
+                let start = Instant::now();
+                let hs: Vec<_> = (0..t)
+                    .map(|i| {
+                        let store = store.clone();
+                        std::thread::spawn(move || {
+                            for _ in 0..per {
+                                claim_complete(&store, "q", HolderId(i as u128 + 1));
+                            }
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().unwrap();
+                }
+                start.elapsed().mul_f64(iters as f64 / (per * t as u64) as f64)
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = leases, jobs, depth
+    targets = leases, jobs, depth, contention
 }
 criterion_main!(benches);

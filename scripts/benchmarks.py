@@ -28,6 +28,7 @@ BASELINES = {
     "sqlite_processes": ("normal/processes/1", "vs one process"),
     "naive_select_then_update": ("threads/1", "vs one thread"),
     "file_lease_pair": ("flock_baseline", "vs a bare flock(2) lock+unlock of one file"),
+    "mem_contention": ("lease_pair/threads/1", "vs one thread's lease pairs (target: 8 threads at least 0.5x)"),
 }
 
 

@@ -9,3 +9,5 @@ cargo bench --bench file
 cargo build --release -p leasehold-sim
 ./target/release/leasehold-sim --seeds 2000 | tail -1 > target/bench-sim.log
 python3 scripts/benchmarks.py
+python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
+python3 scripts/plot.py

@@ -182,7 +182,8 @@ fn blocking_acquire_waits_for_release() {
         LeaseOptions::new(Duration::from_secs(1)).wait(Duration::from_millis(120)),
     );
     assert!(matches!(r, Err(Error::Held { .. })), "{r:?}");
-    assert!(start.elapsed() >= Duration::from_millis(120));
+    // The client counts on its ms clock; allow for its rounding.
+    assert!(start.elapsed() >= Duration::from_millis(110), "{:?}", start.elapsed());
 }
 
 /// A store that fails transiently a given number of times, then works.
