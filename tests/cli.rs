@@ -563,8 +563,9 @@ fn killed_run(d: Dir) {
         "{}",
         String::from_utf8_lossy(&got.stderr)
     );
+    // Within the TTL plus a second of slack for process start-up on a busy machine.
     assert!(
-        start.elapsed() < Duration::from_millis(500 + 700),
+        start.elapsed() < Duration::from_millis(500 + 1000),
         "took {:?}",
         start.elapsed()
     );
