@@ -202,57 +202,73 @@ fn contention(c: &mut Criterion) {
     g.sample_size(10);
     for threads in [1usize, 2, 4, 8] {
         let store = std::sync::Arc::new(MemStore::new());
-        g.bench_with_input(BenchmarkId::new("lease_pair/threads", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                let per = iters.div_ceil(t as u64);
-                let start = Instant::now();
-                let hs: Vec<_> = (0..t)
-                    .map(|i| {
-                        let store = store.clone();
-                        std::thread::spawn(move || {
-                            let holder = Holder::new(HolderId(i as u128 + 1));
-                            let key = format!("key-{i}");
-                            for _ in 0..per {
-                                let g = store
-                                    .txn(|tx| core::lease::acquire(tx, &key, &holder, 30_000, 1))
-                                    .unwrap();
-                                store
-                                    .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
-                                    .unwrap();
-                            }
+        g.bench_with_input(
+            BenchmarkId::new("lease_pair/threads", threads),
+            &threads,
+            |b, &t| {
+                b.iter_custom(|iters| {
+                    let per = iters.div_ceil(t as u64);
+                    let start = Instant::now();
+                    let hs: Vec<_> = (0..t)
+                        .map(|i| {
+                            let store = store.clone();
+                            std::thread::spawn(move || {
+                                let holder = Holder::new(HolderId(i as u128 + 1));
+                                let key = format!("key-{i}");
+                                for _ in 0..per {
+                                    let g = store
+                                        .txn(|tx| {
+                                            core::lease::acquire(tx, &key, &holder, 30_000, 1)
+                                        })
+                                        .unwrap();
+                                    store
+                                        .txn(|tx| {
+                                            core::lease::release(tx, &key, holder.id, g.token)
+                                        })
+                                        .unwrap();
+                                }
+                            })
                         })
-                    })
-                    .collect();
-                for h in hs {
-                    h.join().unwrap();
-                }
-                start.elapsed().mul_f64(iters as f64 / (per * t as u64) as f64)
-            })
-        });
+                        .collect();
+                    for h in hs {
+                        h.join().unwrap();
+                    }
+                    start
+                        .elapsed()
+                        .mul_f64(iters as f64 / (per * t as u64) as f64)
+                })
+            },
+        );
         let store = std::sync::Arc::new(MemStore::new());
-        g.bench_with_input(BenchmarkId::new("claim_complete/threads", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                let per = iters.div_ceil(t as u64);
-                for _ in 0..per * t as u64 {
-                    push(&store, "q", 0);
-                }
-                let start = Instant::now();
-                let hs: Vec<_> = (0..t)
-                    .map(|i| {
-                        let store = store.clone();
-                        std::thread::spawn(move || {
-                            for _ in 0..per {
-                                claim_complete(&store, "q", HolderId(i as u128 + 1));
-                            }
+        g.bench_with_input(
+            BenchmarkId::new("claim_complete/threads", threads),
+            &threads,
+            |b, &t| {
+                b.iter_custom(|iters| {
+                    let per = iters.div_ceil(t as u64);
+                    for _ in 0..per * t as u64 {
+                        push(&store, "q", 0);
+                    }
+                    let start = Instant::now();
+                    let hs: Vec<_> = (0..t)
+                        .map(|i| {
+                            let store = store.clone();
+                            std::thread::spawn(move || {
+                                for _ in 0..per {
+                                    claim_complete(&store, "q", HolderId(i as u128 + 1));
+                                }
+                            })
                         })
-                    })
-                    .collect();
-                for h in hs {
-                    h.join().unwrap();
-                }
-                start.elapsed().mul_f64(iters as f64 / (per * t as u64) as f64)
-            })
-        });
+                        .collect();
+                    for h in hs {
+                        h.join().unwrap();
+                    }
+                    start
+                        .elapsed()
+                        .mul_f64(iters as f64 / (per * t as u64) as f64)
+                })
+            },
+        );
     }
     g.finish();
 }

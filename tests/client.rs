@@ -183,7 +183,11 @@ fn blocking_acquire_waits_for_release() {
     );
     assert!(matches!(r, Err(Error::Held { .. })), "{r:?}");
     // The client counts on its ms clock; allow for its rounding.
-    assert!(start.elapsed() >= Duration::from_millis(110), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() >= Duration::from_millis(110),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 /// A store that fails transiently a given number of times, then works.

@@ -240,3 +240,32 @@ fn forked_child_gets_forked_and_leaves_the_parents_connection_alone() {
     q.push(&JobSpec::new("after")).unwrap();
     assert_eq!(q.stats().unwrap().get(JobState::Ready), 1);
 }
+
+#[test]
+fn a_panicking_transaction_is_rolled_back() {
+    let d = Dir::new("panic");
+    let store = SqliteStore::open(d.db()).unwrap();
+    let h = Holder::new(HolderId(1));
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = store.txn(|tx| {
+            core::lease::acquire(tx, "k", &h, 1000, 1)?;
+            let p = QueuePolicy::default();
+            core::job::enqueue(tx, "q", &JobSpec::new("x"), &p)?;
+            panic!("the closure panics after writing");
+            #[allow(unreachable_code)]
+            Ok(())
+        });
+    }));
+    assert!(caught.is_err());
+    // The next transaction starts cleanly and sees nothing of the first.
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!((info.last_token, info.holders.len()), (0, 0));
+    let p = QueuePolicy::default();
+    assert_eq!(
+        store
+            .txn(|tx| core::job::stats(tx, "q", &p))
+            .unwrap()
+            .total(),
+        0
+    );
+}

@@ -905,6 +905,10 @@ impl Store for SqliteStore {
         };
         let shown = || format!("beginning a transaction on {}", self.path.display());
         BUSY.with(|b| b.set((None, self.busy_timeout)));
+        if !conn.is_autocommit() {
+            // A transaction that panicked left its BEGIN open: undo it.
+            let _ = exec_cached(conn, "ROLLBACK");
+        }
         exec_cached(conn, "BEGIN IMMEDIATE").map_err(|e| sql_err(shown, e))?;
         let now_ms = self.now_ms();
         let mut tx = SqlTxn {
