@@ -7,9 +7,12 @@
 //! The rules live in one pure, deterministic module, [`core`]: time is an
 //! argument and storage is a trait, so the simulator and the property tests
 //! drive exactly the code that production runs. Stores ([`store`]) are thin
-//! adapters that make a transaction atomic. The [`Client`] adds what a
-//! program needs: a holder identity, lease guards with local deadlines and
-//! keep-alive, queue handles and a worker loop, all fork-safe.
+//! adapters that make a transaction atomic: [`MemStore`] (one process),
+//! [`SqliteStore`] (the embedded default: every process of one machine) and
+//! [`FileStore`] (leases in a directory, the pidfile replacement). The
+//! [`Client`] adds what a program needs: a holder identity, lease guards with
+//! local deadlines and keep-alive, queue handles and a worker loop, all
+//! fork-safe. The `leasehold` binary puts it on the command line.
 //!
 //! ```
 //! use leasehold::{Client, JobSpec, MemStore};
