@@ -10,7 +10,7 @@
 //! minus the drift allowance ([`crate::core::local_deadline_ms`]).
 //!
 //! # Keep-alive
-//! [`Lifeline`] is the one mechanism behind both guards and claimed jobs: a
+//! One mechanism (`Lifeline`) is behind both guards and claimed jobs: a
 //! shared validity record plus an optional thread that renews about every
 //! TTL/3 (with jitter), stops promptly on release, and reports loss exactly
 //! once. A renewal never revives a released lease: the store only extends a
