@@ -611,3 +611,45 @@ fn file_store_refuses_queues_and_keeps_keys_inside_its_directory() {
     assert!(String::from_utf8_lossy(&out.stderr).contains(&rec.display().to_string()));
     assert_eq!(std::fs::read(&rec).unwrap(), b"leasehold-lease v1\ntruncat");
 }
+
+#[test]
+fn queue_work_on_sigterm_finishes_its_job_and_claims_no_more() {
+    let d = Dir::new("sigterm");
+    for i in 0..3 {
+        d.json(&["queue", "push", "t", "--payload", &i.to_string()]);
+    }
+    let worker = d
+        .cmd()
+        .args([
+            "queue",
+            "work",
+            "t",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.6; echo \"$LEASEHOLD_JOB_ID\" >> done.log",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(250));
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(worker.id() as i32, libc::SIGTERM);
+    }
+    let out = worker.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = std::fs::read_to_string(d.0.join("done.log")).unwrap();
+    assert_eq!(
+        done.lines().count(),
+        1,
+        "the running job finished, no new one was claimed"
+    );
+    let s = d.stats("t");
+    assert_eq!((s["done"], s["ready"], s["running"]), (1, 2, 0));
+}
