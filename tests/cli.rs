@@ -653,3 +653,40 @@ fn queue_work_on_sigterm_finishes_its_job_and_claims_no_more() {
     let s = d.stats("t");
     assert_eq!((s["done"], s["ready"], s["running"]), (1, 2, 0));
 }
+
+#[test]
+fn run_forwards_sigterm_and_exits_with_the_commands_status() {
+    let d = Dir::new("forward");
+    let run = d
+        .cmd()
+        .args([
+            "run",
+            "job",
+            "--ttl",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 3' TERM; sleep 5 >/dev/null 2>&1 & wait",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    // SAFETY: signalling our own child (leasehold only, not its command).
+    unsafe {
+        libc::kill(run.id() as i32, libc::SIGTERM);
+    }
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = d.json(&["lock", "status", "job"]);
+    assert!(
+        s["holders"].as_array().unwrap().is_empty(),
+        "released after the command exited"
+    );
+}
