@@ -627,21 +627,52 @@ impl SqlTxn<'_> {
     }
 }
 
+/// A job's fields as the database stores them (integers checked to fit).
+struct JobRow {
+    id: i64,
+    run_at: i64,
+    created: i64,
+    last_token: i64,
+    holder: Option<Vec<u8>>,
+    token: Option<i64>,
+    until: Option<i64>,
+    finished: Option<i64>,
+}
+
+impl JobRow {
+    fn of(job: &JobRecord) -> Result<JobRow> {
+        let claim = job.claim;
+        Ok(JobRow {
+            id: i64_of("id", job.id.0)?,
+            run_at: i64_of("run_at", job.run_at_ms)?,
+            created: i64_of("created_at", job.created_at_ms)?,
+            last_token: i64_of("token", job.last_token)?,
+            holder: claim.map(|c| holder_bytes(c.holder).to_vec()),
+            token: claim.map(|c| i64_of("token", c.token)).transpose()?,
+            until: claim
+                .map(|c| i64_of("lease_until", c.lease_until_ms))
+                .transpose()?,
+            finished: job
+                .finished_at_ms
+                .map(|f| i64_of("finished_at", f))
+                .transpose()?,
+        })
+    }
+}
+
 impl SqlTxn<'_> {
     /// Write back a job read in this transaction: only what can change.
     fn update_job(&mut self, job: &JobRecord) -> Result<()> {
-        let claim = job.claim;
-        let holder = claim.map(|c| holder_bytes(c.holder).to_vec());
-        let token = claim.map(|c| i64_of("token", c.token)).transpose()?;
-        let until = claim
-            .map(|c| i64_of("lease_until", c.lease_until_ms))
-            .transpose()?;
-        let finished = job
-            .finished_at_ms
-            .map(|f| i64_of("finished_at", f))
-            .transpose()?;
-        let (id, run_at) = (i64_of("id", job.id.0)?, i64_of("run_at", job.run_at_ms)?);
-        let last_token = i64_of("token", job.last_token)?;
+        let JobRow {
+            id,
+            run_at,
+            last_token,
+            holder,
+            token,
+            until,
+            finished,
+            ..
+        } = JobRow::of(job)?;
         self.conn
             .prepare_cached(
                 "UPDATE jobs SET priority = ?2, run_at = ?3, max_attempts = ?4, attempts = ?5,
@@ -729,7 +760,6 @@ impl Txn for SqlTxn<'_> {
         if self.loaded.contains(&job.id) {
             return self.update_job(job);
         }
-        let claim = job.claim;
         let sql = format!(
             "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
              ON CONFLICT(id) DO UPDATE SET
@@ -742,18 +772,16 @@ impl Txn for SqlTxn<'_> {
                last_error = excluded.last_error, unique_key = excluded.unique_key,
                finished_at = excluded.finished_at"
         );
-        let holder = claim.map(|c| holder_bytes(c.holder).to_vec());
-        let token = claim.map(|c| i64_of("token", c.token)).transpose()?;
-        let until = claim
-            .map(|c| i64_of("lease_until", c.lease_until_ms))
-            .transpose()?;
-        let finished = job
-            .finished_at_ms
-            .map(|f| i64_of("finished_at", f))
-            .transpose()?;
-        let (id, run_at) = (i64_of("id", job.id.0)?, i64_of("run_at", job.run_at_ms)?);
-        let created = i64_of("created_at", job.created_at_ms)?;
-        let last_token = i64_of("token", job.last_token)?;
+        let JobRow {
+            id,
+            run_at,
+            created,
+            last_token,
+            holder,
+            token,
+            until,
+            finished,
+        } = JobRow::of(job)?;
         self.conn
             .prepare_cached(&sql)
             .and_then(|mut s| {
