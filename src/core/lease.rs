@@ -55,12 +55,14 @@ impl LeaseRecord {
     }
 
     /// Why `holder`/`token` does not name a live slot (used for every
-    /// refused renew and release).
-    fn lost_reason(&self, holder: HolderId, token: u64, now_ms: u64) -> LostReason {
+    /// refused renew and release, after `position` found none): the token's
+    /// slot is someone else's, or it is ours and has expired (a live one
+    /// would have been found), or it is gone.
+    fn lost_reason(&self, holder: HolderId, token: u64) -> LostReason {
         match self.slots.iter().find(|s| s.token == token) {
             Some(s) if s.holder.id != holder => LostReason::NotHolder,
-            Some(s) if !s.is_live(now_ms) => LostReason::Expired,
-            _ => LostReason::StaleToken,
+            Some(_) => LostReason::Expired,
+            None => LostReason::StaleToken,
         }
     }
 
@@ -192,7 +194,7 @@ pub fn renew(
         return Err(lost(key, token, LostReason::StaleToken));
     };
     let Some(i) = rec.position(holder, token, now_ms) else {
-        return Err(lost(key, token, rec.lost_reason(holder, token, now_ms)));
+        return Err(lost(key, token, rec.lost_reason(holder, token)));
     };
     // Never shorten: the holder's earlier local deadline relies on it.
     let slot = &mut rec.slots[i];
@@ -213,7 +215,7 @@ pub fn release(tx: &mut dyn Txn, key: &str, holder: HolderId, token: u64) -> Res
         return Err(lost(key, token, LostReason::StaleToken));
     };
     let Some(i) = rec.position(holder, token, now_ms) else {
-        return Err(lost(key, token, rec.lost_reason(holder, token, now_ms)));
+        return Err(lost(key, token, rec.lost_reason(holder, token)));
     };
     rec.slots.remove(i);
     rec.slots.retain(|s| s.is_live(now_ms));
