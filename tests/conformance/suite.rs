@@ -302,6 +302,7 @@ pub fn lease_inspect_creates_nothing(make: &Make) {
     let w = World::new(make);
     let info = w.inspect("never");
     assert_eq!((info.last_token, info.holders.len()), (0, 0));
+    assert_eq!(info.now_ms, T0, "inspect reports the store's clock");
     assert_eq!(
         lost_reason(w.release("never", 1, 1)),
         LostReason::StaleToken
