@@ -39,7 +39,7 @@ def rate(group, bench, threads):
 
 
 def main():
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 6), dpi=110)
     for label, group, bench in SERIES:
         pts = [(t, rate(group, bench, t)) for t in (1, 2, 4, 8)]
         pts = [(t, r) for t, r in pts if r]
@@ -53,7 +53,7 @@ def main():
     ax.set_ylabel("operations per second (log)")
     ax.set_title("leasehold: throughput against contention, per store")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     out = ROOT / "docs" / "throughput.png"
     out.parent.mkdir(exist_ok=True)
     fig.tight_layout()
