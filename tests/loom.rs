@@ -233,26 +233,52 @@ fn blocking_acquire_is_woken_by_release() {
 
 // ---------------------------------------------------------- keep-alive model
 
+/// A world for the client models: a mem store on `store_clock`, a client
+/// whose local clock is returned, and a held lease on "k" (TTL 30 ms) whose
+/// keep-alive counts the losses it reports.
+struct World {
+    store: Arc<dyn Store>,
+    local: ManualClock,
+    client: Client,
+}
+
+fn world(store_clock: &ManualClock) -> World {
+    let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(store_clock.clone())));
+    let local = ManualClock::new(0);
+    let client = Client::builder_shared(store.clone())
+        .clock(Arc::new(local.clone()))
+        .build();
+    World {
+        store,
+        local,
+        client,
+    }
+}
+
+fn kept_alive(w: &World) -> (leasehold::LeaseGuard, Arc<AtomicU64>) {
+    let guard = w
+        .client
+        .try_acquire("k", Duration::from_millis(30))
+        .unwrap();
+    let lost = Arc::new(AtomicU64::new(0));
+    let l = lost.clone();
+    guard
+        .keep_alive(move |_| {
+            l.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    (guard, lost)
+}
+
 fn keep_alive_model(naive: bool) -> impl Fn() + Sync + Send + 'static {
     move || {
         loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(naive));
-        let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(ManualClock::new(1))));
-        let local = ManualClock::new(0);
-        let client = Client::builder_shared(store.clone())
-            .clock(Arc::new(local.clone()))
-            .build();
-        let guard = client.try_acquire("k", Duration::from_millis(30)).unwrap();
-        let lost = Arc::new(AtomicU64::new(0));
-        let l = lost.clone();
-        guard
-            .keep_alive(move |_| {
-                l.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
+        let w = world(&ManualClock::new(1));
+        let (guard, lost) = kept_alive(&w);
         // Time passes: a renewal is due, racing the release below.
-        local.advance(15);
+        w.local.advance(15);
         guard.release().unwrap();
-        let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+        let info = w.store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
         assert!(
             info.holders.is_empty(),
             "a renewal revived the released lease"
@@ -280,23 +306,12 @@ fn keep_alive_model_rejects_the_naive_keep_alive() {
 fn keep_alive_reports_a_loss_exactly_once() {
     loom::model(|| {
         let store_clock = ManualClock::new(1);
-        let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(store_clock.clone())));
-        let local = ManualClock::new(0);
-        let client = Client::builder_shared(store.clone())
-            .clock(Arc::new(local.clone()))
-            .build();
-        let guard = client.try_acquire("k", Duration::from_millis(30)).unwrap();
-        let lost = Arc::new(AtomicU64::new(0));
-        let l = lost.clone();
-        guard
-            .keep_alive(move |_| {
-                l.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
+        let w = world(&store_clock);
+        let (guard, lost) = kept_alive(&w);
         // The store's clock passes the TTL: the renewal is refused, while
         // the holder also renews by hand.
         store_clock.advance(100);
-        local.advance(15);
+        w.local.advance(15);
         let _ = guard.renew();
         drop(guard);
         assert_eq!(lost.load(Ordering::SeqCst), 1, "reported exactly once");
@@ -308,11 +323,11 @@ fn keep_alive_reports_a_loss_exactly_once() {
 fn heartbeat_model(naive: bool) -> impl Fn() + Sync + Send + 'static {
     move || {
         loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(naive));
-        let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(ManualClock::new(1))));
-        let local = ManualClock::new(0);
-        let client = Client::builder_shared(store.clone())
-            .clock(Arc::new(local.clone()))
-            .build();
+        let World {
+            store,
+            local,
+            client,
+        } = world(&ManualClock::new(1));
         let q = client.queue("q").unwrap();
         q.push(&JobSpec::new("x")).unwrap();
         let job = q.claim(Duration::from_millis(30)).unwrap().unwrap();
