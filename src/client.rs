@@ -23,7 +23,7 @@ use crate::core::{
 };
 use crate::error::{Error, LostReason, Result, Target};
 use crate::fork::ForkGuard;
-use crate::store::{Store, StoreExt};
+use crate::store::{Store, StoreExt, Wake};
 use crate::sync::{lock, thread, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -297,7 +297,7 @@ impl Client {
         let wait_ms = ms(opts.wait);
         let mut backoff_ms = 1u64;
         loop {
-            let epoch = self.inner.store.lease_epoch();
+            let epoch = self.inner.store.epoch(Wake::LeaseFreed);
             let attempt = if lock(&self.inner.held).contains(key) {
                 // Held by another guard of ours: report it as held.
                 self.inspect(key).and_then(|info| {
@@ -330,9 +330,11 @@ impl Client {
                     let sleep_ms = (backoff_ms / 2 + self.jitter(backoff_ms / 2 + 1))
                         .min(wait_ms - waited_ms)
                         .max(1);
-                    self.inner
-                        .store
-                        .wait_lease_epoch(epoch, Duration::from_millis(sleep_ms));
+                    self.inner.store.wait_epoch(
+                        Wake::LeaseFreed,
+                        epoch,
+                        Duration::from_millis(sleep_ms),
+                    );
                     backoff_ms = (backoff_ms * 2).min(250);
                 }
                 Err(e) => return Err(e),
@@ -1014,7 +1016,9 @@ impl Queue {
     ) -> Result<WorkReport> {
         let mut report = WorkReport::default();
         let mut idle_ms = 1u64;
+        let store = &self.client.inner.store;
         while !stop.load(Ordering::SeqCst) {
+            let epoch = store.epoch(Wake::JobReady);
             let jobs = self.claim_batch(opts.batch.max(1), opts.lease)?;
             if jobs.is_empty() {
                 if opts.drain {
@@ -1025,7 +1029,13 @@ impl Queue {
                 }
                 let cap = ms(opts.idle_poll).max(1);
                 let sleep_ms = idle_ms / 2 + self.client.jitter(idle_ms / 2 + 1);
-                crate::sync::sleep(Duration::from_millis(sleep_ms.min(cap)));
+                // Woken early when a job becomes ready; polling stays the
+                // fallback (scheduled jobs falling due, stores that cannot tell).
+                store.wait_epoch(
+                    Wake::JobReady,
+                    epoch,
+                    Duration::from_millis(sleep_ms.min(cap)),
+                );
                 idle_ms = (idle_ms * 2).min(cap);
                 continue;
             }

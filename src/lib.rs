@@ -83,7 +83,9 @@ pub use core::{
     QueuePolicy, StateCounts,
 };
 pub use error::{Error, LostReason, Result, Target};
-pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt};
+pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt, Wake};
+#[cfg(all(feature = "postgres", not(loom)))]
+pub use store::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteOptions, SqliteStore, Synchronous};
 

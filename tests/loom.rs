@@ -145,7 +145,7 @@ fn store_claims_each_job_once_with_increasing_tokens() {
 // ------------------------------------------------------------ wake-up model
 
 /// A minimal store-like waiter protocol with the epoch check in or outside
-/// the lock; the real one is `MemStore::wait_lease_epoch`.
+/// the lock; the real one is `MemStore::wait_epoch`.
 struct Epoch {
     state: Mutex<(u64, bool)>,
     cv: Condvar,

@@ -12,7 +12,7 @@
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{ClaimRank, JobId, JobQuery, JobRecord, JobState, LeaseRecord, StateCounts, Txn};
 use crate::error::Result;
-use crate::store::Store;
+use crate::store::{Store, Wake};
 use crate::sync::{lock, Condvar, Mutex};
 use hashbrown::hash_map::EntryRef;
 use hashbrown::HashMap;
@@ -102,8 +102,9 @@ struct MemState {
     jobs: HashMap<JobId, JobRecord>,
     queues: HashMap<Arc<str>, QueueIndex>,
     last_job_id: u64,
-    lease_epoch: u64,
-    /// Threads blocked in `wait_lease_epoch` (a notify is a system call;
+    /// One counter per [`Wake`] event.
+    epochs: [u64; 2],
+    /// Threads blocked in `wait_epoch` (a notify is a system call;
     /// skip it when nobody waits).
     waiters: usize,
     /// Reused between transactions so a transaction does not allocate it.
@@ -173,7 +174,7 @@ impl MemState {
 #[derive(Debug)]
 pub struct MemStore {
     state: Mutex<MemState>,
-    freed: Condvar,
+    changed: Condvar,
     clock: Arc<dyn Clock>,
 }
 
@@ -187,7 +188,7 @@ impl MemStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         MemStore {
             state: Mutex::new(MemState::default()),
-            freed: Condvar::new(),
+            changed: Condvar::new(),
             clock,
         }
     }
@@ -202,7 +203,8 @@ impl Default for MemStore {
 struct MemTxn<'a> {
     st: &'a mut MemState,
     now_ms: u64,
-    freed: bool,
+    /// The [`Wake`] events this transaction causes when it commits.
+    woke: [bool; 2],
 }
 
 impl Txn for MemTxn<'_> {
@@ -232,7 +234,7 @@ impl Txn for MemTxn<'_> {
     }
 
     fn lease_freed(&mut self, _key: &str) {
-        self.freed = true;
+        self.woke[Wake::LeaseFreed as usize] = true;
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
@@ -249,6 +251,9 @@ impl Txn for MemTxn<'_> {
 
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
         let old = self.st.set_job(job.id, Some(job));
+        if job.state == JobState::Ready && old.as_ref().map(|o| o.state) != Some(JobState::Ready) {
+            self.woke[Wake::JobReady as usize] = true;
+        }
         self.st.undo.jobs.push((job.id, old));
         Ok(())
     }
@@ -333,18 +338,20 @@ impl Store for MemStore {
         let mut tx = MemTxn {
             st: &mut st,
             now_ms,
-            freed: false,
+            woke: [false; 2],
         };
         let result = f(&mut tx);
-        let freed = tx.freed;
+        let woke = tx.woke;
         if result.is_err() {
             st.rollback();
         } else {
             st.commit();
-            if freed {
-                st.lease_epoch = st.lease_epoch.wrapping_add(1);
+            if woke != [false; 2] {
+                for (epoch, woke) in st.epochs.iter_mut().zip(woke) {
+                    *epoch = epoch.wrapping_add(u64::from(woke));
+                }
                 if st.waiters > 0 {
-                    self.freed.notify_all();
+                    self.changed.notify_all();
                 }
             }
         }
@@ -355,21 +362,21 @@ impl Store for MemStore {
         "mem".to_owned()
     }
 
-    fn lease_epoch(&self) -> u64 {
-        lock(&self.state).lease_epoch
+    fn epoch(&self, wake: Wake) -> u64 {
+        lock(&self.state).epochs[wake as usize]
     }
 
-    fn wait_lease_epoch(&self, epoch: u64, timeout: Duration) -> bool {
+    fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
         let mut st = lock(&self.state);
-        if st.lease_epoch != epoch {
+        if st.epochs[wake as usize] != epoch {
             return true;
         }
         st.waiters += 1;
-        let (mut st, _) = match self.freed.wait_timeout(st, timeout) {
+        let (mut st, _) = match self.changed.wait_timeout(st, timeout) {
             Ok(pair) => pair,
             Err(poisoned) => poisoned.into_inner(),
         };
         st.waiters -= 1;
-        st.lease_epoch != epoch
+        st.epochs[wake as usize] != epoch
     }
 }

@@ -6,6 +6,8 @@
 
 pub mod file;
 pub mod mem;
+#[cfg(all(feature = "postgres", not(loom)))]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -14,10 +16,22 @@ use crate::error::Result;
 use std::path::Path;
 use std::time::Duration;
 
+#[cfg(all(feature = "postgres", not(loom)))]
+pub use self::postgres::{PostgresOptions, PostgresStore};
 pub use file::{FileOptions, FileStore};
 pub use mem::MemStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
+
+/// An event a blocked caller can wait for ([`Store::wait_epoch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// A lease slot was freed (released): blocked acquirers retry.
+    LeaseFreed = 0,
+    /// A job became ready (pushed, retried, failed into an immediate
+    /// retry): idle workers claim.
+    JobReady = 1,
+}
 
 /// Atomic transactions over lease and job records.
 ///
@@ -32,24 +46,27 @@ pub trait Store: Send + Sync {
     /// A short description for messages (`"mem"`, `"sqlite:/var/lib/x.db"`).
     fn describe(&self) -> String;
 
-    /// A counter that changes whenever a lease slot is freed (released).
-    /// Stores that cannot tell return 0 forever, and waiters poll.
-    fn lease_epoch(&self) -> u64 {
+    /// A counter that changes whenever the event `wake` names happens (a
+    /// lease slot freed, a job made ready). Stores that cannot tell return 0
+    /// forever, and waiters poll.
+    fn epoch(&self, wake: Wake) -> u64 {
+        let _ = wake;
         0
     }
 
-    /// Block until [`Store::lease_epoch`] differs from `epoch` or `timeout`
-    /// passes; returns true if woken by a change. The default just sleeps.
-    fn wait_lease_epoch(&self, epoch: u64, timeout: Duration) -> bool {
-        let _ = epoch;
+    /// Block until [`Store::epoch`] of `wake` differs from `epoch` or
+    /// `timeout` passes; returns true if woken by a change. The default just
+    /// sleeps. Waking is an optimization: callers re-check and still poll.
+    fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
+        let _ = (wake, epoch);
         crate::sync::sleep(timeout);
         false
     }
 }
 
 /// Open a store from a URL: `sqlite:PATH` (the default scheme), `file:DIR`
-/// (leases only), `mem:` (in-process, for tests). `postgres://` is reserved
-/// for the PostgreSQL store and refused clearly until it exists.
+/// (leases only), `postgres://USER@HOST:PORT/DB?schema=NAME&pool_size=N`
+/// (many machines), `mem:` (in-process, for tests).
 pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     use crate::error::Error;
     if let Some(path) = url.strip_prefix("sqlite:") {
@@ -83,15 +100,21 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
         }
         return Ok(std::sync::Arc::new(file::FileStore::open(dir)?));
     }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(all(feature = "postgres", not(loom)))]
+        return Ok(std::sync::Arc::new(self::postgres::PostgresStore::open(
+            url,
+        )?));
+        #[cfg(not(all(feature = "postgres", not(loom))))]
+        return Err(Error::invalid(
+            "store",
+            "this build has no postgres feature (cargo build --features postgres)",
+        ));
+    }
     let scheme = url.split(':').next().unwrap_or("");
-    let reason = match scheme {
-        "postgres" | "postgresql" => {
-            format!("{url:?}: the PostgreSQL store is not part of this build yet; use sqlite:PATH")
-        }
-        _ => format!(
-            "{url:?}: unknown store; expected sqlite:PATH or file:DIR (postgres://... is planned)"
-        ),
-    };
+    let reason = format!(
+        "{url:?}: unknown store scheme {scheme:?}; expected sqlite:PATH, file:DIR, postgres://... or mem:"
+    );
     Err(Error::invalid("store", reason))
 }
 
@@ -124,6 +147,35 @@ pub fn network_fs(dir: &Path) -> Option<&'static str> {
         .map(|&(_, name)| name)
 }
 
+/// A database integer for `v`, or an error naming `field` if it does not fit.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn i64_of(field: &'static str, v: u64) -> Result<i64> {
+    i64::try_from(v)
+        .map_err(|_| crate::error::Error::invalid(field, format!("{v} does not fit the database")))
+}
+
+/// A database integer as an unsigned value (negative values, never
+/// written, read as 0).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn u64_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// A holder id as 16 big-endian bytes (a database blob).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn holder_bytes(id: crate::core::HolderId) -> [u8; 16] {
+    id.0.to_be_bytes()
+}
+
+/// The holder id of a database blob (see [`holder_bytes`]).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn holder_from(bytes: &[u8]) -> crate::core::HolderId {
+    let mut b = [0u8; 16];
+    let n = bytes.len().min(16);
+    b[..n].copy_from_slice(&bytes[..n]);
+    crate::core::HolderId(u128::from_be_bytes(b))
+}
+
 /// Typed convenience over [`Store::transact`].
 pub trait StoreExt: Store {
     /// Run `f` in one transaction and return its value.
@@ -146,10 +198,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn describe(&self) -> String {
         (**self).describe()
     }
-    fn lease_epoch(&self) -> u64 {
-        (**self).lease_epoch()
+    fn epoch(&self, wake: Wake) -> u64 {
+        (**self).epoch(wake)
     }
-    fn wait_lease_epoch(&self, epoch: u64, timeout: Duration) -> bool {
-        (**self).wait_lease_epoch(epoch, timeout)
+    fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
+        (**self).wait_epoch(wake, epoch, timeout)
     }
 }

@@ -38,11 +38,11 @@
 
 use crate::clock::{boot_id, BootClock, Clock};
 use crate::core::{
-    Claim, HolderId, JobId, JobQuery, JobRecord, JobState, LeaseRecord, LeaseSlot, StateCounts, Txn,
+    Claim, JobId, JobQuery, JobRecord, JobState, LeaseRecord, LeaseSlot, StateCounts, Txn,
 };
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
-use crate::store::Store;
+use crate::store::{holder_bytes, holder_from, i64_of, u64_of, Store};
 use crate::sync::{lock, Mutex};
 use crate::Holder;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
@@ -228,14 +228,6 @@ fn busy_wait(count: i32) -> bool {
 /// and ROLLBACK would otherwise be parsed again for every transaction).
 fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
-}
-
-fn i64_of(field: &'static str, v: u64) -> Result<i64> {
-    i64::try_from(v).map_err(|_| Error::invalid(field, format!("{v} does not fit the database")))
-}
-
-fn u64_of(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
 }
 
 pub use crate::store::network_fs;
@@ -451,17 +443,6 @@ impl Drop for SqliteStore {
 }
 
 const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
-
-fn holder_bytes(id: HolderId) -> [u8; 16] {
-    id.0.to_be_bytes()
-}
-
-fn holder_from(bytes: &[u8]) -> HolderId {
-    let mut b = [0u8; 16];
-    let n = bytes.len().min(16);
-    b[..n].copy_from_slice(&bytes[..n]);
-    HolderId(u128::from_be_bytes(b))
-}
 
 fn state_of(v: i64) -> rusqlite::Result<JobState> {
     usize::try_from(v)

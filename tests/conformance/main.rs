@@ -2,6 +2,8 @@
 
 #[macro_use]
 mod suite;
+#[path = "../support/pg.rs"]
+mod pg;
 
 mod mem {
     use leasehold::{ManualClock, MemStore, Store};
@@ -83,5 +85,20 @@ mod file {
         };
         let store = FileStore::open_with(dir.0.join("leases"), opts).unwrap();
         Arc::new(Kept(store, dir))
+    });
+}
+
+mod postgres {
+    use super::pg::{PgKept, Schema};
+    use leasehold::{ManualClock, PostgresOptions, Store};
+    use std::sync::Arc;
+
+    conformance_cases!(@guard super::pg::enabled; |clock: &ManualClock| -> Arc<dyn Store> {
+        let schema = Schema::new("conf");
+        let store = schema.open(PostgresOptions {
+            clock: Some(Arc::new(clock.clone())),
+            ..PostgresOptions::default()
+        });
+        Arc::new(PgKept(store, schema))
     });
 }

@@ -917,24 +917,30 @@ pub fn job_scans_are_ordered(make: &Make) {
     assert_eq!(claimed, ids);
 }
 
-/// Generates one `#[test]` per lease case for a store factory.
+/// Generates one `#[test]` per lease case for a store factory. With
+/// `@guard GUARD;` first, each case runs only when `GUARD()` is true (a
+/// store that needs a server prints why it skips).
 #[macro_export]
 macro_rules! conformance_lease_cases {
-    ($make:expr) => {
-        $crate::conformance_cases!(@cases $make;
+    (@guard $guard:expr; $make:expr) => {
+        $crate::conformance_cases!(@cases $guard, $make;
             lease_exclusive_then_released, lease_expiry_boundary, lease_renew_and_reacquire,
             lease_identity_checks, lease_counting, lease_inspect_creates_nothing,
             lease_hostile_keys, txn_lease_rolls_back_on_error, store_clock_never_goes_back
         );
     };
+    ($make:expr) => {
+        $crate::conformance_lease_cases!(@guard || true; $make);
+    };
 }
 
-/// Generates one `#[test]` per case (leases and jobs) for a store factory.
+/// Generates one `#[test]` per case (leases and jobs) for a store factory
+/// (`@guard` as in [`conformance_lease_cases`]).
 #[macro_export]
 macro_rules! conformance_cases {
-    ($make:expr) => {
-        $crate::conformance_lease_cases!($make);
-        $crate::conformance_cases!(@cases $make;
+    (@guard $guard:expr; $make:expr) => {
+        $crate::conformance_lease_cases!(@guard $guard; $make);
+        $crate::conformance_cases!(@cases $guard, $make;
             txn_rolls_back_on_error,
             job_claim_order, job_priority_beats_earlier_run_at, job_lifecycle_complete,
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
@@ -943,13 +949,20 @@ macro_rules! conformance_cases {
             job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
         );
     };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
+    (@cases $guard:expr, $make:expr; $($case:ident),* $(,)?) => {
         $(
             #[test]
             fn $case() {
+                let run: fn() -> bool = $guard;
+                if !run() {
+                    return;
+                }
                 let make: &$crate::suite::Make = &$make;
                 $crate::suite::$case(make);
             }
         )*
+    };
+    ($make:expr) => {
+        $crate::conformance_cases!(@guard || true; $make);
     };
 }

@@ -1,0 +1,1411 @@
+//! The PostgreSQL store: leases and jobs shared by many machines.
+//!
+//! # Design
+//! - **Time is the database's.** Each transaction reads `clock_timestamp()`
+//!   once, in the same round trip as its `BEGIN`, and the rules compare and
+//!   compute every expiry with that instant, so machines whose clocks
+//!   disagree still agree on who holds what. A handle never hands out a
+//!   time below one it handed out before. (A holder's own validity deadline
+//!   still runs on its local monotonic clock, in the client layer.) The
+//!   server's clock should be slewed, not stepped: a step forward ends
+//!   leases early on the store's clock (holders still stop at their local
+//!   deadline and stale tokens are fenced), a step back lengthens them.
+//! - **Row locks serialize the rules.** A lease row is read `FOR UPDATE`;
+//!   a key nobody has held yet is inserted at commit, and a concurrent
+//!   first grant of the same key fails that insert (unique violation,
+//!   retried) instead of granting twice. Job scans take their rows
+//!   `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each
+//!   other and never see the same job; a single job is read `FOR UPDATE`.
+//!   Transactions run at READ COMMITTED: every decision is made on rows the
+//!   transaction has locked, so it cannot be based on a stale read.
+//! - **Few round trips.** Reads are cached in the transaction (a scanned
+//!   row is not read again), writes are kept until the commit and sent as
+//!   one statement per kind (one `UPDATE ... FROM unnest(...)` for a batch of
+//!   claims), and the expired and due scans of a queue's maintenance travel
+//!   together. A claim is five round trips (BEGIN with the clock, the
+//!   maintenance scans, the claim scan, the update, COMMIT), a complete four.
+//!   A pending write is flushed before any query that could see it.
+//! - **Indexes match the scans**: one partial index per job state, ordered
+//!   as the scan orders, so claim cost does not grow with finished jobs.
+//! - **Wake-ups**: a transaction that frees a lease slot or makes a job
+//!   ready sends `pg_notify` on the schema's channel; a listener thread per
+//!   store handle (started on the first wait) wakes blocked acquirers and
+//!   idle workers. Polling stays the fallback.
+//! - **Errors**: serialization failures, deadlocks, lock timeouts, unique
+//!   violations (two first grants of one key) and lost connections are
+//!   transient; the client retries them with jittered backoff up to its
+//!   deadline. A connection lost, or any error other than a definite
+//!   rollback, *during COMMIT* is reported as ambiguous: the caller cannot
+//!   know whether it happened (a claim that did is recovered when its lease
+//!   expires). A broken connection is discarded and replaced on next use.
+//! - **Sessions** set `lock_timeout` (a wait on a row lock ends as a
+//!   transient error) and `idle_in_transaction_session_timeout` (a process
+//!   paused in the middle of a transaction loses its session and its locks).
+//! - **Connections**: a small pool per store handle (threads sharing a
+//!   handle each get a connection). Used in a forked child the store returns
+//!   [`Error::Forked`]; dropped there, it leaks its connections instead of
+//!   closing the parent's sockets.
+//! - **Versioned migrations** in their own schema (default `leasehold`),
+//!   applied under a transaction-scoped advisory lock, so many processes may
+//!   start at once. A schema from a newer version, or a schema that holds
+//!   other tables and no leasehold marker, is refused and left untouched.
+
+use crate::clock::Clock;
+use crate::core::{
+    Claim, JobId, JobQuery, JobRecord, JobState, LeaseRecord, LeaseSlot, StateCounts, Txn,
+};
+use crate::error::{Error, Result};
+use crate::fork::ForkGuard;
+use crate::store::{holder_bytes, holder_from, i64_of, u64_of, Store, Wake};
+use crate::sync::{lock, thread, AtomicU64, Condvar, Mutex, Ordering};
+use crate::Holder;
+use fallible_iterator::FallibleIterator;
+use postgres::error::SqlState;
+use postgres::types::ToSql;
+use postgres::{Client, Config, NoTls, Row, SimpleQueryMessage, Statement};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// First key of the advisory lock held while migrating ("LSHD").
+const ADVISORY_CLASS: i32 = 0x4C53_4844;
+
+/// The longest schema name: the notification channel
+/// (`leasehold_<schema>`) must fit PostgreSQL's 63-byte identifiers.
+const MAX_SCHEMA_BYTES: usize = 48;
+
+/// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
+/// to `i + 1`. `{s}` is the quoted schema name.
+const MIGRATIONS: [&str; 1] = ["
+CREATE TABLE {s}.leases (
+    key text PRIMARY KEY,
+    last_token int8 NOT NULL,
+    tokens int8[] NOT NULL,
+    holders bytea[] NOT NULL,
+    labels text[] NOT NULL,
+    expires int8[] NOT NULL
+);
+CREATE SEQUENCE {s}.job_ids AS int8 MINVALUE 1;
+CREATE TABLE {s}.jobs (
+    id int8 PRIMARY KEY,
+    queue text NOT NULL,
+    payload bytea NOT NULL,
+    priority int4 NOT NULL,
+    run_at int8 NOT NULL,
+    created_at int8 NOT NULL,
+    max_attempts int8 NOT NULL,
+    attempts int8 NOT NULL,
+    expiries int8 NOT NULL,
+    last_token int8 NOT NULL,
+    state int2 NOT NULL,
+    claim_holder bytea,
+    claim_token int8,
+    lease_until int8,
+    cancel_requested bool NOT NULL,
+    last_error text,
+    unique_key text,
+    finished_at int8
+);
+CREATE INDEX jobs_ready ON {s}.jobs (queue, priority DESC, run_at, id) WHERE state = 0;
+CREATE INDEX jobs_scheduled ON {s}.jobs (queue, run_at, id) WHERE state = 1;
+CREATE INDEX jobs_running ON {s}.jobs (queue, lease_until, id) WHERE state = 2;
+CREATE INDEX jobs_finished ON {s}.jobs (queue, finished_at, id, state) WHERE state >= 3;
+CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
+    WHERE state <= 2 AND unique_key IS NOT NULL;
+"];
+
+/// Options of [`PostgresStore::open_with`]. The URL's `schema=` and
+/// `pool_size=` parameters, when present, override `schema` and
+/// `max_connections`.
+#[derive(Clone)]
+pub struct PostgresOptions {
+    /// The schema holding leasehold's tables (created if missing).
+    pub schema: String,
+    /// Connections this handle opens at most (threads sharing the handle
+    /// each take one for the length of a transaction).
+    pub max_connections: usize,
+    /// How long a thread waits for a free connection before a transient error.
+    pub pool_wait: Duration,
+    /// `lock_timeout` of every session: a row-lock wait longer than this
+    /// ends as a transient error.
+    pub lock_timeout: Duration,
+    /// `idle_in_transaction_session_timeout`: a client that stalls inside a
+    /// transaction (a paused process) loses its session and its locks.
+    pub idle_in_transaction_timeout: Duration,
+    /// Replaces the database clock (tests use a manual clock for exact
+    /// boundaries). `None`: `clock_timestamp()` of the server.
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            schema: "leasehold".to_owned(),
+            max_connections: 16,
+            pool_wait: Duration::from_secs(5),
+            lock_timeout: Duration::from_secs(2),
+            idle_in_transaction_timeout: Duration::from_secs(10),
+            clock: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("schema", &self.schema)
+            .field("max_connections", &self.max_connections)
+            .field("clock", &self.clock.as_ref().map(|_| "injected"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Split leasehold's own parameters (`schema`, `pool_size`) off a
+/// `postgres://` URL; the rest goes to the driver.
+fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok(url.to_owned());
+    };
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "schema" => opts.schema = value.to_owned(),
+            "pool_size" => {
+                opts.max_connections = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| (1..=1024).contains(&n))
+                    .ok_or_else(|| {
+                        Error::invalid("store", format!("pool_size={value:?}: expected 1..=1024"))
+                    })?;
+            }
+            _ => rest.push(pair),
+        }
+    }
+    Ok(if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    })
+}
+
+/// Check a schema name: lowercase letters, digits and `_`, not starting
+/// with a digit, at most [`MAX_SCHEMA_BYTES`].
+fn check_schema_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_SCHEMA_BYTES
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "schema",
+            format!("{name:?}: use 1 to {MAX_SCHEMA_BYTES} lowercase letters, digits or _, not starting with a digit"),
+        ))
+    }
+}
+
+/// Every statement, prepared once per connection.
+struct Statements {
+    lease_get: Statement,
+    lease_insert: Statement,
+    lease_update: Statement,
+    job_get: Statement,
+    job_payload: Statement,
+    job_insert: Statement,
+    job_update: Statement,
+    job_update_many: Statement,
+    job_delete: Statement,
+    next_id: Statement,
+    live_unique: Statement,
+    scan_ready: Statement,
+    scan_maintenance: Statement,
+    scan_due: Statement,
+    scan_finished: Statement,
+    counts: Statement,
+    list: Statement,
+    notify: Statement,
+}
+
+const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
+
+/// [`COLUMNS`] without the payload (read only when a job is returned).
+const COLUMNS_NO_PAYLOAD: &str = "id, queue, NULL::bytea, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
+
+impl Statements {
+    fn prepare(client: &mut Client, s: &str) -> std::result::Result<Statements, postgres::Error> {
+        let mut p = |sql: String| client.prepare(&sql.replace("{s}", s));
+        let set = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts,
+            attempts = u.attempts, expiries = u.expiries, last_token = u.last_token,
+            state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token,
+            lease_until = u.lease_until, cancel_requested = u.cancel_requested,
+            last_error = u.last_error, finished_at = u.finished_at";
+        let fields = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at";
+        Ok(Statements {
+            lease_get: p("SELECT last_token, tokens, holders, labels, expires FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
+            lease_insert: p("INSERT INTO {s}.leases (key, last_token, tokens, holders, labels, expires) VALUES ($1, $2, $3, $4, $5, $6)".into())?,
+            lease_update: p("UPDATE {s}.leases SET last_token = $2, tokens = $3, holders = $4, labels = $5, expires = $6 WHERE key = $1".into())?,
+            job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
+            job_payload: p("SELECT payload FROM {s}.jobs WHERE id = $1".into())?,
+            job_insert: p(format!("INSERT INTO {{s}}.jobs ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"))?,
+            job_update: p(format!(
+                "UPDATE {{s}}.jobs AS j SET {set}
+                 FROM (VALUES ($1::int8, $2::int4, $3::int8, $4::int8, $5::int8, $6::int8, $7::int8, $8::int2, $9::bytea, $10::int8, $11::int8, $12::bool, $13::text, $14::int8))
+                   AS u({fields})
+                 WHERE j.id = u.id"
+            ))?,
+            job_update_many: p(format!(
+                "UPDATE {{s}}.jobs AS j SET {set}
+                 FROM unnest($1::int8[], $2::int4[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], $8::int2[], $9::bytea[], $10::int8[], $11::int8[], $12::bool[], $13::text[], $14::int8[])
+                   AS u({fields})
+                 WHERE j.id = u.id"
+            ))?,
+            job_delete: p("DELETE FROM {s}.jobs WHERE id = ANY($1)".into())?,
+            next_id: p("SELECT nextval('{s}.job_ids')".into())?,
+            live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
+            scan_ready: p(format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
+                 ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ))?,
+            scan_maintenance: p(format!(
+                "WITH e AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                            WHERE queue = $1 AND state = 2 AND lease_until <= $2
+                            ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED),
+                      d AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                            WHERE queue = $1 AND state = 1 AND run_at <= $2
+                            ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
+                 SELECT * FROM e UNION ALL SELECT * FROM d"
+            ))?,
+            scan_due: p(format!(
+                "SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
+                 ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+            ))?,
+            scan_finished: p(
+                "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND finished_at <= $2
+                 ORDER BY finished_at, id LIMIT $3 FOR UPDATE SKIP LOCKED".into(),
+            )?,
+            counts: p("SELECT
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 0),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 1),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 2),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 3),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 4),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 5)".into())?,
+            list: p(format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND id > $2 AND ($3::int2 < 0 OR state = $3::int2)
+                 ORDER BY id LIMIT $4"
+            ))?,
+            notify: p("SELECT pg_notify($1, $2)".into())?,
+        })
+    }
+}
+
+/// One pooled connection and its prepared statements.
+struct Conn {
+    client: Client,
+    st: Statements,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Conn>,
+    /// Connections open (idle or in use).
+    open: usize,
+}
+
+/// Wake-up counters fed by the listener thread.
+#[derive(Default)]
+struct Listener {
+    state: Mutex<ListenState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct ListenState {
+    epochs: [u64; 2],
+    started: bool,
+    stop: bool,
+}
+
+/// The PostgreSQL [`Store`].
+pub struct PostgresStore {
+    config: Config,
+    shown: String,
+    /// The quoted schema name.
+    schema: String,
+    channel: String,
+    opts: PostgresOptions,
+    pool: Mutex<Pool>,
+    pool_freed: Condvar,
+    fork: ForkGuard,
+    /// Highest store time this handle handed out.
+    high_water_ms: AtomicU64,
+    listener: Arc<Listener>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a failed statement means for the connection and the caller.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Before COMMIT was sent: the transaction did not happen.
+    Work,
+    /// During COMMIT: it may have happened.
+    Commit,
+}
+
+/// Map a driver error to a typed store error. Returns the error and
+/// whether the connection must be discarded.
+fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Error {
+    let code = e.code();
+    let transient_code = code.is_some_and(|c| {
+        [
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+            SqlState::QUERY_CANCELED,
+        ]
+        .contains(c)
+            || c.code().starts_with("08")
+    });
+    // No code: the connection failed (closed, I/O) or the client refused
+    // a value before sending it (not transient).
+    let connection_lost = code.is_none()
+        && (e.is_closed()
+            || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()));
+    let transient = transient_code || connection_lost;
+    // Only these say for certain that the transaction was rolled back.
+    let definite_rollback = code.is_some_and(|c| {
+        *c == SqlState::T_R_SERIALIZATION_FAILURE
+            || *c == SqlState::T_R_DEADLOCK_DETECTED
+            || c.code().starts_with("23")
+    });
+    let ambiguous = stage == Stage::Commit && !definite_rollback;
+    let message = match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    };
+    Error::Store {
+        context: context.into(),
+        message: if ambiguous {
+            format!("{message}; the commit's outcome is unknown")
+        } else {
+            message
+        },
+        transient: transient && !ambiguous,
+        ambiguous,
+    }
+}
+
+/// The connection settings without the password, for messages.
+fn describe_config(config: &Config, schema: &str) -> String {
+    use postgres::config::Host;
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .zip(config.get_ports().iter().chain(std::iter::repeat(&5432u16)))
+        .map(|(h, p)| match h {
+            Host::Tcp(name) => format!("{name}:{p}"),
+            Host::Unix(path) => format!("{}:{p}", path.display()),
+        })
+        .collect();
+    format!(
+        "postgres://{}@{}/{} (schema {schema})",
+        config.get_user().unwrap_or(""),
+        hosts.join(","),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+fn ms_setting(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
+}
+
+impl PostgresStore {
+    /// Connect to `url` (`postgres://user@host:port/db?schema=NAME&pool_size=N`,
+    /// plus any parameter the driver knows) with default options, creating
+    /// or migrating the schema.
+    pub fn open(url: &str) -> Result<Self> {
+        Self::open_with(url, PostgresOptions::default())
+    }
+
+    /// [`PostgresStore::open`] with options.
+    pub fn open_with(url: &str, mut opts: PostgresOptions) -> Result<Self> {
+        let driver_url = split_url(url, &mut opts)?;
+        check_schema_name(&opts.schema)?;
+        if opts.max_connections == 0 {
+            return Err(Error::invalid("max_connections", "must be at least 1"));
+        }
+        let mut config: Config = driver_url.parse().map_err(|e: postgres::Error| {
+            Error::invalid("store", format!("not a PostgreSQL URL: {e}"))
+        })?;
+        if config.get_application_name().is_none() {
+            config.application_name("leasehold");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        let shown = describe_config(&config, &opts.schema);
+        let store = PostgresStore {
+            schema: format!("\"{}\"", opts.schema),
+            channel: format!("leasehold_{}", opts.schema),
+            config,
+            shown,
+            opts,
+            pool: Mutex::new(Pool::default()),
+            pool_freed: Condvar::new(),
+            fork: ForkGuard::new(),
+            high_water_ms: AtomicU64::new(0),
+            listener: Arc::new(Listener::default()),
+        };
+        let mut client = store.connect_raw()?;
+        store.migrate(&mut client)?;
+        let conn = store.prepare(client)?;
+        let mut pool = lock(&store.pool);
+        pool.idle.push(conn);
+        pool.open = 1;
+        drop(pool);
+        Ok(store)
+    }
+
+    /// The schema's name (unquoted).
+    pub fn schema(&self) -> &str {
+        &self.opts.schema
+    }
+
+    fn connect_raw(&self) -> Result<Client> {
+        let mut client = self
+            .config
+            .connect(NoTls)
+            .map_err(|e| pg_err(format!("connecting to {}", self.shown), &e, Stage::Work))?;
+        client
+            .batch_execute(&format!(
+                "SET lock_timeout = '{}'; SET idle_in_transaction_session_timeout = '{}'",
+                ms_setting(self.opts.lock_timeout),
+                ms_setting(self.opts.idle_in_transaction_timeout)
+            ))
+            .map_err(|e| {
+                pg_err(
+                    format!("configuring a session on {}", self.shown),
+                    &e,
+                    Stage::Work,
+                )
+            })?;
+        Ok(client)
+    }
+
+    fn prepare(&self, mut client: Client) -> Result<Conn> {
+        let st = Statements::prepare(&mut client, &self.schema).map_err(|e| {
+            pg_err(
+                format!("preparing statements on {}", self.shown),
+                &e,
+                Stage::Work,
+            )
+        })?;
+        Ok(Conn { client, st })
+    }
+
+    /// Create or upgrade the schema, once, whoever else starts at the same time.
+    fn migrate(&self, client: &mut Client) -> Result<()> {
+        let ctx = || format!("migrating schema {} on {}", self.opts.schema, self.shown);
+        let fail = |e: postgres::Error| pg_err(ctx(), &e, Stage::Work);
+        let mut tx = client.transaction().map_err(fail)?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            &[&ADVISORY_CLASS, &self.opts.schema],
+        )
+        .map_err(fail)?;
+        let row = tx
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL,
+                        (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                          WHERE n.nspname = $2)",
+                &[&format!("{}.leasehold_meta", self.schema), &self.opts.schema],
+            )
+            .map_err(fail)?;
+        let (has_meta, objects): (bool, i64) = (row.get(0), row.get(1));
+        let version: i64 = if has_meta {
+            let v: Option<String> = tx
+                .query_opt(
+                    &format!(
+                        "SELECT value FROM {}.leasehold_meta WHERE name = 'schema_version'",
+                        self.schema
+                    ),
+                    &[],
+                )
+                .map_err(fail)?
+                .map(|r| r.get(0));
+            v.and_then(|v| v.parse().ok()).ok_or_else(|| {
+                Error::store(
+                    ctx(),
+                    "leasehold_meta has no valid schema_version; left untouched",
+                )
+            })?
+        } else if objects > 0 {
+            return Err(Error::store(
+                ctx(),
+                format!("schema {} holds {objects} objects but is not a leasehold schema; left untouched (choose another with ?schema=NAME)", self.opts.schema),
+            ));
+        } else {
+            0
+        };
+        if version > SCHEMA_VERSION {
+            return Err(Error::store(
+                ctx(),
+                format!("written by a newer leasehold (schema version {version}; this build knows up to {SCHEMA_VERSION}); left untouched"),
+            ));
+        }
+        if version == 0 {
+            tx.batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {s};
+                 CREATE TABLE {s}.leasehold_meta (name text PRIMARY KEY, value text NOT NULL);
+                 INSERT INTO {s}.leasehold_meta VALUES ('schema_version', '0');",
+                s = self.schema
+            ))
+            .map_err(fail)?;
+        }
+        for (from, sql) in MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(usize::try_from(version).unwrap_or(0))
+        {
+            tx.batch_execute(&sql.replace("{s}", &self.schema))
+                .map_err(fail)?;
+            tx.execute(
+                &format!(
+                    "UPDATE {}.leasehold_meta SET value = $1 WHERE name = 'schema_version'",
+                    self.schema
+                ),
+                &[&(from as i64 + 1).to_string()],
+            )
+            .map_err(fail)?;
+        }
+        tx.commit().map_err(fail)
+    }
+
+    /// A connection from the pool, a new one, or (all in use) the first
+    /// one returned within `pool_wait`.
+    fn checkout(&self) -> Result<Conn> {
+        let mut pool = lock(&self.pool);
+        let mut waited = Duration::ZERO;
+        loop {
+            if let Some(conn) = pool.idle.pop() {
+                return Ok(conn);
+            }
+            if pool.open < self.opts.max_connections {
+                pool.open += 1;
+                drop(pool);
+                let conn = self.connect_raw().and_then(|c| self.prepare(c));
+                if conn.is_err() {
+                    lock(&self.pool).open -= 1;
+                    self.pool_freed.notify_one();
+                }
+                return conn;
+            }
+            if waited >= self.opts.pool_wait {
+                return Err(Error::transient(
+                    format!("taking a connection to {}", self.shown),
+                    format!(
+                        "all {} connections of this handle are in use",
+                        self.opts.max_connections
+                    ),
+                ));
+            }
+            let step = Duration::from_millis(50);
+            pool = match self.pool_freed.wait_timeout(pool, step) {
+                Ok((p, _)) => p,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+            waited += step;
+        }
+    }
+
+    /// Return a connection to the pool, or drop it if it broke.
+    fn checkin(&self, conn: Conn) {
+        let mut pool = lock(&self.pool);
+        if conn.client.is_closed() {
+            pool.open -= 1;
+            drop(pool);
+            drop(conn);
+        } else {
+            pool.idle.push(conn);
+        }
+        self.pool_freed.notify_one();
+    }
+
+    /// BEGIN and read the clock in one round trip.
+    fn begin(&self, conn: &mut Conn) -> Result<u64> {
+        let fail = |e: postgres::Error| {
+            pg_err(
+                format!("beginning a transaction on {}", self.shown),
+                &e,
+                Stage::Work,
+            )
+        };
+        let now = match &self.opts.clock {
+            Some(clock) => {
+                conn.client.batch_execute("BEGIN").map_err(fail)?;
+                clock.now_ms()
+            }
+            None => {
+                let msgs = conn
+                    .client
+                    .simple_query(
+                        "BEGIN; SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
+                    )
+                    .map_err(fail)?;
+                msgs.iter()
+                    .find_map(|m| match m {
+                        SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<u64>().ok()),
+                        _ => None,
+                    })
+                    .ok_or_else(|| {
+                        Error::store(
+                            format!("reading the clock of {}", self.shown),
+                            "clock_timestamp() returned no usable value",
+                        )
+                    })?
+            }
+        };
+        let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
+        Ok(now.max(prev))
+    }
+
+    fn run(&self, conn: &mut Conn, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
+        let now_ms = self.begin(conn)?;
+        let mut tx = PgTxn {
+            conn: &mut *conn,
+            now_ms,
+            leases: Vec::new(),
+            jobs: HashMap::new(),
+            pending: Vec::new(),
+            deleted: Vec::new(),
+            due: None,
+            woke: [false; 2],
+        };
+        let result = f(&mut tx).and_then(|()| tx.flush()).and_then(|()| {
+            for wake in [Wake::LeaseFreed, Wake::JobReady] {
+                if tx.woke[wake as usize] {
+                    let payload = (wake as u8).to_string();
+                    tx.conn
+                        .client
+                        .execute(&tx.conn.st.notify, &[&self.channel, &payload])
+                        .map_err(|e| pg_err("notifying waiters", &e, Stage::Work))?;
+                }
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => conn
+                .client
+                .batch_execute("COMMIT")
+                .map_err(|e| pg_err(format!("committing to {}", self.shown), &e, Stage::Commit)),
+            Err(e) => {
+                let _ = conn.client.batch_execute("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    /// Start the listener thread once.
+    fn start_listener(&self) {
+        let mut st = lock(&self.listener.state);
+        if st.started || !self.fork.is_origin() {
+            return;
+        }
+        st.started = true;
+        drop(st);
+        let listener = self.listener.clone();
+        let config = self.config.clone();
+        let channel = self.channel.clone();
+        let spawned = thread::Builder::new()
+            .name("leasehold-pg-listen".into())
+            .spawn(move || listen(&listener, &config, &channel));
+        if spawned.is_err() {
+            lock(&self.listener.state).started = false;
+        }
+    }
+}
+
+/// The listener thread: LISTEN on the schema's channel and bump the epoch
+/// each notification names; reconnect after a failure (bumping every epoch,
+/// since notifications may have been missed).
+fn listen(listener: &Listener, config: &Config, channel: &str) {
+    let bump = |which: Option<usize>| {
+        let mut st = lock(&listener.state);
+        for (i, epoch) in st.epochs.iter_mut().enumerate() {
+            if which.is_none_or(|w| w == i) {
+                *epoch = epoch.wrapping_add(1);
+            }
+        }
+        drop(st);
+        listener.changed.notify_all();
+    };
+    let stopped = || lock(&listener.state).stop;
+    while !stopped() {
+        let client = config.connect(NoTls).and_then(|mut c| {
+            c.batch_execute(&format!("LISTEN \"{channel}\""))?;
+            Ok(c)
+        });
+        let Ok(mut client) = client else {
+            crate::sync::sleep(Duration::from_millis(500));
+            continue;
+        };
+        bump(None);
+        while !stopped() {
+            let next = {
+                let mut notes = client.notifications();
+                let next = notes.timeout_iter(Duration::from_millis(250)).next();
+                next
+            };
+            match next {
+                Ok(Some(n)) => bump(n.payload().parse::<usize>().ok().filter(|&w| w < 2)),
+                Ok(None) if !client.is_closed() => {}
+                _ => break,
+            }
+        }
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        lock(&self.listener.state).stop = true;
+        let idle = std::mem::take(&mut lock(&self.pool).idle);
+        if self.fork.is_origin_strict() {
+            drop(idle);
+        } else {
+            // A forked child must not close (or talk on) its parent's sockets.
+            std::mem::forget(idle);
+        }
+    }
+}
+
+impl Store for PostgresStore {
+    fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
+        self.fork.check()?;
+        let mut out = Checkout {
+            store: self,
+            conn: Some(self.checkout()?),
+        };
+        let result = match out.conn.as_mut() {
+            Some(conn) => self.run(conn, f),
+            None => Err(Error::store("running a transaction", "no connection")),
+        };
+        if let Some(conn) = out.conn.take() {
+            self.checkin(conn);
+        }
+        result
+    }
+
+    fn describe(&self) -> String {
+        self.shown.clone()
+    }
+
+    fn epoch(&self, wake: Wake) -> u64 {
+        self.start_listener();
+        lock(&self.listener.state).epochs[wake as usize]
+    }
+
+    fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
+        let st = lock(&self.listener.state);
+        if st.epochs[wake as usize] != epoch {
+            return true;
+        }
+        let (st, _) = match self.listener.changed.wait_timeout(st, timeout) {
+            Ok(pair) => pair,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        st.epochs[wake as usize] != epoch
+    }
+}
+
+/// A connection taken from the pool. If the transaction panics, the
+/// connection (in the middle of a transaction) is closed, not reused.
+struct Checkout<'s> {
+    store: &'s PostgresStore,
+    conn: Option<Conn>,
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            lock(&self.store.pool).open -= 1;
+            self.store.pool_freed.notify_one();
+            drop(conn);
+        }
+    }
+}
+
+/// A lease record locked in this transaction, and its state when read.
+struct CachedLease {
+    key: String,
+    original: Option<LeaseRecord>,
+    record: LeaseRecord,
+}
+
+/// A job row locked (or created) in this transaction.
+struct CachedJob {
+    record: JobRecord,
+    /// The payload was read (maintenance scans skip it).
+    has_payload: bool,
+    /// The row exists in the database (else it is inserted at flush).
+    in_db: bool,
+    /// State as last written to the database (or read).
+    db_state: Option<JobState>,
+}
+
+struct PgTxn<'c> {
+    conn: &'c mut Conn,
+    now_ms: u64,
+    leases: Vec<CachedLease>,
+    jobs: HashMap<JobId, CachedJob>,
+    /// Jobs written since the last flush, in order.
+    pending: Vec<JobId>,
+    deleted: Vec<JobId>,
+    /// Due jobs read together with the expired scan: (queue, now, limit, ids).
+    due: Option<(String, u64, usize, Vec<JobId>)>,
+    /// The [`Wake`] events this transaction causes.
+    woke: [bool; 2],
+}
+
+fn job_from_row(r: &Row) -> std::result::Result<(JobRecord, bool), postgres::Error> {
+    let state_code: i16 = r.try_get(10)?;
+    let state = usize::try_from(state_code)
+        .ok()
+        .and_then(|i| JobState::ALL.get(i).copied())
+        .unwrap_or(JobState::Dead);
+    let claim = match (
+        r.try_get::<_, Option<Vec<u8>>>(11)?,
+        r.try_get::<_, Option<i64>>(12)?,
+        r.try_get::<_, Option<i64>>(13)?,
+    ) {
+        (Some(h), Some(t), Some(u)) => Some(Claim {
+            holder: holder_from(&h),
+            token: u64_of(t),
+            lease_until_ms: u64_of(u),
+        }),
+        _ => None,
+    };
+    let u32_of = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+    let payload: Option<Vec<u8>> = r.try_get(2)?;
+    let has_payload = payload.is_some();
+    let job = JobRecord {
+        id: JobId(u64_of(r.try_get(0)?)),
+        queue: Arc::from(r.try_get::<_, &str>(1)?),
+        payload: Arc::from(payload.unwrap_or_default()),
+        priority: r.try_get(3)?,
+        run_at_ms: u64_of(r.try_get(4)?),
+        created_at_ms: u64_of(r.try_get(5)?),
+        max_attempts: u32_of(r.try_get(6)?),
+        attempts: u32_of(r.try_get(7)?),
+        expiries: u32_of(r.try_get(8)?),
+        last_token: u64_of(r.try_get(9)?),
+        state,
+        claim,
+        cancel_requested: r.try_get(14)?,
+        last_error: r.try_get::<_, Option<&str>>(15)?.map(Arc::from),
+        unique_key: r.try_get::<_, Option<&str>>(16)?.map(Arc::from),
+        finished_at_ms: r.try_get::<_, Option<i64>>(17)?.map(u64_of),
+    };
+    Ok((job, has_payload))
+}
+
+/// The columns a job update writes, as arrays (one element per job).
+#[derive(Default)]
+struct Updates {
+    id: Vec<i64>,
+    priority: Vec<i32>,
+    run_at: Vec<i64>,
+    max_attempts: Vec<i64>,
+    attempts: Vec<i64>,
+    expiries: Vec<i64>,
+    last_token: Vec<i64>,
+    state: Vec<i16>,
+    holder: Vec<Option<Vec<u8>>>,
+    token: Vec<Option<i64>>,
+    until: Vec<Option<i64>>,
+    cancel: Vec<bool>,
+    error: Vec<Option<String>>,
+    finished: Vec<Option<i64>>,
+}
+
+impl Updates {
+    fn push(&mut self, job: &JobRecord) -> Result<()> {
+        let claim = job.claim;
+        self.id.push(i64_of("id", job.id.0)?);
+        self.priority.push(job.priority);
+        self.run_at.push(i64_of("run_at", job.run_at_ms)?);
+        self.max_attempts.push(i64::from(job.max_attempts));
+        self.attempts.push(i64::from(job.attempts));
+        self.expiries.push(i64::from(job.expiries));
+        self.last_token.push(i64_of("token", job.last_token)?);
+        self.state.push(job.state as i16);
+        self.holder
+            .push(claim.map(|c| holder_bytes(c.holder).to_vec()));
+        self.token
+            .push(claim.map(|c| i64_of("token", c.token)).transpose()?);
+        self.until.push(
+            claim
+                .map(|c| i64_of("lease_until", c.lease_until_ms))
+                .transpose()?,
+        );
+        self.cancel.push(job.cancel_requested);
+        self.error
+            .push(job.last_error.as_deref().map(str::to_owned));
+        self.finished.push(
+            job.finished_at_ms
+                .map(|f| i64_of("finished_at", f))
+                .transpose()?,
+        );
+        Ok(())
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 14] {
+        [
+            &self.id,
+            &self.priority,
+            &self.run_at,
+            &self.max_attempts,
+            &self.attempts,
+            &self.expiries,
+            &self.last_token,
+            &self.state,
+            &self.holder,
+            &self.token,
+            &self.until,
+            &self.cancel,
+            &self.error,
+            &self.finished,
+        ]
+    }
+
+    /// The parameters of one job (the first), for the single-row update.
+    fn first(&self) -> [&(dyn ToSql + Sync); 14] {
+        [
+            &self.id[0],
+            &self.priority[0],
+            &self.run_at[0],
+            &self.max_attempts[0],
+            &self.attempts[0],
+            &self.expiries[0],
+            &self.last_token[0],
+            &self.state[0],
+            &self.holder[0],
+            &self.token[0],
+            &self.until[0],
+            &self.cancel[0],
+            &self.error[0],
+            &self.finished[0],
+        ]
+    }
+}
+
+/// Insert a job created in this transaction.
+fn insert_job(conn: &mut Conn, job: &JobRecord) -> Result<()> {
+    let claim = job.claim;
+    let params: [&(dyn ToSql + Sync); 18] = [
+        &i64_of("id", job.id.0)?,
+        &&*job.queue,
+        &&*job.payload,
+        &job.priority,
+        &i64_of("run_at", job.run_at_ms)?,
+        &i64_of("created_at", job.created_at_ms)?,
+        &i64::from(job.max_attempts),
+        &i64::from(job.attempts),
+        &i64::from(job.expiries),
+        &i64_of("token", job.last_token)?,
+        &(job.state as i16),
+        &claim.map(|c| holder_bytes(c.holder).to_vec()),
+        &claim.map(|c| i64_of("token", c.token)).transpose()?,
+        &claim
+            .map(|c| i64_of("lease_until", c.lease_until_ms))
+            .transpose()?,
+        &job.cancel_requested,
+        &job.last_error.as_deref(),
+        &job.unique_key.as_deref(),
+        &job.finished_at_ms
+            .map(|f| i64_of("finished_at", f))
+            .transpose()?,
+    ];
+    conn.client
+        .execute(&conn.st.job_insert, &params)
+        .map(|_| ())
+        .map_err(|e| pg_err(format!("inserting job {}", job.id), &e, Stage::Work))
+}
+
+fn ctx_key(what: &str, key: &str) -> String {
+    format!("{what} lease {key:?}")
+}
+
+impl PgTxn<'_> {
+    /// Write every pending lease and job change (leases only at commit).
+    fn flush_jobs(&mut self) -> Result<()> {
+        if !self.deleted.is_empty() {
+            let ids = self
+                .deleted
+                .iter()
+                .map(|id| i64_of("id", id.0))
+                .collect::<Result<Vec<_>>>()?;
+            self.conn
+                .client
+                .execute(&self.conn.st.job_delete, &[&ids])
+                .map_err(|e| pg_err("deleting jobs", &e, Stage::Work))?;
+            self.deleted.clear();
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut updates = Updates::default();
+        let pending = std::mem::take(&mut self.pending);
+        for id in &pending {
+            let Some(c) = self.jobs.get(id) else { continue };
+            if c.in_db {
+                updates.push(&c.record)?;
+            } else {
+                insert_job(self.conn, &c.record)?;
+            }
+        }
+        match updates.id.len() {
+            0 => {}
+            1 => {
+                self.conn
+                    .client
+                    .execute(&self.conn.st.job_update, &updates.first())
+                    .map_err(|e| {
+                        pg_err(format!("writing job {}", updates.id[0]), &e, Stage::Work)
+                    })?;
+            }
+            n => {
+                self.conn
+                    .client
+                    .execute(&self.conn.st.job_update_many, &updates.params())
+                    .map_err(|e| pg_err(format!("writing {n} jobs"), &e, Stage::Work))?;
+            }
+        }
+        for id in pending {
+            if let Some(c) = self.jobs.get_mut(&id) {
+                c.in_db = true;
+                c.db_state = Some(c.record.state);
+            }
+        }
+        Ok(())
+    }
+
+    /// Write everything this transaction changed.
+    fn flush(&mut self) -> Result<()> {
+        self.flush_jobs()?;
+        for c in &self.leases {
+            if c.original.as_ref() == Some(&c.record) {
+                continue;
+            }
+            let key = c.key.as_str();
+            let r = &c.record;
+            let tokens = r
+                .slots
+                .iter()
+                .map(|s| i64_of("token", s.token))
+                .collect::<Result<Vec<_>>>()?;
+            let holders: Vec<Vec<u8>> = r
+                .slots
+                .iter()
+                .map(|s| holder_bytes(s.holder.id).to_vec())
+                .collect();
+            let labels: Vec<Option<&str>> =
+                r.slots.iter().map(|s| s.holder.label.as_deref()).collect();
+            let expires = r
+                .slots
+                .iter()
+                .map(|s| i64_of("expires_at", s.expires_at_ms))
+                .collect::<Result<Vec<_>>>()?;
+            let last = i64_of("token", r.last_token)?;
+            let stmt = if c.original.is_some() {
+                &self.conn.st.lease_update
+            } else {
+                &self.conn.st.lease_insert
+            };
+            self.conn
+                .client
+                .execute(stmt, &[&key, &last, &tokens, &holders, &labels, &expires])
+                .map_err(|e| pg_err(ctx_key("writing", key), &e, Stage::Work))?;
+        }
+        Ok(())
+    }
+
+    fn load_lease(&mut self, key: &str) -> Result<Option<LeaseRecord>> {
+        let row = self
+            .conn
+            .client
+            .query_opt(&self.conn.st.lease_get, &[&key])
+            .map_err(|e| pg_err(ctx_key("reading", key), &e, Stage::Work))?;
+        let Some(row) = row else { return Ok(None) };
+        let decode = || -> std::result::Result<LeaseRecord, postgres::Error> {
+            let tokens: Vec<i64> = row.try_get(1)?;
+            let holders: Vec<Vec<u8>> = row.try_get(2)?;
+            let labels: Vec<Option<String>> = row.try_get(3)?;
+            let expires: Vec<i64> = row.try_get(4)?;
+            let slots = tokens
+                .iter()
+                .zip(&holders)
+                .zip(labels)
+                .zip(&expires)
+                .map(|(((&t, h), label), &e)| LeaseSlot {
+                    token: u64_of(t),
+                    holder: Holder {
+                        id: holder_from(h),
+                        label: label.map(|l| Arc::from(l.as_str())),
+                    },
+                    expires_at_ms: u64_of(e),
+                })
+                .collect();
+            Ok(LeaseRecord {
+                last_token: u64_of(row.try_get(0)?),
+                slots,
+            })
+        };
+        decode()
+            .map(Some)
+            .map_err(|e| pg_err(ctx_key("decoding", key), &e, Stage::Work))
+    }
+
+    /// Cache rows a locking query returned; their ids are appended to `out`.
+    fn absorb(&mut self, rows: &[Row], out: &mut Vec<JobId>) -> Result<()> {
+        for row in rows {
+            let (job, has_payload) =
+                job_from_row(row).map_err(|e| pg_err("decoding a job", &e, Stage::Work))?;
+            out.push(job.id);
+            let state = job.state;
+            self.jobs.insert(
+                job.id,
+                CachedJob {
+                    record: job,
+                    has_payload,
+                    in_db: true,
+                    db_state: Some(state),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn query(
+        &mut self,
+        what: &str,
+        stmt: fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let Conn { client, st } = &mut *self.conn;
+        client
+            .query(stmt(st), params)
+            .map_err(|e| pg_err(what.to_owned(), &e, Stage::Work))
+    }
+}
+
+impl Txn for PgTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
+        let i = match self.leases.iter().position(|c| c.key == key) {
+            Some(i) => i,
+            None => {
+                let loaded = self.load_lease(key)?;
+                if loaded.is_none() && !create {
+                    return Ok(None);
+                }
+                self.leases.push(CachedLease {
+                    key: key.to_owned(),
+                    record: loaded.clone().unwrap_or_default(),
+                    original: loaded,
+                });
+                self.leases.len() - 1
+            }
+        };
+        Ok(Some(&mut self.leases[i].record))
+    }
+
+    fn lease_freed(&mut self, _key: &str) {
+        self.woke[Wake::LeaseFreed as usize] = true;
+    }
+
+    fn next_job_id(&mut self) -> Result<JobId> {
+        let row = self
+            .conn
+            .client
+            .query_one(&self.conn.st.next_id, &[])
+            .map_err(|e| pg_err("allocating a job id", &e, Stage::Work))?;
+        Ok(JobId(u64_of(row.get(0))))
+    }
+
+    fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
+        if self.deleted.contains(&id) {
+            return Ok(None);
+        }
+        if let Some(c) = self.jobs.get_mut(&id) {
+            if !c.has_payload {
+                let row = self
+                    .conn
+                    .client
+                    .query_one(&self.conn.st.job_payload, &[&i64_of("id", id.0)?])
+                    .map_err(|e| pg_err(format!("reading job {id}"), &e, Stage::Work))?;
+                let payload: Vec<u8> = row.get(0);
+                c.record.payload = Arc::from(payload);
+                c.has_payload = true;
+            }
+            return Ok(Some(c.record.clone()));
+        }
+        let rows = self.query(
+            &format!("reading job {id}"),
+            |st| &st.job_get,
+            &[&i64_of("id", id.0)?],
+        )?;
+        let mut ids = Vec::new();
+        self.absorb(&rows, &mut ids)?;
+        Ok(self.jobs.get(&id).map(|c| c.record.clone()))
+    }
+
+    fn put_job(&mut self, job: &JobRecord) -> Result<()> {
+        self.deleted.retain(|&d| d != job.id);
+        let entry = self.jobs.entry(job.id).or_insert_with(|| CachedJob {
+            record: job.clone(),
+            has_payload: true,
+            in_db: false,
+            db_state: None,
+        });
+        if job.state == JobState::Ready && entry.db_state != Some(JobState::Ready) {
+            self.woke[Wake::JobReady as usize] = true;
+        }
+        entry.record.clone_from(job);
+        if !self.pending.contains(&job.id) {
+            self.pending.push(job.id);
+        }
+        self.due = None;
+        Ok(())
+    }
+
+    fn delete_job(&mut self, id: JobId) -> Result<()> {
+        self.pending.retain(|&p| p != id);
+        match self.jobs.remove(&id) {
+            Some(c) if !c.in_db => {}
+            _ => self.deleted.push(id),
+        }
+        self.due = None;
+        Ok(())
+    }
+
+    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>> {
+        self.flush_jobs()?;
+        let rows = self.query(
+            &format!("looking up unique key {unique_key:?} in queue {queue:?}"),
+            |st| &st.live_unique,
+            &[&queue, &unique_key],
+        )?;
+        Ok(rows.first().map(|r| JobId(u64_of(r.get(0)))))
+    }
+
+    fn scan(
+        &mut self,
+        queue: &str,
+        query: JobQuery,
+        limit: usize,
+        out: &mut Vec<JobId>,
+    ) -> Result<()> {
+        self.flush_jobs()?;
+        let what = format!("scanning queue {queue:?}");
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        match query {
+            JobQuery::Ready => {
+                let rows = self.query(&what, |st| &st.scan_ready, &[&queue, &n])?;
+                self.absorb(&rows, out)
+            }
+            JobQuery::Expired { now_ms } => {
+                // The due scan (which maintenance runs next) travels along;
+                // any write in between discards it.
+                let at = i64_of("now", now_ms)?;
+                let rows = self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?;
+                let mut ids = Vec::new();
+                self.absorb(&rows, &mut ids)?;
+                let (expired, due): (Vec<JobId>, Vec<JobId>) = ids
+                    .into_iter()
+                    .partition(|id| self.jobs[id].record.state == JobState::Running);
+                out.extend(expired);
+                self.due = Some((queue.to_owned(), now_ms, limit, due));
+                Ok(())
+            }
+            JobQuery::Due { now_ms } => {
+                if let Some((q, at, l, due)) = self.due.take() {
+                    if q == queue && at == now_ms && l == limit {
+                        out.extend(due);
+                        return Ok(());
+                    }
+                }
+                let at = i64_of("now", now_ms)?;
+                let rows = self.query(&what, |st| &st.scan_due, &[&queue, &at, &n])?;
+                self.absorb(&rows, out)
+            }
+            JobQuery::FinishedBy { cutoff_ms } => {
+                let at = i64_of("cutoff", cutoff_ms)?;
+                let rows = self.query(&what, |st| &st.scan_finished, &[&queue, &at, &n])?;
+                out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
+                Ok(())
+            }
+        }
+    }
+
+    fn counts(&mut self, queue: &str) -> Result<StateCounts> {
+        self.flush_jobs()?;
+        let rows = self.query(
+            &format!("counting queue {queue:?}"),
+            |st| &st.counts,
+            &[&queue],
+        )?;
+        let mut counts = StateCounts::default();
+        if let Some(row) = rows.first() {
+            for (i, state) in JobState::ALL.into_iter().enumerate() {
+                counts.add(state, row.get::<_, i64>(i));
+            }
+        }
+        Ok(counts)
+    }
+
+    fn list(
+        &mut self,
+        queue: &str,
+        state: Option<JobState>,
+        after: JobId,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>> {
+        self.flush_jobs()?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = i64_of("after", after.0)?;
+        let state = state.map_or(-1i16, |s| s as i16);
+        let rows = self.query(
+            &format!("listing queue {queue:?}"),
+            |st| &st.list,
+            &[&queue, &after, &state, &limit],
+        )?;
+        rows.iter()
+            .map(|r| job_from_row(r).map(|(job, _)| job))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| pg_err(format!("decoding queue {queue:?}"), &e, Stage::Work))
+    }
+}
