@@ -10,16 +10,39 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/pg.rs"]
+mod pg;
+
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
-struct Dir(PathBuf, bool);
+/// Which store a test directory's commands use.
+enum Kind {
+    Sqlite,
+    File,
+    /// A fresh schema on the `LEASEHOLD_TEST_PG` server.
+    Postgres(pg::Schema),
+}
+
+/// A working directory (for logs and the SQLite or file store).
+struct Dir(PathBuf, Kind);
 
 impl Dir {
     /// A directory whose store is `file:DIR/leases` instead of SQLite.
     fn new_file(tag: &str) -> Dir {
         let mut d = Dir::new(tag);
-        d.1 = true;
+        d.1 = Kind::File;
         d
+    }
+
+    /// A directory whose store is a fresh PostgreSQL schema, or `None`
+    /// (with a skip notice) when `LEASEHOLD_TEST_PG` is unset.
+    fn new_pg(tag: &str) -> Option<Dir> {
+        if !pg::enabled() {
+            return None;
+        }
+        let mut d = Dir::new(tag);
+        d.1 = Kind::Postgres(pg::Schema::new(tag));
+        Some(d)
     }
 
     fn new(tag: &str) -> Dir {
@@ -32,14 +55,14 @@ impl Dir {
         ));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        Dir(d, false)
+        Dir(d, Kind::Sqlite)
     }
 
     fn store(&self) -> String {
-        if self.1 {
-            format!("file:{}", self.0.join("leases").display())
-        } else {
-            format!("sqlite:{}", self.0.join("test.db").display())
+        match &self.1 {
+            Kind::File => format!("file:{}", self.0.join("leases").display()),
+            Kind::Sqlite => format!("sqlite:{}", self.0.join("test.db").display()),
+            Kind::Postgres(schema) => schema.url(),
         }
     }
 
@@ -276,7 +299,17 @@ fn shell(d: &Dir) -> Command {
 
 #[test]
 fn burst_of_8_processes_with_2_threads_claims_each_job_once() {
-    let d = Dir::new("burst");
+    burst(Dir::new("burst"));
+}
+
+#[test]
+fn postgres_burst_of_8_processes_with_2_threads_claims_each_job_once() {
+    if let Some(d) = Dir::new_pg("burst") {
+        burst(d);
+    }
+}
+
+fn burst(d: Dir) {
     const JOBS: usize = 200;
     for i in 0..JOBS {
         d.json(&["queue", "push", "burst", "--payload", &i.to_string()]);
@@ -320,7 +353,17 @@ fn burst_of_8_processes_with_2_threads_claims_each_job_once() {
 
 #[test]
 fn workers_sigkilled_mid_job_again_and_again_lose_nothing() {
-    let d = Dir::new("kill");
+    sigkilled_workers(Dir::new("kill"));
+}
+
+#[test]
+fn postgres_workers_sigkilled_mid_job_again_and_again_lose_nothing() {
+    if let Some(d) = Dir::new_pg("kill") {
+        sigkilled_workers(d);
+    }
+}
+
+fn sigkilled_workers(d: Dir) {
     const JOBS: usize = 30;
     for i in 0..JOBS {
         d.json(&[
@@ -422,6 +465,13 @@ fn run_passes_status_token_and_excludes_others() {
 }
 
 #[test]
+fn run_on_postgres_passes_status_token_and_excludes_others() {
+    if let Some(d) = Dir::new_pg("run") {
+        run_contract(d);
+    }
+}
+
+#[test]
 fn run_on_the_file_store_passes_status_token_and_excludes_others() {
     run_contract(Dir::new_file("run"));
 }
@@ -494,6 +544,13 @@ fn run_stopped_past_its_ttl_is_taken_over_and_exits_76() {
 }
 
 #[test]
+fn run_on_postgres_stopped_past_its_ttl_exits_76() {
+    if let Some(d) = Dir::new_pg("stop") {
+        stopped_run(d);
+    }
+}
+
+#[test]
 fn run_on_the_file_store_stopped_past_its_ttl_exits_76() {
     stopped_run(Dir::new_file("stop"));
 }
@@ -539,6 +596,13 @@ fn stopped_run(d: Dir) {
 #[test]
 fn run_sigkilled_group_frees_the_lease_within_ttl() {
     killed_run(Dir::new("sigkill"));
+}
+
+#[test]
+fn run_on_postgres_sigkilled_frees_the_lease_within_ttl() {
+    if let Some(d) = Dir::new_pg("killrun") {
+        killed_run(d);
+    }
 }
 
 #[test]

@@ -640,9 +640,9 @@ impl PostgresStore {
     }
 
     /// Return a connection to the pool, or drop it if it broke.
-    fn checkin(&self, conn: Conn) {
+    fn checkin(&self, conn: Conn, broken: bool) {
         let mut pool = lock(&self.pool);
-        if conn.client.is_closed() {
+        if broken || conn.client.is_closed() {
             pool.open -= 1;
             drop(pool);
             drop(conn);
@@ -810,8 +810,11 @@ impl Store for PostgresStore {
             Some(conn) => self.run(conn, f),
             None => Err(Error::store("running a transaction", "no connection")),
         };
-        if let Some(conn) = out.conn.take() {
-            self.checkin(conn);
+        if let Some(mut conn) = out.conn.take() {
+            // After a store error, keep the connection only if it still works.
+            let broken = matches!(result, Err(Error::Store { .. }))
+                && conn.client.is_valid(Duration::from_secs(1)).is_err();
+            self.checkin(conn, broken);
         }
         result
     }

@@ -44,6 +44,15 @@ pub fn admin(sql: &str) -> Vec<postgres::Row> {
     c.query(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// Run statements (separated by `;`) on the test server.
+pub fn admin_batch(sql: &str) {
+    let url = url().expect("LEASEHOLD_TEST_PG");
+    let mut c =
+        postgres::Client::connect(&url, postgres::NoTls).expect("connect to LEASEHOLD_TEST_PG");
+    c.batch_execute(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
 /// Drops its schema when dropped.
 pub struct Schema(pub String);
 

@@ -1,0 +1,457 @@
+//! PostgreSQL-specific behaviour, against the server in `LEASEHOLD_TEST_PG`
+//! (each test skips with a notice when it is unset): the database clock,
+//! migrations raced by many openers and refused when foreign or newer,
+//! first grants and claims raced by many threads and handles, a backend
+//! terminated under a worker holding a claim, a connection lost inside a
+//! transaction (nothing applied, transient) and during COMMIT (ambiguous),
+//! LISTEN/NOTIFY wake-ups, and a real fork.
+
+#![allow(clippy::disallowed_methods)] // real time, real threads
+
+#[path = "support/pg.rs"]
+mod pg;
+
+use leasehold::core::{self};
+use leasehold::store::postgres::SCHEMA_VERSION;
+use leasehold::{
+    Client, Error, Holder, HolderId, JobSpec, JobState, LostReason, ManualClock, PostgresOptions,
+    PostgresStore, QueuePolicy, Store, StoreExt, Wake,
+};
+use pg::{admin, admin_batch, Schema};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+fn holder(n: u128) -> Holder {
+    Holder::new(HolderId(n))
+}
+
+fn db_now_ms() -> u64 {
+    let rows = admin("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8");
+    u64::try_from(rows[0].get::<_, i64>(0)).unwrap()
+}
+
+/// Terminate every backend whose application_name is `name`; returns how many.
+fn terminate(name: &str) -> i64 {
+    let rows = admin(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{name}'"
+    ));
+    rows[0].get(0)
+}
+
+/// The schema's URL with an application_name to find its backends by.
+fn named_url(schema: &Schema, name: &str) -> String {
+    format!("{}&application_name={name}", schema.url())
+}
+
+#[test]
+fn expiry_runs_on_the_database_clock_whatever_the_clients_clocks_say() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("clock");
+    let store: Arc<dyn Store> = Arc::new(schema.open(PostgresOptions::default()));
+    // Two holders whose own clocks are a day apart.
+    let a = Client::builder_shared(store.clone())
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .build();
+    let b = Client::builder_shared(store.clone())
+        .clock(Arc::new(ManualClock::new(86_400_000)))
+        .build();
+    let before = db_now_ms();
+    let guard = a.try_acquire("k", Duration::from_millis(400)).unwrap();
+    let info = b.inspect("k").unwrap();
+    let after = db_now_ms();
+    assert!(
+        (before..=after).contains(&info.now_ms),
+        "store time {} is the database's ({before}..={after})",
+        info.now_ms
+    );
+    let expires = info.holders[0].expires_at_ms;
+    assert!(
+        (before + 400..=after + 400).contains(&expires),
+        "expiry {expires} = database time + ttl"
+    );
+    assert!(matches!(
+        b.try_acquire("k", Duration::from_secs(1)),
+        Err(Error::Held { .. })
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    let taken = b.try_acquire("k", Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        taken.token(),
+        guard.token() + 1,
+        "L2: the next grant's token is greater"
+    );
+    assert!(matches!(
+        a.renew("k", guard.token(), Duration::from_secs(1)),
+        Err(Error::Lost { .. })
+    ));
+}
+
+#[test]
+fn migrations_raced_by_many_openers_run_once() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("mig");
+    let url = schema.url();
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (url, barrier) = (url.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                PostgresStore::open(&url).map(|s| s.describe())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap().unwrap();
+    }
+    let version: String = admin(&format!(
+        "SELECT value FROM \"{}\".leasehold_meta WHERE name = 'schema_version'",
+        schema.0
+    ))[0]
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+}
+
+fn open_err(url: &str) -> String {
+    match PostgresStore::open(url) {
+        Ok(_) => panic!("{url} opened"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn newer_foreign_and_misnamed_schemas_are_refused_and_left_untouched() {
+    if !pg::enabled() {
+        return;
+    }
+    let newer = Schema::new("newer");
+    drop(newer.open(PostgresOptions::default()));
+    admin(&format!(
+        "UPDATE \"{}\".leasehold_meta SET value = '99' WHERE name = 'schema_version'",
+        newer.0
+    ));
+    let text = open_err(&newer.url());
+    assert!(text.contains("newer") && text.contains("99"), "{text}");
+    let still: String = admin(&format!(
+        "SELECT value FROM \"{}\".leasehold_meta WHERE name = 'schema_version'",
+        newer.0
+    ))[0]
+        .get(0);
+    assert_eq!(still, "99", "left untouched");
+
+    let foreign = Schema::new("foreign");
+    admin_batch(&format!(
+        "CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".orders (id int)",
+        foreign.0
+    ));
+    let text = open_err(&foreign.url());
+    assert!(text.contains("not a leasehold schema"), "{text}");
+    let tables: i64 = admin(&format!(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = '{}'",
+        foreign.0
+    ))[0]
+        .get(0);
+    assert_eq!(tables, 1, "nothing created beside the foreign table");
+
+    let base = pg::url().unwrap();
+    for bad in ["Upper", "1st", "a-b", "x\"; DROP TABLE y; --", ""] {
+        let sep = if base.contains('?') { '&' } else { '?' };
+        match PostgresStore::open(&format!("{base}{sep}schema={bad}")) {
+            Err(Error::Invalid {
+                field: "schema", ..
+            }) => {}
+            other => panic!("schema {bad:?}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        PostgresStore::open(&format!(
+            "{base}{}pool_size=0",
+            if base.contains('?') { '&' } else { '?' }
+        )),
+        Err(Error::Invalid { .. })
+    ));
+}
+
+#[test]
+fn first_grants_of_a_new_key_raced_by_16_threads_grant_once() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("race");
+    let store: Arc<dyn Store> = Arc::new(schema.open(PostgresOptions::default()));
+    for round in 0..10 {
+        let key = format!("key-{round}");
+        let barrier = Arc::new(Barrier::new(16));
+        let handles: Vec<_> = (0..16u128)
+            .map(|n| {
+                let (store, barrier, key) = (store.clone(), barrier.clone(), key.clone());
+                std::thread::spawn(move || {
+                    let client = Client::builder_shared(store).holder(holder(n + 1)).build();
+                    barrier.wait();
+                    client
+                        .try_acquire(&key, Duration::from_secs(30))
+                        .map(|g| g.detach().1)
+                })
+            })
+            .collect();
+        let mut granted = Vec::new();
+        for h in handles {
+            match h.join().unwrap() {
+                Ok(token) => granted.push(token),
+                Err(Error::Held { .. }) => {}
+                Err(e) => panic!("{key}: {e}"),
+            }
+        }
+        assert_eq!(granted, vec![1], "{key}: exactly one first grant (L1)");
+    }
+}
+
+#[test]
+fn claims_raced_by_threads_and_handles_never_take_a_job_twice() {
+    if !pg::enabled() {
+        return;
+    }
+    const JOBS: usize = 300;
+    let schema = Schema::new("claims");
+    let shared: Arc<dyn Store> = Arc::new(schema.open(PostgresOptions::default()));
+    let q = Client::new(shared.clone()).queue("q").unwrap();
+    for i in 0..JOBS {
+        q.push(&JobSpec::new(i.to_string())).unwrap();
+    }
+    let seen = Arc::new(Mutex::new(BTreeMap::<u64, usize>::new()));
+    let barrier = Arc::new(Barrier::new(8));
+    // Four threads share one handle (its pool); four have their own.
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let store: Arc<dyn Store> = if i < 4 {
+                shared.clone()
+            } else {
+                Arc::new(schema.open(PostgresOptions::default()))
+            };
+            let (seen, barrier) = (seen.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let q = Client::new(store).queue("q").unwrap();
+                barrier.wait();
+                loop {
+                    let jobs = q.claim_batch(1 + i % 3, Duration::from_secs(30)).unwrap();
+                    if jobs.is_empty() {
+                        break;
+                    }
+                    for job in &jobs {
+                        *seen.lock().unwrap().entry(job.id().0).or_default() += 1;
+                    }
+                    for r in q.complete_many(&jobs).unwrap() {
+                        r.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), JOBS, "every job claimed");
+    assert!(seen.values().all(|&n| n == 1), "Q1: a job claimed twice");
+    let s = q.stats().unwrap();
+    assert_eq!(
+        (s.get(JobState::Done), s.total()),
+        (JOBS as u64, JOBS as u64)
+    );
+}
+
+#[test]
+fn a_terminated_backend_leaves_the_claim_to_expire_then_the_job_is_reclaimed() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("term");
+    let name = format!("lh_victim_{}", std::process::id());
+    let victim_store = PostgresStore::open(&named_url(&schema, &name)).unwrap();
+    // Retry an expired job at once (no backoff), to keep the test short.
+    let policy = QueuePolicy {
+        backoff_base_ms: 1,
+        backoff_max_ms: 1,
+        ..QueuePolicy::default()
+    };
+    let victim = Client::builder(victim_store)
+        .policy(policy)
+        .build()
+        .queue("q")
+        .unwrap();
+    let other = Client::builder(schema.open(PostgresOptions::default()))
+        .policy(policy)
+        .build()
+        .queue("q")
+        .unwrap();
+    let id = other.push(&JobSpec::new("payload")).unwrap().id;
+    let claimed = victim.claim(Duration::from_secs(1)).unwrap().unwrap();
+    assert_eq!((claimed.id(), claimed.token()), (id, 1));
+    assert!(terminate(&name) >= 1, "the worker's backend was found");
+    // The claim was committed: nobody else gets the job while it lasts.
+    assert!(other.claim(Duration::from_secs(5)).unwrap().is_none());
+    std::thread::sleep(Duration::from_millis(1200));
+    let again = other.claim(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!((again.id(), again.token(), again.attempt()), (id, 2, 2));
+    // The victim reconnects, and its stale token is fenced (Q2).
+    match claimed.complete() {
+        Err(Error::Lost {
+            reason: LostReason::StaleToken | LostReason::Expired | LostReason::LocalDeadline,
+            ..
+        }) => {}
+        other => panic!("stale complete: {other:?}"),
+    }
+    again.complete().unwrap();
+    let job = other.get(id).unwrap();
+    assert_eq!(
+        (job.state, job.attempts, job.expiries),
+        (JobState::Done, 2, 1)
+    );
+}
+
+#[test]
+fn a_connection_lost_inside_a_transaction_applies_nothing_and_is_transient() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("lost");
+    let name = format!("lh_lost_{}", std::process::id());
+    let store = PostgresStore::open(&named_url(&schema, &name)).unwrap();
+    let r = store.txn(|tx| {
+        let grant = core::lease::acquire(tx, "k", &holder(1), 60_000, 1)?;
+        assert!(terminate(&name) >= 1);
+        Ok(grant)
+    });
+    let e = r.unwrap_err();
+    assert!(e.is_transient() && !e.is_ambiguous(), "{e:?}");
+    // The next transaction reconnects; the lease was never granted (S1).
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert!(info.holders.is_empty() && info.last_token == 0, "{info:?}");
+    let grant = store
+        .txn(|tx| core::lease::acquire(tx, "k", &holder(1), 60_000, 1))
+        .unwrap();
+    assert_eq!(grant.token, 1);
+}
+
+#[test]
+fn a_connection_lost_during_commit_is_reported_ambiguous() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("ambig");
+    let store = schema.open(PostgresOptions::default());
+    // A deferred trigger ends the session while COMMIT runs.
+    admin_batch(&format!(
+        "CREATE FUNCTION \"{s}\".die() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER die AFTER INSERT OR UPDATE ON \"{s}\".leases
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION \"{s}\".die()",
+        s = schema.0
+    ));
+    let e = store
+        .txn(|tx| core::lease::acquire(tx, "k", &holder(1), 60_000, 1))
+        .unwrap_err();
+    assert!(e.is_ambiguous() && !e.is_transient(), "{e:?}");
+    assert!(e.to_string().contains("outcome is unknown"), "{e}");
+    admin_batch(&format!("DROP TRIGGER die ON \"{}\".leases", schema.0));
+    // The store recovers; the caller must inspect to learn the outcome.
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert!(info.last_token <= 1);
+}
+
+#[test]
+fn notifications_wake_blocked_acquirers_and_idle_workers() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("notify");
+    let store = Arc::new(schema.open(PostgresOptions::default()));
+    let other: Arc<dyn Store> = Arc::new(schema.open(PostgresOptions::default()));
+    // Wait until the listener runs and nothing is happening.
+    let settle = |wake: Wake| {
+        let start = Instant::now();
+        loop {
+            let e = store.epoch(wake);
+            if !store.wait_epoch(wake, e, Duration::from_millis(300)) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "listener never settled"
+            );
+        }
+    };
+    for wake in [Wake::JobReady, Wake::LeaseFreed] {
+        settle(wake);
+        let epoch = store.epoch(wake);
+        let actor = other.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let c = Client::new(actor);
+            match wake {
+                Wake::JobReady => {
+                    c.queue("q").unwrap().push(&JobSpec::new("x")).unwrap();
+                }
+                Wake::LeaseFreed => {
+                    c.try_acquire("k", Duration::from_secs(30))
+                        .unwrap()
+                        .release()
+                        .unwrap();
+                }
+            }
+        });
+        let start = Instant::now();
+        assert!(
+            store.wait_epoch(wake, epoch, Duration::from_secs(20)),
+            "{wake:?}: not woken"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{wake:?}: woken only by the timeout"
+        );
+        t.join().unwrap();
+    }
+    // A claim, which makes nothing ready, does not wake workers.
+    settle(Wake::JobReady);
+    let epoch = store.epoch(Wake::JobReady);
+    let q = Client::new(other.clone()).queue("q").unwrap();
+    q.claim(Duration::from_secs(30)).unwrap().unwrap();
+    assert!(!store.wait_epoch(Wake::JobReady, epoch, Duration::from_millis(500)));
+}
+
+#[test]
+fn a_forked_child_gets_forked_and_leaves_the_parents_connection_alone() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("fork");
+    let store = schema.open(PostgresOptions::default());
+    store
+        .txn(|tx| core::lease::acquire(tx, "k", &holder(1), 60_000, 1))
+        .unwrap();
+    // SAFETY: the child only calls async-signal-tolerant code paths of its
+    // own (the fork check) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let r = store.txn(|tx| core::lease::release(tx, "k", HolderId(1), 1));
+        let ok = matches!(r, Err(Error::Forked { .. }));
+        drop(store); // must not close the parent's socket
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child saw no Forked"
+    );
+    // The parent's pooled connection still works, and the lease is intact.
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!((info.holders.len(), info.last_token), (1, 1));
+}
