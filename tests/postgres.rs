@@ -325,6 +325,8 @@ fn a_connection_lost_inside_a_transaction_applies_nothing_and_is_transient() {
     let r = store.txn(|tx| {
         let grant = core::lease::acquire(tx, "k", &holder(1), 60_000, 1)?;
         assert!(terminate(&name) >= 1);
+        // The next read inside the transaction meets the dead session.
+        core::lease::inspect(tx, "probe")?;
         Ok(grant)
     });
     let e = r.unwrap_err();

@@ -508,6 +508,7 @@ pub fn claim(
     check_batch(max)?;
     let now_ms = tx.now_ms();
     let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
+    tx.will_claim(queue, max);
     maintain(tx, queue, policy)?;
     let mut ids = Vec::with_capacity(max.min(64));
     tx.scan(queue, JobQuery::Ready, max, &mut ids)?;

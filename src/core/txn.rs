@@ -50,6 +50,14 @@ pub trait Txn {
         let _ = key;
     }
 
+    /// Hint from the rules: after bringing `queue` up to date they will scan
+    /// for up to `max` ready jobs to claim. A store whose reads cost a round
+    /// trip may read them ahead, together with the maintenance scans; it
+    /// must still answer each scan as if it ran when asked. Optional.
+    fn will_claim(&mut self, queue: &str, max: usize) {
+        let _ = (queue, max);
+    }
+
     /// A fresh job id, greater than every id handed out before.
     fn next_job_id(&mut self) -> Result<JobId>;
 

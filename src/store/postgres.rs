@@ -19,12 +19,16 @@
 //!   Transactions run at READ COMMITTED: every decision is made on rows the
 //!   transaction has locked, so it cannot be based on a stale read.
 //! - **Few round trips.** Reads are cached in the transaction (a scanned
-//!   row is not read again), writes are kept until the commit and sent as
-//!   one statement per kind (one `UPDATE ... FROM unnest(...)` for a batch of
-//!   claims), and the expired and due scans of a queue's maintenance travel
-//!   together. A claim is five round trips (BEGIN with the clock, the
-//!   maintenance scans, the claim scan, the update, COMMIT), a complete four.
-//!   A pending write is flushed before any query that could see it.
+//!   row is not read again). Writes wait for the commit and travel with it:
+//!   one script of literal statements ending in `COMMIT`, one round trip
+//!   (a batch of claims is one `UPDATE ... FROM (VALUES ...)`). A queue's
+//!   expired and due scans travel together, with the ready scan of a claim
+//!   the rules announced ([`Txn::will_claim`]). So a claim is three round
+//!   trips (BEGIN with the clock; the scans; the writes with COMMIT), and so
+//!   is a complete (BEGIN; the job's row; the writes with COMMIT). A pending
+//!   write is flushed before any query that could see it. Literals are
+//!   rendered with `standard_conforming_strings` on: text quoted with its
+//!   quotes doubled, bytes in hex, numbers by Rust.
 //! - **Indexes match the scans**: one partial index per job state, ordered
 //!   as the scan orders, so claim cost does not grow with finished jobs.
 //! - **Wake-ups**: a transaction that frees a lease slot or makes a job
@@ -34,10 +38,11 @@
 //! - **Errors**: serialization failures, deadlocks, lock timeouts, unique
 //!   violations (two first grants of one key) and lost connections are
 //!   transient; the client retries them with jittered backoff up to its
-//!   deadline. A connection lost, or any error other than a definite
-//!   rollback, *during COMMIT* is reported as ambiguous: the caller cannot
-//!   know whether it happened (a claim that did is recovered when its lease
-//!   expires). A broken connection is discarded and replaced on next use.
+//!   deadline. If the session is lost while the COMMIT script is in flight,
+//!   the error is ambiguous: the caller cannot know whether it happened (a
+//!   claim that did is recovered when its lease expires). An error the
+//!   server reports on a live session means nothing was committed. A broken
+//!   connection is discarded and replaced on next use.
 //! - **Sessions** set `lock_timeout` (a wait on a row lock ends as a
 //!   transient error) and `idle_in_transaction_session_timeout` (a process
 //!   paused in the middle of a transaction loses its session and its locks).
@@ -215,23 +220,17 @@ fn check_schema_name(name: &str) -> Result<()> {
 /// Every statement, prepared once per connection.
 struct Statements {
     lease_get: Statement,
-    lease_insert: Statement,
-    lease_update: Statement,
     job_get: Statement,
     job_payload: Statement,
-    job_insert: Statement,
-    job_update: Statement,
-    job_update_many: Statement,
-    job_delete: Statement,
     next_id: Statement,
     live_unique: Statement,
     scan_ready: Statement,
     scan_maintenance: Statement,
+    scan_maintenance_ready: Statement,
     scan_due: Statement,
     scan_finished: Statement,
     counts: Statement,
     list: Statement,
-    notify: Statement,
 }
 
 const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
@@ -242,32 +241,10 @@ const COLUMNS_NO_PAYLOAD: &str = "id, queue, NULL::bytea, priority, run_at, crea
 impl Statements {
     fn prepare(client: &mut Client, s: &str) -> std::result::Result<Statements, postgres::Error> {
         let mut p = |sql: String| client.prepare(&sql.replace("{s}", s));
-        let set = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts,
-            attempts = u.attempts, expiries = u.expiries, last_token = u.last_token,
-            state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token,
-            lease_until = u.lease_until, cancel_requested = u.cancel_requested,
-            last_error = u.last_error, finished_at = u.finished_at";
-        let fields = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at";
         Ok(Statements {
             lease_get: p("SELECT last_token, tokens, holders, labels, expires FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
-            lease_insert: p("INSERT INTO {s}.leases (key, last_token, tokens, holders, labels, expires) VALUES ($1, $2, $3, $4, $5, $6)".into())?,
-            lease_update: p("UPDATE {s}.leases SET last_token = $2, tokens = $3, holders = $4, labels = $5, expires = $6 WHERE key = $1".into())?,
             job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
             job_payload: p("SELECT payload FROM {s}.jobs WHERE id = $1".into())?,
-            job_insert: p(format!("INSERT INTO {{s}}.jobs ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"))?,
-            job_update: p(format!(
-                "UPDATE {{s}}.jobs AS j SET {set}
-                 FROM (VALUES ($1::int8, $2::int4, $3::int8, $4::int8, $5::int8, $6::int8, $7::int8, $8::int2, $9::bytea, $10::int8, $11::int8, $12::bool, $13::text, $14::int8))
-                   AS u({fields})
-                 WHERE j.id = u.id"
-            ))?,
-            job_update_many: p(format!(
-                "UPDATE {{s}}.jobs AS j SET {set}
-                 FROM unnest($1::int8[], $2::int4[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], $8::int2[], $9::bytea[], $10::int8[], $11::int8[], $12::bool[], $13::text[], $14::int8[])
-                   AS u({fields})
-                 WHERE j.id = u.id"
-            ))?,
-            job_delete: p("DELETE FROM {s}.jobs WHERE id = ANY($1)".into())?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
             live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
             scan_ready: p(format!(
@@ -282,6 +259,17 @@ impl Statements {
                             WHERE queue = $1 AND state = 1 AND run_at <= $2
                             ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
                  SELECT * FROM e UNION ALL SELECT * FROM d"
+            ))?,
+            scan_maintenance_ready: p(format!(
+                "WITH e AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                            WHERE queue = $1 AND state = 2 AND lease_until <= $2
+                            ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED),
+                      d AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                            WHERE queue = $1 AND state = 1 AND run_at <= $2
+                            ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED),
+                      r AS (SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
+                            ORDER BY priority DESC, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED)
+                 SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r"
             ))?,
             scan_due: p(format!(
                 "SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
@@ -302,7 +290,6 @@ impl Statements {
                 "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND id > $2 AND ($3::int2 < 0 OR state = $3::int2)
                  ORDER BY id LIMIT $4"
             ))?,
-            notify: p("SELECT pg_notify($1, $2)".into())?,
         })
     }
 }
@@ -393,13 +380,15 @@ fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Erro
         && (e.is_closed()
             || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()));
     let transient = transient_code || connection_lost;
-    // Only these say for certain that the transaction was rolled back.
-    let definite_rollback = code.is_some_and(|c| {
-        *c == SqlState::T_R_SERIALIZATION_FAILURE
-            || *c == SqlState::T_R_DEADLOCK_DETECTED
-            || c.code().starts_with("23")
-    });
-    let ambiguous = stage == Stage::Commit && !definite_rollback;
+    // Whether the session ended (rather than the server refusing the
+    // statement and staying connected, which means nothing was committed).
+    let session_lost = connection_lost
+        || code.is_some_and(|c| {
+            c.code().starts_with("57P")
+                || c.code().starts_with("08")
+                || *c == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+        });
+    let ambiguous = stage == Stage::Commit && session_lost;
     let message = match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => e.to_string(),
@@ -499,7 +488,8 @@ impl PostgresStore {
             .map_err(|e| pg_err(format!("connecting to {}", self.shown), &e, Stage::Work))?;
         client
             .batch_execute(&format!(
-                "SET lock_timeout = '{}'; SET idle_in_transaction_session_timeout = '{}'",
+                "SET lock_timeout = '{}'; SET idle_in_transaction_session_timeout = '{}';
+                 SET standard_conforming_strings = on",
                 ms_setting(self.opts.lock_timeout),
                 ms_setting(self.opts.idle_in_transaction_timeout)
             ))
@@ -694,31 +684,27 @@ impl PostgresStore {
         let now_ms = self.begin(conn)?;
         let mut tx = PgTxn {
             conn: &mut *conn,
+            schema: &self.schema,
             now_ms,
             leases: Vec::new(),
             jobs: HashMap::new(),
             pending: Vec::new(),
             deleted: Vec::new(),
+            claim_hint: None,
             due: None,
+            ready: None,
             woke: [false; 2],
         };
-        let result = f(&mut tx).and_then(|()| tx.flush()).and_then(|()| {
-            for wake in [Wake::LeaseFreed, Wake::JobReady] {
-                if tx.woke[wake as usize] {
-                    let payload = (wake as u8).to_string();
-                    tx.conn
-                        .client
-                        .execute(&tx.conn.st.notify, &[&self.channel, &payload])
-                        .map_err(|e| pg_err("notifying waiters", &e, Stage::Work))?;
+        let script = f(&mut tx).and_then(|()| tx.commit_script(&self.channel));
+        match script {
+            // The writes and COMMIT in one round trip.
+            Ok(script) => conn.client.batch_execute(&script).map_err(|e| {
+                let e = pg_err(format!("committing to {}", self.shown), &e, Stage::Commit);
+                if !e.is_ambiguous() {
+                    let _ = conn.client.batch_execute("ROLLBACK");
                 }
-            }
-            Ok(())
-        });
-        match result {
-            Ok(()) => conn
-                .client
-                .batch_execute("COMMIT")
-                .map_err(|e| pg_err(format!("committing to {}", self.shown), &e, Stage::Commit)),
+                e
+            }),
             Err(e) => {
                 let _ = conn.client.batch_execute("ROLLBACK");
                 Err(e)
@@ -878,14 +864,20 @@ struct CachedJob {
 
 struct PgTxn<'c> {
     conn: &'c mut Conn,
+    /// The quoted schema name.
+    schema: &'c str,
     now_ms: u64,
     leases: Vec<CachedLease>,
     jobs: HashMap<JobId, CachedJob>,
     /// Jobs written since the last flush, in order.
     pending: Vec<JobId>,
     deleted: Vec<JobId>,
+    /// The claim the rules announced ([`Txn::will_claim`]): (queue, max).
+    claim_hint: Option<(String, usize)>,
     /// Due jobs read together with the expired scan: (queue, now, limit, ids).
     due: Option<(String, u64, usize, Vec<JobId>)>,
+    /// Ready jobs read ahead for the announced claim: (queue, max, ids).
+    ready: Option<(String, usize, Vec<JobId>)>,
     /// The [`Wake`] events this transaction causes.
     woke: [bool; 2],
 }
@@ -932,225 +924,323 @@ fn job_from_row(r: &Row) -> std::result::Result<(JobRecord, bool), postgres::Err
     Ok((job, has_payload))
 }
 
-/// The columns a job update writes, as arrays (one element per job).
-#[derive(Default)]
-struct Updates {
-    id: Vec<i64>,
-    priority: Vec<i32>,
-    run_at: Vec<i64>,
-    max_attempts: Vec<i64>,
-    attempts: Vec<i64>,
-    expiries: Vec<i64>,
-    last_token: Vec<i64>,
-    state: Vec<i16>,
-    holder: Vec<Option<Vec<u8>>>,
-    token: Vec<Option<i64>>,
-    until: Vec<Option<i64>>,
-    cancel: Vec<bool>,
-    error: Vec<Option<String>>,
-    finished: Vec<Option<i64>>,
-}
+/// SQL text with literal values, for the writes of a flush: all of them,
+/// and the COMMIT, travel in one simple-query round trip. Sessions run with
+/// `standard_conforming_strings = on`, so inside `'...'` only the quote is
+/// special (and doubled); bytes are hex; numbers are formatted by Rust. A
+/// NUL (which the core never lets through, and PostgreSQL text cannot hold)
+/// is refused rather than sent.
+struct Sql(String);
 
-impl Updates {
-    fn push(&mut self, job: &JobRecord) -> Result<()> {
+impl Sql {
+    fn raw(&mut self, text: &str) -> &mut Self {
+        self.0.push_str(text);
+        self
+    }
+
+    fn text(&mut self, field: &'static str, text: &str) -> Result<&mut Self> {
+        if text.contains('\0') {
+            return Err(Error::invalid(field, "contains a NUL byte"));
+        }
+        self.0.reserve(text.len() + 2);
+        self.0.push('\'');
+        for c in text.chars() {
+            if c == '\'' {
+                self.0.push('\'');
+            }
+            self.0.push(c);
+        }
+        self.0.push('\'');
+        Ok(self)
+    }
+
+    fn opt_text(&mut self, field: &'static str, text: Option<&str>) -> Result<&mut Self> {
+        match text {
+            Some(t) => self.text(field, t),
+            None => Ok(self.raw("NULL")),
+        }
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) -> &mut Self {
+        use std::fmt::Write;
+        self.0.reserve(bytes.len() * 2 + 12);
+        self.0.push_str("'\\x");
+        for b in bytes {
+            let _ = write!(self.0, "{b:02x}");
+        }
+        self.raw("'::bytea")
+    }
+
+    fn int(&mut self, field: &'static str, v: u64) -> Result<&mut Self> {
+        use std::fmt::Write;
+        let _ = write!(self.0, "{}", i64_of(field, v)?);
+        Ok(self)
+    }
+
+    fn opt_int(&mut self, field: &'static str, v: Option<u64>) -> Result<&mut Self> {
+        match v {
+            Some(v) => self.int(field, v),
+            None => Ok(self.raw("NULL")),
+        }
+    }
+
+    /// The fields of `job` that can change after it is created, in the
+    /// order of [`UPDATE_FIELDS`], typed (the first row of a VALUES list
+    /// sets the column types).
+    fn job_changes(&mut self, job: &JobRecord) -> Result<&mut Self> {
         let claim = job.claim;
-        self.id.push(i64_of("id", job.id.0)?);
-        self.priority.push(job.priority);
-        self.run_at.push(i64_of("run_at", job.run_at_ms)?);
-        self.max_attempts.push(i64::from(job.max_attempts));
-        self.attempts.push(i64::from(job.attempts));
-        self.expiries.push(i64::from(job.expiries));
-        self.last_token.push(i64_of("token", job.last_token)?);
-        self.state.push(job.state as i16);
-        self.holder
-            .push(claim.map(|c| holder_bytes(c.holder).to_vec()));
-        self.token
-            .push(claim.map(|c| i64_of("token", c.token)).transpose()?);
-        self.until.push(
-            claim
-                .map(|c| i64_of("lease_until", c.lease_until_ms))
-                .transpose()?,
-        );
-        self.cancel.push(job.cancel_requested);
-        self.error
-            .push(job.last_error.as_deref().map(str::to_owned));
-        self.finished.push(
-            job.finished_at_ms
-                .map(|f| i64_of("finished_at", f))
-                .transpose()?,
-        );
-        Ok(())
+        self.raw("(")
+            .int("id", job.id.0)?
+            .raw("::int8, ")
+            .raw(&job.priority.to_string())
+            .raw("::int4, ")
+            .int("run_at", job.run_at_ms)?
+            .raw("::int8, ")
+            .int("max_attempts", job.max_attempts.into())?
+            .raw("::int8, ")
+            .int("attempts", job.attempts.into())?
+            .raw("::int8, ")
+            .int("expiries", job.expiries.into())?
+            .raw("::int8, ")
+            .int("token", job.last_token)?
+            .raw("::int8, ")
+            .raw(&(job.state as i16).to_string())
+            .raw("::int2, ");
+        match claim {
+            Some(c) => self.bytes(&holder_bytes(c.holder)),
+            None => self.raw("NULL::bytea"),
+        };
+        self.raw(", ")
+            .opt_int("token", claim.map(|c| c.token))?
+            .raw("::int8, ")
+            .opt_int("lease_until", claim.map(|c| c.lease_until_ms))?
+            .raw("::int8, ")
+            .raw(if job.cancel_requested {
+                "true"
+            } else {
+                "false"
+            })
+            .raw(", ")
+            .opt_text("last_error", job.last_error.as_deref())?
+            .raw("::text, ")
+            .opt_int("finished_at", job.finished_at_ms)?
+            .raw("::int8)");
+        Ok(self)
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 14] {
-        [
-            &self.id,
-            &self.priority,
-            &self.run_at,
-            &self.max_attempts,
-            &self.attempts,
-            &self.expiries,
-            &self.last_token,
-            &self.state,
-            &self.holder,
-            &self.token,
-            &self.until,
-            &self.cancel,
-            &self.error,
-            &self.finished,
-        ]
+    /// A whole new job row, in the order of [`COLUMNS`].
+    fn job_row(&mut self, job: &JobRecord) -> Result<&mut Self> {
+        let claim = job.claim;
+        self.raw("(")
+            .int("id", job.id.0)?
+            .raw(", ")
+            .text("queue", &job.queue)?
+            .raw(", ")
+            .bytes(&job.payload)
+            .raw(&format!(", {}, ", job.priority))
+            .int("run_at", job.run_at_ms)?
+            .raw(", ")
+            .int("created_at", job.created_at_ms)?
+            .raw(&format!(
+                ", {}, {}, {}, ",
+                job.max_attempts, job.attempts, job.expiries
+            ))
+            .int("token", job.last_token)?
+            .raw(&format!(", {}, ", job.state as i16));
+        match claim {
+            Some(c) => self.bytes(&holder_bytes(c.holder)),
+            None => self.raw("NULL"),
+        };
+        self.raw(", ")
+            .opt_int("token", claim.map(|c| c.token))?
+            .raw(", ")
+            .opt_int("lease_until", claim.map(|c| c.lease_until_ms))?
+            .raw(if job.cancel_requested {
+                ", true, "
+            } else {
+                ", false, "
+            })
+            .opt_text("last_error", job.last_error.as_deref())?
+            .raw(", ")
+            .opt_text("unique_key", job.unique_key.as_deref())?
+            .raw(", ")
+            .opt_int("finished_at", job.finished_at_ms)?
+            .raw(")");
+        Ok(self)
     }
 
-    /// The parameters of one job (the first), for the single-row update.
-    fn first(&self) -> [&(dyn ToSql + Sync); 14] {
-        [
-            &self.id[0],
-            &self.priority[0],
-            &self.run_at[0],
-            &self.max_attempts[0],
-            &self.attempts[0],
-            &self.expiries[0],
-            &self.last_token[0],
-            &self.state[0],
-            &self.holder[0],
-            &self.token[0],
-            &self.until[0],
-            &self.cancel[0],
-            &self.error[0],
-            &self.finished[0],
-        ]
+    /// A lease record's columns after its key: last token and slot arrays.
+    fn lease(&mut self, r: &LeaseRecord) -> Result<&mut Self> {
+        self.int("token", r.last_token)?.raw(", ARRAY[");
+        for (i, slot) in r.slots.iter().enumerate() {
+            self.raw(if i == 0 { "" } else { ", " })
+                .int("token", slot.token)?;
+        }
+        self.raw("]::int8[], ARRAY[");
+        for (i, slot) in r.slots.iter().enumerate() {
+            self.raw(if i == 0 { "" } else { ", " })
+                .bytes(&holder_bytes(slot.holder.id));
+        }
+        self.raw("]::bytea[], ARRAY[");
+        for (i, slot) in r.slots.iter().enumerate() {
+            self.raw(if i == 0 { "" } else { ", " })
+                .opt_text("holder label", slot.holder.label.as_deref())?;
+        }
+        self.raw("]::text[], ARRAY[");
+        for (i, slot) in r.slots.iter().enumerate() {
+            self.raw(if i == 0 { "" } else { ", " })
+                .int("expires_at", slot.expires_at_ms)?;
+        }
+        Ok(self.raw("]::int8[]"))
     }
 }
 
-/// Insert a job created in this transaction.
-fn insert_job(conn: &mut Conn, job: &JobRecord) -> Result<()> {
-    let claim = job.claim;
-    let params: [&(dyn ToSql + Sync); 18] = [
-        &i64_of("id", job.id.0)?,
-        &&*job.queue,
-        &&*job.payload,
-        &job.priority,
-        &i64_of("run_at", job.run_at_ms)?,
-        &i64_of("created_at", job.created_at_ms)?,
-        &i64::from(job.max_attempts),
-        &i64::from(job.attempts),
-        &i64::from(job.expiries),
-        &i64_of("token", job.last_token)?,
-        &(job.state as i16),
-        &claim.map(|c| holder_bytes(c.holder).to_vec()),
-        &claim.map(|c| i64_of("token", c.token)).transpose()?,
-        &claim
-            .map(|c| i64_of("lease_until", c.lease_until_ms))
-            .transpose()?,
-        &job.cancel_requested,
-        &job.last_error.as_deref(),
-        &job.unique_key.as_deref(),
-        &job.finished_at_ms
-            .map(|f| i64_of("finished_at", f))
-            .transpose()?,
-    ];
-    conn.client
-        .execute(&conn.st.job_insert, &params)
-        .map(|_| ())
-        .map_err(|e| pg_err(format!("inserting job {}", job.id), &e, Stage::Work))
-}
+/// The columns [`Sql::job_changes`] writes.
+const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at";
 
 fn ctx_key(what: &str, key: &str) -> String {
     format!("{what} lease {key:?}")
 }
 
 impl PgTxn<'_> {
-    /// Write every pending lease and job change (leases only at commit).
-    fn flush_jobs(&mut self) -> Result<()> {
+    /// Render the pending job writes (deletes, then updates, then inserts)
+    /// into `sql`; returns whether there were any.
+    fn render_jobs(&mut self, sql: &mut Sql, schema: &str) -> Result<bool> {
+        let mut any = false;
         if !self.deleted.is_empty() {
-            let ids = self
-                .deleted
-                .iter()
-                .map(|id| i64_of("id", id.0))
-                .collect::<Result<Vec<_>>>()?;
-            self.conn
-                .client
-                .execute(&self.conn.st.job_delete, &[&ids])
-                .map_err(|e| pg_err("deleting jobs", &e, Stage::Work))?;
-            self.deleted.clear();
+            sql.raw("DELETE FROM ")
+                .raw(schema)
+                .raw(".jobs WHERE id IN (");
+            for (i, id) in self.deleted.iter().enumerate() {
+                sql.raw(if i == 0 { "" } else { ", " }).int("id", id.0)?;
+            }
+            sql.raw(");\n");
+            any = true;
         }
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let mut updates = Updates::default();
-        let pending = std::mem::take(&mut self.pending);
-        for id in &pending {
+        let (mut updates, mut inserts) = (0, 0);
+        let changed = self
+            .pending
+            .iter()
+            .filter(|id| self.jobs.get(id).is_some_and(|c| c.in_db))
+            .count();
+        for id in &self.pending {
             let Some(c) = self.jobs.get(id) else { continue };
-            if c.in_db {
-                updates.push(&c.record)?;
-            } else {
-                insert_job(self.conn, &c.record)?;
+            if !c.in_db {
+                continue;
+            }
+            if changed == 1 {
+                // One row: a plain update by key plans fastest.
+                sql.raw("UPDATE ")
+                    .raw(schema)
+                    .raw(".jobs SET (")
+                    .raw(UPDATE_FIELDS)
+                    .raw(") = ")
+                    .job_changes(&c.record)?
+                    .raw(" WHERE id = ")
+                    .int("id", id.0)?
+                    .raw(";\n");
+                updates = usize::MAX;
+                break;
+            }
+            sql.raw(if updates == 0 { "UPDATE " } else { ",\n" });
+            if updates == 0 {
+                sql.raw(schema).raw(".jobs AS j SET priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at FROM (VALUES ");
+            }
+            sql.job_changes(&c.record)?;
+            updates += 1;
+        }
+        if updates == usize::MAX {
+            updates = 1;
+        } else if updates > 0 {
+            sql.raw(") AS u(")
+                .raw(UPDATE_FIELDS)
+                .raw(") WHERE j.id = u.id;\n");
+        }
+        for id in &self.pending {
+            let Some(c) = self.jobs.get(id) else { continue };
+            if !c.in_db {
+                if inserts == 0 {
+                    sql.raw("INSERT INTO ")
+                        .raw(schema)
+                        .raw(".jobs (")
+                        .raw(COLUMNS)
+                        .raw(") VALUES ");
+                } else {
+                    sql.raw(",\n");
+                }
+                sql.job_row(&c.record)?;
+                inserts += 1;
             }
         }
-        match updates.id.len() {
-            0 => {}
-            1 => {
-                self.conn
-                    .client
-                    .execute(&self.conn.st.job_update, &updates.first())
-                    .map_err(|e| {
-                        pg_err(format!("writing job {}", updates.id[0]), &e, Stage::Work)
-                    })?;
-            }
-            n => {
-                self.conn
-                    .client
-                    .execute(&self.conn.st.job_update_many, &updates.params())
-                    .map_err(|e| pg_err(format!("writing {n} jobs"), &e, Stage::Work))?;
-            }
+        if inserts > 0 {
+            sql.raw(";\n");
         }
-        for id in pending {
+        Ok(any || updates + inserts > 0)
+    }
+
+    /// Mark every pending job write as done.
+    fn jobs_flushed(&mut self) {
+        self.deleted.clear();
+        for id in std::mem::take(&mut self.pending) {
             if let Some(c) = self.jobs.get_mut(&id) {
                 c.in_db = true;
                 c.db_state = Some(c.record.state);
             }
         }
+    }
+
+    /// Send the pending job writes before a query that could see them.
+    fn flush_jobs(&mut self) -> Result<()> {
+        let mut sql = Sql(String::new());
+        let schema = self.schema;
+        if !self.render_jobs(&mut sql, schema)? {
+            return Ok(());
+        }
+        self.conn
+            .client
+            .batch_execute(&sql.0)
+            .map_err(|e| pg_err("writing jobs", &e, Stage::Work))?;
+        self.jobs_flushed();
         Ok(())
     }
 
-    /// Write everything this transaction changed.
-    fn flush(&mut self) -> Result<()> {
-        self.flush_jobs()?;
+    /// Everything this transaction changed, the notifications and COMMIT,
+    /// as one script.
+    fn commit_script(&mut self, channel: &str) -> Result<String> {
+        let mut sql = Sql(String::with_capacity(512));
+        let schema = self.schema;
+        self.render_jobs(&mut sql, schema)?;
         for c in &self.leases {
             if c.original.as_ref() == Some(&c.record) {
                 continue;
             }
-            let key = c.key.as_str();
-            let r = &c.record;
-            let tokens = r
-                .slots
-                .iter()
-                .map(|s| i64_of("token", s.token))
-                .collect::<Result<Vec<_>>>()?;
-            let holders: Vec<Vec<u8>> = r
-                .slots
-                .iter()
-                .map(|s| holder_bytes(s.holder.id).to_vec())
-                .collect();
-            let labels: Vec<Option<&str>> =
-                r.slots.iter().map(|s| s.holder.label.as_deref()).collect();
-            let expires = r
-                .slots
-                .iter()
-                .map(|s| i64_of("expires_at", s.expires_at_ms))
-                .collect::<Result<Vec<_>>>()?;
-            let last = i64_of("token", r.last_token)?;
-            let stmt = if c.original.is_some() {
-                &self.conn.st.lease_update
+            if c.original.is_some() {
+                sql.raw("UPDATE ")
+                    .raw(schema)
+                    .raw(".leases SET (last_token, tokens, holders, labels, expires) = (")
+                    .lease(&c.record)?
+                    .raw(") WHERE key = ")
+                    .text("key", &c.key)?
+                    .raw(";\n");
             } else {
-                &self.conn.st.lease_insert
-            };
-            self.conn
-                .client
-                .execute(stmt, &[&key, &last, &tokens, &holders, &labels, &expires])
-                .map_err(|e| pg_err(ctx_key("writing", key), &e, Stage::Work))?;
+                sql.raw("INSERT INTO ")
+                    .raw(schema)
+                    .raw(".leases (key, last_token, tokens, holders, labels, expires) VALUES (")
+                    .text("key", &c.key)?
+                    .raw(", ")
+                    .lease(&c.record)?
+                    .raw(");\n");
+            }
         }
-        Ok(())
+        for wake in [Wake::LeaseFreed, Wake::JobReady] {
+            if self.woke[wake as usize] {
+                sql.raw("SELECT pg_notify(")
+                    .text("channel", channel)?
+                    .raw(&format!(", '{}');\n", wake as u8));
+            }
+        }
+        sql.raw("COMMIT");
+        Ok(sql.0)
     }
 
     fn load_lease(&mut self, key: &str) -> Result<Option<LeaseRecord>> {
@@ -1250,6 +1340,10 @@ impl Txn for PgTxn<'_> {
         self.woke[Wake::LeaseFreed as usize] = true;
     }
 
+    fn will_claim(&mut self, queue: &str, max: usize) {
+        self.claim_hint = Some((queue.to_owned(), max));
+    }
+
     fn next_job_id(&mut self) -> Result<JobId> {
         let row = self
             .conn
@@ -1302,6 +1396,7 @@ impl Txn for PgTxn<'_> {
             self.pending.push(job.id);
         }
         self.due = None;
+        self.ready = None;
         Ok(())
     }
 
@@ -1312,6 +1407,7 @@ impl Txn for PgTxn<'_> {
             _ => self.deleted.push(id),
         }
         self.due = None;
+        self.ready = None;
         Ok(())
     }
 
@@ -1337,21 +1433,45 @@ impl Txn for PgTxn<'_> {
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
         match query {
             JobQuery::Ready => {
+                if let Some((q, max, ready)) = self.ready.take() {
+                    if q == queue && max == limit {
+                        out.extend(ready);
+                        return Ok(());
+                    }
+                }
                 let rows = self.query(&what, |st| &st.scan_ready, &[&queue, &n])?;
                 self.absorb(&rows, out)
             }
             JobQuery::Expired { now_ms } => {
-                // The due scan (which maintenance runs next) travels along;
-                // any write in between discards it.
+                // The due scan (which maintenance runs next) travels along,
+                // and the ready scan of an announced claim; any write in
+                // between discards them.
                 let at = i64_of("now", now_ms)?;
-                let rows = self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?;
+                let hint = self.claim_hint.take().filter(|(q, _)| q == queue);
+                let rows = match &hint {
+                    Some((_, max)) => {
+                        let max = i64::try_from(*max).unwrap_or(i64::MAX);
+                        self.query(
+                            &what,
+                            |st| &st.scan_maintenance_ready,
+                            &[&queue, &at, &n, &max],
+                        )?
+                    }
+                    None => self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?,
+                };
                 let mut ids = Vec::new();
                 self.absorb(&rows, &mut ids)?;
-                let (expired, due): (Vec<JobId>, Vec<JobId>) = ids
-                    .into_iter()
-                    .partition(|id| self.jobs[id].record.state == JobState::Running);
+                let (mut expired, mut due, mut ready) = (Vec::new(), Vec::new(), Vec::new());
+                for id in ids {
+                    match self.jobs[&id].record.state {
+                        JobState::Running => expired.push(id),
+                        JobState::Scheduled => due.push(id),
+                        _ => ready.push(id),
+                    }
+                }
                 out.extend(expired);
                 self.due = Some((queue.to_owned(), now_ms, limit, due));
+                self.ready = hint.map(|(q, max)| (q, max, ready));
                 Ok(())
             }
             JobQuery::Due { now_ms } => {

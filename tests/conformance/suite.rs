@@ -319,6 +319,11 @@ pub fn lease_hostile_keys(make: &Make) {
         "a/b/../../c",
         "ключ-🔒",
         " spaced ",
+        "it's",
+        "'; DROP TABLE leases; --",
+        "back\\slash\\'",
+        "$$dollar$$",
+        "E'\\x00'",
         long.as_str(),
     ] {
         let g = w.acquire(key, 1, 100, 1).unwrap();
@@ -326,6 +331,13 @@ pub fn lease_hostile_keys(make: &Make) {
         assert_eq!(w.inspect(key).holders.len(), 1);
     }
     assert_eq!(w.inspect("x").holders.len(), 0, "keys do not collide");
+    // Labels and fail reasons are stored as given, quotes and all.
+    let label = "o'brien \\ $$ '; --";
+    let h = Holder::with_label(HolderId(9), label).unwrap();
+    w.tx(|tx| core::lease::acquire(tx, "labelled", &h, 100, 1))
+        .unwrap();
+    let info = w.inspect("labelled");
+    assert_eq!(info.holders[0].holder.label.as_deref(), Some(label));
 }
 
 // ------------------------------------------------------------ atomicity
@@ -889,6 +901,21 @@ pub fn job_hostile_queue_names(make: &Make) {
             "queues stay apart: {name:?}"
         );
     }
+    // Payload bytes, unique keys and fail reasons come back as given.
+    let payload: Vec<u8> = (0..=255u8).chain(*b"'\\$$").collect();
+    let spec = JobSpec {
+        unique_key: Some("u'1\\; --".into()),
+        ..JobSpec::new(payload.clone())
+    };
+    let id = w.push("bytes", spec);
+    let job = w.claim_one("bytes", 1, 100);
+    assert_eq!((job.id, &*job.payload), (id, payload.as_slice()));
+    let reason = "it's broken \\ $$; DROP TABLE jobs; --";
+    w.fail(&job, 1, reason).unwrap();
+    let job = w.get(id);
+    assert_eq!(job.last_error.as_deref(), Some(reason));
+    assert_eq!(job.unique_key.as_deref(), Some("u'1\\; --"));
+    assert_eq!(&*w.get(id).payload, payload.as_slice());
 }
 
 pub fn job_scans_are_ordered(make: &Make) {
