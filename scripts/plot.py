@@ -24,6 +24,7 @@ SERIES = [
     ("file, not durable: lease pairs", "file_lease_pair", "not_durable_threads"),
     ("file, durable: lease pairs", "file_lease_pair", "durable_threads"),
     ("naive SELECT-then-UPDATE (sqlite)", "naive_select_then_update", "threads"),
+    ("postgres (loopback): claim+complete", "postgres_claim_complete", "postgres_threads"),
 ]
 
 
@@ -41,14 +42,14 @@ def rate(group, bench, threads):
 def main():
     fig, ax = plt.subplots(figsize=(8, 6), dpi=110)
     for label, group, bench in SERIES:
-        pts = [(t, rate(group, bench, t)) for t in (1, 2, 4, 8)]
+        pts = [(t, rate(group, bench, t)) for t in (1, 2, 4, 8, 16)]
         pts = [(t, r) for t, r in pts if r]
         if pts:
             ax.plot([t for t, _ in pts], [r for _, r in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks([1, 2, 4, 8])
-    ax.set_xticklabels(["1", "2", "4", "8"])
+    ax.set_xticks([1, 2, 4, 8, 16])
+    ax.set_xticklabels(["1", "2", "4", "8", "16"])
     ax.set_xlabel("contending threads (one process, 2 cores)")
     ax.set_ylabel("operations per second (log)")
     ax.set_title("leasehold: throughput against contention, per store")
