@@ -1,6 +1,9 @@
 //! SQLite-specific behaviour: WAL in effect, claim scans served by their
 //! index in order (no sort), foreign/newer/corrupt files refused and left
-//! untouched, store time continuous across reboots, and a real fork.
+//! untouched, store time continuous across reboots, a real fork, and group
+//! commit (atomic per transaction, visible on return).
+
+#![allow(clippy::disallowed_methods)] // real threads in the group commit test
 
 use leasehold::core::{self};
 use leasehold::store::network_fs;
@@ -267,5 +270,68 @@ fn a_panicking_transaction_is_rolled_back() {
             .unwrap()
             .total(),
         0
+    );
+}
+
+/// Group commit: threads sharing a handle have their transactions carried
+/// by fewer COMMITs, yet each stays all-or-nothing (S1), including one
+/// that panics, and each caller returns only once its writes are visible
+/// to another connection.
+#[test]
+fn group_commit_keeps_every_transaction_atomic_and_visible_on_return() {
+    let dir = Dir::new("group");
+    let store = Arc::new(SqliteStore::open(dir.db()).unwrap());
+    const THREADS: usize = 8;
+    const TXNS: usize = 120;
+    let fate = |i: usize| match i % 10 {
+        3 | 6 => "fail",
+        7 => "panic",
+        _ => "commit",
+    };
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (store, path) = (store.clone(), dir.db());
+            std::thread::spawn(move || {
+                let observer = SqliteStore::open(&path).unwrap();
+                for i in 0..TXNS {
+                    let key = format!("k{t}-{i}");
+                    let holder = Holder::new(HolderId(t as u128 + 1));
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        store.txn(|tx| {
+                            core::lease::acquire(tx, &key, &holder, 60_000, 1)?;
+                            match fate(i) {
+                                "fail" => Err(Error::invalid("test", "fails on purpose")),
+                                "panic" => panic!("panics on purpose"),
+                                _ => Ok(()),
+                            }
+                        })
+                    }));
+                    match (fate(i), run) {
+                        ("commit", Ok(Ok(()))) => {
+                            let seen = observer.txn(|tx| core::lease::inspect(tx, &key)).unwrap();
+                            assert_eq!(seen.last_token, 1, "{key} not visible on return");
+                        }
+                        ("fail", Ok(Err(Error::Invalid { .. }))) | ("panic", Err(_)) => {}
+                        (f, other) => panic!("{key} ({f}): {:?}", other.map(|r| r.err())),
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    for t in 0..THREADS {
+        for i in 0..TXNS {
+            let key = format!("k{t}-{i}");
+            let info = store.txn(|tx| core::lease::inspect(tx, &key)).unwrap();
+            let want = u64::from(fate(i) == "commit");
+            assert_eq!(info.last_token, want, "{key} ({})", fate(i));
+        }
+    }
+    let (txns, commits) = store.group_stats();
+    assert!(
+        commits < txns,
+        "no transactions were grouped: {txns} transactions, {commits} commits"
     );
 }
