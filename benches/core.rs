@@ -5,6 +5,9 @@
 
 #![allow(clippy::disallowed_methods)] // benchmarks read real time
 
+#[path = "support/harness.rs"]
+mod harness;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use leasehold::core::{self, Txn};
 use leasehold::{Client, Holder, HolderId, JobId, JobSpec, MemStore, QueuePolicy, StoreExt};
@@ -207,35 +210,19 @@ fn contention(c: &mut Criterion) {
             &threads,
             |b, &t| {
                 b.iter_custom(|iters| {
-                    let per = iters.div_ceil(t as u64);
-                    let start = Instant::now();
-                    let hs: Vec<_> = (0..t)
-                        .map(|i| {
-                            let store = store.clone();
-                            std::thread::spawn(move || {
-                                let holder = Holder::new(HolderId(i as u128 + 1));
-                                let key = format!("key-{i}");
-                                for _ in 0..per {
-                                    let g = store
-                                        .txn(|tx| {
-                                            core::lease::acquire(tx, &key, &holder, 30_000, 1)
-                                        })
-                                        .unwrap();
-                                    store
-                                        .txn(|tx| {
-                                            core::lease::release(tx, &key, holder.id, g.token)
-                                        })
-                                        .unwrap();
-                                }
-                            })
-                        })
-                        .collect();
-                    for h in hs {
-                        h.join().unwrap();
-                    }
-                    start
-                        .elapsed()
-                        .mul_f64(iters as f64 / (per * t as u64) as f64)
+                    let store = store.clone();
+                    harness::spread(iters, t, move |i, n| {
+                        let holder = Holder::new(HolderId(i as u128 + 1));
+                        let key = format!("key-{i}");
+                        for _ in 0..n {
+                            let g = store
+                                .txn(|tx| core::lease::acquire(tx, &key, &holder, 30_000, 1))
+                                .unwrap();
+                            store
+                                .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
+                                .unwrap();
+                        }
+                    })
                 })
             },
         );
@@ -245,27 +232,15 @@ fn contention(c: &mut Criterion) {
             &threads,
             |b, &t| {
                 b.iter_custom(|iters| {
-                    let per = iters.div_ceil(t as u64);
-                    for _ in 0..per * t as u64 {
+                    for _ in 0..harness::share(iters, t) * t as u64 {
                         push(&store, "q", 0);
                     }
-                    let start = Instant::now();
-                    let hs: Vec<_> = (0..t)
-                        .map(|i| {
-                            let store = store.clone();
-                            std::thread::spawn(move || {
-                                for _ in 0..per {
-                                    claim_complete(&store, "q", HolderId(i as u128 + 1));
-                                }
-                            })
-                        })
-                        .collect();
-                    for h in hs {
-                        h.join().unwrap();
-                    }
-                    start
-                        .elapsed()
-                        .mul_f64(iters as f64 / (per * t as u64) as f64)
+                    let store = store.clone();
+                    harness::spread(iters, t, move |i, n| {
+                        for _ in 0..n {
+                            claim_complete(&store, "q", HolderId(i as u128 + 1));
+                        }
+                    })
                 })
             },
         );

@@ -3,14 +3,22 @@
 //! NORMAL and FULL; beside them, in the same run, the naive pattern of the
 //! brief's queue report (SELECT a ready row outside the write transaction,
 //! then UPDATE it) with its double claims and BUSY errors counted, and the
-//! mem store as the ceiling.
+//! mem store as the ceiling. Also lease acquire+release pairs with 1 to 8
+//! threads.
 //!
 //! Run: `cargo bench --bench sqlite` (results: BENCHMARKS.md).
 
 #![allow(clippy::disallowed_methods)] // benchmarks use real threads and time
 
+#[path = "support/harness.rs"]
+mod harness;
+
 use criterion::{BenchmarkId, Criterion, Throughput};
-use leasehold::{Client, JobSpec, MemStore, SqliteOptions, SqliteStore, Store, Synchronous};
+use leasehold::core;
+use leasehold::{
+    Client, Holder, HolderId, JobSpec, MemStore, SqliteOptions, SqliteStore, Store, StoreExt,
+    Synchronous,
+};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -252,6 +260,47 @@ fn naive(c: &mut Criterion) {
     g.finish();
 }
 
+/// Lease acquire+release pairs with 1, 2, 4 and 8 threads sharing one
+/// handle (each thread its own key), beside the mem store.
+fn leases(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sqlite_lease_pair");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(3));
+    let mem: Arc<dyn Store> = Arc::new(MemStore::new());
+    let path = temp_db("leases");
+    let store = sqlite(&path, Synchronous::Normal);
+    for (name, store, counts) in [
+        ("mem_ceiling", &mem, &[1usize][..]),
+        ("normal", &store, &[1usize, 2, 4, 8][..]),
+    ] {
+        for &t in counts {
+            g.bench_with_input(
+                BenchmarkId::new(format!("{name}/threads"), t),
+                &t,
+                |b, &t| {
+                    b.iter_custom(|n| {
+                        let store = store.clone();
+                        harness::spread(n, t, move |i, n| {
+                            let holder = Holder::new(HolderId(i as u128 + 1));
+                            let key = format!("key-{i}");
+                            for _ in 0..n {
+                                let g = store
+                                    .txn(|tx| core::lease::acquire(tx, &key, &holder, 30_000, 1))
+                                    .unwrap();
+                                store
+                                    .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
+                                    .unwrap();
+                            }
+                        })
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
 fn main() {
     if let Ok(path) = std::env::var("LEASEHOLD_BENCH_WORKER") {
         let store = sqlite(&PathBuf::from(path), Synchronous::Normal);
@@ -260,6 +309,7 @@ fn main() {
     }
     let mut c = Criterion::default().configure_from_args();
     threads(&mut c);
+    leases(&mut c);
     processes(&mut c);
     naive(&mut c);
     c.final_summary();

@@ -25,6 +25,7 @@ BASELINES = {
     "job": ("claim_complete", "vs single claim+complete"),
     "claim_depth": ("ready/1000", "vs 1k deep (target: within 2x)"),
     "sqlite_claim_complete": ("mem_ceiling/1", "vs the mem store (the ceiling)"),
+    "sqlite_lease_pair": ("mem_ceiling/threads/1", "vs the mem store (the ceiling)"),
     "sqlite_processes": ("normal/processes/1", "vs one process"),
     "naive_select_then_update": ("threads/1", "vs one thread"),
     "file_lease_pair": ("flock_baseline", "vs a bare flock(2) lock+unlock of one file"),

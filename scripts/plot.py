@@ -21,6 +21,7 @@ SERIES = [
     ("mem: claim+complete", "mem_contention", "claim_complete_threads"),
     ("sqlite NORMAL: claim+complete", "sqlite_claim_complete", "normal_threads"),
     ("sqlite FULL: claim+complete", "sqlite_claim_complete", "full_threads"),
+    ("sqlite NORMAL: lease pairs", "sqlite_lease_pair", "normal_threads"),
     ("file, not durable: lease pairs", "file_lease_pair", "not_durable_threads"),
     ("file, durable: lease pairs", "file_lease_pair", "durable_threads"),
     ("naive SELECT-then-UPDATE (sqlite)", "naive_select_then_update", "threads"),

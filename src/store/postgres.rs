@@ -33,8 +33,8 @@
 //!   as the scan orders, so claim cost does not grow with finished jobs.
 //! - **Wake-ups**: a transaction that frees a lease slot or makes a job
 //!   ready sends `pg_notify` on the schema's channel; a listener thread per
-//!   store handle (started on the first wait) wakes blocked acquirers and
-//!   idle workers. Polling stays the fallback.
+//!   store handle (started on the first wait, with its own connection)
+//!   wakes blocked acquirers and idle workers. Polling stays the fallback.
 //! - **Errors**: serialization failures, deadlocks, lock timeouts, unique
 //!   violations (two first grants of one key) and lost connections are
 //!   transient; the client retries them with jittered backoff up to its
@@ -810,11 +810,13 @@ impl Store for PostgresStore {
     }
 
     fn epoch(&self, wake: Wake) -> u64 {
-        self.start_listener();
         lock(&self.listener.state).epochs[wake as usize]
     }
 
+    /// The listener (and its connection) starts with the first wait, so a
+    /// handle that never waits never opens it.
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
+        self.start_listener();
         let st = lock(&self.listener.state);
         if st.epochs[wake as usize] != epoch {
             return true;

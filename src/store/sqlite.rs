@@ -1072,7 +1072,7 @@ impl Store for SqliteStore {
     /// Group commit: threads of one process that arrive while a transaction
     /// runs join it, each closure in its own savepoint (so a failing one
     /// undoes only itself, S1), and the last one commits for all: one
-    /// commit (one WAL append, one fsync with FULL) for up to [`MAX_GROUP`]
+    /// commit (one WAL append, one fsync with FULL) for up to 64
     /// transactions. Each caller returns only after the COMMIT that carries
     /// its writes. A lone caller pays nothing for it (no savepoint).
     fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
