@@ -211,18 +211,7 @@ fn contention(c: &mut Criterion) {
             |b, &t| {
                 b.iter_custom(|iters| {
                     let store = store.clone();
-                    harness::spread(iters, t, move |i, n| {
-                        let holder = Holder::new(HolderId(i as u128 + 1));
-                        let key = format!("key-{i}");
-                        for _ in 0..n {
-                            let g = store
-                                .txn(|tx| core::lease::acquire(tx, &key, &holder, 30_000, 1))
-                                .unwrap();
-                            store
-                                .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
-                                .unwrap();
-                        }
-                    })
+                    harness::spread(iters, t, move |i, n| harness::own_key_pairs(&*store, i, n))
                 })
             },
         );

@@ -14,11 +14,7 @@
 mod harness;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use leasehold::core;
-use leasehold::{
-    Client, Holder, HolderId, JobSpec, MemStore, SqliteOptions, SqliteStore, Store, StoreExt,
-    Synchronous,
-};
+use leasehold::{Client, JobSpec, MemStore, SqliteOptions, SqliteStore, Store, Synchronous};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -281,18 +277,7 @@ fn leases(c: &mut Criterion) {
                 |b, &t| {
                     b.iter_custom(|n| {
                         let store = store.clone();
-                        harness::spread(n, t, move |i, n| {
-                            let holder = Holder::new(HolderId(i as u128 + 1));
-                            let key = format!("key-{i}");
-                            for _ in 0..n {
-                                let g = store
-                                    .txn(|tx| core::lease::acquire(tx, &key, &holder, 30_000, 1))
-                                    .unwrap();
-                                store
-                                    .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
-                                    .unwrap();
-                            }
-                        })
+                        harness::spread(n, t, move |i, n| harness::own_key_pairs(&*store, i, n))
                     })
                 },
             );

@@ -70,3 +70,18 @@ pub fn worker(var: &str) -> Option<(String, u64)> {
     let count = std::env::var(COUNT_VAR).ok()?.parse().ok()?;
     Some((value, count))
 }
+
+/// `n` lease acquire+release pairs on a key of worker `i`'s own.
+pub fn own_key_pairs(store: &dyn leasehold::Store, i: usize, n: u64) {
+    use leasehold::{core, Holder, HolderId, StoreExt};
+    let holder = Holder::new(HolderId(i as u128 + 1));
+    let key = format!("key-{i}");
+    for _ in 0..n {
+        let g = store
+            .txn(|tx| core::lease::acquire(tx, &key, &holder, 30_000, 1))
+            .unwrap();
+        store
+            .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
+            .unwrap();
+    }
+}

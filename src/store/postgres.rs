@@ -391,7 +391,12 @@ fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Erro
     let ambiguous = stage == Stage::Commit && session_lost;
     let message = match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => e.to_string(),
+        // The driver's own text is generic ("error connecting to server");
+        // the cause (connection refused, timed out, ...) is its source.
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     };
     Error::Store {
         context: context.into(),
