@@ -221,7 +221,6 @@ fn check_schema_name(name: &str) -> Result<()> {
 struct Statements {
     lease_get: Statement,
     job_get: Statement,
-    job_payload: Statement,
     next_id: Statement,
     live_unique: Statement,
     scan_ready: Statement,
@@ -235,16 +234,12 @@ struct Statements {
 
 const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
 
-/// [`COLUMNS`] without the payload (read only when a job is returned).
-const COLUMNS_NO_PAYLOAD: &str = "id, queue, NULL::bytea, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
-
 impl Statements {
     fn prepare(client: &mut Client, s: &str) -> std::result::Result<Statements, postgres::Error> {
         let mut p = |sql: String| client.prepare(&sql.replace("{s}", s));
         Ok(Statements {
             lease_get: p("SELECT last_token, tokens, holders, labels, expires FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
             job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
-            job_payload: p("SELECT payload FROM {s}.jobs WHERE id = $1".into())?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
             live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
             scan_ready: p(format!(
@@ -252,19 +247,19 @@ impl Statements {
                  ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
             ))?,
             scan_maintenance: p(format!(
-                "WITH e AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                "WITH e AS (SELECT {COLUMNS} FROM {{s}}.jobs
                             WHERE queue = $1 AND state = 2 AND lease_until <= $2
                             ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED),
-                      d AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                      d AS (SELECT {COLUMNS} FROM {{s}}.jobs
                             WHERE queue = $1 AND state = 1 AND run_at <= $2
                             ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
                  SELECT * FROM e UNION ALL SELECT * FROM d"
             ))?,
             scan_maintenance_ready: p(format!(
-                "WITH e AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                "WITH e AS (SELECT {COLUMNS} FROM {{s}}.jobs
                             WHERE queue = $1 AND state = 2 AND lease_until <= $2
                             ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED),
-                      d AS (SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs
+                      d AS (SELECT {COLUMNS} FROM {{s}}.jobs
                             WHERE queue = $1 AND state = 1 AND run_at <= $2
                             ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED),
                       r AS (SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
@@ -272,7 +267,7 @@ impl Statements {
                  SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r"
             ))?,
             scan_due: p(format!(
-                "SELECT {COLUMNS_NO_PAYLOAD} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
                  ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
             ))?,
             scan_finished: p(
@@ -686,7 +681,11 @@ impl PostgresStore {
     }
 
     fn run(&self, conn: &mut Conn, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
-        let now_ms = self.begin(conn)?;
+        let now_ms = self.begin(conn).inspect_err(|_| {
+            // Never hand a session with an open (aborted) transaction back
+            // to the pool.
+            let _ = conn.client.batch_execute("ROLLBACK");
+        })?;
         let mut tx = PgTxn {
             conn: &mut *conn,
             schema: &self.schema,
@@ -861,8 +860,6 @@ struct CachedLease {
 /// A job row locked (or created) in this transaction.
 struct CachedJob {
     record: JobRecord,
-    /// The payload was read (maintenance scans skip it).
-    has_payload: bool,
     /// The row exists in the database (else it is inserted at flush).
     in_db: bool,
     /// State as last written to the database (or read).
@@ -889,7 +886,7 @@ struct PgTxn<'c> {
     woke: [bool; 2],
 }
 
-fn job_from_row(r: &Row) -> std::result::Result<(JobRecord, bool), postgres::Error> {
+fn job_from_row(r: &Row) -> std::result::Result<JobRecord, postgres::Error> {
     let state_code: i16 = r.try_get(10)?;
     let state = usize::try_from(state_code)
         .ok()
@@ -908,12 +905,11 @@ fn job_from_row(r: &Row) -> std::result::Result<(JobRecord, bool), postgres::Err
         _ => None,
     };
     let u32_of = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-    let payload: Option<Vec<u8>> = r.try_get(2)?;
-    let has_payload = payload.is_some();
+    let payload: Vec<u8> = r.try_get(2)?;
     let job = JobRecord {
         id: JobId(u64_of(r.try_get(0)?)),
         queue: Arc::from(r.try_get::<_, &str>(1)?),
-        payload: Arc::from(payload.unwrap_or_default()),
+        payload: Arc::from(payload),
         priority: r.try_get(3)?,
         run_at_ms: u64_of(r.try_get(4)?),
         created_at_ms: u64_of(r.try_get(5)?),
@@ -928,7 +924,7 @@ fn job_from_row(r: &Row) -> std::result::Result<(JobRecord, bool), postgres::Err
         unique_key: r.try_get::<_, Option<&str>>(16)?.map(Arc::from),
         finished_at_ms: r.try_get::<_, Option<i64>>(17)?.map(u64_of),
     };
-    Ok((job, has_payload))
+    Ok(job)
 }
 
 /// SQL text with literal values, for the writes of a flush: all of them,
@@ -1289,15 +1285,13 @@ impl PgTxn<'_> {
     /// Cache rows a locking query returned; their ids are appended to `out`.
     fn absorb(&mut self, rows: &[Row], out: &mut Vec<JobId>) -> Result<()> {
         for row in rows {
-            let (job, has_payload) =
-                job_from_row(row).map_err(|e| pg_err("decoding a job", &e, Stage::Work))?;
+            let job = job_from_row(row).map_err(|e| pg_err("decoding a job", &e, Stage::Work))?;
             out.push(job.id);
             let state = job.state;
             self.jobs.insert(
                 job.id,
                 CachedJob {
                     record: job,
-                    has_payload,
                     in_db: true,
                     db_state: Some(state),
                 },
@@ -1364,17 +1358,7 @@ impl Txn for PgTxn<'_> {
         if self.deleted.contains(&id) {
             return Ok(None);
         }
-        if let Some(c) = self.jobs.get_mut(&id) {
-            if !c.has_payload {
-                let row = self
-                    .conn
-                    .client
-                    .query_one(&self.conn.st.job_payload, &[&i64_of("id", id.0)?])
-                    .map_err(|e| pg_err(format!("reading job {id}"), &e, Stage::Work))?;
-                let payload: Vec<u8> = row.get(0);
-                c.record.payload = Arc::from(payload);
-                c.has_payload = true;
-            }
+        if let Some(c) = self.jobs.get(&id) {
             return Ok(Some(c.record.clone()));
         }
         let rows = self.query(
@@ -1391,7 +1375,6 @@ impl Txn for PgTxn<'_> {
         self.deleted.retain(|&d| d != job.id);
         let entry = self.jobs.entry(job.id).or_insert_with(|| CachedJob {
             record: job.clone(),
-            has_payload: true,
             in_db: false,
             db_state: None,
         });
@@ -1534,7 +1517,7 @@ impl Txn for PgTxn<'_> {
             &[&queue, &after, &state, &limit],
         )?;
         rows.iter()
-            .map(|r| job_from_row(r).map(|(job, _)| job))
+            .map(job_from_row)
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| pg_err(format!("decoding queue {queue:?}"), &e, Stage::Work))
     }
