@@ -9,12 +9,29 @@ use crate::error::{Error, LostReason, Result, Target};
 
 /// The stored state of one key. It is created by the first grant and never
 /// deleted, so `last_token` outlives every lease on the key (L2).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct LeaseRecord {
     /// The highest token ever granted for this key.
     pub last_token: u64,
     /// Holder slots; some may have expired since the last write.
     pub slots: Vec<LeaseSlot>,
+}
+
+impl Clone for LeaseRecord {
+    fn clone(&self) -> Self {
+        LeaseRecord {
+            last_token: self.last_token,
+            slots: self.slots.clone(),
+        }
+    }
+
+    /// Reuses `self`'s slot buffer (the derived version would allocate a
+    /// new one): stores keep undo copies of records this way on every
+    /// transaction.
+    fn clone_from(&mut self, source: &Self) {
+        self.last_token = source.last_token;
+        self.slots.clone_from(&source.slots);
+    }
 }
 
 /// One holder's grant.
