@@ -397,9 +397,15 @@ pub fn enqueue(
     };
     if let Some(key) = &spec.unique_key {
         if let Some(id) = tx.live_unique(queue, key)? {
-            // The holder of the key may have just expired into a terminal state.
-            if !load_fresh(tx, id, policy)?.state.is_terminal() {
-                return Ok(EnqueueOutcome { id, created: false });
+            // The holder of the key may have just expired into a terminal
+            // state, or (in a store whose lookup does not lock) finished and
+            // been purged since the lookup.
+            match load_fresh(tx, id, policy) {
+                Ok(job) if !job.state.is_terminal() => {
+                    return Ok(EnqueueOutcome { id, created: false });
+                }
+                Ok(_) | Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
             }
         }
     }

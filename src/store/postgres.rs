@@ -368,6 +368,7 @@ fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Erro
         ]
         .contains(c)
             || c.code().starts_with("08")
+            || c.code().starts_with("57P")
     });
     // No code: the connection failed (closed, I/O) or the client refused
     // a value before sending it (not transient).
@@ -377,11 +378,12 @@ fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Erro
     let transient = transient_code || connection_lost;
     // Whether the session ended (rather than the server refusing the
     // statement and staying connected, which means nothing was committed).
+    // (An idle-in-transaction or idle-session timeout ends the session
+    // before it reads the COMMIT: certainly not committed.)
     let session_lost = connection_lost
         || code.is_some_and(|c| {
-            c.code().starts_with("57P")
+            (c.code().starts_with("57P") && *c != SqlState::IDLE_SESSION_TIMEOUT)
                 || c.code().starts_with("08")
-                || *c == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
         });
     let ambiguous = stage == Stage::Commit && session_lost;
     let message = match e.as_db_error() {
@@ -995,8 +997,8 @@ impl Sql {
         self.raw("(")
             .int("id", job.id.0)?
             .raw("::int8, ")
-            .raw(&job.priority.to_string())
-            .raw("::int4, ")
+            // Parenthesized: `::` binds tighter than unary minus.
+            .raw(&format!("({})::int4, ", job.priority))
             .int("run_at", job.run_at_ms)?
             .raw("::int8, ")
             .int("max_attempts", job.max_attempts.into())?
@@ -1355,11 +1357,11 @@ impl Txn for PgTxn<'_> {
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
-        if self.deleted.contains(&id) {
-            return Ok(None);
-        }
         if let Some(c) = self.jobs.get(&id) {
             return Ok(Some(c.record.clone()));
+        }
+        if self.deleted.contains(&id) {
+            return Ok(None);
         }
         let rows = self.query(
             &format!("reading job {id}"),
@@ -1372,7 +1374,8 @@ impl Txn for PgTxn<'_> {
     }
 
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
-        self.deleted.retain(|&d| d != job.id);
+        // A job deleted earlier in this transaction stays deleted: its new
+        // record is inserted after the DELETE (deletes render first).
         let entry = self.jobs.entry(job.id).or_insert_with(|| CachedJob {
             record: job.clone(),
             in_db: false,

@@ -945,15 +945,24 @@ struct Shared {
 struct OpenGroup {
     seq: u64,
     members: usize,
+    /// The highest clock value a member of this group wrote as the
+    /// database's high water (recorded as persisted once COMMIT succeeds).
+    high_water_ms: u64,
 }
+
+/// How a group's COMMIT failed: (context, message, transient, ambiguous).
+type Failure = (String, String, bool, bool);
 
 /// How the groups ended, for the members waiting on them.
 #[derive(Default)]
 struct Committed {
     /// Every group up to this one has ended.
     seq: u64,
-    /// Recent groups whose COMMIT failed: (seq, context, message, transient).
-    failed: std::collections::VecDeque<(u64, String, String, bool)>,
+    /// Groups whose COMMIT failed, kept for their waiting members.
+    failed: std::collections::BTreeMap<u64, Failure>,
+    /// Failures of groups up to this one may have been forgotten (only
+    /// the newest 4096 are kept).
+    forgotten_up_to: u64,
 }
 
 /// Most transactions one group commit carries.
@@ -962,13 +971,14 @@ const MAX_GROUP: usize = 64;
 impl SqliteStore {
     /// Run one member's closure on the open transaction: its own SqlTxn,
     /// its own reading of the clock (after it arrived, so L3's local
-    /// deadline never starts before its grant), then its lease writes and
-    /// the clock's high water.
+    /// deadline never starts before its grant), then its lease writes and,
+    /// about once a second, the clock's high water (so that a reboot
+    /// continues above it). Returns the high water it wrote, if any.
     fn run_member(
         &self,
         conn: &Connection,
         f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<Option<u64>> {
         let now_ms = self.now_ms();
         let mut tx = SqlTxn {
             conn,
@@ -976,22 +986,19 @@ impl SqliteStore {
             leases: Vec::new(),
             loaded: Vec::new(),
         };
-        f(&mut tx).and_then(|()| tx.flush()).and_then(|()| {
-            // Persist the clock's high water about once a second, so that a
-            // reboot continues above it.
-            let persisted = self.persisted_ms.load(Ordering::Relaxed);
-            if now_ms > persisted.saturating_add(1000) {
-                conn.prepare_cached(
-                    "INSERT INTO leasehold_meta (name, value) VALUES ('high_water_ms', ?1)
-                     ON CONFLICT(name) DO UPDATE SET value = excluded.value
-                     WHERE CAST(value AS INTEGER) < CAST(excluded.value AS INTEGER)",
-                )
-                .and_then(|mut s| s.execute([now_ms.to_string()]))
-                .map_err(|e| sql_err(|| "recording the clock".to_owned(), e))?;
-                self.persisted_ms.fetch_max(now_ms, Ordering::Relaxed);
-            }
-            Ok(())
-        })
+        f(&mut tx).and_then(|()| tx.flush())?;
+        let persisted = self.persisted_ms.load(Ordering::Relaxed);
+        if now_ms <= persisted.saturating_add(1000) {
+            return Ok(None);
+        }
+        conn.prepare_cached(
+            "INSERT INTO leasehold_meta (name, value) VALUES ('high_water_ms', ?1)
+             ON CONFLICT(name) DO UPDATE SET value = excluded.value
+             WHERE CAST(value AS INTEGER) < CAST(excluded.value AS INTEGER)",
+        )
+        .and_then(|mut s| s.execute([now_ms.to_string()]))
+        .map_err(|e| sql_err(|| "recording the clock".to_owned(), e))?;
+        Ok(Some(now_ms))
     }
 
     /// Undo one member's part after its closure failed or panicked: its
@@ -1023,25 +1030,60 @@ impl SqliteStore {
         self.group_ended(seq, failure.as_ref());
     }
 
+    /// End the open group: COMMIT (ROLLBACK if that fails), then tell its
+    /// waiting members. Returns the COMMIT's error, if any.
+    fn commit_group(&self, conn: &Connection, open: &mut Option<OpenGroup>) -> Result<()> {
+        let Some(group) = open.take() else {
+            return Ok(());
+        };
+        self.stats[1].fetch_add(1, Ordering::Relaxed);
+        let committed = exec_cached(conn, "COMMIT").map_err(|e| {
+            let busy = is_busy(&e);
+            let mut e = sql_err(|| format!("committing to {}", self.path.display()), e);
+            if !busy {
+                // An I/O error during COMMIT may or may not have left the
+                // transaction in the WAL: the callers cannot know.
+                if let Error::Store {
+                    ambiguous,
+                    transient,
+                    ..
+                } = &mut e
+                {
+                    *ambiguous = true;
+                    *transient = false;
+                }
+            }
+            let _ = exec_cached(conn, "ROLLBACK");
+            e
+        });
+        if committed.is_ok() && group.high_water_ms > 0 {
+            self.persisted_ms
+                .fetch_max(group.high_water_ms, Ordering::Relaxed);
+        }
+        self.group_ended(group.seq, committed.as_ref().err());
+        committed
+    }
+
     /// Record how group `seq` ended and wake its members.
     fn group_ended(&self, seq: u64, failure: Option<&Error>) {
         let mut c = lock(&self.committed);
         c.seq = c.seq.max(seq);
-        if let Some(Error::Store {
-            context,
-            message,
-            transient,
-            ..
-        }) = failure
-        {
-            c.failed
-                .push_back((seq, context.clone(), message.clone(), *transient));
-            if c.failed.len() > 64 {
-                c.failed.pop_front();
+        if let Some(e) = failure {
+            let failure = match e {
+                Error::Store {
+                    context,
+                    message,
+                    transient,
+                    ambiguous,
+                } => (context.clone(), message.clone(), *transient, *ambiguous),
+                other => ("committing a group".into(), other.to_string(), false, false),
+            };
+            c.failed.insert(seq, failure);
+            while c.failed.len() > 4096 {
+                if let Some((old, _)) = c.failed.pop_first() {
+                    c.forgotten_up_to = c.forgotten_up_to.max(old);
+                }
             }
-        } else if let Some(e) = failure {
-            c.failed
-                .push_back((seq, "committing a group".into(), e.to_string(), false));
         }
         drop(c);
         self.committed_cv.notify_all();
@@ -1056,12 +1098,18 @@ impl SqliteStore {
                 Err(poisoned) => poisoned.into_inner(),
             };
         }
-        match c.failed.iter().find(|f| f.0 == seq) {
-            Some((_, context, message, transient)) => Err(Error::Store {
+        match c.failed.get(&seq) {
+            Some((context, message, transient, ambiguous)) => Err(Error::Store {
                 context: context.clone(),
                 message: message.clone(),
                 transient: *transient,
-                ambiguous: false,
+                ambiguous: *ambiguous,
+            }),
+            None if seq <= c.forgotten_up_to => Err(Error::Store {
+                context: "committing a group of transactions".into(),
+                message: "the outcome was forgotten while this thread waited (over 4096 failed groups since)".into(),
+                transient: false,
+                ambiguous: true,
             }),
             None => Ok(()),
         }
@@ -1108,69 +1156,90 @@ impl Store for SqliteStore {
                 *open = Some(OpenGroup {
                     seq: *next_seq,
                     members: 1,
+                    high_water_ms: 0,
                 });
                 (*next_seq, false)
             }
         };
-        let mut member = if joined {
+        let mut member: Result<Option<u64>> = if joined {
             exec_cached(conn, "SAVEPOINT member")
+                .map(|()| None)
                 .map_err(|e| sql_err(|| "joining a group commit".into(), e))
         } else {
-            Ok(())
+            Ok(None)
         };
         self.stats[0].fetch_add(1, Ordering::Relaxed);
+        let mut panic = None;
         if member.is_ok() {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.run_member(conn, &mut *f)
             }));
-            member = match run {
-                Ok(r) => r,
-                Err(panic) => {
-                    let e = Error::store("running a transaction", "the closure panicked");
-                    self.undo_member(conn, open, joined, seq, &e);
-                    drop(guard);
-                    std::panic::resume_unwind(panic)
-                }
-            };
+            member = run.unwrap_or_else(|payload| {
+                panic = Some(payload);
+                Err(Error::store(
+                    "running a transaction",
+                    "the closure panicked",
+                ))
+            });
         }
         match &member {
             Err(e) => {
                 self.undo_member(conn, open, joined, seq, e);
                 if !joined {
-                    return member;
+                    // Alone in its transaction, now rolled back.
+                    drop(guard);
+                    if let Some(payload) = panic {
+                        std::panic::resume_unwind(payload);
+                    }
+                    return member.map(|_| ());
                 }
             }
-            Ok(()) if joined => {
-                if let Err(e) = exec_cached(conn, "RELEASE member") {
-                    let e = sql_err(|| "leaving a group commit".into(), e);
-                    self.undo_member(conn, open, joined, seq, &e);
-                    member = Err(e);
+            Ok(wrote) => {
+                let wrote = *wrote;
+                if joined {
+                    if let Err(e) = exec_cached(conn, "RELEASE member") {
+                        let e = sql_err(|| "leaving a group commit".into(), e);
+                        self.undo_member(conn, open, joined, seq, &e);
+                        member = Err(e);
+                    }
+                }
+                if let (Ok(_), Some(w), Some(group)) = (&member, wrote, open.as_mut()) {
+                    group.high_water_ms = group.high_water_ms.max(w);
                 }
             }
-            Ok(()) => {}
         }
-        let Some(group) = open.as_ref() else {
+        let member = member.map(|_| ());
+        // This member is done: leave the transaction open for a thread that
+        // is waiting to join (it, or one after it, commits for all), or
+        // commit now. Even a panicking member ends the group properly.
+        let outcome = match open.as_ref() {
             // The group was rolled back (a savepoint could not be undone).
-            drop(guard);
-            return member.and(self.wait_group(seq));
+            None => {
+                drop(guard);
+                if panic.is_some() {
+                    Ok(())
+                } else {
+                    self.wait_group(seq)
+                }
+            }
+            Some(group) if self.waiting.load(Ordering::SeqCst) > 0 && group.members < MAX_GROUP => {
+                drop(guard);
+                if panic.is_some() {
+                    Ok(())
+                } else {
+                    self.wait_group(seq)
+                }
+            }
+            Some(_) => {
+                let committed = self.commit_group(conn, open);
+                drop(guard);
+                committed
+            }
         };
-        if self.waiting.load(Ordering::SeqCst) > 0 && group.members < MAX_GROUP {
-            // Leave the transaction open for the thread waiting to join; it
-            // (or the one after it) commits for all.
-            drop(guard);
-            let outcome = self.wait_group(seq);
-            return member.and(outcome);
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
         }
-        self.stats[1].fetch_add(1, Ordering::Relaxed);
-        let committed = exec_cached(conn, "COMMIT")
-            .map_err(|e| sql_err(|| format!("committing to {}", self.path.display()), e))
-            .inspect_err(|_| {
-                let _ = exec_cached(conn, "ROLLBACK");
-            });
-        *open = None;
-        drop(guard);
-        self.group_ended(seq, committed.as_ref().err());
-        member.and(committed)
+        member.and(outcome)
     }
 
     fn describe(&self) -> String {

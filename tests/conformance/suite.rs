@@ -916,6 +916,20 @@ pub fn job_hostile_queue_names(make: &Make) {
     assert_eq!(job.last_error.as_deref(), Some(reason));
     assert_eq!(job.unique_key.as_deref(), Some("u'1\\; --"));
     assert_eq!(&*w.get(id).payload, payload.as_slice());
+    // Extreme priorities round-trip through every write path.
+    for priority in [i32::MIN, i32::MAX, -1] {
+        let id = w.push(
+            "extreme",
+            JobSpec {
+                priority,
+                ..JobSpec::new("x")
+            },
+        );
+        let job = w.claim_one("extreme", 1, 100);
+        assert_eq!((job.id, job.priority), (id, priority));
+        w.fail(&job, 1, "again").unwrap();
+        assert_eq!(w.get(id).priority, priority);
+    }
 }
 
 pub fn job_scans_are_ordered(make: &Make) {
