@@ -6,6 +6,8 @@
 //! ceiling of this server: two single-row autocommit UPDATEs per job (a claim
 //! and a complete can commit no faster than that).
 //!
+//! The `work_loop` rows run `Queue::work` instead of bare claim and complete.
+//!
 //! Needs `LEASEHOLD_TEST_PG` (a URL, e.g. postgres://postgres@127.0.0.1/test);
 //! without it the benchmark prints a notice and measures nothing.
 //! Run: `LEASEHOLD_TEST_PG=... cargo bench --bench postgres` (results: BENCHMARKS.md).
@@ -14,9 +16,9 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use leasehold::{
-    Client, JobSpec, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store,
+    Client, JobSpec, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, WorkOptions,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -103,6 +105,35 @@ fn timed_drain(
     start.elapsed()
 }
 
+/// `threads` workers running the worker loop (`Queue::work`: keep-alive,
+/// validity checks, wake-ups) drain `iters` jobs: what the loop costs on top
+/// of bare claim and complete.
+fn timed_work(store: &Arc<dyn Store>, queue: &str, iters: u64, threads: usize) -> Duration {
+    push_jobs(store, queue, iters);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let store = store.clone();
+            let queue = queue.to_owned();
+            std::thread::spawn(move || {
+                let q = Client::builder_shared(store).build().queue(&queue).unwrap();
+                let opts = WorkOptions {
+                    lease: LEASE,
+                    batch: 1,
+                    drain: true,
+                    ..WorkOptions::default()
+                };
+                q.work(&opts, &AtomicBool::new(false), |_| Ok(()))
+                    .unwrap()
+                    .completed
+            })
+        })
+        .collect();
+    let done: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(done, iters);
+    start.elapsed()
+}
+
 /// The server's ceiling: `threads` connections each run two single-row
 /// autocommit UPDATEs per job (two commits, one round trip each).
 fn commit_ceiling(url: &str, iters: u64, threads: usize) -> Duration {
@@ -167,6 +198,9 @@ fn workers(c: &mut Criterion) {
             b.iter_custom(|n| timed_drain(&store, "q", n, t, 64))
         });
     }
+    g.bench_function("postgres/work_loop/8", |b| {
+        b.iter_custom(|n| timed_work(&store, "w", n, 8))
+    });
     let nosync = postgres(&with_params(&url, "options=-c%20synchronous_commit%3Doff"));
     g.bench_function("postgres_async_commit/threads/8", |b| {
         b.iter_custom(|n| timed_drain(&nosync, "async", n, 8, 1))
@@ -181,6 +215,9 @@ fn workers(c: &mut Criterion) {
             b.iter_custom(|n| timed_drain(&sqlite, "q", n, t, 1))
         });
     }
+    g.bench_function("sqlite/work_loop/8", |b| {
+        b.iter_custom(|n| timed_work(&sqlite, "w", n, 8))
+    });
     g.finish();
     let _ = std::fs::remove_dir_all(&dir);
     admin(
