@@ -11,7 +11,7 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-use crate::core::Txn;
+use crate::core::{LeaseRecord, Txn};
 use crate::error::Result;
 use std::path::Path;
 use std::time::Duration;
@@ -174,6 +174,58 @@ pub(crate) fn holder_from(bytes: &[u8]) -> crate::core::HolderId {
     let n = bytes.len().min(16);
     b[..n].copy_from_slice(&bytes[..n]);
     crate::core::HolderId(u128::from_be_bytes(b))
+}
+
+/// A lease record a database store read in this transaction, with its
+/// state when read (so the commit writes back only what changed).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) struct CachedLease {
+    pub key: String,
+    /// The record as read (`None`: the key had no record yet).
+    pub original: Option<LeaseRecord>,
+    pub record: LeaseRecord,
+}
+
+/// The lease records one transaction of a database store has read.
+#[derive(Default)]
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) struct LeaseCache(Vec<CachedLease>);
+
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+impl LeaseCache {
+    /// Whether `key` was read in this transaction.
+    pub fn contains(&self, key: &str) -> bool {
+        self.0.iter().any(|c| c.key == key)
+    }
+
+    /// Keep the record `loaded` for `key` (an empty one if there was none
+    /// and `create`); false if there is none to keep.
+    pub fn add(&mut self, key: &str, loaded: Option<LeaseRecord>, create: bool) -> bool {
+        if loaded.is_none() && !create {
+            return false;
+        }
+        self.0.push(CachedLease {
+            key: key.to_owned(),
+            record: loaded.clone().unwrap_or_default(),
+            original: loaded,
+        });
+        true
+    }
+
+    /// The record of `key`, if read.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut LeaseRecord> {
+        self.0
+            .iter_mut()
+            .find(|c| c.key == key)
+            .map(|c| &mut c.record)
+    }
+
+    /// The records this transaction changed.
+    pub fn changed(&self) -> impl Iterator<Item = &CachedLease> {
+        self.0
+            .iter()
+            .filter(|c| c.original.as_ref() != Some(&c.record))
+    }
 }
 
 /// Typed convenience over [`Store::transact`].

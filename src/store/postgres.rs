@@ -61,7 +61,7 @@ use crate::core::{
 };
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
-use crate::store::{holder_bytes, holder_from, i64_of, u64_of, Store, Wake};
+use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache, Store, Wake};
 use crate::sync::{lock, thread, AtomicU64, Condvar, Mutex, Ordering};
 use crate::Holder;
 use fallible_iterator::FallibleIterator;
@@ -692,7 +692,7 @@ impl PostgresStore {
             conn: &mut *conn,
             schema: &self.schema,
             now_ms,
-            leases: Vec::new(),
+            leases: LeaseCache::default(),
             jobs: HashMap::new(),
             pending: Vec::new(),
             deleted: Vec::new(),
@@ -852,13 +852,6 @@ impl Drop for Checkout<'_> {
     }
 }
 
-/// A lease record locked in this transaction, and its state when read.
-struct CachedLease {
-    key: String,
-    original: Option<LeaseRecord>,
-    record: LeaseRecord,
-}
-
 /// A job row locked (or created) in this transaction.
 struct CachedJob {
     record: JobRecord,
@@ -873,7 +866,7 @@ struct PgTxn<'c> {
     /// The quoted schema name.
     schema: &'c str,
     now_ms: u64,
-    leases: Vec<CachedLease>,
+    leases: LeaseCache,
     jobs: HashMap<JobId, CachedJob>,
     /// Jobs written since the last flush, in order.
     pending: Vec<JobId>,
@@ -1215,10 +1208,7 @@ impl PgTxn<'_> {
         let mut sql = Sql(String::with_capacity(512));
         let schema = self.schema;
         self.render_jobs(&mut sql, schema)?;
-        for c in &self.leases {
-            if c.original.as_ref() == Some(&c.record) {
-                continue;
-            }
+        for c in self.leases.changed() {
             if c.original.is_some() {
                 sql.raw("UPDATE ")
                     .raw(schema)
@@ -1321,22 +1311,13 @@ impl Txn for PgTxn<'_> {
     }
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
-        let i = match self.leases.iter().position(|c| c.key == key) {
-            Some(i) => i,
-            None => {
-                let loaded = self.load_lease(key)?;
-                if loaded.is_none() && !create {
-                    return Ok(None);
-                }
-                self.leases.push(CachedLease {
-                    key: key.to_owned(),
-                    record: loaded.clone().unwrap_or_default(),
-                    original: loaded,
-                });
-                self.leases.len() - 1
+        if !self.leases.contains(key) {
+            let loaded = self.load_lease(key)?;
+            if !self.leases.add(key, loaded, create) {
+                return Ok(None);
             }
-        };
-        Ok(Some(&mut self.leases[i].record))
+        }
+        Ok(self.leases.get_mut(key))
     }
 
     fn lease_freed(&mut self, _key: &str) {

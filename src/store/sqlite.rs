@@ -48,7 +48,7 @@ use crate::core::{
 };
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
-use crate::store::{holder_bytes, holder_from, i64_of, u64_of, Store};
+use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache, Store};
 use crate::sync::{lock, Condvar, Mutex};
 use crate::Holder;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
@@ -538,17 +538,10 @@ pub const SCAN_SQL: [&str; 4] = [
     "SELECT id, finished_at FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
 ];
 
-/// A lease record read in this transaction, and its state when read.
-struct CachedLease {
-    key: String,
-    original: Option<LeaseRecord>,
-    record: LeaseRecord,
-}
-
 struct SqlTxn<'c> {
     conn: &'c Connection,
     now_ms: u64,
-    leases: Vec<CachedLease>,
+    leases: LeaseCache,
     /// Jobs read in this transaction: writing one back updates only the
     /// columns that can change (never the payload).
     loaded: Vec<JobId>,
@@ -600,10 +593,7 @@ impl SqlTxn<'_> {
 
     /// Write back every lease record this transaction changed.
     fn flush(&mut self) -> Result<()> {
-        for c in &self.leases {
-            if c.original.as_ref() == Some(&c.record) {
-                continue;
-            }
+        for c in self.leases.changed() {
             let key = c.key.as_str();
             let fail = |e| sql_err(|| ctx_key("writing", key), e);
             let last = i64_of("token", c.record.last_token)?;
@@ -723,22 +713,13 @@ impl Txn for SqlTxn<'_> {
     }
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
-        let i = match self.leases.iter().position(|c| c.key == key) {
-            Some(i) => i,
-            None => {
-                let loaded = self.load_lease(key)?;
-                if loaded.is_none() && !create {
-                    return Ok(None);
-                }
-                self.leases.push(CachedLease {
-                    key: key.to_owned(),
-                    record: loaded.clone().unwrap_or_default(),
-                    original: loaded,
-                });
-                self.leases.len() - 1
+        if !self.leases.contains(key) {
+            let loaded = self.load_lease(key)?;
+            if !self.leases.add(key, loaded, create) {
+                return Ok(None);
             }
-        };
-        Ok(Some(&mut self.leases[i].record))
+        }
+        Ok(self.leases.get_mut(key))
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
@@ -983,7 +964,7 @@ impl SqliteStore {
         let mut tx = SqlTxn {
             conn,
             now_ms,
-            leases: Vec::new(),
+            leases: LeaseCache::default(),
             loaded: Vec::new(),
         };
         f(&mut tx).and_then(|()| tx.flush())?;
