@@ -14,15 +14,17 @@
 
 #![allow(clippy::disallowed_methods)] // benchmarks use real threads and time
 
+#[path = "support/harness.rs"]
+mod harness;
+
 use criterion::{BenchmarkId, Criterion, Throughput};
 use leasehold::{
-    Client, JobSpec, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, WorkOptions,
+    Client, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, WorkOptions,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const LEASE: Duration = Duration::from_secs(60);
 const SCHEMA: &str = "leasehold_bench";
 
 fn pg_url() -> Option<String> {
@@ -51,65 +53,11 @@ fn postgres(url: &str) -> Arc<dyn Store> {
     )
 }
 
-fn push_jobs(store: &Arc<dyn Store>, queue: &str, n: u64) {
-    let q = Client::builder_shared(store.clone())
-        .build()
-        .queue(queue)
-        .unwrap();
-    for i in 0..n {
-        q.push(&JobSpec::new(i.to_le_bytes().to_vec())).unwrap();
-    }
-}
-
-/// Work the queue until it is empty; returns the jobs completed.
-fn drain(store: Arc<dyn Store>, queue: &str, batch: usize) -> u64 {
-    let q = Client::builder_shared(store).build().queue(queue).unwrap();
-    let mut done = 0;
-    loop {
-        let jobs = q.claim_batch(batch, LEASE).unwrap();
-        if jobs.is_empty() {
-            return done;
-        }
-        if batch == 1 {
-            for j in &jobs {
-                j.complete().unwrap();
-            }
-        } else {
-            for r in q.complete_many(&jobs).unwrap() {
-                r.unwrap();
-            }
-        }
-        done += jobs.len() as u64;
-    }
-}
-
-/// `threads` workers sharing one store handle drain `iters` jobs.
-fn timed_drain(
-    store: &Arc<dyn Store>,
-    queue: &str,
-    iters: u64,
-    threads: usize,
-    batch: usize,
-) -> Duration {
-    push_jobs(store, queue, iters);
-    let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let store = store.clone();
-            let queue = queue.to_owned();
-            std::thread::spawn(move || drain(store, &queue, batch))
-        })
-        .collect();
-    let done: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    assert_eq!(done, iters);
-    start.elapsed()
-}
-
 /// `threads` workers running the worker loop (`Queue::work`: keep-alive,
 /// validity checks, wake-ups) drain `iters` jobs: what the loop costs on top
 /// of bare claim and complete.
 fn timed_work(store: &Arc<dyn Store>, queue: &str, iters: u64, threads: usize) -> Duration {
-    push_jobs(store, queue, iters);
+    harness::push_jobs(store, queue, iters);
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|_| {
@@ -118,7 +66,7 @@ fn timed_work(store: &Arc<dyn Store>, queue: &str, iters: u64, threads: usize) -
             std::thread::spawn(move || {
                 let q = Client::builder_shared(store).build().queue(&queue).unwrap();
                 let opts = WorkOptions {
-                    lease: LEASE,
+                    lease: harness::QUEUE_LEASE,
                     batch: 1,
                     drain: true,
                     ..WorkOptions::default()
@@ -190,12 +138,12 @@ fn workers(c: &mut Criterion) {
     let store = postgres(&url);
     for t in [1usize, 2, 4, 8, 16] {
         g.bench_with_input(BenchmarkId::new("postgres/threads", t), &t, |b, &t| {
-            b.iter_custom(|n| timed_drain(&store, "q", n, t, 1))
+            b.iter_custom(|n| harness::timed_drain(&store, "q", n, t, 1))
         });
     }
     for t in [1usize, 4] {
         g.bench_with_input(BenchmarkId::new("postgres/batch64", t), &t, |b, &t| {
-            b.iter_custom(|n| timed_drain(&store, "q", n, t, 64))
+            b.iter_custom(|n| harness::timed_drain(&store, "q", n, t, 64))
         });
     }
     g.bench_function("postgres/work_loop/8", |b| {
@@ -203,7 +151,7 @@ fn workers(c: &mut Criterion) {
     });
     let nosync = postgres(&with_params(&url, "options=-c%20synchronous_commit%3Doff"));
     g.bench_function("postgres_async_commit/threads/8", |b| {
-        b.iter_custom(|n| timed_drain(&nosync, "async", n, 8, 1))
+        b.iter_custom(|n| harness::timed_drain(&nosync, "async", n, 8, 1))
     });
     let dir = std::env::temp_dir().join(format!("leasehold-bench-pg-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -212,7 +160,7 @@ fn workers(c: &mut Criterion) {
         Arc::new(SqliteStore::open_with(dir.join("bench.db"), SqliteOptions::default()).unwrap());
     for t in [1usize, 8] {
         g.bench_with_input(BenchmarkId::new("sqlite/threads", t), &t, |b, &t| {
-            b.iter_custom(|n| timed_drain(&sqlite, "q", n, t, 1))
+            b.iter_custom(|n| harness::timed_drain(&sqlite, "q", n, t, 1))
         });
     }
     g.bench_function("sqlite/work_loop/8", |b| {

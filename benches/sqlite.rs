@@ -14,13 +14,11 @@
 mod harness;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use leasehold::{Client, JobSpec, MemStore, SqliteOptions, SqliteStore, Store, Synchronous};
+use leasehold::{MemStore, SqliteOptions, SqliteStore, Store, Synchronous};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-const LEASE: Duration = Duration::from_secs(60);
 
 fn temp_db(tag: &str) -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -42,60 +40,6 @@ fn sqlite(path: &PathBuf, sync: Synchronous) -> Arc<dyn Store> {
     Arc::new(SqliteStore::open_with(path, opts).unwrap())
 }
 
-fn push_jobs(store: &Arc<dyn Store>, queue: &str, n: u64) {
-    let q = Client::builder_shared(store.clone())
-        .build()
-        .queue(queue)
-        .unwrap();
-    for i in 0..n {
-        q.push(&JobSpec::new(i.to_le_bytes().to_vec())).unwrap();
-    }
-}
-
-/// Work the queue until it is empty; returns the jobs completed.
-fn drain(store: Arc<dyn Store>, queue: &str, batch: usize) -> u64 {
-    let q = Client::builder_shared(store).build().queue(queue).unwrap();
-    let mut done = 0;
-    loop {
-        let jobs = q.claim_batch(batch, LEASE).unwrap();
-        if jobs.is_empty() {
-            return done;
-        }
-        if batch == 1 {
-            for j in &jobs {
-                j.complete().unwrap();
-            }
-        } else {
-            for r in q.complete_many(&jobs).unwrap() {
-                r.unwrap();
-            }
-        }
-        done += jobs.len() as u64;
-    }
-}
-
-/// `threads` workers sharing one store handle drain `iters` jobs.
-fn timed_drain(
-    store: &Arc<dyn Store>,
-    queue: &str,
-    iters: u64,
-    threads: usize,
-    batch: usize,
-) -> Duration {
-    push_jobs(store, queue, iters);
-    let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let store = store.clone();
-            let queue = queue.to_owned();
-            std::thread::spawn(move || drain(store, &queue, batch))
-        })
-        .collect();
-    let done: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    assert_eq!(done, iters);
-    start.elapsed()
-}
-
 fn threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("sqlite_claim_complete");
     g.throughput(Throughput::Elements(1));
@@ -103,7 +47,7 @@ fn threads(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3));
     let mem: Arc<dyn Store> = Arc::new(MemStore::new());
     g.bench_function("mem_ceiling/1", |b| {
-        b.iter_custom(|n| timed_drain(&mem, "q", n, 1, 1))
+        b.iter_custom(|n| harness::timed_drain(&mem, "q", n, 1, 1))
     });
     for sync in [Synchronous::Normal, Synchronous::Full] {
         let path = temp_db("threads");
@@ -113,14 +57,14 @@ fn threads(c: &mut Criterion) {
             g.bench_with_input(
                 BenchmarkId::new(format!("{name}/threads"), t),
                 &t,
-                |b, &t| b.iter_custom(|n| timed_drain(&store, "q", n, t, 1)),
+                |b, &t| b.iter_custom(|n| harness::timed_drain(&store, "q", n, t, 1)),
             );
         }
         g.bench_function(format!("{name}/batch64/1"), |b| {
-            b.iter_custom(|n| timed_drain(&store, "q", n, 1, 64))
+            b.iter_custom(|n| harness::timed_drain(&store, "q", n, 1, 64))
         });
         g.bench_function(format!("{name}/batch64/4"), |b| {
-            b.iter_custom(|n| timed_drain(&store, "q", n, 4, 64))
+            b.iter_custom(|n| harness::timed_drain(&store, "q", n, 4, 64))
         });
     }
     g.finish();
@@ -141,7 +85,7 @@ fn processes(c: &mut Criterion) {
             &procs,
             |b, &procs| {
                 b.iter_custom(|n| {
-                    push_jobs(&store, "p", n);
+                    harness::push_jobs(&store, "p", n);
                     let start = Instant::now();
                     let children: Vec<_> = (0..procs)
                         .map(|_| {
@@ -289,7 +233,7 @@ fn leases(c: &mut Criterion) {
 fn main() {
     if let Ok(path) = std::env::var("LEASEHOLD_BENCH_WORKER") {
         let store = sqlite(&PathBuf::from(path), Synchronous::Normal);
-        drain(store, "p", 1);
+        harness::drain(store, "p", 1);
         return;
     }
     let mut c = Criterion::default().configure_from_args();

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each benchmark uses part of it
 
+use leasehold::{Client, JobSpec, Store};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,4 +85,62 @@ pub fn own_key_pairs(store: &dyn leasehold::Store, i: usize, n: u64) {
             .txn(|tx| core::lease::release(tx, &key, holder.id, g.token))
             .unwrap();
     }
+}
+
+/// The lease of jobs claimed by the queue benchmarks.
+pub const QUEUE_LEASE: Duration = Duration::from_secs(60);
+
+/// Push `n` jobs (8-byte payloads) to `queue`.
+pub fn push_jobs(store: &Arc<dyn Store>, queue: &str, n: u64) {
+    let q = Client::builder_shared(store.clone())
+        .build()
+        .queue(queue)
+        .unwrap();
+    for i in 0..n {
+        q.push(&JobSpec::new(i.to_le_bytes().to_vec())).unwrap();
+    }
+}
+
+/// Work the queue until it is empty; returns the jobs completed.
+pub fn drain(store: Arc<dyn Store>, queue: &str, batch: usize) -> u64 {
+    let q = Client::builder_shared(store).build().queue(queue).unwrap();
+    let mut done = 0;
+    loop {
+        let jobs = q.claim_batch(batch, QUEUE_LEASE).unwrap();
+        if jobs.is_empty() {
+            return done;
+        }
+        if batch == 1 {
+            for j in &jobs {
+                j.complete().unwrap();
+            }
+        } else {
+            for r in q.complete_many(&jobs).unwrap() {
+                r.unwrap();
+            }
+        }
+        done += jobs.len() as u64;
+    }
+}
+
+/// `threads` workers sharing one store handle drain `iters` jobs.
+pub fn timed_drain(
+    store: &Arc<dyn Store>,
+    queue: &str,
+    iters: u64,
+    threads: usize,
+    batch: usize,
+) -> Duration {
+    push_jobs(store, queue, iters);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let store = store.clone();
+            let queue = queue.to_owned();
+            std::thread::spawn(move || drain(store, &queue, batch))
+        })
+        .collect();
+    let done: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(done, iters);
+    start.elapsed()
 }
