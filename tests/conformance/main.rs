@@ -38,10 +38,11 @@ impl Drop for TempDir {
     }
 }
 
-/// A store that keeps its temp directory alive.
-pub struct Kept<S>(pub S, pub TempDir);
+/// A store that keeps what it lives in (a temp directory, a schema) until
+/// it is dropped itself (fields drop in order: the store first).
+pub struct Kept<S, K = TempDir>(pub S, pub K);
 
-impl<S: leasehold::Store> leasehold::Store for Kept<S> {
+impl<S: leasehold::Store, K: Send + Sync> leasehold::Store for Kept<S, K> {
     fn transact(
         &self,
         f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
@@ -50,6 +51,12 @@ impl<S: leasehold::Store> leasehold::Store for Kept<S> {
     }
     fn describe(&self) -> String {
         self.0.describe()
+    }
+    fn epoch(&self, wake: leasehold::Wake) -> u64 {
+        self.0.epoch(wake)
+    }
+    fn wait_epoch(&self, wake: leasehold::Wake, epoch: u64, timeout: std::time::Duration) -> bool {
+        self.0.wait_epoch(wake, epoch, timeout)
     }
 }
 
@@ -89,7 +96,8 @@ mod file {
 }
 
 mod postgres {
-    use super::pg::{PgKept, Schema};
+    use super::pg::Schema;
+    use super::Kept;
     use leasehold::{ManualClock, PostgresOptions, Store};
     use std::sync::Arc;
 
@@ -99,6 +107,6 @@ mod postgres {
             clock: Some(Arc::new(clock.clone())),
             ..PostgresOptions::default()
         });
-        Arc::new(PgKept(store, schema))
+        Arc::new(Kept(store, schema))
     });
 }

@@ -89,24 +89,3 @@ impl Drop for Schema {
         }
     }
 }
-
-/// A store that drops its schema after itself.
-pub struct PgKept(pub PostgresStore, pub Schema);
-
-impl leasehold::Store for PgKept {
-    fn transact(
-        &self,
-        f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
-    ) -> leasehold::Result<()> {
-        self.0.transact(f)
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-    fn epoch(&self, wake: leasehold::Wake) -> u64 {
-        self.0.epoch(wake)
-    }
-    fn wait_epoch(&self, wake: leasehold::Wake, epoch: u64, timeout: std::time::Duration) -> bool {
-        self.0.wait_epoch(wake, epoch, timeout)
-    }
-}
