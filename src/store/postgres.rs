@@ -237,39 +237,38 @@ const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_att
 impl Statements {
     fn prepare(client: &mut Client, s: &str) -> std::result::Result<Statements, postgres::Error> {
         let mut p = |sql: String| client.prepare(&sql.replace("{s}", s));
+        // The job scans, each on the partial index ordered as it orders;
+        // the maintenance statements combine them ($1 queue, $2 now, $3
+        // limit, $4 the ready limit).
+        let expired = format!(
+            "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 2 AND lease_until <= $2
+             ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+        );
+        let due = format!(
+            "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
+             ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+        );
+        let ready = |limit: &str| {
+            format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
+                 ORDER BY priority DESC, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            )
+        };
         Ok(Statements {
             lease_get: p("SELECT last_token, tokens, holders, labels, expires FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
             job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
             live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
-            scan_ready: p(format!(
-                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
-                 ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
-            ))?,
+            scan_ready: p(ready("$2"))?,
             scan_maintenance: p(format!(
-                "WITH e AS (SELECT {COLUMNS} FROM {{s}}.jobs
-                            WHERE queue = $1 AND state = 2 AND lease_until <= $2
-                            ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED),
-                      d AS (SELECT {COLUMNS} FROM {{s}}.jobs
-                            WHERE queue = $1 AND state = 1 AND run_at <= $2
-                            ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
-                 SELECT * FROM e UNION ALL SELECT * FROM d"
+                "WITH e AS ({expired}), d AS ({due}) SELECT * FROM e UNION ALL SELECT * FROM d"
             ))?,
             scan_maintenance_ready: p(format!(
-                "WITH e AS (SELECT {COLUMNS} FROM {{s}}.jobs
-                            WHERE queue = $1 AND state = 2 AND lease_until <= $2
-                            ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED),
-                      d AS (SELECT {COLUMNS} FROM {{s}}.jobs
-                            WHERE queue = $1 AND state = 1 AND run_at <= $2
-                            ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED),
-                      r AS (SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
-                            ORDER BY priority DESC, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED)
-                 SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r"
+                "WITH e AS ({expired}), d AS ({due}), r AS ({})
+                 SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r",
+                ready("$4")
             ))?,
-            scan_due: p(format!(
-                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
-                 ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
-            ))?,
+            scan_due: p(due)?,
             scan_finished: p(
                 "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND finished_at <= $2
                  ORDER BY finished_at, id LIMIT $3 FOR UPDATE SKIP LOCKED".into(),
