@@ -314,13 +314,10 @@ impl Client {
             };
             match attempt {
                 Ok((grant, sent_at_ms)) => {
-                    return Ok(LeaseGuard::new(
-                        self.clone(),
-                        key,
-                        grant.token,
-                        ttl_ms,
-                        sent_at_ms,
-                    ))
+                    let mut guard =
+                        LeaseGuard::new(self.clone(), key, grant.token, ttl_ms, sent_at_ms);
+                    guard.renewed = grant.renewed;
+                    return Ok(guard);
                 }
                 Err(Error::Held { key, holders }) => {
                     let waited_ms = self.local_now_ms().saturating_sub(start_ms);
@@ -340,6 +337,12 @@ impl Client {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The store's clock now (ms), the time its rules run on: convert a
+    /// record's instants to wall-clock time from their distance to it.
+    pub fn store_now_ms(&self) -> Result<u64> {
+        self.run(|tx| Ok(tx.now_ms()))
     }
 
     /// Live holders of `key` and its token counter.
@@ -653,6 +656,7 @@ pub struct LeaseGuard {
     key: String,
     token: u64,
     ttl_ms: u64,
+    renewed: bool,
     life: Arc<Lifeline>,
 }
 
@@ -679,6 +683,7 @@ impl LeaseGuard {
             key: key.to_owned(),
             token,
             ttl_ms,
+            renewed: false,
             life: Lifeline::new(target, deadline),
         }
     }
@@ -692,6 +697,14 @@ impl LeaseGuard {
     /// should reject tokens lower than the highest it has seen.
     pub fn token(&self) -> u64 {
         self.token
+    }
+
+    /// Whether the holder already held the key and the acquire extended
+    /// that grant (same token) instead of making a new one: only possible
+    /// for a holder id shared between processes, like `leasehold lock
+    /// acquire --holder ID`.
+    pub fn renewed(&self) -> bool {
+        self.renewed
     }
 
     /// The TTL renewals use.
@@ -839,9 +852,12 @@ pub struct Queue {
 pub struct WorkOptions {
     /// Lease of each claim; heartbeats renew it about every third of it.
     pub lease: Duration,
-    /// Jobs claimed per transaction.
+    /// Jobs claimed per transaction by each worker thread.
     pub batch: usize,
-    /// Return once no job is ready or running.
+    /// Jobs handled at once (worker threads).
+    pub concurrency: usize,
+    /// Return once the queue is drained ([`crate::core::job::drained`]: no
+    /// job ready, running, or due, retries in backoff included).
     pub drain: bool,
     /// Longest sleep between claims when the queue is empty.
     pub idle_poll: Duration,
@@ -852,6 +868,7 @@ impl Default for WorkOptions {
         WorkOptions {
             lease: Duration::from_secs(30),
             batch: 1,
+            concurrency: 1,
             drain: false,
             idle_poll: Duration::from_millis(200),
         }
@@ -868,6 +885,66 @@ pub struct WorkReport {
     /// Jobs whose claim was lost (or whose outcome is unknown) before the
     /// outcome was recorded; the store retries them after their lease.
     pub lost: u64,
+}
+
+impl WorkReport {
+    fn add(&mut self, other: WorkReport) {
+        self.completed += other.completed;
+        self.failed += other.failed;
+        self.lost += other.lost;
+    }
+}
+
+/// How one job ended in a worker loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Completed.
+    Done,
+    /// Reported failed; the job's state now: scheduled for a retry, dead,
+    /// or cancelled (a cancel was requested while it ran).
+    Failed(JobState),
+    /// The claim was lost, or the outcome is unknown, before it was
+    /// recorded; the store retries the job once its lease runs out.
+    Lost,
+}
+
+/// A failure reason as the store takes it: at most
+/// [`crate::core::MAX_TEXT_BYTES`], without NUL. A longer one (a stack
+/// trace, captured stderr) keeps its head and its tail around a marker
+/// saying how much was cut: the worker loop cannot ask the handler for a
+/// shorter one, and losing the job's outcome over its length would be worse.
+pub fn fit_reason(reason: &str) -> std::borrow::Cow<'_, str> {
+    let max = core::MAX_TEXT_BYTES;
+    if reason.len() <= max && !reason.contains('\0') {
+        return std::borrow::Cow::Borrowed(reason);
+    }
+    let clean = reason.replace('\0', "\u{fffd}");
+    if clean.len() <= max {
+        return std::borrow::Cow::Owned(clean);
+    }
+    let keep = (max - 64) / 2;
+    let mut head = keep;
+    while !clean.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = clean.len() - keep;
+    while !clean.is_char_boundary(tail) {
+        tail += 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}\n[... {} bytes cut ...]\n{}",
+        &clean[..head],
+        tail - head,
+        &clean[tail..]
+    ))
+}
+
+/// What the threads of one worker loop share.
+struct WorkShared {
+    /// A thread hit an error it cannot go on with: everyone stops.
+    halt: AtomicBool,
+    /// A thread saw the queue drained: everyone stops.
+    drained: AtomicBool,
 }
 
 impl Queue {
@@ -1003,28 +1080,114 @@ impl Queue {
         }
     }
 
-    /// Claim and run jobs until `stop` is set (or, with `drain`, until no
-    /// job is ready or running). Every claimed job heartbeats in the
-    /// background from the moment it is claimed; a job whose claim is no
-    /// longer valid when its turn comes is skipped (counted as lost). The
-    /// handler's `Ok` completes a job, `Err(reason)` fails it.
+    /// Claim and run jobs until `stop` is set (or, with `drain`, until the
+    /// queue is drained), `opts.concurrency` at a time. Every claimed job
+    /// heartbeats in the background from the moment it is claimed; a job
+    /// whose claim is no longer valid when its turn comes is skipped
+    /// (counted as lost). The handler's `Ok` completes a job, `Err(reason)`
+    /// fails it (a reason longer than the store takes is cut: [`fit_reason`]).
     pub fn work(
         &self,
         opts: &WorkOptions,
         stop: &AtomicBool,
-        mut handler: impl FnMut(&ClaimedJob) -> std::result::Result<(), String>,
+        handler: impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync,
+    ) -> Result<WorkReport> {
+        self.work_with(opts, stop, handler, |_, _| {})
+    }
+
+    /// [`Queue::work`], calling `observe` with each job's outcome once it
+    /// is recorded. Transient store trouble (busy, lost connections) is
+    /// waited out; any other store error stops every thread and is returned.
+    pub fn work_with(
+        &self,
+        opts: &WorkOptions,
+        stop: &AtomicBool,
+        handler: impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync,
+        observe: impl Fn(&ClaimedJob, JobOutcome) + Sync,
+    ) -> Result<WorkReport> {
+        self.client.inner.fork.check()?;
+        let shared = WorkShared {
+            halt: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+        };
+        let threads = opts.concurrency.clamp(1, 1024);
+        let (handler, observe) = (&handler, &observe);
+        let results: Vec<Result<WorkReport>> = std::thread::scope(|scope| {
+            let spawned: Vec<_> = (0..threads)
+                .map(|_| {
+                    let shared = &shared;
+                    std::thread::Builder::new()
+                        .name("leasehold-worker".to_owned())
+                        .spawn_scoped(scope, move || {
+                            let r = self.work_thread(opts, stop, shared, handler, observe);
+                            if r.is_err() {
+                                shared.halt.store(true, Ordering::SeqCst);
+                            }
+                            r
+                        })
+                })
+                .collect();
+            spawned
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        shared.halt.store(true, Ordering::SeqCst);
+                        Err(Error::store(
+                            "running a worker thread",
+                            "the handler panicked",
+                        ))
+                    }),
+                    Err(e) => {
+                        shared.halt.store(true, Ordering::SeqCst);
+                        Err(Error::store("starting a worker thread", e.to_string()))
+                    }
+                })
+                .collect()
+        });
+        let mut report = WorkReport::default();
+        for r in results {
+            report.add(r?);
+        }
+        Ok(report)
+    }
+
+    fn work_thread(
+        &self,
+        opts: &WorkOptions,
+        stop: &AtomicBool,
+        shared: &WorkShared,
+        handler: &(impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync),
+        observe: &(impl Fn(&ClaimedJob, JobOutcome) + Sync),
     ) -> Result<WorkReport> {
         let mut report = WorkReport::default();
         let mut idle_ms = 1u64;
         let store = &self.client.inner.store;
-        while !stop.load(Ordering::SeqCst) {
+        let policy = self.client.inner.policy;
+        let running = || {
+            !stop.load(Ordering::SeqCst)
+                && !shared.halt.load(Ordering::SeqCst)
+                && !shared.drained.load(Ordering::SeqCst)
+        };
+        while running() {
             let epoch = store.epoch(Wake::JobReady);
-            let jobs = self.claim_batch(opts.batch.max(1), opts.lease)?;
+            let jobs = match self.claim_batch(opts.batch.max(1), opts.lease) {
+                Ok(jobs) => jobs,
+                Err(e) if e.is_transient() || matches!(e, Error::Busy { .. }) => Vec::new(),
+                Err(e) => return Err(e),
+            };
             if jobs.is_empty() {
                 if opts.drain {
-                    let counts = self.stats()?;
-                    if counts.get(JobState::Ready) == 0 && counts.get(JobState::Running) == 0 {
-                        break;
+                    let drained = self
+                        .client
+                        .run(|tx| core::job::drained(tx, &self.name, &policy));
+                    match drained {
+                        Ok(true) => {
+                            shared.drained.store(true, Ordering::SeqCst);
+                            break;
+                        }
+                        Ok(false) => {}
+                        Err(e) if e.is_transient() || matches!(e, Error::Busy { .. }) => {}
+                        Err(e) => return Err(e),
                     }
                 }
                 let cap = ms(opts.idle_poll).max(1);
@@ -1046,21 +1209,28 @@ impl Queue {
             for job in &jobs {
                 if !job.is_valid() {
                     report.lost += 1;
+                    observe(job, JobOutcome::Lost);
                     continue;
                 }
                 let recorded = match handler(job) {
-                    Ok(()) => job.complete().map(|()| &mut report.completed),
-                    Err(reason) => job.fail(&reason).map(|_| &mut report.failed),
+                    Ok(()) => job.complete().map(|()| JobOutcome::Done),
+                    Err(reason) => job.fail(&fit_reason(&reason)).map(JobOutcome::Failed),
                 };
-                match recorded {
-                    Ok(count) => *count += 1,
+                let outcome = match recorded {
+                    Ok(outcome) => outcome,
                     Err(e)
                         if e.is_lost() || e.is_ambiguous() || matches!(e, Error::Busy { .. }) =>
                     {
-                        report.lost += 1
+                        JobOutcome::Lost
                     }
                     Err(e) => return Err(e),
+                };
+                match outcome {
+                    JobOutcome::Done => report.completed += 1,
+                    JobOutcome::Failed(_) => report.failed += 1,
+                    JobOutcome::Lost => report.lost += 1,
                 }
+                observe(job, outcome);
             }
         }
         Ok(report)
@@ -1212,8 +1382,13 @@ impl ClaimedJob {
     }
 
     /// Report the attempt failed; returns the job's new state (scheduled
-    /// for a retry, dead, or cancelled).
+    /// for a retry, dead, or cancelled). A reason the store would refuse
+    /// (longer than [`crate::core::MAX_TEXT_BYTES`], or with NUL) is
+    /// rejected with [`Error::Invalid`] before anything changes: the claim
+    /// stays valid and heartbeating, so the caller can fail it again with a
+    /// shorter reason ([`fit_reason`] makes one).
     pub fn fail(&self, reason: &str) -> Result<JobState> {
+        core::check_text("reason", reason)?;
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
         self.settle(|tx| core::job::fail(tx, self.job.id, holder, self.token, reason, &policy))

@@ -74,8 +74,8 @@ pub mod store;
 pub mod sync;
 
 pub use client::{
-    random_holder_id, ClaimedJob, Client, ClientBuilder, LeaseGuard, LeaseOptions, Queue,
-    WorkOptions, WorkReport,
+    fit_reason, random_holder_id, ClaimedJob, Client, ClientBuilder, JobOutcome, LeaseGuard,
+    LeaseOptions, Queue, WorkOptions, WorkReport,
 };
 pub use clock::{BootClock, Clock, ManualClock, MonotonicClock, SystemClock};
 pub use core::{

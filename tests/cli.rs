@@ -6,107 +6,12 @@
 #![allow(clippy::disallowed_methods)] // real processes, real time
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "support/pg.rs"]
-mod pg;
-
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
-
-/// Which store a test directory's commands use.
-enum Kind {
-    Sqlite,
-    File,
-    /// A fresh schema on the `LEASEHOLD_TEST_PG` server.
-    Postgres(pg::Schema),
-}
-
-/// A working directory (for logs and the SQLite or file store).
-struct Dir(PathBuf, Kind);
-
-impl Dir {
-    /// A directory whose store is `file:DIR/leases` instead of SQLite.
-    fn new_file(tag: &str) -> Dir {
-        let mut d = Dir::new(tag);
-        d.1 = Kind::File;
-        d
-    }
-
-    /// A directory whose store is a fresh PostgreSQL schema, or `None`
-    /// (with a skip notice) when `LEASEHOLD_TEST_PG` is unset.
-    fn new_pg(tag: &str) -> Option<Dir> {
-        if !pg::enabled() {
-            return None;
-        }
-        let mut d = Dir::new(tag);
-        d.1 = Kind::Postgres(pg::Schema::new(tag));
-        Some(d)
-    }
-
-    fn new(tag: &str) -> Dir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "leasehold-cli-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d, Kind::Sqlite)
-    }
-
-    fn store(&self) -> String {
-        match &self.1 {
-            Kind::File => format!("file:{}", self.0.join("leases").display()),
-            Kind::Sqlite => format!("sqlite:{}", self.0.join("test.db").display()),
-            Kind::Postgres(schema) => schema.url(),
-        }
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
-        c.env("LEASEHOLD_STORE", self.store()).current_dir(&self.0);
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd().args(args).output().unwrap()
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8(out.stdout).unwrap();
-        serde_json::from_str(text.trim())
-            .unwrap_or_else(|e| panic!("{args:?} printed {text:?}: {e}"))
-    }
-
-    fn stats(&self, queue: &str) -> BTreeMap<String, u64> {
-        let v = self.json(&["queue", "stats", queue]);
-        v.as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
-            .collect()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{code, Dir, BIN};
 
 #[test]
 fn lock_contract_and_exit_codes() {
@@ -190,8 +95,8 @@ fn lock_contract_and_exit_codes() {
     assert!(String::from_utf8_lossy(&zero.stderr).contains("ttl"));
     let nul = d.run(&["lock", "acquire", "", "--ttl", "1s"]);
     assert!(
-        String::from_utf8_lossy(&nul.stderr).contains("key"),
-        "{nul:?}"
+        String::from_utf8_lossy(&nul.stderr).contains("invalid KEY"),
+        "errors name the argument as typed: {nul:?}"
     );
     let bad_store = d
         .cmd()
@@ -287,7 +192,8 @@ fn queue_contract_push_work_retry_cancel_purge() {
     assert_eq!(d.stats("q").values().sum::<u64>(), 0);
     assert_eq!(
         code(&d.run(&["queue", "list", "q", "--state", "runing"])),
-        1
+        2,
+        "a usage error"
     );
 }
 
@@ -677,11 +583,13 @@ fn file_store_refuses_queues_and_keeps_keys_inside_its_directory() {
 }
 
 #[test]
-fn queue_work_on_sigterm_finishes_its_job_and_claims_no_more() {
+fn queue_work_on_sigterm_stops_claiming_and_its_job_decides_by_its_status() {
     let d = Dir::new("sigterm");
     for i in 0..3 {
         d.json(&["queue", "push", "t", "--payload", &i.to_string()]);
     }
+    // The job's whole tree gets the SIGTERM; this one finishes its work
+    // when told to stop, and exits 0.
     let worker = d
         .cmd()
         .args([
@@ -691,28 +599,30 @@ fn queue_work_on_sigterm_finishes_its_job_and_claims_no_more() {
             "--",
             "sh",
             "-c",
-            "sleep 0.6; echo \"$LEASEHOLD_JOB_ID\" >> done.log",
+            "trap 'echo \"$LEASEHOLD_JOB_ID\" >> done.log; exit 0' TERM; sleep 5 & wait",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(250));
+    std::thread::sleep(Duration::from_millis(400));
     // SAFETY: signalling our own child.
     unsafe {
         libc::kill(worker.id() as i32, libc::SIGTERM);
     }
+    let start = Instant::now();
     let out = worker.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(start.elapsed() < Duration::from_secs(3), "stopped promptly");
     let done = std::fs::read_to_string(d.0.join("done.log")).unwrap();
     assert_eq!(
         done.lines().count(),
         1,
-        "the running job finished, no new one was claimed"
+        "the running job finished on SIGTERM, no new one was claimed"
     );
     let s = d.stats("t");
     assert_eq!((s["done"], s["ready"], s["running"]), (1, 2, 0));

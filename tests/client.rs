@@ -384,16 +384,19 @@ fn worker_loop_drains_with_retries() {
         q.push(&JobSpec::new(vec![i])).unwrap();
     }
     let stop = AtomicBool::new(false);
-    let mut seen = Vec::new();
+    let seen = std::sync::Mutex::new(Vec::new());
     let opts = WorkOptions {
         lease: Duration::from_secs(5),
         batch: 4,
+        concurrency: 1,
         drain: true,
         idle_poll: Duration::from_millis(5),
     };
-    let mut report = q
+    // Drain stops once nothing is ready, running or due: the retries
+    // waiting out their backoff are due, so one call finishes everything.
+    let report = q
         .work(&opts, &stop, |job| {
-            seen.push((job.payload()[0], job.attempt()));
+            seen.lock().unwrap().push((job.payload()[0], job.attempt()));
             if job.payload()[0] % 5 == 0 && job.attempt() == 1 {
                 Err("first attempt fails".into())
             } else {
@@ -401,15 +404,12 @@ fn worker_loop_drains_with_retries() {
             }
         })
         .unwrap();
-    // Drain stops once nothing is ready or running; retries wait in backoff.
-    while q.stats().unwrap().get(JobState::Done) < 20 {
-        std::thread::sleep(Duration::from_millis(5));
-        let more = q.work(&opts, &stop, |_| Ok(())).unwrap();
-        report.completed += more.completed;
-    }
     assert_eq!(report.completed, 20);
     assert_eq!(report.failed, 4);
     assert_eq!(report.lost, 0);
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 24, "20 first attempts and 4 retries");
+    assert_eq!(seen.iter().filter(|(_, a)| *a == 2).count(), 4);
     let counts = q.stats().unwrap();
     assert_eq!(counts.get(JobState::Done), 20);
     assert_eq!(counts.total(), 20);

@@ -145,6 +145,8 @@ pub struct Slot {
 pub struct Key {
     /// Highest token granted.
     pub last_token: u64,
+    /// The limit fixed by the grant that found the key free.
+    pub limit: u32,
     /// Slots in grant order; expired ones are filtered by time.
     pub slots: Vec<Slot>,
 }
@@ -282,6 +284,10 @@ impl Model {
             };
             let live = self.live(key);
             let k = self.key_mut(key);
+            // The key's limit, not the caller's, while it has holders.
+            if !live.is_empty() && k.limit != limit {
+                return Outcome::Invalid("limit");
+            }
             if let Some(s) = k
                 .slots
                 .iter_mut()
@@ -302,6 +308,7 @@ impl Model {
                 );
             }
             k.last_token += 1;
+            k.limit = limit;
             let token = k.last_token;
             k.slots.retain(|s| now < s.expires_at_ms);
             k.slots.push(Slot {

@@ -38,6 +38,9 @@ enum Step {
         key: usize,
         holder: u128,
         ttl: u64,
+        /// Ask for one more holder than the key's usual limit: refused
+        /// while the key has holders, fixing the new limit when it has none.
+        wider: bool,
     },
     Renew {
         key: usize,
@@ -160,8 +163,8 @@ impl ReferenceStateMachine for Reference {
         prop_oneof![
             3 => (0u64..60).prop_map(Step::Tick),
             3 => tick_to.prop_map(Step::TickTo),
-            4 => (0..KEYS.len(), holder(), 1u64..120)
-                .prop_map(|(key, holder, ttl)| Step::Acquire { key, holder, ttl }),
+            4 => (0..KEYS.len(), holder(), 1u64..120, proptest::bool::weighted(0.2))
+                .prop_map(|(key, holder, ttl, wider)| Step::Acquire { key, holder, ttl, wider }),
             2 => (lease_token.clone(), holder(), 1u64..120).prop_map(|((key, token), holder, ttl)| {
                 Step::Renew { key, holder, token, ttl }
             }),
@@ -193,8 +196,13 @@ impl ReferenceStateMachine for Reference {
         match *step {
             Step::Tick(d) => m.tick(m.now_ms + d),
             Step::TickTo(t) => m.tick(t),
-            Step::Acquire { key, holder, ttl } => {
-                m.acquire(KEYS[key].0, holder, ttl, KEYS[key].1);
+            Step::Acquire {
+                key,
+                holder,
+                ttl,
+                wider,
+            } => {
+                m.acquire(KEYS[key].0, holder, ttl, KEYS[key].1 + u32::from(wider));
             }
             Step::Renew {
                 key,
@@ -336,9 +344,15 @@ impl StateMachineTest for Sut {
                 sut.clock.set(m.now_ms);
                 Outcome::Ok
             }
-            Step::Acquire { key, holder, ttl } => {
+            Step::Acquire {
+                key,
+                holder,
+                ttl,
+                wider,
+            } => {
                 let h = Holder::new(HolderId(holder));
                 let (name, limit) = KEYS[key];
+                let limit = limit + u32::from(wider);
                 let r = sut.run(|tx| core::lease::acquire(tx, name, &h, ttl, limit));
                 if let Ok(g) = &r {
                     let max = sut.max_token.entry(name).or_default();
@@ -436,8 +450,10 @@ impl StateMachineTest for Sut {
     fn check_invariants(sut: &Sut, m: &Model) {
         let p = POLICY;
         let now = m.now_ms;
-        for (name, limit) in KEYS {
+        for (name, _) in KEYS {
             let info = sut.run(|tx| core::lease::inspect(tx, name)).unwrap();
+            let limit = m.key(name).map_or(0, |k| k.limit);
+            assert_eq!(info.limit, limit, "the limit of {name}");
             let mut got: Vec<(u128, u64, u64)> = info
                 .holders
                 .iter()

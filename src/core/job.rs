@@ -667,6 +667,20 @@ pub fn purge(
     Ok(ids.len())
 }
 
+/// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):
+/// a queue is drained once no job is ready, running or due, where a retry
+/// waiting out its backoff counts as due. A job delayed before its first
+/// attempt does not hold a draining worker.
+pub fn drained(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<bool> {
+    let counts = stats(tx, queue, policy)?;
+    if counts.get(JobState::Ready) > 0 || counts.get(JobState::Running) > 0 {
+        return Ok(false);
+    }
+    let mut retrying = Vec::new();
+    tx.scan(queue, JobQuery::Retrying, 1, &mut retrying)?;
+    Ok(retrying.is_empty())
+}
+
 /// Jobs of `queue` per state, after [`maintain`].
 pub fn stats(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<StateCounts> {
     check_queue(queue)?;

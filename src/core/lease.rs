@@ -13,6 +13,9 @@ use crate::error::{Error, LostReason, Result, Target};
 pub struct LeaseRecord {
     /// The highest token ever granted for this key.
     pub last_token: u64,
+    /// How many holders the key allows, fixed by the grant that found it
+    /// free and kept while it has live holders (0: not recorded yet).
+    pub limit: u32,
     /// Holder slots; some may have expired since the last write.
     pub slots: Vec<LeaseSlot>,
 }
@@ -21,6 +24,7 @@ impl Clone for LeaseRecord {
     fn clone(&self) -> Self {
         LeaseRecord {
             last_token: self.last_token,
+            limit: self.limit,
             slots: self.slots.clone(),
         }
     }
@@ -30,6 +34,7 @@ impl Clone for LeaseRecord {
     /// transaction.
     fn clone_from(&mut self, source: &Self) {
         self.last_token = source.last_token;
+        self.limit = source.limit;
         self.slots.clone_from(&source.slots);
     }
 }
@@ -108,6 +113,8 @@ pub struct Grant {
 pub struct LeaseInfo {
     /// The highest token ever granted for the key (0 if never).
     pub last_token: u64,
+    /// How many holders the key allows (0: unknown; see [`LeaseRecord::limit`]).
+    pub limit: u32,
     /// Live holders at the store's `now_ms`.
     pub holders: Vec<HolderInfo>,
     /// The store's clock at the time of the inspection.
@@ -138,6 +145,11 @@ fn lost(key: &str, token: u64, reason: LostReason) -> Error {
 /// holders at once. A holder that already holds the key gets its slot
 /// extended (never shortened) with the same token (no self-deadlock, and a
 /// safe retry after an ambiguous commit).
+///
+/// The limit is the key's, not the caller's: the grant that finds the key
+/// free fixes it, and while the key has live holders a different limit is
+/// refused ([`Error::Invalid`] naming both), so "limit 2" never becomes
+/// three holders because a third caller asked for 3.
 pub fn acquire(
     tx: &mut dyn Txn,
     key: &str,
@@ -152,6 +164,16 @@ pub fn acquire(
     let rec = tx
         .lease_mut(key, true)?
         .ok_or_else(|| Error::store(format!("acquiring {key:?}"), "record was not created"))?;
+    let live = rec.live(now_ms).count();
+    if live > 0 && rec.limit != 0 && rec.limit != limit {
+        return Err(Error::invalid(
+            "limit",
+            format!(
+                "{key:?} allows {} holder(s) and has {live}; a different limit ({limit}) is refused while it has holders",
+                rec.limit
+            ),
+        ));
+    }
     if let Some(i) = rec
         .slots
         .iter()
@@ -168,7 +190,6 @@ pub fn acquire(
             renewed: true,
         });
     }
-    let live = rec.live(now_ms).count();
     if live >= limit as usize {
         return Err(Error::Held {
             key: key.to_owned(),
@@ -181,6 +202,7 @@ pub fn acquire(
         .ok_or_else(|| Error::store(format!("acquiring {key:?}"), "token counter exhausted"))?;
     rec.slots.retain(|s| s.is_live(now_ms));
     rec.last_token = token;
+    rec.limit = limit;
     rec.slots.push(LeaseSlot {
         holder: holder.clone(),
         token,
@@ -247,6 +269,7 @@ pub fn inspect(tx: &mut dyn Txn, key: &str) -> Result<LeaseInfo> {
     Ok(match tx.lease_mut(key, false)? {
         Some(rec) => LeaseInfo {
             last_token: rec.last_token,
+            limit: rec.limit,
             holders: rec.live_infos(now_ms),
             now_ms,
         },

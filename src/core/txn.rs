@@ -22,6 +22,9 @@ pub enum JobQuery {
         /// The instant (store clock) to compare with.
         now_ms: u64,
     },
+    /// Scheduled jobs that have been attempted before (waiting out a retry
+    /// backoff, not a first delay), earliest `run_at_ms` first.
+    Retrying,
     /// Terminal jobs (done, dead, cancelled) finished at or before
     /// `cutoff_ms`, earliest first.
     FinishedBy {

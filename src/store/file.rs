@@ -59,7 +59,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-const VERSION_LINE: &str = "leasehold-lease v1";
+/// The record version this build writes. v2 added the `limit` line; v1
+/// records (no limit recorded) are still read.
+const VERSION_LINE: &str = "leasehold-lease v2";
+const VERSION_LINE_V1: &str = "leasehold-lease v1";
 /// Where the second slot starts (the file is sparse up to it).
 const SLOT_BYTES: u64 = 16 << 20;
 /// Slot header: magic, sequence number, payload length, payload checksum.
@@ -167,9 +170,10 @@ fn checksum(body: &str) -> u64 {
 /// Serialize a record (see the module docs).
 fn render(key: &str, rec: &LeaseRecord) -> String {
     let mut body = format!(
-        "{VERSION_LINE}\nkey {}\nlast_token {}\n",
+        "{VERSION_LINE}\nkey {}\nlast_token {}\nlimit {}\n",
         hex(key.as_bytes()),
-        rec.last_token
+        rec.last_token,
+        rec.limit
     );
     for s in &rec.slots {
         let label = s
@@ -203,9 +207,11 @@ fn parse(text: &str, key: &str) -> std::result::Result<LeaseRecord, String> {
         return Err("checksum mismatch (corrupt record)".into());
     }
     let mut lines = body.lines();
-    if lines.next() != Some(VERSION_LINE) {
-        return Err("unknown record version".into());
-    }
+    let v1 = match lines.next() {
+        Some(VERSION_LINE) => false,
+        Some(VERSION_LINE_V1) => true,
+        _ => return Err("unknown record version (written by a newer leasehold?)".into()),
+    };
     let stored = lines
         .next()
         .and_then(|l| l.strip_prefix("key "))
@@ -222,6 +228,15 @@ fn parse(text: &str, key: &str) -> std::result::Result<LeaseRecord, String> {
         .and_then(|l| l.strip_prefix("last_token "))
         .and_then(|t| t.parse().ok())
         .ok_or("bad last_token line")?;
+    let limit = if v1 {
+        0
+    } else {
+        lines
+            .next()
+            .and_then(|l| l.strip_prefix("limit "))
+            .and_then(|t| t.parse().ok())
+            .ok_or("bad limit line")?
+    };
     let mut slots = Vec::new();
     for line in lines {
         let f: Vec<&str> = line.split(' ').collect();
@@ -248,7 +263,11 @@ fn parse(text: &str, key: &str) -> std::result::Result<LeaseRecord, String> {
             expires_at_ms: expires.parse().map_err(|_| "bad expiry")?,
         });
     }
-    Ok(LeaseRecord { last_token, slots })
+    Ok(LeaseRecord {
+        last_token,
+        limit,
+        slots,
+    })
 }
 
 /// The record of one slot, if the slot holds a valid one.
@@ -334,11 +353,33 @@ impl FileStore {
         Self::open_with(dir, FileOptions::default())
     }
 
-    /// Open (creating if needed) the lease directory `dir`.
+    /// Open the lease directory `dir`, creating it if needed. Only the
+    /// last component is created: a missing parent is an error naming it,
+    /// so a typo in a path does not silently start a second set of locks.
     pub fn open_with(dir: impl AsRef<Path>, opts: FileOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         let shown = dir.display().to_string();
-        std::fs::create_dir_all(&dir).map_err(io_err(|| format!("creating {shown}")))?;
+        if !dir.exists() {
+            let parent = match dir.parent() {
+                Some(p) if p.as_os_str().is_empty() => Path::new("."),
+                Some(p) => p,
+                None => Path::new("/"),
+            };
+            if !parent.is_dir() {
+                return Err(Error::store(
+                    format!("creating {shown}"),
+                    format!(
+                        "its parent directory {} does not exist (only the last component is created)",
+                        parent.display()
+                    ),
+                ));
+            }
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err(|| format!("creating {shown}"))(e)),
+            }
+        }
         if !dir.is_dir() {
             return Err(Error::store(format!("opening {shown}"), "not a directory"));
         }

@@ -294,6 +294,16 @@ impl Txn for MemTxn<'_> {
             JobQuery::Due { now_ms } => until(&q.scheduled, now_ms, out),
             JobQuery::Expired { now_ms } => until(&q.running, now_ms, out),
             JobQuery::FinishedBy { cutoff_ms } => until(&q.finished, cutoff_ms, out),
+            JobQuery::Retrying => {
+                let jobs = &self.st.jobs;
+                out.extend(
+                    q.scheduled
+                        .iter()
+                        .filter(|(_, id)| jobs.get(id).is_some_and(|j| j.attempts > 0))
+                        .take(limit)
+                        .map(|&(_, id)| id),
+                );
+            }
         }
         Ok(())
     }

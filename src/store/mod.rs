@@ -64,14 +64,53 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// Split `rest?a=b&c=d` into the path and its parameters.
+fn url_params(rest: &str) -> (&str, Vec<(&str, &str)>) {
+    match rest.split_once('?') {
+        None => (rest, Vec::new()),
+        Some((path, query)) => (
+            path,
+            query
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| p.split_once('=').unwrap_or((p, "")))
+                .collect(),
+        ),
+    }
+}
+
+fn bool_param(scheme: &str, name: &str, value: &str) -> Result<bool> {
+    match value {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(crate::error::Error::invalid(
+            "store",
+            format!("{scheme}: parameter {name}={value:?} is not true or false"),
+        )),
+    }
+}
+
+fn unknown_param(scheme: &str, name: &str, known: &str) -> crate::error::Error {
+    crate::error::Error::invalid(
+        "store",
+        format!("{scheme}: unknown parameter {name:?} (known: {known})"),
+    )
+}
+
 /// Open a store from a URL: `sqlite:PATH` (the default scheme), `file:DIR`
 /// (leases only), `postgres://USER@HOST:PORT/DB?schema=NAME&pool_size=N`
 /// (many machines), `mem:` (in-process, for tests).
+///
+/// Store options travel as URL parameters, and an unknown one is an error
+/// naming it: `sqlite:PATH?synchronous=normal|full&busy_timeout_ms=N&allow_network_fs=BOOL`,
+/// `file:DIR?durable=BOOL&allow_network_fs=BOOL`; PostgreSQL takes
+/// `schema`, `pool_size` and the driver's own parameters.
 pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     use crate::error::Error;
-    if let Some(path) = url.strip_prefix("sqlite:") {
+    if let Some(rest) = url.strip_prefix("sqlite:") {
         #[cfg(feature = "sqlite")]
         {
+            let (path, params) = url_params(rest);
             let path = path.strip_prefix("//").unwrap_or(path);
             if path.is_empty() {
                 return Err(Error::invalid(
@@ -79,18 +118,57 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
                     "sqlite: needs a path, as in sqlite:leasehold.db",
                 ));
             }
-            return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path)?));
+            let mut opts = sqlite::SqliteOptions::default();
+            for (name, value) in params {
+                match name {
+                    "synchronous" => {
+                        opts.synchronous = match value.to_ascii_lowercase().as_str() {
+                            "normal" => sqlite::Synchronous::Normal,
+                            "full" => sqlite::Synchronous::Full,
+                            _ => {
+                                return Err(Error::invalid(
+                                    "store",
+                                    format!("sqlite: synchronous={value:?} is not normal or full"),
+                                ))
+                            }
+                        }
+                    }
+                    "busy_timeout_ms" => {
+                        let ms: u64 = value.parse().map_err(|_| {
+                            Error::invalid(
+                                "store",
+                                format!("sqlite: busy_timeout_ms={value:?} is not a whole number"),
+                            )
+                        })?;
+                        opts.busy_timeout = Duration::from_millis(ms);
+                    }
+                    "allow_network_fs" => {
+                        opts.allow_network_fs = bool_param("sqlite", name, value)?;
+                    }
+                    _ => {
+                        return Err(unknown_param(
+                            "sqlite",
+                            name,
+                            "synchronous, busy_timeout_ms, allow_network_fs",
+                        ))
+                    }
+                }
+            }
+            return Ok(std::sync::Arc::new(sqlite::SqliteStore::open_with(
+                path, opts,
+            )?));
         }
         #[cfg(not(feature = "sqlite"))]
         {
-            let _ = path;
+            let _ = rest;
             return Err(Error::invalid("store", "this build has no sqlite feature"));
         }
     }
     if url == "mem:" {
         return Ok(std::sync::Arc::new(MemStore::new()));
     }
-    if let Some(dir) = url.strip_prefix("file:") {
+    if let Some(rest) = url.strip_prefix("file:") {
+        let (dir, params) = url_params(rest);
         let dir = dir.strip_prefix("//").unwrap_or(dir);
         if dir.is_empty() {
             return Err(Error::invalid(
@@ -98,7 +176,15 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
                 "file: needs a directory, as in file:/run/leasehold",
             ));
         }
-        return Ok(std::sync::Arc::new(file::FileStore::open(dir)?));
+        let mut opts = file::FileOptions::default();
+        for (name, value) in params {
+            match name {
+                "durable" => opts.durable = bool_param("file", name, value)?,
+                "allow_network_fs" => opts.allow_network_fs = bool_param("file", name, value)?,
+                _ => return Err(unknown_param("file", name, "durable, allow_network_fs")),
+            }
+        }
+        return Ok(std::sync::Arc::new(file::FileStore::open_with(dir, opts)?));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(all(feature = "postgres", not(loom)))]

@@ -73,7 +73,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// First key of the advisory lock held while migrating ("LSHD").
 const ADVISORY_CLASS: i32 = 0x4C53_4844;
@@ -84,7 +84,8 @@ const MAX_SCHEMA_BYTES: usize = 48;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 1] = ["
+const MIGRATIONS: [&str; 2] = [
+    "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
     last_token int8 NOT NULL,
@@ -120,7 +121,12 @@ CREATE INDEX jobs_running ON {s}.jobs (queue, lease_until, id) WHERE state = 2;
 CREATE INDEX jobs_finished ON {s}.jobs (queue, finished_at, id, state) WHERE state >= 3;
 CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     WHERE state <= 2 AND unique_key IS NOT NULL;
-"];
+",
+    // v2: a counting lease's limit belongs to the key (0: not recorded);
+    // retries waiting out their backoff, for the drain rule.
+    "ALTER TABLE {s}.leases ADD COLUMN lease_limit int4 NOT NULL DEFAULT 0;
+ CREATE INDEX jobs_retrying ON {s}.jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
+];
 
 /// Options of [`PostgresStore::open_with`]. The URL's `schema=` and
 /// `pool_size=` parameters, when present, override `schema` and
@@ -228,6 +234,7 @@ struct Statements {
     scan_maintenance_ready: Statement,
     scan_due: Statement,
     scan_finished: Statement,
+    scan_retrying: Statement,
     counts: Statement,
     list: Statement,
 }
@@ -255,7 +262,7 @@ impl Statements {
             )
         };
         Ok(Statements {
-            lease_get: p("SELECT last_token, tokens, holders, labels, expires FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
+            lease_get: p("SELECT last_token, tokens, holders, labels, expires, lease_limit FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
             job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
             live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
@@ -272,6 +279,10 @@ impl Statements {
             scan_finished: p(
                 "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND finished_at <= $2
                  ORDER BY finished_at, id LIMIT $3 FOR UPDATE SKIP LOCKED".into(),
+            )?,
+            scan_retrying: p(
+                "SELECT id FROM {s}.jobs WHERE queue = $1 AND state = 1 AND attempts > 0
+                 ORDER BY run_at, id LIMIT $2".into(),
             )?,
             counts: p("SELECT
                  (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 0),
@@ -1088,7 +1099,7 @@ impl Sql {
             self.raw(if i == 0 { "" } else { ", " })
                 .int("expires_at", slot.expires_at_ms)?;
         }
-        Ok(self.raw("]::int8[]"))
+        Ok(self.raw(&format!("]::int8[], {}", r.limit)))
     }
 }
 
@@ -1211,7 +1222,7 @@ impl PgTxn<'_> {
             if c.original.is_some() {
                 sql.raw("UPDATE ")
                     .raw(schema)
-                    .raw(".leases SET (last_token, tokens, holders, labels, expires) = (")
+                    .raw(".leases SET (last_token, tokens, holders, labels, expires, lease_limit) = (")
                     .lease(&c.record)?
                     .raw(") WHERE key = ")
                     .text("key", &c.key)?
@@ -1219,7 +1230,7 @@ impl PgTxn<'_> {
             } else {
                 sql.raw("INSERT INTO ")
                     .raw(schema)
-                    .raw(".leases (key, last_token, tokens, holders, labels, expires) VALUES (")
+                    .raw(".leases (key, last_token, tokens, holders, labels, expires, lease_limit) VALUES (")
                     .text("key", &c.key)?
                     .raw(", ")
                     .lease(&c.record)?
@@ -1265,6 +1276,7 @@ impl PgTxn<'_> {
                 .collect();
             Ok(LeaseRecord {
                 last_token: u64_of(row.try_get(0)?),
+                limit: u32::try_from(row.try_get::<_, i32>(5)?).unwrap_or(0),
                 slots,
             })
         };
@@ -1461,6 +1473,11 @@ impl Txn for PgTxn<'_> {
             JobQuery::FinishedBy { cutoff_ms } => {
                 let at = i64_of("cutoff", cutoff_ms)?;
                 let rows = self.query(&what, |st| &st.scan_finished, &[&queue, &at, &n])?;
+                out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
+                Ok(())
+            }
+            JobQuery::Retrying => {
+                let rows = self.query(&what, |st| &st.scan_retrying, &[&queue, &n])?;
                 out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
                 Ok(())
             }

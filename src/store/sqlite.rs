@@ -58,7 +58,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// `PRAGMA application_id` of leasehold databases ("LSHD").
 pub const APPLICATION_ID: i64 = 0x4C53_4844;
 
@@ -100,6 +100,17 @@ CREATE INDEX jobs_finished ON jobs (queue, finished_at, id, state) WHERE state >
 CREATE INDEX jobs_unique ON jobs (queue, unique_key) WHERE state <= 2 AND unique_key IS NOT NULL;
 INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 ";
+
+/// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
+/// version `i` to `i + 1`, inside the one transaction that also sets
+/// `user_version`, so a database is always at exactly one version.
+const MIGRATIONS: [&str; 2] = [
+    SCHEMA_V1,
+    // v2: a counting lease's limit belongs to the key (0: not recorded);
+    // retries waiting out their backoff, for the drain rule.
+    "ALTER TABLE leases ADD COLUMN lease_limit INTEGER NOT NULL DEFAULT 0;
+     CREATE INDEX jobs_retrying ON jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
+];
 
 /// How hard SQLite syncs on commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -375,13 +386,16 @@ impl SqliteStore {
         if version == SCHEMA_VERSION {
             return Ok(());
         }
-        // New database: create the schema once, even if many processes race.
+        // Create or upgrade the schema once, even if many processes race:
+        // the version is read again under the write lock.
         conn.execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| sql_err(|| format!("creating the schema of {shown}"), e))?;
+            .map_err(|e| sql_err(|| format!("migrating the schema of {shown}"), e))?;
         let result = (|| {
             let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-            if v == 0 {
-                conn.execute_batch(SCHEMA_V1)?;
+            for sql in MIGRATIONS.iter().skip(usize::try_from(v).unwrap_or(0)) {
+                conn.execute_batch(sql)?;
+            }
+            if v < SCHEMA_VERSION {
                 conn.execute_batch(&format!(
                     "PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={SCHEMA_VERSION};"
                 ))?;
@@ -392,7 +406,7 @@ impl SqliteStore {
         let ended = conn.execute_batch(end);
         result
             .and(ended)
-            .map_err(|e: rusqlite::Error| sql_err(|| format!("creating the schema of {shown}"), e))
+            .map_err(|e: rusqlite::Error| sql_err(|| format!("migrating the schema of {shown}"), e))
     }
 
     /// Settle the offset from the boot-time clock to store time. Returns the
@@ -531,11 +545,12 @@ fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
 /// `{limit}` by the limit: bound as parameters, either one makes SQLite
 /// re-prepare these statements on every execution (measured: a fifth of a
 /// claim's cost). The statement cache keeps one per queue and limit.
-pub const SCAN_SQL: [&str; 4] = [
+pub const SCAN_SQL: [&str; 5] = [
     "SELECT id, 0 FROM jobs WHERE queue = {queue} AND state = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
     "SELECT id, run_at FROM jobs WHERE queue = {queue} AND state = 1 ORDER BY run_at, id LIMIT {limit}",
     "SELECT id, lease_until FROM jobs WHERE queue = {queue} AND state = 2 ORDER BY lease_until, id LIMIT {limit}",
     "SELECT id, finished_at FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
+    "SELECT id, 0 FROM jobs WHERE queue = {queue} AND state = 1 AND attempts > 0 ORDER BY run_at, id LIMIT {limit}",
 ];
 
 struct SqlTxn<'c> {
@@ -557,12 +572,15 @@ impl SqlTxn<'_> {
     }
 
     fn load_lease(&self, key: &str) -> Result<Option<LeaseRecord>> {
-        let last: Option<i64> = self
+        let head: Option<(i64, i64)> = self
             .conn
-            .prepare_cached("SELECT last_token FROM leases WHERE key = ?1")
-            .and_then(|mut s| s.query_row([key], |r| r.get(0)).optional())
+            .prepare_cached("SELECT last_token, lease_limit FROM leases WHERE key = ?1")
+            .and_then(|mut s| {
+                s.query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
             .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
-        let Some(last) = last else {
+        let Some((last, limit)) = head else {
             return Ok(None);
         };
         let mut stmt = self
@@ -587,6 +605,7 @@ impl SqlTxn<'_> {
             .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
         Ok(Some(LeaseRecord {
             last_token: u64_of(last),
+            limit: u32::try_from(limit).unwrap_or(0),
             slots,
         }))
     }
@@ -599,10 +618,11 @@ impl SqlTxn<'_> {
             let last = i64_of("token", c.record.last_token)?;
             self.conn
                 .prepare_cached(
-                    "INSERT INTO leases (key, last_token) VALUES (?1, ?2)
-                     ON CONFLICT(key) DO UPDATE SET last_token = excluded.last_token",
+                    "INSERT INTO leases (key, last_token, lease_limit) VALUES (?1, ?2, ?3)
+                     ON CONFLICT(key) DO UPDATE SET last_token = excluded.last_token,
+                                                    lease_limit = excluded.lease_limit",
                 )
-                .and_then(|mut s| s.execute(params![key, last]))
+                .and_then(|mut s| s.execute(params![key, last, c.record.limit]))
                 .map_err(fail)?;
             self.conn
                 .prepare_cached("DELETE FROM lease_slots WHERE key = ?1")
@@ -837,6 +857,7 @@ impl Txn for SqlTxn<'_> {
             JobQuery::Due { now_ms } => (SCAN_SQL[1], now_ms),
             JobQuery::Expired { now_ms } => (SCAN_SQL[2], now_ms),
             JobQuery::FinishedBy { cutoff_ms } => (SCAN_SQL[3], cutoff_ms),
+            JobQuery::Retrying => (SCAN_SQL[4], u64::MAX),
         };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let fail = |e| sql_err(|| format!("scanning queue {queue:?}"), e);

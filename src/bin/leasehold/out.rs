@@ -1,0 +1,185 @@
+//! What leasehold prints: one JSON object per line on stdout (a failed
+//! write is an error: the caller lost data it was promised), messages for
+//! people on stderr (a failed write is ignored: never a panic), instants as
+//! RFC 3339 wall-clock times beside the milliseconds remaining.
+
+use base64::Engine as _;
+use leasehold::core::lease::LeaseInfo;
+use leasehold::{HolderInfo, JobRecord};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+/// Exit code for output that could not be written (sysexits' EX_IOERR).
+pub const EXIT_IOERR: u8 = 74;
+
+/// A progress bar drawn on stderr while JSON lines go to stdout: lines are
+/// printed around it, not through it.
+pub static PROGRESS: Mutex<Option<indicatif::ProgressBar>> = Mutex::new(None);
+
+fn with_progress_suspended<R>(f: impl FnOnce() -> R) -> R {
+    let bar = PROGRESS.lock().ok().and_then(|g| g.clone());
+    match bar {
+        Some(bar) => bar.suspend(f),
+        None => f(),
+    }
+}
+
+/// Print one JSON line on stdout; an error (a full disk, a closed pipe)
+/// means the output was lost, and the command must say so.
+pub fn emit(v: &Value) -> std::io::Result<()> {
+    with_progress_suspended(|| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{v}")?;
+        out.flush()
+    })
+}
+
+/// A message for people on stderr. Unwritable stderr is ignored.
+pub fn note(message: &str) {
+    with_progress_suspended(|| {
+        let _ = writeln!(std::io::stderr().lock(), "leasehold: {message}");
+    });
+}
+
+/// `250ms`, `1.5s`, `1h30m`, `2d`: the humantime grammar. An overflow
+/// says so.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim()).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => {
+            format!("{text:?} overflows (the longest duration is about 584 billion years)")
+        }
+        other => format!("{text:?}: {other} (examples: 250ms, 1.5s, 1h30m, 2d)"),
+    })
+}
+
+/// A duration in whole milliseconds, saturating.
+pub fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Converts instants of the store's clock to wall-clock time: the store's
+/// reading `now_ms` was taken at about `wall`.
+#[derive(Clone, Copy)]
+pub struct Times {
+    pub now_ms: u64,
+    pub wall: SystemTime,
+}
+
+impl Times {
+    pub fn new(now_ms: u64) -> Times {
+        Times {
+            now_ms,
+            wall: SystemTime::now(),
+        }
+    }
+
+    /// RFC 3339 (UTC, milliseconds) of a store-clock instant.
+    pub fn at(&self, store_ms: u64) -> String {
+        let wall = if store_ms >= self.now_ms {
+            self.wall
+                .checked_add(Duration::from_millis(store_ms - self.now_ms))
+        } else {
+            self.wall
+                .checked_sub(Duration::from_millis(self.now_ms - store_ms))
+        };
+        wall.map_or_else(String::new, |w| {
+            humantime::format_rfc3339_millis(w).to_string()
+        })
+    }
+
+    /// Milliseconds from now until a store-clock instant (0 if past).
+    pub fn until(&self, store_ms: u64) -> u64 {
+        store_ms.saturating_sub(self.now_ms)
+    }
+}
+
+pub fn holder_json(h: &HolderInfo, t: &Times) -> Value {
+    json!({
+        "holder": h.holder.id.to_string(),
+        "label": h.holder.label.as_deref(),
+        "token": h.token,
+        "expires_at": t.at(h.expires_at_ms),
+        "expires_in_ms": t.until(h.expires_at_ms),
+    })
+}
+
+pub fn status_json(key: &str, info: &LeaseInfo) -> Value {
+    let t = Times::new(info.now_ms);
+    json!({
+        "key": key,
+        "last_token": info.last_token,
+        "limit": (info.limit > 0).then_some(info.limit),
+        "holders": info.holders.iter().map(|h| holder_json(h, &t)).collect::<Vec<_>>(),
+    })
+}
+
+/// The payload as text when it is UTF-8, else base64.
+fn payload_text(bytes: &[u8]) -> (&'static str, String) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => ("utf8", s.to_owned()),
+        Err(_) => (
+            "base64",
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+        ),
+    }
+}
+
+/// At most this many bytes of a payload in `queue list`.
+const PREVIEW_BYTES: usize = 64;
+
+/// The first bytes of a payload: text (cut at a character boundary) when
+/// the payload is UTF-8, else base64.
+fn preview(bytes: &[u8]) -> (&'static str, String) {
+    let head = &bytes[..bytes.len().min(PREVIEW_BYTES)];
+    if std::str::from_utf8(bytes).is_err() {
+        return (
+            "base64",
+            base64::engine::general_purpose::STANDARD.encode(head),
+        );
+    }
+    let cut = match std::str::from_utf8(head) {
+        Ok(_) => head.len(),
+        Err(e) => e.valid_up_to(),
+    };
+    ("utf8", String::from_utf8_lossy(&head[..cut]).into_owned())
+}
+
+/// A job for `queue list` (`full`: false, a preview of the payload) or
+/// `queue get` (`full`: true, the whole payload).
+pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
+    let (encoding, payload) = if full {
+        payload_text(&j.payload)
+    } else {
+        preview(&j.payload)
+    };
+    let claim = j.claim.map(|c| {
+        json!({
+            "holder": c.holder.to_string(),
+            "token": c.token,
+            "lease_until": t.at(c.lease_until_ms),
+            "lease_remaining_ms": t.until(c.lease_until_ms),
+        })
+    });
+    let mut v = json!({
+        "id": j.id.0,
+        "queue": &*j.queue,
+        "state": j.state.as_str(),
+        "priority": j.priority,
+        "attempts": j.attempts,
+        "max_attempts": j.max_attempts,
+        "expiries": j.expiries,
+        "created_at": t.at(j.created_at_ms),
+        "run_at": t.at(j.run_at_ms),
+        "finished_at": j.finished_at_ms.map(|f| t.at(f)),
+        "cancel_requested": j.cancel_requested,
+        "last_error": j.last_error.as_deref(),
+        "unique_key": j.unique_key.as_deref(),
+        "claim": claim,
+        "payload_bytes": j.payload.len(),
+        "payload_encoding": encoding,
+    });
+    v[if full { "payload" } else { "payload_preview" }] = json!(payload);
+    v
+}

@@ -1,0 +1,224 @@
+//! `leasehold queue work QUEUE -- CMD`: the library's worker loop
+//! ([`leasehold::Queue::work_with`]) with a handler that runs CMD per job,
+//! contained ([`crate::contain`]).
+//!
+//! The payload goes to CMD's stdin from a thread of its own, so a loss or a
+//! cancel is acted on within the poll interval whatever the payload's size
+//! and whether or not CMD reads it. CMD's stdout goes to our stderr: stdout
+//! carries one JSON line per job.
+
+use crate::contain::{self, Mode, Spec, StartError};
+use crate::out::{self, emit, note, parse_duration};
+use crate::run::{install_signal_handlers, SIGNAL};
+use crate::{CliResult, Fail};
+use clap::Args;
+use leasehold::{ClaimedJob, Client, JobOutcome, JobState, WorkOptions};
+use serde_json::json;
+use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct WorkArgs {
+    queue: String,
+    /// Lease of each claim; renewed about every third of it while CMD runs.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    lease: Duration,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    concurrency: u64,
+    /// Exit once nothing is ready, running or due (retries waiting out
+    /// their backoff count as due; jobs delayed before their first attempt
+    /// do not).
+    #[arg(long)]
+    drain: bool,
+    /// Between SIGTERM and SIGKILL when a job's process tree is stopped (a
+    /// lost claim, a cancel, SIGTERM to leasehold).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    grace: Duration,
+    /// How each job's process tree is contained.
+    #[arg(long, value_enum, env = "LEASEHOLD_CONTAIN", default_value = "auto")]
+    contain: Mode,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+/// Set once SIGTERM or SIGINT arrived: claim nothing more.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+/// Where a job command's stdout goes: our stderr.
+fn child_stdout() -> Stdio {
+    match std::io::stderr().as_fd().try_clone_to_owned() {
+        Ok(fd) => Stdio::from(fd),
+        Err(_) => Stdio::null(),
+    }
+}
+
+/// The payload on CMD's stdin, written by a thread of its own; it ends
+/// with EPIPE once the whole tree is gone.
+fn payload_stdin(payload: &[u8]) -> Result<Stdio, String> {
+    let (reader, writer) =
+        contain::pipe().map_err(|e| format!("creating the payload pipe: {e}"))?;
+    let mut writer = std::fs::File::from(writer);
+    let payload = payload.to_vec();
+    std::thread::Builder::new()
+        .name("leasehold-payload".to_owned())
+        .spawn(move || {
+            // A command that does not read its stdin is fine.
+            let _ = writer.write_all(&payload);
+        })
+        .map_err(|e| format!("starting the payload writer: {e}"))?;
+    Ok(Stdio::from(reader))
+}
+
+/// Run CMD for one job: `Ok` on exit 0, else the reason it failed.
+fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
+    let stdin = payload_stdin(job.payload())?;
+    let spawned = contain::spawn(Spec {
+        cmd: &args.cmd,
+        env: vec![
+            ("LEASEHOLD_JOB_ID", job.id().to_string()),
+            ("LEASEHOLD_ATTEMPT", job.attempt().to_string()),
+            ("LEASEHOLD_TOKEN", job.token().to_string()),
+            ("LEASEHOLD_QUEUE", args.queue.clone()),
+        ],
+        stdin,
+        stdout: child_stdout(),
+        grace: args.grace,
+        mode: args.contain,
+    });
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(StartError::Exec { message, .. } | StartError::Other(message)) => return Err(message),
+    };
+    let mut forwarded = false;
+    let code = loop {
+        if let Some(code) = child.try_wait() {
+            break code;
+        }
+        if !job.is_valid() {
+            child.stop_and_wait(libc::SIGTERM, args.grace);
+            return Err("the claim was lost while the command ran".to_owned());
+        }
+        if job.cancel_requested() {
+            child.stop_and_wait(libc::SIGTERM, args.grace);
+            return Err("cancelled while running".to_owned());
+        }
+        if !forwarded && STOPPING.load(Ordering::SeqCst) {
+            // Shutting down: the whole tree gets the signal, SIGKILL after
+            // the grace period; its status decides the job.
+            forwarded = true;
+            let sig = match SIGNAL.load(Ordering::SeqCst) {
+                0 => libc::SIGTERM,
+                s => s,
+            };
+            child.stop(sig, args.grace);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    match code {
+        0 => Ok(()),
+        c if c > 128 => Err(format!(
+            "command exited with status {c} (killed by signal {}?)",
+            c - 128
+        )),
+        c => Err(format!("command exited with status {c}")),
+    }
+}
+
+/// A progress line on a terminal while draining: jobs done, rate, ETA.
+fn progress(client: &Client, queue: &str) -> Option<indicatif::ProgressBar> {
+    if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
+        return None;
+    }
+    let counts = client.queue(queue).ok()?.stats().ok()?;
+    let todo = counts.get(JobState::Ready) + counts.get(JobState::Running);
+    let bar = indicatif::ProgressBar::new(todo);
+    let style =
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} jobs  {per_sec}  ETA {eta}")
+            .ok()?;
+    bar.set_style(style);
+    Some(bar)
+}
+
+pub fn work(client: Client, args: WorkArgs) -> CliResult {
+    install_signal_handlers();
+    let queue = client.queue(&args.queue)?;
+    let opts = WorkOptions {
+        lease: args.lease,
+        concurrency: args.concurrency as usize,
+        drain: args.drain,
+        ..WorkOptions::default()
+    };
+    // SIGTERM/SIGINT: stop claiming; the running jobs' trees get the signal.
+    let watcher_done = AtomicBool::new(false);
+    let emit_failed: Mutex<Option<std::io::Error>> = Mutex::new(None);
+    let done = AtomicU64::new(0);
+    let started = Instant::now();
+    let bar = if args.drain {
+        progress(&client, &args.queue)
+    } else {
+        None
+    };
+    if let (Some(bar), Ok(mut slot)) = (&bar, out::PROGRESS.lock()) {
+        *slot = Some(bar.clone());
+    }
+    let report = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !watcher_done.load(Ordering::SeqCst) {
+                if SIGNAL.load(Ordering::SeqCst) != 0 {
+                    STOPPING.store(true, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let report = queue.work_with(
+            &opts,
+            &STOPPING,
+            |job| handle(job, &args),
+            |job, outcome| {
+                let name = match outcome {
+                    JobOutcome::Done => "done",
+                    JobOutcome::Failed(state) => state.as_str(),
+                    JobOutcome::Lost => "lost",
+                };
+                let line = json!({"id": job.id().0, "attempt": job.attempt(), "outcome": name});
+                if let Err(e) = emit(&line) {
+                    // Keep working (the jobs are recorded in the store), but
+                    // report the lost output when the loop ends.
+                    if let Ok(mut slot) = emit_failed.lock() {
+                        slot.get_or_insert(e);
+                    }
+                }
+                let n = done.fetch_add(1, Ordering::SeqCst) + 1;
+                if let Some(bar) = &bar {
+                    if n > bar.length().unwrap_or(0) {
+                        bar.set_length(n);
+                    }
+                    bar.set_position(n);
+                }
+            },
+        );
+        watcher_done.store(true, Ordering::SeqCst);
+        report
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let report = report?;
+    if args.drain {
+        let secs = started.elapsed().as_secs_f64().max(1e-3);
+        note(&format!(
+            "drained {:?}: {} done, {} failed, {} lost in {secs:.1}s",
+            args.queue, report.completed, report.failed, report.lost
+        ));
+    }
+    match emit_failed.into_inner().ok().flatten() {
+        Some(e) => Err(Fail::from(e)),
+        None => Ok(0),
+    }
+}
