@@ -443,3 +443,119 @@ fn explicit_holder_can_renew_and_release_by_token() {
     b.release("k", token).unwrap();
     assert!(b.inspect("k").unwrap().holders.is_empty());
 }
+
+/// A reason the store would refuse is rejected before anything changes:
+/// the claim stays valid and heartbeating, and can still be settled.
+#[test]
+fn fail_with_an_overlong_reason_keeps_the_claim() {
+    let client = Client::new(MemStore::new());
+    let q = client.queue("q").unwrap();
+    q.push(&JobSpec::new("x")).unwrap();
+    let job = q.claim(Duration::from_secs(30)).unwrap().unwrap();
+    job.heartbeat_in_background(|_| {}).unwrap();
+    let long = "e".repeat(6_600);
+    match job.fail(&long) {
+        Err(Error::Invalid {
+            field: "reason", ..
+        }) => {}
+        other => panic!("expected an invalid reason, got {other:?}"),
+    }
+    assert!(job.is_valid(), "nothing was consumed");
+    assert!(job.heartbeat().is_ok(), "the claim is still ours");
+    assert_eq!(
+        job.fail(&leasehold::fit_reason(&long)).unwrap(),
+        JobState::Scheduled
+    );
+    let record = q.get(job.id()).unwrap();
+    let kept = record.last_error.unwrap();
+    assert!(kept.len() <= leasehold::core::MAX_TEXT_BYTES);
+    assert!(kept.starts_with("eee") && kept.ends_with("eee") && kept.contains("bytes cut"));
+}
+
+/// A handler's error of any length (a stack trace, captured stderr) is
+/// recorded, cut to fit, and the loop goes on.
+#[test]
+fn worker_loop_records_overlong_errors_and_goes_on() {
+    let client = Client::builder(MemStore::new())
+        .policy(QueuePolicy {
+            backoff_base_ms: 1,
+            backoff_max_ms: 2,
+            ..QueuePolicy::default()
+        })
+        .build();
+    let q = client.queue("q").unwrap();
+    for i in 0..3u8 {
+        q.push(&JobSpec {
+            max_attempts: 1,
+            ..JobSpec::new(vec![i])
+        })
+        .unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    let opts = WorkOptions {
+        drain: true,
+        idle_poll: Duration::from_millis(5),
+        ..WorkOptions::default()
+    };
+    let report = q
+        .work(&opts, &stop, |_| {
+            Err(format!("trace\0{}", "x".repeat(6_600)))
+        })
+        .unwrap();
+    assert_eq!((report.failed, report.lost), (3, 0));
+    assert_eq!(q.stats().unwrap().get(JobState::Dead), 3);
+    for job in q
+        .list(Some(JobState::Dead), leasehold::JobId(0), 10)
+        .unwrap()
+    {
+        let e = job.last_error.unwrap();
+        assert!(
+            e.starts_with("trace\u{fffd}xx") && e.contains("bytes cut"),
+            "{e}"
+        );
+    }
+}
+
+/// `concurrency` handlers run at once, each job exactly once.
+#[test]
+fn worker_loop_runs_jobs_concurrently() {
+    let client = Client::new(MemStore::new());
+    let q = client.queue("q").unwrap();
+    for i in 0..12u8 {
+        q.push(&JobSpec::new(vec![i])).unwrap();
+    }
+    let (now, peak) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let seen = std::sync::Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
+    let opts = WorkOptions {
+        concurrency: 4,
+        drain: true,
+        idle_poll: Duration::from_millis(5),
+        ..WorkOptions::default()
+    };
+    let outcomes = AtomicUsize::new(0);
+    let report = q
+        .work_with(
+            &opts,
+            &stop,
+            |job| {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(n, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(60));
+                seen.lock().unwrap().push(job.payload()[0]);
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            },
+            |_, outcome| {
+                assert_eq!(outcome, leasehold::JobOutcome::Done);
+                outcomes.fetch_add(1, Ordering::SeqCst);
+            },
+        )
+        .unwrap();
+    assert_eq!(report.completed, 12);
+    assert_eq!(outcomes.load(Ordering::SeqCst), 12);
+    assert_eq!(peak.load(Ordering::SeqCst), 4, "four at a time");
+    let mut seen = seen.into_inner().unwrap();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..12).collect::<Vec<u8>>(), "each job once");
+}

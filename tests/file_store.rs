@@ -24,6 +24,7 @@ impl Dir {
             N.fetch_add(1, Ordering::SeqCst)
         ));
         let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
         Dir(d)
     }
     fn leases(&self) -> PathBuf {
@@ -242,4 +243,49 @@ fn forked_child_cannot_use_the_store() {
     assert_eq!(libc::WEXITSTATUS(status), 0);
     assert_eq!(client.inspect("k").unwrap().holders[0].token, guard.token());
     guard.release().unwrap();
+}
+
+/// A record written by an older leasehold (v1: no limit line) is read, and
+/// the next write upgrades it.
+#[test]
+fn version_1_records_are_read_and_upgraded() {
+    let d = Dir::new("v1");
+    let clock = ManualClock::new(1_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "b")).unwrap();
+    assert_eq!(acquire(&store, "k", 1, 100).unwrap(), 1);
+    let path = store.record_path("k");
+    // Rewrite the record in the v1 format: both slots hold it.
+    let key_hex: String = b"k".iter().map(|b| format!("{b:02x}")).collect();
+    let body = format!(
+        "leasehold-lease v1\nkey {key_hex}\nlast_token 7\nslot 7 00000000-0000-0000-0000-000000000001 1100 -\n"
+    );
+    let fnv = |bytes: &[u8]| {
+        bytes.iter().fold(0xCBF2_9CE4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
+        })
+    };
+    let text = format!("{body}checksum {:016x}\n", fnv(body.as_bytes()));
+    let mut slot = Vec::new();
+    slot.extend_from_slice(b"LHS1");
+    slot.extend_from_slice(&99u64.to_le_bytes());
+    slot.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    slot.extend_from_slice(&fnv(text.as_bytes()).to_le_bytes());
+    slot.extend_from_slice(text.as_bytes());
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(0).unwrap();
+    f.write_all(&slot).unwrap();
+    f.seek(SeekFrom::Start(16 << 20)).unwrap();
+    f.write_all(&slot).unwrap();
+    drop(f);
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!((info.last_token, info.limit, info.holders.len()), (7, 0, 1));
+    clock.set(1_200);
+    assert_eq!(acquire(&store, "k", 2, 100).unwrap(), 8, "tokens go on");
+    let text = std::fs::read(&path).unwrap();
+    assert!(String::from_utf8_lossy(&text).contains("leasehold-lease v2"));
+    assert_eq!(
+        store.txn(|tx| core::lease::inspect(tx, "k")).unwrap().limit,
+        1
+    );
 }

@@ -117,6 +117,36 @@ fn migrations_raced_by_many_openers_run_once() {
     assert_eq!(version, SCHEMA_VERSION.to_string());
 }
 
+/// A schema at version 1 (before a lease's limit was recorded) is migrated
+/// in place, keeping its leases.
+#[test]
+fn a_version_1_schema_is_migrated_in_place() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("v1");
+    let store = PostgresStore::open(&schema.url()).unwrap();
+    let h = holder(1);
+    store
+        .txn(|tx| core::lease::acquire(tx, "k", &h, 60_000, 2))
+        .unwrap();
+    drop(store);
+    admin_batch(&format!(
+        "DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
+         UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
+        s = schema.0
+    ));
+    let store = PostgresStore::open(&schema.url()).unwrap();
+    let version: String = admin(&format!(
+        "SELECT value FROM \"{}\".leasehold_meta WHERE name = 'schema_version'",
+        schema.0
+    ))[0]
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!((info.last_token, info.limit, info.holders.len()), (1, 0, 1));
+}
+
 fn open_err(url: &str) -> String {
     match PostgresStore::open(url) {
         Ok(_) => panic!("{url} opened"),

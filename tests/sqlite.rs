@@ -335,3 +335,47 @@ fn group_commit_keeps_every_transaction_atomic_and_visible_on_return() {
         "no transactions were grouped: {txns} transactions, {commits} commits"
     );
 }
+
+/// A database of schema version 1 (before a lease's limit was recorded) is
+/// upgraded in place, keeping its leases and jobs.
+#[test]
+fn a_version_1_database_is_upgraded_in_place() {
+    let d = Dir::new("v1");
+    let clock = ManualClock::new(1_000);
+    {
+        let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+        let h = Holder::new(HolderId(1));
+        store
+            .txn(|tx| core::lease::acquire(tx, "k", &h, 10_000, 2))
+            .unwrap();
+        store
+            .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("p"), &QueuePolicy::default()))
+            .unwrap();
+    }
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(
+        "DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit; PRAGMA user_version = 1;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!((info.last_token, info.limit, info.holders.len()), (1, 0, 1));
+    let h2 = Holder::new(HolderId(2));
+    store
+        .txn(|tx| core::lease::acquire(tx, "k", &h2, 10_000, 2))
+        .unwrap();
+    assert_eq!(
+        store.txn(|tx| core::lease::inspect(tx, "k")).unwrap().limit,
+        2
+    );
+    let counts = store
+        .txn(|tx| core::job::stats(tx, "q", &QueuePolicy::default()))
+        .unwrap();
+    assert_eq!(counts.get(JobState::Ready), 1);
+}

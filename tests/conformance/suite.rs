@@ -298,6 +298,36 @@ pub fn lease_counting(make: &Make) {
     assert_eq!(w.acquire("k", 5, 100, 3).unwrap().token, 5);
 }
 
+/// The key's limit, not the caller's: fixed by the grant that finds the
+/// key free, kept while it has holders (across handles: the store keeps
+/// it), replaced once they are gone.
+pub fn lease_limit_belongs_to_the_key(make: &Make) {
+    let w = World::new(make);
+    w.acquire("pool", 1, 100, 2).unwrap();
+    w.acquire("pool", 2, 100, 2).unwrap();
+    let before = w.snapshot(&["pool"], &[]);
+    match w.acquire("pool", 3, 100, 3) {
+        Err(Error::Invalid {
+            field: "limit",
+            reason,
+        }) => {
+            assert!(reason.contains('2') && reason.contains('3'), "{reason}");
+        }
+        other => panic!("expected a limit refusal, got {other:?}"),
+    }
+    // A current holder asking with another limit is refused too.
+    assert!(matches!(
+        w.acquire("pool", 1, 100, 1),
+        Err(Error::Invalid { field: "limit", .. })
+    ));
+    assert_eq!(w.snapshot(&["pool"], &[]), before, "nothing changed");
+    assert_eq!(w.inspect("pool").limit, 2);
+    // Free again: the next grant sets a new limit.
+    w.at(T0 + 100);
+    w.acquire("pool", 3, 100, 3).unwrap();
+    assert_eq!(w.inspect("pool").limit, 3);
+}
+
 pub fn lease_inspect_creates_nothing(make: &Make) {
     let w = World::new(make);
     let info = w.inspect("never");
@@ -932,6 +962,42 @@ pub fn job_hostile_queue_names(make: &Make) {
     }
 }
 
+/// The one drain rule: nothing ready, running, or due, where a retry in
+/// backoff counts as due and a first attempt's delay does not.
+pub fn job_drain_rule(make: &Make) {
+    let w = World::new(make);
+    let drained = |w: &World| {
+        let policy = w.policy;
+        w.tx(|tx| core::job::drained(tx, "q", &policy)).unwrap()
+    };
+    assert!(drained(&w), "an empty queue is drained");
+    w.push(
+        "q",
+        JobSpec {
+            delay_ms: 3_600_000,
+            ..JobSpec::new("later")
+        },
+    );
+    assert!(drained(&w), "a delayed first attempt does not hold a drain");
+    let id = w.push(
+        "q",
+        JobSpec {
+            max_attempts: 2,
+            ..JobSpec::new("flaky")
+        },
+    );
+    assert!(!drained(&w), "ready");
+    let job = w.claim_one("q", 1, 1_000);
+    assert_eq!(job.id, id);
+    assert!(!drained(&w), "running");
+    assert_eq!(w.fail(&job, 1, "boom").unwrap(), JobState::Scheduled);
+    assert!(!drained(&w), "a retry waiting out its backoff is due");
+    w.at(T0 + 10_000);
+    let job = w.claim_one("q", 1, 1_000);
+    w.complete(&job, 1).unwrap();
+    assert!(drained(&w));
+}
+
 pub fn job_scans_are_ordered(make: &Make) {
     let w = World::new(make);
     for i in 0..300u32 {
@@ -966,7 +1032,8 @@ macro_rules! conformance_lease_cases {
     (@guard $guard:expr; $make:expr) => {
         $crate::conformance_cases!(@cases $guard, $make;
             lease_exclusive_then_released, lease_expiry_boundary, lease_renew_and_reacquire,
-            lease_identity_checks, lease_counting, lease_inspect_creates_nothing,
+            lease_identity_checks, lease_counting, lease_limit_belongs_to_the_key,
+            lease_inspect_creates_nothing,
             lease_hostile_keys, txn_lease_rolls_back_on_error, store_clock_never_goes_back
         );
     };
@@ -986,7 +1053,7 @@ macro_rules! conformance_cases {
             job_claim_order, job_priority_beats_earlier_run_at, job_lifecycle_complete,
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
-            job_purge, job_list_pages_and_filters, job_scans_are_ordered,
+            job_purge, job_list_pages_and_filters, job_drain_rule, job_scans_are_ordered,
             job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
         );
     };

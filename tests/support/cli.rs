@@ -12,6 +12,12 @@ pub mod pg;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
+/// The binary under test: this build's, or `LEASEHOLD_TEST_BIN` (to show
+/// that a test fails on an older build).
+pub fn bin() -> String {
+    std::env::var("LEASEHOLD_TEST_BIN").unwrap_or_else(|_| BIN.to_owned())
+}
+
 /// Which store a test directory's commands use.
 pub enum Kind {
     Sqlite,
@@ -64,7 +70,7 @@ impl Dir {
     }
 
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(bin());
         c.env("LEASEHOLD_STORE", self.store()).current_dir(&self.0);
         c
     }
