@@ -149,6 +149,12 @@ def main():
         naive = [l for l in log.read_text().splitlines() if l.startswith("naive baseline")]
         lines += ["The naive baseline's double claims and BUSY errors, from `cargo bench --bench sqlite`:", ""]
         lines += ["    " + l for l in naive] + [""]
+    # The soak section (scripts/soak.sh) is kept as it was.
+    if out.exists():
+        old = out.read_text()
+        a, b = old.find("<!-- soak:start -->"), old.find("<!-- soak:end -->")
+        if a >= 0 and b > a:
+            lines += [old[a : b + len("<!-- soak:end -->")], ""]
     out.write_text("\n".join(lines))
     print(f"wrote {out} ({len(results)} benchmarks)")
 

@@ -1,5 +1,9 @@
-//! `leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--trace]
-//! [--shrink] [--canary NAME|all]`
+//! `leasehold-sim [--scenario NAME|all] [--seed S | --seeds N [--seed-start S]
+//! [--jobs N]] [--trace] [--shrink] [--canary NAME|all]`
+//!
+//! Many seeds run on `--jobs` threads (default: every core), from
+//! `--seed-start`; a terminal gets a progress line, and the run ends with
+//! one summary line (seeds, violations, events, events/s, seeds/s).
 //!
 //! Exit codes: 0 when every seed held every guarantee (or every selected
 //! canary was caught), 1 on a violation (or a canary that slipped through),
@@ -10,19 +14,21 @@
 use leasehold_sim::plan::{Canary, Plan, Scenario};
 use leasehold_sim::runner::{self, Failure};
 use leasehold_sim::world;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Instant;
 
-const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N] [--store mem|sqlite|file] [--trace] [--shrink] [--canary NAME|all]
+const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N [--seed-start S] [--jobs N]] [--store mem|sqlite|file] [--trace] [--shrink] [--canary NAME|all]
 scenarios: leases, queue, mixed, clock-chaos
-canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease
+canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease, worker-stops-claiming
 the file store keeps leases only: use it with --scenario leases or clock-chaos";
 
 struct Args {
     scenarios: Vec<Scenario>,
     seed: Option<u64>,
     seeds: u64,
+    seed_start: u64,
+    jobs: usize,
     trace: bool,
     shrink: bool,
     canaries: Vec<Canary>,
@@ -34,6 +40,8 @@ fn parse() -> Result<Args, String> {
         scenarios: Scenario::ALL.to_vec(),
         seed: None,
         seeds: 100,
+        seed_start: 0,
+        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         trace: false,
         shrink: false,
         canaries: Vec::new(),
@@ -63,6 +71,20 @@ fn parse() -> Result<Args, String> {
                 args.seeds = v
                     .parse()
                     .map_err(|_| format!("--seeds {v:?} is not a number"))?;
+            }
+            "--seed-start" => {
+                let v = value("--seed-start")?;
+                args.seed_start = v
+                    .parse()
+                    .map_err(|_| format!("--seed-start {v:?} is not a number"))?;
+            }
+            "--jobs" => {
+                let v = value("--jobs")?;
+                args.jobs = v
+                    .parse()
+                    .ok()
+                    .filter(|&n: &usize| n > 0)
+                    .ok_or_else(|| format!("--jobs {v:?} is not a positive number"))?;
             }
             "--store" => {
                 args.store = match value("--store")?.as_str() {
@@ -190,38 +212,47 @@ fn main() -> ExitCode {
         }
         return status;
     }
-    let tty = std::io::stderr().is_terminal();
     let total = args.seeds * args.scenarios.len() as u64;
-    let start = Instant::now();
-    let (mut seeds, mut events, mut violations) = (0u64, 0u64, 0u64);
-    for &scenario in &args.scenarios {
-        let summary = runner::run_seeds(scenario, 0, args.seeds, store_of(args.store), |_| {
-            seeds += 1;
-            if tty && (seeds % 10 == 0 || seeds == total) {
-                let width = 30;
-                let done = (seeds * width / total.max(1)) as usize;
-                eprint!(
-                    "\r[{}{}] {seeds}/{total} seeds",
-                    "#".repeat(done),
-                    " ".repeat(width as usize - done)
-                );
-                let _ = std::io::stderr().flush();
-            }
-        });
-        events += summary.events;
-        violations += summary.failures.len() as u64;
-        for f in &summary.failures {
-            report(f, args.shrink, store_of(args.store));
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(total);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} runs  {per_sec}  ETA {eta}",
+        ) {
+            bar.set_style(style);
         }
+        bar
+    });
+    let start = Instant::now();
+    let tick = || {
+        if let Some(bar) = &bar {
+            bar.inc(1);
+        }
+    };
+    let summary = runner::run_seeds_parallel(
+        &args.scenarios,
+        args.seed_start,
+        args.seeds,
+        args.jobs,
+        store_of(args.store),
+        &tick,
+    );
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
-    if tty {
-        eprintln!();
+    for f in &summary.failures {
+        report(f, args.shrink, store_of(args.store));
     }
+    let (seeds, events) = (summary.seeds, summary.events);
+    let violations = summary.failures.len() as u64;
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     println!(
-        "seeds: {seeds}, violations: {violations}, events: {events}, events/s: {:.0}, seeds/s: {:.1}",
+        "runs: {seeds} ({} seeds from {} x {} scenarios), violations: {violations}, events: {events}, events/s: {:.0}, runs/s: {:.1}, jobs: {}",
+        args.seeds,
+        args.seed_start,
+        args.scenarios.len(),
         events as f64 / secs,
-        seeds as f64 / secs
+        seeds as f64 / secs,
+        args.jobs,
     );
     if violations == 0 {
         ExitCode::SUCCESS

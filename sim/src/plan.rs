@@ -59,15 +59,19 @@ pub enum Canary {
     ForkReusesHandle,
     /// Claim also takes running jobs whose lease has not expired.
     ClaimIgnoresLease,
+    /// Workers stay alive but stop claiming once the faults stop: the
+    /// liveness check (every job finishes) must notice.
+    WorkerStopsClaiming,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 4] = [
+    pub const ALL: [Canary; 5] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
         Canary::ClaimIgnoresLease,
+        Canary::WorkerStopsClaiming,
     ];
 
     /// Its command-line name.
@@ -77,6 +81,7 @@ impl Canary {
             Canary::TrustsPastDeadline => "trusts-past-deadline",
             Canary::ForkReusesHandle => "fork-reuses-handle",
             Canary::ClaimIgnoresLease => "claim-ignores-lease",
+            Canary::WorkerStopsClaiming => "worker-stops-claiming",
         }
     }
 
@@ -90,7 +95,7 @@ impl Canary {
         match self {
             Canary::IgnoresFencing | Canary::ForkReusesHandle => Scenario::Mixed,
             Canary::TrustsPastDeadline => Scenario::Leases,
-            Canary::ClaimIgnoresLease => Scenario::Queue,
+            Canary::ClaimIgnoresLease | Canary::WorkerStopsClaiming => Scenario::Queue,
         }
     }
 }
@@ -407,6 +412,7 @@ impl Plan {
         };
         match canary {
             Canary::IgnoresFencing | Canary::ClaimIgnoresLease => pause_some(rng, faults, 4),
+            Canary::WorkerStopsClaiming => {}
             Canary::TrustsPastDeadline => {
                 self.fencing = false;
                 self.strict_l3 = true;

@@ -68,6 +68,53 @@ pub fn run_seeds(
     summary
 }
 
+/// Run seeds `first..first + count` of every scenario in `scenarios` on
+/// `jobs` threads (each run is independent and single-threaded, so the
+/// trace of a seed does not depend on `jobs`), calling `progress` after
+/// each run. Failures come back ordered by scenario, then seed.
+pub fn run_seeds_parallel(
+    scenarios: &[Scenario],
+    first: u64,
+    count: u64,
+    jobs: usize,
+    make: &StoreFactory,
+    progress: &(dyn Fn() + Sync),
+) -> Summary {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let total = count.saturating_mul(scenarios.len() as u64);
+    let next = AtomicU64::new(0);
+    let merged = Mutex::new(Summary::default());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| {
+                let mut mine = Summary::default();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        break;
+                    }
+                    let scenario = scenarios[(i / count) as usize];
+                    let part = run_seeds(scenario, first + i % count, 1, make, |_| {});
+                    mine.seeds += part.seeds;
+                    mine.events += part.events;
+                    mine.failures.extend(part.failures);
+                    progress();
+                }
+                let mut all = merged.lock().unwrap_or_else(|p| p.into_inner());
+                all.seeds += mine.seeds;
+                all.events += mine.events;
+                all.failures.extend(mine.failures);
+            });
+        }
+    });
+    let mut summary = merged.into_inner().unwrap_or_else(|p| p.into_inner());
+    summary
+        .failures
+        .sort_by_key(|f| (f.plan.scenario as u8, f.plan.seed));
+    summary
+}
+
 /// Search seeds `0..max_seeds` for one where `canary` is caught; returns
 /// the seed and the violation.
 pub fn hunt_canary(canary: Canary, max_seeds: u64) -> Option<(u64, Violation)> {

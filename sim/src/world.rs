@@ -383,13 +383,20 @@ pub struct Sim<'a> {
     trace: Vec<(u64, Line)>,
     events: u64,
     healing: bool,
+    /// The run ends here: the end of the faults plus the worst case for
+    /// one job, pushed back by every job that finishes (progress), so the
+    /// liveness check scales with the backlog instead of a fixed clock.
     heal_deadline: u64,
+    /// The worst case for one job to finish once faults stop.
+    heal_bound: u64,
+    /// Jobs finished (done, dead, cancelled) as of the last look.
+    finished: u64,
     violation: Option<Violation>,
     prober_gen: u32,
 }
 
 /// Builds the store a run uses, on the run's true clock.
-pub type StoreFactory = dyn Fn(&ManualClock) -> Arc<dyn Store>;
+pub type StoreFactory = dyn Fn(&ManualClock) -> Arc<dyn Store> + Sync;
 
 /// The default store: in memory.
 pub fn mem_store(clock: &ManualClock) -> Arc<dyn Store> {
@@ -508,6 +515,8 @@ pub fn run_with(plan: &Plan, make: &StoreFactory) -> RunResult {
         events: 0,
         healing: false,
         heal_deadline: T0 + plan.duration_ms + heal_bound,
+        heal_bound,
+        finished: 0,
         violation: None,
         prober_gen: 0,
     };
@@ -668,7 +677,23 @@ impl Sim<'_> {
             }
             self.now = at;
             self.events += 1;
+            let arrival = matches!(ev, Ev::Arrive { .. });
             self.dispatch(ev);
+            if arrival {
+                self.note_progress();
+            }
+        }
+    }
+
+    /// A job that finished is progress: the deadline moves to one job's
+    /// worst case from now. A run whose jobs stop finishing while some
+    /// remain ends at the deadline, and the final checks report them (Q3).
+    fn note_progress(&mut self) {
+        let counts = self.oracle.model.counts(QUEUE);
+        let finished = counts[3] + counts[4] + counts[5];
+        if finished > self.finished {
+            self.finished = finished;
+            self.heal_deadline = self.heal_deadline.max(self.now + self.heal_bound);
         }
     }
 
@@ -1126,7 +1151,10 @@ impl Sim<'_> {
             return;
         }
         let Some(front) = jobs.front().cloned() else {
-            if self.healing && self.producers_quiet() && self.queue_drained() {
+            if self.healing && self.plan.canary == Some(Canary::WorkerStopsClaiming) {
+                // Broken on purpose: alive, polling, never claiming again.
+                self.wake_in(p, 10);
+            } else if self.healing && self.producers_quiet() && self.queue_drained() {
                 self.exit(p);
             } else if local >= next_local {
                 self.send(p, Req::Claim { n: batch });

@@ -611,6 +611,29 @@ pub fn job_quarantine_crash_loop(make: &Make) {
     assert_eq!(job.state, JobState::Dead);
     assert_eq!(job.expiries, 2);
     assert!(job.last_error.as_deref().unwrap().contains("crash loop"));
+
+    // When the expiry that trips the quarantine also used the last attempt,
+    // the job is dead for running out of attempts: the plain reason.
+    let id = w.push(
+        "q2",
+        JobSpec {
+            max_attempts: 2,
+            ..JobSpec::new("y")
+        },
+    );
+    for round in 1..=2 {
+        w.at(now);
+        let job = w.claim_one("q2", 1, 10);
+        assert_eq!(job.attempts, round);
+        now += 11;
+    }
+    w.at(now);
+    let job = w.get(id);
+    assert_eq!(
+        (job.state, job.attempts, job.expiries),
+        (JobState::Dead, 2, 2)
+    );
+    assert_eq!(job.last_error.as_deref(), Some("lease expired"));
 }
 
 pub fn job_fail_backoff_then_dead(make: &Make) {
@@ -800,6 +823,32 @@ pub fn job_unique_key(make: &Make) {
     w.tx(|tx| core::job::retry(tx, a.id, &policy)).unwrap();
     assert_eq!(w.get(b.id).state, JobState::Dead);
     assert_eq!(w.get(a.id).state, JobState::Ready);
+}
+
+/// A unique key held by a job whose last claim ran out with no attempts
+/// left: enqueue finds the holder dead (as of now) and makes a new job.
+pub fn job_unique_key_freed_by_a_final_expiry(make: &Make) {
+    let w = World::new(make);
+    let policy = w.policy;
+    let spec = || JobSpec {
+        max_attempts: 1,
+        unique_key: Some("nightly".into()),
+        ..JobSpec::new("x")
+    };
+    let first = w
+        .tx(|tx| core::job::enqueue(tx, "q", &spec(), &policy))
+        .unwrap();
+    let claimed = w.claim_one("q", 1, 100);
+    assert_eq!(claimed.id, first.id);
+    // Its only attempt runs out; nothing has looked at the queue since.
+    w.at(T0 + 100);
+    let second = w
+        .tx(|tx| core::job::enqueue(tx, "q", &spec(), &policy))
+        .unwrap();
+    assert!(second.created, "the dead holder does not keep its key");
+    assert_ne!(second.id, first.id);
+    assert_eq!(w.get(first.id).state, JobState::Dead);
+    assert_eq!(w.get(second.id).state, JobState::Ready);
 }
 
 pub fn job_batch_claim(make: &Make) {
@@ -1054,6 +1103,7 @@ macro_rules! conformance_cases {
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
             job_purge, job_list_pages_and_filters, job_drain_rule, job_scans_are_ordered,
+            job_unique_key_freed_by_a_final_expiry,
             job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
         );
     };

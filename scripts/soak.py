@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Write the soak figures (scripts/soak.sh) into BENCHMARKS.md, between the
+soak markers, replacing the previous ones; the rest of the file is kept."""
+import datetime
+import json
+import pathlib
+import re
+import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+START, END = "<!-- soak:start -->", "<!-- soak:end -->"
+
+
+def read(name):
+    p = ROOT / "target" / name
+    return p.read_text().strip() if p.exists() else ""
+
+
+def mutants():
+    out = ROOT / "mutants.out" / "outcomes.json"
+    if not out.exists():
+        return None
+    data = json.loads(out.read_text())
+    keys = ["total_mutants", "caught", "missed", "timeout", "unviable"]
+    summary = {k: data.get(k, 0) for k in keys}
+    missed = ROOT / "mutants.out" / "missed.txt"
+    summary["missed_list"] = missed.read_text().strip().splitlines() if missed.exists() else []
+    return summary
+
+
+def section():
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    date = datetime.date.today().isoformat()
+    lines = [START, "## Soak (before a release)", ""]
+    lines += [f"`bash scripts/soak.sh` on {date}, commit {commit}:", ""]
+    sim = read("soak-sim.log").splitlines()
+    if sim:
+        secs = read("soak-sim.secs")
+        lines += [f"- simulator ({secs} s): `{sim[-1]}`"]
+        bad = [l for l in sim if l.startswith("VIOLATION")]
+        lines += [f"  - {l}" for l in bad[:20]]
+    m = mutants()
+    if m:
+        secs = read("soak-mutants.secs")
+        lines += [
+            f"- cargo mutants on `src/core` and the client machines ({secs} s): "
+            f"{m['total_mutants']} mutants, {m['caught']} caught, {m['missed']} missed, "
+            f"{m['timeout']} timeouts (hung tests: caught), {m['unviable']} unviable"
+        ]
+        lines += [f"  - missed: `{l}`" for l in m["missed_list"]]
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def main():
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    new = section()
+    if START in text and END in text:
+        text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: new, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + new + "\n"
+    path.write_text(text)
+    print(new)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The long runs to make before a release (CI runs a short suite only):
+#   1. every simulator scenario for SEEDS seeds (default 250,000 each, so
+#      10^6 runs) from SEED_START, on JOBS threads (default: every core);
+#   2. the mutation run of the pure core and of the client machines
+#      (cargo-mutants, installed from crates.io if missing; MUTANTS=0 skips it).
+# The figures (date, commit, runs, violations, mutants caught / missed /
+# timeouts / unviable) go to BENCHMARKS.md, between the soak markers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEEDS=${SEEDS:-250000}
+SEED_START=${SEED_START:-0}
+JOBS=${JOBS:-$(nproc)}
+MUTANTS=${MUTANTS:-1}
+mkdir -p target
+
+cargo build --release -p leasehold-sim
+start=$(date +%s)
+set +e
+./target/release/leasehold-sim --seeds "$SEEDS" --seed-start "$SEED_START" --jobs "$JOBS" \
+  > target/soak-sim.log
+sim_status=$?
+set -e
+echo "simulator: $(tail -1 target/soak-sim.log) in $(( $(date +%s) - start ))s"
+echo "$(( $(date +%s) - start ))" > target/soak-sim.secs
+
+if [ "$MUTANTS" != 0 ]; then
+  command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
+  start=$(date +%s)
+  # The real-process CLI tests do not exercise the core's rules any more
+  # than the conformance suite, the model test and the simulator do; they
+  # are left out of each mutant's run to keep the run to about an hour.
+  cargo mutants --no-shuffle --timeout 120 \
+    --file 'src/core/**' --file 'src/client/machine/**' \
+    --test-workspace=true -- \
+    --test conformance --test formulas --test errors --test client \
+    --test model --test sim --test loom_free_client_machines \
+    > target/soak-mutants.log 2>&1 || true
+  echo "$(( $(date +%s) - start ))" > target/soak-mutants.secs
+  tail -3 target/soak-mutants.log
+fi
+
+python3 scripts/soak.py
+exit $sim_status
