@@ -1089,7 +1089,7 @@ impl Queue {
     pub fn work(
         &self,
         opts: &WorkOptions,
-        stop: &AtomicBool,
+        stop: &std::sync::atomic::AtomicBool,
         handler: impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync,
     ) -> Result<WorkReport> {
         self.work_with(opts, stop, handler, |_, _| {})
@@ -1101,7 +1101,7 @@ impl Queue {
     pub fn work_with(
         &self,
         opts: &WorkOptions,
-        stop: &AtomicBool,
+        stop: &std::sync::atomic::AtomicBool,
         handler: impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync,
         observe: impl Fn(&ClaimedJob, JobOutcome) + Sync,
     ) -> Result<WorkReport> {
@@ -1154,7 +1154,7 @@ impl Queue {
     fn work_thread(
         &self,
         opts: &WorkOptions,
-        stop: &AtomicBool,
+        stop: &std::sync::atomic::AtomicBool,
         shared: &WorkShared,
         handler: &(impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync),
         observe: &(impl Fn(&ClaimedJob, JobOutcome) + Sync),
@@ -1317,7 +1317,7 @@ impl ClaimedJob {
                 if let Some(c) = job.claim.as_mut() {
                     c.lease_until_ms += lease_ms;
                 }
-                client.run(|tx| tx.put_job(&job))?;
+                client.run(|tx| tx.jobs()?.put_job(&job))?;
                 return Ok(RenewOk {
                     local_deadline_ms: deadline,
                     cancel_requested: false,

@@ -61,8 +61,47 @@ impl fmt::Display for Target {
     }
 }
 
+/// How a store failure bears on the operation that met it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreFailure {
+    /// Nothing was applied, and retrying may succeed: SQLITE_BUSY, a
+    /// serialization failure, a connection lost before COMMIT.
+    Transient,
+    /// The operation may or may not have been applied: the connection
+    /// broke while COMMIT was in flight. The caller must not assume either
+    /// outcome.
+    Ambiguous,
+    /// Nothing was applied, and retrying alone will not help: a corrupt or
+    /// foreign file, a permission, a newer schema.
+    Permanent,
+}
+
+/// A store failure's cause when there is no driver error to keep (the
+/// store's own finding: "not a directory", "a newer schema").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause(pub String);
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Cause {}
+
+/// The driver's error (or a [`Cause`]) behind a store failure, shared so
+/// that every member of a group commit can be told.
+pub type Source = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
+fn unknown_outcome(failure: &StoreFailure) -> &'static str {
+    match failure {
+        StoreFailure::Ambiguous => " (the outcome is unknown: it may have been applied)",
+        _ => "",
+    }
+}
+
 /// Every error leasehold returns.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The lease is held by someone else (all of its holder slots are taken).
     #[error("lease {key:?} is held by {}", fmt_holders(holders))]
@@ -110,18 +149,15 @@ pub enum Error {
         /// What was attempted.
         action: &'static str,
     },
-    /// The store failed. `transient` errors (SQLITE_BUSY, serialization
-    /// failures, injected faults) may be retried; others are reported as is.
-    #[error("store error while {context}: {message}")]
+    /// The store failed; the driver's error is the [`source`](std::error::Error::source).
+    #[error("store error while {context}: {source}{}", unknown_outcome(failure))]
     Store {
         /// What the store was doing ("opening leasehold.db", "claiming from queue q").
         context: String,
-        /// The store's own message.
-        message: String,
-        /// Whether retrying may succeed.
-        transient: bool,
-        /// Whether the operation may have been applied although an error came back.
-        ambiguous: bool,
+        /// Whether anything may have been applied, and whether a retry may help.
+        failure: StoreFailure,
+        /// The cause: the driver's error, or the store's own [`Cause`].
+        source: Source,
     },
     /// Transient store errors persisted past the retry deadline.
     #[error("store still busy after retrying for {waited_ms} ms: {last}")]
@@ -129,15 +165,8 @@ pub enum Error {
         /// How long the caller retried.
         waited_ms: u64,
         /// The last transient error seen.
+        #[source]
         last: Box<Error>,
-    },
-    /// A blocking wait ran out.
-    #[error("timed out after {waited_ms} ms waiting for {what}")]
-    Timeout {
-        /// How long the caller waited.
-        waited_ms: u64,
-        /// What was waited for.
-        what: String,
     },
 }
 
@@ -159,23 +188,41 @@ impl Error {
         }
     }
 
-    /// A transient store error (retryable).
-    pub fn transient(context: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A store failure caused by `source` (a driver's error).
+    pub fn from_source(
+        context: impl Into<String>,
+        failure: StoreFailure,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
         Error::Store {
             context: context.into(),
-            message: message.into(),
-            transient: true,
-            ambiguous: false,
+            failure,
+            source: std::sync::Arc::new(source),
         }
     }
 
-    /// A permanent store error.
+    /// A transient store error found by the store itself (retryable).
+    pub fn transient(context: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::from_source(context, StoreFailure::Transient, Cause(message.into()))
+    }
+
+    /// A permanent store error found by the store itself.
     pub fn store(context: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::Store {
-            context: context.into(),
-            message: message.into(),
-            transient: false,
-            ambiguous: false,
+        Self::from_source(context, StoreFailure::Permanent, Cause(message.into()))
+    }
+
+    /// The same store failure, now of another kind (a COMMIT that failed
+    /// in flight is ambiguous, whatever its cause).
+    pub fn with_failure(self, failure: StoreFailure) -> Self {
+        match self {
+            Error::Store {
+                context, source, ..
+            } => Error::Store {
+                context,
+                failure,
+                source,
+            },
+            other => other,
         }
     }
 
@@ -184,8 +231,7 @@ impl Error {
         matches!(
             self,
             Error::Store {
-                transient: true,
-                ambiguous: false,
+                failure: StoreFailure::Transient,
                 ..
             }
         )
@@ -197,7 +243,7 @@ impl Error {
         matches!(
             self,
             Error::Store {
-                ambiguous: true,
+                failure: StoreFailure::Ambiguous,
                 ..
             }
         )

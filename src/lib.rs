@@ -82,7 +82,7 @@ pub use core::{
     DriftBound, EnqueueOutcome, Holder, HolderId, HolderInfo, JobId, JobRecord, JobSpec, JobState,
     QueuePolicy, StateCounts,
 };
-pub use error::{Error, LostReason, Result, Target};
+pub use error::{Cause, Error, LostReason, Result, StoreFailure, Target};
 pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt, Wake};
 #[cfg(all(feature = "postgres", not(loom)))]
 pub use store::{PostgresOptions, PostgresStore};

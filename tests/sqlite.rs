@@ -80,13 +80,18 @@ fn wal_is_on_and_scans_use_their_index_in_order() {
         .unwrap();
     assert_eq!(mode, "wal");
     let expected = [
-        "jobs_ready",
-        "jobs_scheduled",
         "jobs_running",
+        "jobs_scheduled",
+        "jobs_ready",
         "jobs_finished",
+        "jobs_retrying",
     ];
+    assert_eq!(SCAN_SQL.len(), expected.len());
     for (sql, index) in SCAN_SQL.iter().zip(expected) {
-        let sql = sql.replace("{queue}", "'q'").replace("{limit}", "10");
+        let sql = sql
+            .replace("{queue}", "'q'")
+            .replace("{limit}", "10")
+            .replace("{cols}", "*");
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         let plan: Vec<String> = stmt
             .query_map([], |r| r.get::<_, String>(3))

@@ -16,7 +16,7 @@
 use crate::model::{Model, Outcome};
 use crate::oracle::{Oracle, Owner, Violation};
 use crate::plan::{Canary, Fault, Plan, Role};
-use leasehold::core::{self, DriftBound, JobQuery, Txn};
+use leasehold::core::{self, DriftBound, JobQuery, JobTxn, Pending, Txn};
 use leasehold::{
     Holder, HolderId, JobId, JobRecord, JobSpec, JobState, ManualClock, MemStore, QueuePolicy,
     StateCounts, Store, StoreExt,
@@ -309,9 +309,9 @@ impl RunResult {
     }
 }
 
-/// A `Txn` wrapper for the claim canary: "ready" also yields running jobs
-/// whose lease has not expired.
-struct BlindClaims<'a>(&'a mut dyn Txn);
+/// A transaction wrapper for the claim canary: "ready" also yields
+/// running jobs whose lease has not expired.
+struct BlindClaims<'a>(&'a mut dyn JobTxn);
 
 impl Txn for BlindClaims<'_> {
     fn now_ms(&self) -> u64 {
@@ -319,10 +319,25 @@ impl Txn for BlindClaims<'_> {
     }
     fn lease_mut(
         &mut self,
-        key: &str,
-        create: bool,
+        _key: &str,
+        _create: bool,
     ) -> leasehold::Result<Option<&mut leasehold::core::LeaseRecord>> {
-        self.0.lease_mut(key, create)
+        Ok(None)
+    }
+    fn wake(&mut self, wake: leasehold::Wake) {
+        self.0.wake(wake);
+    }
+    fn jobs(&mut self) -> leasehold::Result<&mut dyn JobTxn> {
+        Ok(self)
+    }
+}
+
+impl JobTxn for BlindClaims<'_> {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+    fn wake(&mut self, wake: leasehold::Wake) {
+        self.0.wake(wake);
     }
     fn next_job_id(&mut self) -> leasehold::Result<JobId> {
         self.0.next_job_id()
@@ -339,6 +354,24 @@ impl Txn for BlindClaims<'_> {
     fn live_unique(&mut self, queue: &str, key: &str) -> leasehold::Result<Option<JobId>> {
         self.0.live_unique(queue, key)
     }
+    fn pending(
+        &mut self,
+        queue: &str,
+        now_ms: u64,
+        chunk: usize,
+        ready: usize,
+    ) -> leasehold::Result<Pending> {
+        let mut read = self.0.pending(queue, now_ms, chunk, ready)?;
+        if ready > 0 {
+            // Broken on purpose: every running job looks claimable.
+            let running = self.0.pending(queue, u64::MAX, ready, 0)?.expired;
+            let live = running
+                .into_iter()
+                .filter(|j| j.claim.is_some_and(|c| c.lease_until_ms > now_ms));
+            read.ready.splice(0..0, live);
+        }
+        Ok(read)
+    }
     fn scan(
         &mut self,
         queue: &str,
@@ -346,12 +379,7 @@ impl Txn for BlindClaims<'_> {
         limit: usize,
         out: &mut Vec<JobId>,
     ) -> leasehold::Result<()> {
-        if query == JobQuery::Ready {
-            self.0
-                .scan(queue, JobQuery::Expired { now_ms: u64::MAX }, limit, out)?;
-        }
-        let room = limit.saturating_sub(out.len());
-        self.0.scan(queue, query, room, out)
+        self.0.scan(queue, query, limit, out)
     }
     fn counts(&mut self, queue: &str) -> leasehold::Result<StateCounts> {
         self.0.counts(queue)
@@ -904,7 +932,8 @@ impl Sim<'_> {
                 let blind = canary == Some(Canary::ClaimIgnoresLease);
                 let r = self.store.txn(|tx| {
                     if blind {
-                        core::job::claim(&mut BlindClaims(tx), QUEUE, holder, lease, *n, &policy)
+                        let mut tx = BlindClaims(tx.jobs()?);
+                        core::job::claim(&mut tx, QUEUE, holder, lease, *n, &policy)
                     } else {
                         core::job::claim(tx, QUEUE, holder, lease, *n, &policy)
                     }

@@ -4,7 +4,7 @@
 //! invariants. Each operation validates, decides on a read-only view of the
 //! record, and only then mutates it.
 
-use super::{check_key, expiry_ms, Holder, HolderId, HolderInfo, Txn, MAX_LEASE_LIMIT};
+use super::{check_key, expiry_ms, Holder, HolderId, HolderInfo, Txn, Wake, MAX_LEASE_LIMIT};
 use crate::error::{Error, LostReason, Result, Target};
 
 /// The stored state of one key. It is created by the first grant and never
@@ -258,7 +258,7 @@ pub fn release(tx: &mut dyn Txn, key: &str, holder: HolderId, token: u64) -> Res
     };
     rec.slots.remove(i);
     rec.slots.retain(|s| s.is_live(now_ms));
-    tx.lease_freed(key);
+    tx.wake(Wake::LeaseFreed);
     Ok(())
 }
 

@@ -26,8 +26,10 @@
 //! Transitions: enqueue (-> ready, or scheduled until `run_at_ms`), promote
 //! (scheduled -> ready once due), claim (ready -> running, attempts += 1,
 //! token = ++last_token), heartbeat (extend the claim), complete (-> done),
-//! fail (-> scheduled with backoff, or dead after `max_attempts`), expire
-//! (running past its lease -> scheduled, or dead), cancel, retry, purge.
+//! fail (-> scheduled with backoff, or dead after `max_attempts`), abandon
+//! (running -> ready at once, the attempt given back if never started),
+//! expire (running past its lease -> scheduled, or dead), cancel, retry,
+//! purge.
 //! Invariants: a job has at most one claim and only a running job has one
 //! (Q1); complete/fail/heartbeat need the current token of an unexpired
 //! claim (Q2); every job is in exactly one state and every transition moves
@@ -38,6 +40,14 @@
 //! Every operation decides before it changes anything: a rule error (held,
 //! lost, invalid) leaves the records untouched, so a store's rollback is only
 //! ever needed for its own I/O errors (S1).
+//!
+//! # Storage ([`Txn`], [`JobTxn`])
+//! The core asks for what it needs, on purpose: lease records by key; job
+//! records by id; one batched read of a queue's expired, due and ready jobs
+//! ([`JobTxn::pending`]); two ordered scans. It tells the store which
+//! wake-ups it causes ([`Txn::wake`]: a lease freed, a job made ready), and
+//! the store delivers them on commit. A store that keeps no jobs says so in
+//! one place ([`Txn::jobs`]).
 
 pub mod job;
 pub mod lease;
@@ -48,7 +58,7 @@ pub use job::{
     JobState, QueuePolicy, StateCounts,
 };
 pub use lease::{local_deadline_ms, DriftBound, Grant, LeaseInfo, LeaseRecord, LeaseSlot};
-pub use txn::{JobQuery, Txn};
+pub use txn::{JobQuery, JobTxn, Pending, Txn, Wake};
 
 use crate::error::{Error, Result};
 use std::fmt;

@@ -1,27 +1,45 @@
-//! The storage interface the rules run against.
+//! The storage interface the rules run against: what the core asks of a
+//! store, on purpose, and nothing more.
+//!
+//! [`Txn`] is one atomic transaction over lease records; [`Txn::jobs`]
+//! opens its job side ([`JobTxn`]), or says in one place that the store
+//! keeps no jobs. The rules tell the store which wake-ups they cause
+//! ([`Txn::wake`]); the store only delivers them once the transaction
+//! commits. The job reads are indexed: a claim's whole read (a queue's
+//! expired, due and ready jobs) is one call, [`JobTxn::pending`], which a
+//! networked store answers in one round trip.
 
 use super::{JobId, JobRecord, JobState, LeaseRecord, StateCounts};
 use crate::error::Result;
 
-/// The indexed job scans a store must answer. Each is one ordered index in
-/// a store (a `BTreeSet` in memory, an index in SQL), so every scan costs
-/// O(log n + limit) whatever the number of jobs in other states.
+/// An event a blocked caller can wait for ([`crate::Store::wait_epoch`]),
+/// raised by the rules ([`Txn::wake`]) and delivered by the store when
+/// the transaction that raised it commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Wake {
+    /// A lease slot was freed (released): blocked acquirers retry.
+    LeaseFreed = 0,
+    /// A job became ready (pushed, retried, due, rescheduled without
+    /// backoff, given back): idle workers claim.
+    JobReady = 1,
+}
+
+impl Wake {
+    /// Every event, in index order.
+    pub const ALL: [Wake; 2] = [Wake::LeaseFreed, Wake::JobReady];
+
+    /// Its index (0 or 1), for stores that keep one counter per event.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The indexed job scans a store must answer besides [`JobTxn::pending`].
+/// Each is one ordered index in a store (a `BTreeSet` in memory, an index
+/// in SQL), so a scan costs O(log n + limit) whatever the number of jobs in
+/// other states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobQuery {
-    /// Ready jobs in claim order ([`super::ClaimRank`]: priority descending,
-    /// then `run_at_ms`, then id).
-    Ready,
-    /// Scheduled jobs with `run_at_ms <= now_ms`, earliest first.
-    Due {
-        /// The instant (store clock) to compare with.
-        now_ms: u64,
-    },
-    /// Running jobs whose claim expired (`lease_until_ms <= now_ms`),
-    /// earliest first.
-    Expired {
-        /// The instant (store clock) to compare with.
-        now_ms: u64,
-    },
     /// Scheduled jobs that have been attempted before (waiting out a retry
     /// backoff, not a first delay), earliest `run_at_ms` first.
     Retrying,
@@ -33,12 +51,27 @@ pub enum JobQuery {
     },
 }
 
-/// One atomic transaction over lease and job records.
+/// What bringing a queue up to date and claiming from it needs, read at
+/// once ([`JobTxn::pending`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// Running jobs whose claim has expired (`lease_until_ms <= now_ms`),
+    /// earliest first.
+    pub expired: Vec<JobRecord>,
+    /// Scheduled jobs that are due (`run_at_ms <= now_ms`), earliest first.
+    pub due: Vec<JobRecord>,
+    /// Ready jobs in claim order ([`super::ClaimRank`]: priority
+    /// descending, then `run_at_ms`, then id).
+    pub ready: Vec<JobRecord>,
+}
+
+/// One atomic transaction over lease records, and the way to its jobs.
 ///
 /// A store hands one to the closure given to [`crate::Store::transact`];
-/// everything done through it commits together when the closure returns `Ok`,
-/// or not at all. Implementations map records to memory, rows or files and
-/// keep their indexes in step with [`Txn::put_job`]; they decide nothing.
+/// everything done through it commits together when the closure returns
+/// `Ok`, or not at all. Implementations map records to memory, rows or
+/// files and keep their indexes in step with [`JobTxn::put_job`]; they
+/// decide nothing.
 pub trait Txn {
     /// The store's clock, read once when the transaction began (ms).
     fn now_ms(&self) -> u64;
@@ -47,19 +80,22 @@ pub trait Txn {
     /// there is none (it is only persisted if the transaction commits).
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>>;
 
-    /// Hint from the rules that a slot of `key` was freed, so the store
-    /// can wake blocked acquirers when the transaction commits. Optional.
-    fn lease_freed(&mut self, key: &str) {
-        let _ = key;
-    }
+    /// The rules caused `wake`; the store delivers it to its waiters once
+    /// the transaction commits (never if it does not).
+    fn wake(&mut self, wake: Wake);
 
-    /// Hint from the rules: after bringing `queue` up to date they will scan
-    /// for up to `max` ready jobs to claim. A store whose reads cost a round
-    /// trip may read them ahead, together with the maintenance scans; it
-    /// must still answer each scan as if it ran when asked. Optional.
-    fn will_claim(&mut self, queue: &str, max: usize) {
-        let _ = (queue, max);
-    }
+    /// The job side of this transaction, or the error saying this store
+    /// keeps no jobs (the one place a leases-only store refuses them).
+    fn jobs(&mut self) -> Result<&mut dyn JobTxn>;
+}
+
+/// The job side of a transaction ([`Txn::jobs`]).
+pub trait JobTxn {
+    /// The store's clock, read once when the transaction began (ms).
+    fn now_ms(&self) -> u64;
+
+    /// See [`Txn::wake`].
+    fn wake(&mut self, wake: Wake);
 
     /// A fresh job id, greater than every id handed out before.
     fn next_job_id(&mut self) -> Result<JobId>;
@@ -75,6 +111,12 @@ pub trait Txn {
 
     /// The non-terminal job of `queue` carrying `unique_key`, if any.
     fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>>;
+
+    /// In one read: up to `chunk` expired and up to `chunk` due jobs of
+    /// `queue` as of `now_ms`, and up to `ready` ready jobs in claim order.
+    /// A store that locks rows locks these (skipping rows that another
+    /// transaction holds).
+    fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending>;
 
     /// Up to `limit` job ids of `queue` matching `query`, in its order,
     /// appended to `out`.

@@ -44,13 +44,11 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use crate::clock::{boot_id, BootClock, Clock};
-use crate::core::{
-    mix64, HolderId, JobId, JobQuery, JobRecord, JobState, LeaseRecord, LeaseSlot, StateCounts, Txn,
-};
+use crate::core::{mix64, HolderId, JobTxn, LeaseRecord, LeaseSlot, Txn, Wake};
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::network_fs;
-use crate::store::Store;
+use crate::store::{Epochs, Store};
 use crate::Holder;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -105,6 +103,8 @@ pub struct FileStore {
     persisted_ms: AtomicU64,
     temp_seq: AtomicU64,
     fork: ForkGuard,
+    /// Wake-ups for this process's waiters (a release wakes an acquire).
+    epochs: Epochs,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -403,6 +403,7 @@ impl FileStore {
             persisted_ms: AtomicU64::new(0),
             temp_seq: AtomicU64::new(0),
             fork: ForkGuard::new(),
+            epochs: Epochs::default(),
         };
         store.init_clock(&boot)?;
         Ok(store)
@@ -542,13 +543,8 @@ struct FileTxn<'s> {
     store: &'s FileStore,
     now_ms: u64,
     keys: Vec<Locked>,
-}
-
-fn leases_only() -> Error {
-    Error::invalid(
-        "store",
-        "the file store keeps leases only; use a sqlite: store for queues",
-    )
+    /// The [`Wake`] events this transaction raised.
+    woke: [bool; 2],
 }
 
 impl Txn for FileTxn<'_> {
@@ -618,41 +614,19 @@ impl Txn for FileTxn<'_> {
         Ok(Some(&mut self.keys[last].record))
     }
 
-    fn next_job_id(&mut self) -> Result<JobId> {
-        Err(leases_only())
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
     }
-    fn job(&mut self, _id: JobId) -> Result<Option<JobRecord>> {
-        Err(leases_only())
-    }
-    fn put_job(&mut self, _job: &JobRecord) -> Result<()> {
-        Err(leases_only())
-    }
-    fn delete_job(&mut self, _id: JobId) -> Result<()> {
-        Err(leases_only())
-    }
-    fn live_unique(&mut self, _queue: &str, _key: &str) -> Result<Option<JobId>> {
-        Err(leases_only())
-    }
-    fn scan(
-        &mut self,
-        _q: &str,
-        _query: JobQuery,
-        _limit: usize,
-        _out: &mut Vec<JobId>,
-    ) -> Result<()> {
-        Err(leases_only())
-    }
-    fn counts(&mut self, _queue: &str) -> Result<StateCounts> {
-        Err(leases_only())
-    }
-    fn list(
-        &mut self,
-        _q: &str,
-        _s: Option<JobState>,
-        _a: JobId,
-        _l: usize,
-    ) -> Result<Vec<JobRecord>> {
-        Err(leases_only())
+
+    /// Leases only: the one place this store refuses job work.
+    fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
+        Err(Error::invalid(
+            "store",
+            format!(
+                "{} keeps leases only (run, lock); use a sqlite: or postgres:// store for queues",
+                self.store.describe()
+            ),
+        ))
     }
 }
 
@@ -693,6 +667,7 @@ impl Store for FileStore {
             store: self,
             now_ms,
             keys: Vec::new(),
+            woke: [false; 2],
         };
         f(&mut tx)?;
         // Commit: write each changed record, then close (dropping the locks).
@@ -701,11 +676,21 @@ impl Store for FileStore {
                 self.write_record(k)?;
             }
         }
+        let woke = tx.woke;
         drop(tx);
+        self.epochs.raise(woke);
         self.persist_clock(now_ms)
     }
 
     fn describe(&self) -> String {
         format!("file:{}", self.dir.display())
+    }
+
+    fn epoch(&self, wake: Wake) -> u64 {
+        self.epochs.epoch(wake)
+    }
+
+    fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: std::time::Duration) -> bool {
+        self.epochs.wait(wake, epoch, timeout)
     }
 }

@@ -10,7 +10,9 @@
 //! `Err`, the log is replayed backwards and the state is as before.
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::core::{ClaimRank, JobId, JobQuery, JobRecord, JobState, LeaseRecord, StateCounts, Txn};
+use crate::core::{
+    ClaimRank, JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, Pending, StateCounts, Txn,
+};
 use crate::error::Result;
 use crate::store::{Store, Wake};
 use crate::sync::{lock, Condvar, Mutex};
@@ -233,8 +235,22 @@ impl Txn for MemTxn<'_> {
         })
     }
 
-    fn lease_freed(&mut self, _key: &str) {
-        self.woke[Wake::LeaseFreed as usize] = true;
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
+        Ok(self)
+    }
+}
+
+impl JobTxn for MemTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
@@ -251,9 +267,6 @@ impl Txn for MemTxn<'_> {
 
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
         let old = self.st.set_job(job.id, Some(job));
-        if job.state == JobState::Ready && old.as_ref().map(|o| o.state) != Some(JobState::Ready) {
-            self.woke[Wake::JobReady as usize] = true;
-        }
         self.st.undo.jobs.push((job.id, old));
         Ok(())
     }
@@ -272,6 +285,29 @@ impl Txn for MemTxn<'_> {
             .and_then(|q| q.unique.get(unique_key).copied()))
     }
 
+    fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
+        let Some(q) = self.st.queues.get(queue) else {
+            return Ok(Pending::default());
+        };
+        let jobs = &self.st.jobs;
+        let until = |set: &BTreeSet<(u64, JobId)>| -> Vec<JobRecord> {
+            set.range(..=(now_ms, JobId(u64::MAX)))
+                .take(chunk)
+                .filter_map(|(_, id)| jobs.get(id).cloned())
+                .collect()
+        };
+        Ok(Pending {
+            expired: until(&q.running),
+            due: until(&q.scheduled),
+            ready: q
+                .ready
+                .iter()
+                .take(ready)
+                .filter_map(|r| jobs.get(&r.2).cloned())
+                .collect(),
+        })
+    }
+
     fn scan(
         &mut self,
         queue: &str,
@@ -282,18 +318,13 @@ impl Txn for MemTxn<'_> {
         let Some(q) = self.st.queues.get(queue) else {
             return Ok(());
         };
-        let until = |set: &BTreeSet<(u64, JobId)>, t: u64, out: &mut Vec<JobId>| {
-            out.extend(
-                set.range(..=(t, JobId(u64::MAX)))
+        match query {
+            JobQuery::FinishedBy { cutoff_ms } => out.extend(
+                q.finished
+                    .range(..=(cutoff_ms, JobId(u64::MAX)))
                     .take(limit)
                     .map(|&(_, id)| id),
-            );
-        };
-        match query {
-            JobQuery::Ready => out.extend(q.ready.iter().take(limit).map(|r| r.2)),
-            JobQuery::Due { now_ms } => until(&q.scheduled, now_ms, out),
-            JobQuery::Expired { now_ms } => until(&q.running, now_ms, out),
-            JobQuery::FinishedBy { cutoff_ms } => until(&q.finished, cutoff_ms, out),
+            ),
             JobQuery::Retrying => {
                 let jobs = &self.st.jobs;
                 out.extend(
@@ -373,12 +404,12 @@ impl Store for MemStore {
     }
 
     fn epoch(&self, wake: Wake) -> u64 {
-        lock(&self.state).epochs[wake as usize]
+        lock(&self.state).epochs[wake.index()]
     }
 
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
         let mut st = lock(&self.state);
-        if st.epochs[wake as usize] != epoch {
+        if st.epochs[wake.index()] != epoch {
             return true;
         }
         st.waiters += 1;
@@ -387,6 +418,6 @@ impl Store for MemStore {
             Err(poisoned) => poisoned.into_inner(),
         };
         st.waiters -= 1;
-        st.epochs[wake as usize] != epoch
+        st.epochs[wake.index()] != epoch
     }
 }

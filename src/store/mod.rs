@@ -23,15 +23,7 @@ pub use mem::MemStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
-/// An event a blocked caller can wait for ([`Store::wait_epoch`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
-    /// A lease slot was freed (released): blocked acquirers retry.
-    LeaseFreed = 0,
-    /// A job became ready (pushed, retried, failed into an immediate
-    /// retry): idle workers claim.
-    JobReady = 1,
-}
+pub use crate::core::Wake;
 
 /// Atomic transactions over lease and job records.
 ///
@@ -311,6 +303,55 @@ impl LeaseCache {
         self.0
             .iter()
             .filter(|c| c.original.as_ref() != Some(&c.record))
+    }
+}
+
+/// The in-process side of wake-ups: one counter per [`Wake`] event, bumped
+/// when a transaction that raised it commits, and the waiters blocked on
+/// them. Every store delivers its wake-ups to the waiters of its own
+/// process this way (PostgreSQL also tells other processes, by NOTIFY);
+/// waiters in other processes poll.
+#[derive(Debug, Default)]
+pub(crate) struct Epochs {
+    /// The counters, and how many threads wait on them (a notify is a
+    /// system call: skipped when nobody waits).
+    state: crate::sync::Mutex<([u64; 2], usize)>,
+    changed: crate::sync::Condvar,
+}
+
+impl Epochs {
+    /// A committed transaction raised the events marked in `woke`.
+    pub fn raise(&self, woke: [bool; 2]) {
+        if woke == [false; 2] {
+            return;
+        }
+        let mut st = crate::sync::lock(&self.state);
+        for (epoch, woke) in st.0.iter_mut().zip(woke) {
+            *epoch = epoch.wrapping_add(u64::from(woke));
+        }
+        if st.1 > 0 {
+            self.changed.notify_all();
+        }
+    }
+
+    /// See [`Store::epoch`].
+    pub fn epoch(&self, wake: Wake) -> u64 {
+        crate::sync::lock(&self.state).0[wake.index()]
+    }
+
+    /// See [`Store::wait_epoch`].
+    pub fn wait(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
+        let mut st = crate::sync::lock(&self.state);
+        if st.0[wake.index()] != epoch {
+            return true;
+        }
+        st.1 += 1;
+        let (mut st, _) = match self.changed.wait_timeout(st, timeout) {
+            Ok(pair) => pair,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        st.1 -= 1;
+        st.0[wake.index()] != epoch
     }
 }
 

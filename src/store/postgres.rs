@@ -57,9 +57,10 @@
 
 use crate::clock::Clock;
 use crate::core::{
-    Claim, JobId, JobQuery, JobRecord, JobState, LeaseRecord, LeaseSlot, StateCounts, Txn,
+    Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, LeaseSlot, Pending,
+    StateCounts, Txn,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreFailure};
 use crate::fork::ForkGuard;
 use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache, Store, Wake};
 use crate::sync::{lock, thread, AtomicU64, Condvar, Mutex, Ordering};
@@ -229,10 +230,8 @@ struct Statements {
     job_get: Statement,
     next_id: Statement,
     live_unique: Statement,
-    scan_ready: Statement,
     scan_maintenance: Statement,
     scan_maintenance_ready: Statement,
-    scan_due: Statement,
     scan_finished: Statement,
     scan_retrying: Statement,
     counts: Statement,
@@ -266,7 +265,6 @@ impl Statements {
             job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
             live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
-            scan_ready: p(ready("$2"))?,
             scan_maintenance: p(format!(
                 "WITH e AS ({expired}), d AS ({due}) SELECT * FROM e UNION ALL SELECT * FROM d"
             ))?,
@@ -275,7 +273,6 @@ impl Statements {
                  SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r",
                 ready("$4")
             ))?,
-            scan_due: p(due)?,
             scan_finished: p(
                 "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND finished_at <= $2
                  ORDER BY finished_at, id LIMIT $3 FOR UPDATE SKIP LOCKED".into(),
@@ -361,7 +358,7 @@ enum Stage {
 
 /// Map a driver error to a typed store error. Returns the error and
 /// whether the connection must be discarded.
-fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Error {
+fn pg_err(context: impl Into<String>, e: postgres::Error, stage: Stage) -> Error {
     let code = e.code();
     let transient_code = code.is_some_and(|c| {
         [
@@ -384,7 +381,7 @@ fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Erro
     // a value before sending it (not transient).
     let connection_lost = code.is_none()
         && (e.is_closed()
-            || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()));
+            || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()));
     let transient = transient_code || connection_lost;
     // Whether the session ended (rather than the server refusing the
     // statement and staying connected, which means nothing was committed).
@@ -396,24 +393,37 @@ fn pg_err(context: impl Into<String>, e: &postgres::Error, stage: Stage) -> Erro
                 || c.code().starts_with("08")
         });
     let ambiguous = stage == Stage::Commit && session_lost;
-    let message = match e.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        // The driver's own text is generic ("error connecting to server");
-        // the cause (connection refused, timed out, ...) is its source.
-        None => match std::error::Error::source(e) {
-            Some(cause) => format!("{e}: {cause}"),
-            None => e.to_string(),
-        },
+    let failure = if ambiguous {
+        StoreFailure::Ambiguous
+    } else if transient {
+        StoreFailure::Transient
+    } else {
+        StoreFailure::Permanent
     };
-    Error::Store {
-        context: context.into(),
-        message: if ambiguous {
-            format!("{message}; the commit's outcome is unknown")
-        } else {
-            message
-        },
-        transient: transient && !ambiguous,
-        ambiguous,
+    Error::from_source(context, failure, PgError(e))
+}
+
+/// The driver's error, shown with what it hides: the SQLSTATE of a server
+/// error, or the cause (connection refused, timed out) of a generic
+/// "error connecting to server". It stays the source of the store error.
+#[derive(Debug)]
+struct PgError(postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(f, "{} (SQLSTATE {})", db.message(), db.code().code()),
+            None => match std::error::Error::source(&self.0) {
+                Some(cause) => write!(f, "{}: {cause}", self.0),
+                None => write!(f, "{}", self.0),
+            },
+        }
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
     }
 }
 
@@ -497,7 +507,7 @@ impl PostgresStore {
         let mut client = self
             .config
             .connect(NoTls)
-            .map_err(|e| pg_err(format!("connecting to {}", self.shown), &e, Stage::Work))?;
+            .map_err(|e| pg_err(format!("connecting to {}", self.shown), e, Stage::Work))?;
         client
             .batch_execute(&format!(
                 "SET lock_timeout = '{}'; SET idle_in_transaction_session_timeout = '{}';
@@ -508,7 +518,7 @@ impl PostgresStore {
             .map_err(|e| {
                 pg_err(
                     format!("configuring a session on {}", self.shown),
-                    &e,
+                    e,
                     Stage::Work,
                 )
             })?;
@@ -519,7 +529,7 @@ impl PostgresStore {
         let st = Statements::prepare(&mut client, &self.schema).map_err(|e| {
             pg_err(
                 format!("preparing statements on {}", self.shown),
-                &e,
+                e,
                 Stage::Work,
             )
         })?;
@@ -529,7 +539,7 @@ impl PostgresStore {
     /// Create or upgrade the schema, once, whoever else starts at the same time.
     fn migrate(&self, client: &mut Client) -> Result<()> {
         let ctx = || format!("migrating schema {} on {}", self.opts.schema, self.shown);
-        let fail = |e: postgres::Error| pg_err(ctx(), &e, Stage::Work);
+        let fail = |e: postgres::Error| pg_err(ctx(), e, Stage::Work);
         let mut tx = client.transaction().map_err(fail)?;
         tx.execute(
             "SELECT pg_advisory_xact_lock($1, hashtext($2))",
@@ -659,7 +669,7 @@ impl PostgresStore {
         let fail = |e: postgres::Error| {
             pg_err(
                 format!("beginning a transaction on {}", self.shown),
-                &e,
+                e,
                 Stage::Work,
             )
         };
@@ -706,16 +716,13 @@ impl PostgresStore {
             jobs: HashMap::new(),
             pending: Vec::new(),
             deleted: Vec::new(),
-            claim_hint: None,
-            due: None,
-            ready: None,
             woke: [false; 2],
         };
         let script = f(&mut tx).and_then(|()| tx.commit_script(&self.channel));
         match script {
             // The writes and COMMIT in one round trip.
             Ok(script) => conn.client.batch_execute(&script).map_err(|e| {
-                let e = pg_err(format!("committing to {}", self.shown), &e, Stage::Commit);
+                let e = pg_err(format!("committing to {}", self.shown), e, Stage::Commit);
                 if !e.is_ambiguous() {
                     let _ = conn.client.batch_execute("ROLLBACK");
                 }
@@ -881,22 +888,27 @@ struct PgTxn<'c> {
     /// Jobs written since the last flush, in order.
     pending: Vec<JobId>,
     deleted: Vec<JobId>,
-    /// The claim the rules announced ([`Txn::will_claim`]): (queue, max).
-    claim_hint: Option<(String, usize)>,
-    /// Due jobs read together with the expired scan: (queue, now, limit, ids).
-    due: Option<(String, u64, usize, Vec<JobId>)>,
-    /// Ready jobs read ahead for the announced claim: (queue, max, ids).
-    ready: Option<(String, usize, Vec<JobId>)>,
     /// The [`Wake`] events this transaction causes.
     woke: [bool; 2],
 }
 
-fn job_from_row(r: &Row) -> std::result::Result<JobRecord, postgres::Error> {
+/// A job from a row of [`COLUMNS`]; a state code no state has is an error
+/// naming the row (never guessed).
+fn job_from_row(r: &Row) -> Result<JobRecord> {
+    let (mut job, code) = decode_job(r).map_err(|e| pg_err("decoding a job", e, Stage::Work))?;
+    job.state = JobState::from_code(i64::from(code)).ok_or_else(|| {
+        Error::store(
+            format!("reading job {}", job.id),
+            format!("state code {code} is unknown to this build (written by a newer leasehold?)"),
+        )
+    })?;
+    Ok(job)
+}
+
+/// The row's fields, and its state code (the state is set by the caller).
+fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error> {
     let state_code: i16 = r.try_get(10)?;
-    let state = usize::try_from(state_code)
-        .ok()
-        .and_then(|i| JobState::ALL.get(i).copied())
-        .unwrap_or(JobState::Dead);
+    let state = JobState::Ready;
     let claim = match (
         r.try_get::<_, Option<Vec<u8>>>(11)?,
         r.try_get::<_, Option<i64>>(12)?,
@@ -929,7 +941,7 @@ fn job_from_row(r: &Row) -> std::result::Result<JobRecord, postgres::Error> {
         unique_key: r.try_get::<_, Option<&str>>(16)?.map(Arc::from),
         finished_at_ms: r.try_get::<_, Option<i64>>(17)?.map(u64_of),
     };
-    Ok(job)
+    Ok((job, state_code))
 }
 
 /// SQL text with literal values, for the writes of a flush: all of them,
@@ -1012,7 +1024,7 @@ impl Sql {
             .raw("::int8, ")
             .int("token", job.last_token)?
             .raw("::int8, ")
-            .raw(&(job.state as i16).to_string())
+            .raw(&job.state.code().to_string())
             .raw("::int2, ");
         match claim {
             Some(c) => self.bytes(&holder_bytes(c.holder)),
@@ -1054,7 +1066,7 @@ impl Sql {
                 job.max_attempts, job.attempts, job.expiries
             ))
             .int("token", job.last_token)?
-            .raw(&format!(", {}, ", job.state as i16));
+            .raw(&format!(", {}, ", job.state.code()));
         match claim {
             Some(c) => self.bytes(&holder_bytes(c.holder)),
             None => self.raw("NULL"),
@@ -1110,6 +1122,37 @@ fn ctx_key(what: &str, key: &str) -> String {
     format!("{what} lease {key:?}")
 }
 
+/// One UPDATE for `jobs` (rows read in this transaction): by key for one
+/// row (it plans fastest), else one statement joining a VALUES list.
+fn render_updates(sql: &mut Sql, schema: &str, jobs: &[&CachedJob]) -> Result<()> {
+    match jobs {
+        [] => Ok(()),
+        [one] => {
+            sql.raw("UPDATE ")
+                .raw(schema)
+                .raw(".jobs SET (")
+                .raw(UPDATE_FIELDS)
+                .raw(") = ")
+                .job_changes(&one.record)?
+                .raw(" WHERE id = ")
+                .int("id", one.record.id.0)?
+                .raw(";\n");
+            Ok(())
+        }
+        many => {
+            sql.raw("UPDATE ").raw(schema).raw(".jobs AS j SET priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at FROM (VALUES ");
+            for (i, c) in many.iter().enumerate() {
+                sql.raw(if i == 0 { "" } else { ",\n" });
+                sql.job_changes(&c.record)?;
+            }
+            sql.raw(") AS u(")
+                .raw(UPDATE_FIELDS)
+                .raw(") WHERE j.id = u.id;\n");
+            Ok(())
+        }
+    }
+}
+
 impl PgTxn<'_> {
     /// Render the pending job writes (deletes, then updates, then inserts)
     /// into `sql`; returns whether there were any.
@@ -1125,45 +1168,25 @@ impl PgTxn<'_> {
             sql.raw(");\n");
             any = true;
         }
-        let (mut updates, mut inserts) = (0, 0);
-        let changed = self
+        // Rows that leave the live range of the unique-key index (a job
+        // that reached a terminal state) are written in a statement before
+        // the others: a row entering it (a retried job taking back its key)
+        // must not meet the row leaving it inside one multi-row UPDATE,
+        // whose order is unspecified.
+        let in_db: Vec<&CachedJob> = self
             .pending
             .iter()
-            .filter(|id| self.jobs.get(id).is_some_and(|c| c.in_db))
-            .count();
-        for id in &self.pending {
-            let Some(c) = self.jobs.get(id) else { continue };
-            if !c.in_db {
-                continue;
-            }
-            if changed == 1 {
-                // One row: a plain update by key plans fastest.
-                sql.raw("UPDATE ")
-                    .raw(schema)
-                    .raw(".jobs SET (")
-                    .raw(UPDATE_FIELDS)
-                    .raw(") = ")
-                    .job_changes(&c.record)?
-                    .raw(" WHERE id = ")
-                    .int("id", id.0)?
-                    .raw(";\n");
-                updates = usize::MAX;
-                break;
-            }
-            sql.raw(if updates == 0 { "UPDATE " } else { ",\n" });
-            if updates == 0 {
-                sql.raw(schema).raw(".jobs AS j SET priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at FROM (VALUES ");
-            }
-            sql.job_changes(&c.record)?;
-            updates += 1;
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|c| c.in_db)
+            .collect();
+        let (leaving, staying): (Vec<&CachedJob>, Vec<&CachedJob>) = in_db
+            .into_iter()
+            .partition(|c| c.record.state.is_terminal());
+        let updates = leaving.len() + staying.len();
+        for group in [leaving, staying] {
+            render_updates(sql, schema, &group)?;
         }
-        if updates == usize::MAX {
-            updates = 1;
-        } else if updates > 0 {
-            sql.raw(") AS u(")
-                .raw(UPDATE_FIELDS)
-                .raw(") WHERE j.id = u.id;\n");
-        }
+        let mut inserts = 0;
         for id in &self.pending {
             let Some(c) = self.jobs.get(id) else { continue };
             if !c.in_db {
@@ -1207,7 +1230,7 @@ impl PgTxn<'_> {
         self.conn
             .client
             .batch_execute(&sql.0)
-            .map_err(|e| pg_err("writing jobs", &e, Stage::Work))?;
+            .map_err(|e| pg_err("writing jobs", e, Stage::Work))?;
         self.jobs_flushed();
         Ok(())
     }
@@ -1253,7 +1276,7 @@ impl PgTxn<'_> {
             .conn
             .client
             .query_opt(&self.conn.st.lease_get, &[&key])
-            .map_err(|e| pg_err(ctx_key("reading", key), &e, Stage::Work))?;
+            .map_err(|e| pg_err(ctx_key("reading", key), e, Stage::Work))?;
         let Some(row) = row else { return Ok(None) };
         let decode = || -> std::result::Result<LeaseRecord, postgres::Error> {
             let tokens: Vec<i64> = row.try_get(1)?;
@@ -1282,13 +1305,13 @@ impl PgTxn<'_> {
         };
         decode()
             .map(Some)
-            .map_err(|e| pg_err(ctx_key("decoding", key), &e, Stage::Work))
+            .map_err(|e| pg_err(ctx_key("decoding", key), e, Stage::Work))
     }
 
     /// Cache rows a locking query returned; their ids are appended to `out`.
     fn absorb(&mut self, rows: &[Row], out: &mut Vec<JobId>) -> Result<()> {
         for row in rows {
-            let job = job_from_row(row).map_err(|e| pg_err("decoding a job", &e, Stage::Work))?;
+            let job = job_from_row(row)?;
             out.push(job.id);
             let state = job.state;
             self.jobs.insert(
@@ -1312,7 +1335,7 @@ impl PgTxn<'_> {
         let Conn { client, st } = &mut *self.conn;
         client
             .query(stmt(st), params)
-            .map_err(|e| pg_err(what.to_owned(), &e, Stage::Work))
+            .map_err(|e| pg_err(what.to_owned(), e, Stage::Work))
     }
 }
 
@@ -1331,12 +1354,22 @@ impl Txn for PgTxn<'_> {
         Ok(self.leases.get_mut(key))
     }
 
-    fn lease_freed(&mut self, _key: &str) {
-        self.woke[Wake::LeaseFreed as usize] = true;
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
     }
 
-    fn will_claim(&mut self, queue: &str, max: usize) {
-        self.claim_hint = Some((queue.to_owned(), max));
+    fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
+        Ok(self)
+    }
+}
+
+impl JobTxn for PgTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
@@ -1344,7 +1377,7 @@ impl Txn for PgTxn<'_> {
             .conn
             .client
             .query_one(&self.conn.st.next_id, &[])
-            .map_err(|e| pg_err("allocating a job id", &e, Stage::Work))?;
+            .map_err(|e| pg_err("allocating a job id", e, Stage::Work))?;
         Ok(JobId(u64_of(row.get(0))))
     }
 
@@ -1373,15 +1406,10 @@ impl Txn for PgTxn<'_> {
             in_db: false,
             db_state: None,
         });
-        if job.state == JobState::Ready && entry.db_state != Some(JobState::Ready) {
-            self.woke[Wake::JobReady as usize] = true;
-        }
         entry.record.clone_from(job);
         if !self.pending.contains(&job.id) {
             self.pending.push(job.id);
         }
-        self.due = None;
-        self.ready = None;
         Ok(())
     }
 
@@ -1391,8 +1419,6 @@ impl Txn for PgTxn<'_> {
             Some(c) if !c.in_db => {}
             _ => self.deleted.push(id),
         }
-        self.due = None;
-        self.ready = None;
         Ok(())
     }
 
@@ -1406,6 +1432,37 @@ impl Txn for PgTxn<'_> {
         Ok(rows.first().map(|r| JobId(u64_of(r.get(0)))))
     }
 
+    /// One round trip: the expired, due and (when asked) ready scans of
+    /// the queue together, each locking its rows `FOR UPDATE SKIP LOCKED`.
+    fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
+        self.flush_jobs()?;
+        let what = format!("reading queue {queue:?}");
+        let at = i64_of("now", now_ms)?;
+        let n = i64::try_from(chunk).unwrap_or(i64::MAX);
+        let rows = if ready > 0 {
+            let max = i64::try_from(ready).unwrap_or(i64::MAX);
+            self.query(
+                &what,
+                |st| &st.scan_maintenance_ready,
+                &[&queue, &at, &n, &max],
+            )?
+        } else {
+            self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?
+        };
+        let mut ids = Vec::new();
+        self.absorb(&rows, &mut ids)?;
+        let mut read = Pending::default();
+        for id in ids {
+            let job = self.jobs[&id].record.clone();
+            match job.state {
+                JobState::Running => read.expired.push(job),
+                JobState::Scheduled => read.due.push(job),
+                _ => read.ready.push(job),
+            }
+        }
+        Ok(read)
+    }
+
     fn scan(
         &mut self,
         queue: &str,
@@ -1416,72 +1473,15 @@ impl Txn for PgTxn<'_> {
         self.flush_jobs()?;
         let what = format!("scanning queue {queue:?}");
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
-        match query {
-            JobQuery::Ready => {
-                if let Some((q, max, ready)) = self.ready.take() {
-                    if q == queue && max == limit {
-                        out.extend(ready);
-                        return Ok(());
-                    }
-                }
-                let rows = self.query(&what, |st| &st.scan_ready, &[&queue, &n])?;
-                self.absorb(&rows, out)
-            }
-            JobQuery::Expired { now_ms } => {
-                // The due scan (which maintenance runs next) travels along,
-                // and the ready scan of an announced claim; any write in
-                // between discards them.
-                let at = i64_of("now", now_ms)?;
-                let hint = self.claim_hint.take().filter(|(q, _)| q == queue);
-                let rows = match &hint {
-                    Some((_, max)) => {
-                        let max = i64::try_from(*max).unwrap_or(i64::MAX);
-                        self.query(
-                            &what,
-                            |st| &st.scan_maintenance_ready,
-                            &[&queue, &at, &n, &max],
-                        )?
-                    }
-                    None => self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?,
-                };
-                let mut ids = Vec::new();
-                self.absorb(&rows, &mut ids)?;
-                let (mut expired, mut due, mut ready) = (Vec::new(), Vec::new(), Vec::new());
-                for id in ids {
-                    match self.jobs[&id].record.state {
-                        JobState::Running => expired.push(id),
-                        JobState::Scheduled => due.push(id),
-                        _ => ready.push(id),
-                    }
-                }
-                out.extend(expired);
-                self.due = Some((queue.to_owned(), now_ms, limit, due));
-                self.ready = hint.map(|(q, max)| (q, max, ready));
-                Ok(())
-            }
-            JobQuery::Due { now_ms } => {
-                if let Some((q, at, l, due)) = self.due.take() {
-                    if q == queue && at == now_ms && l == limit {
-                        out.extend(due);
-                        return Ok(());
-                    }
-                }
-                let at = i64_of("now", now_ms)?;
-                let rows = self.query(&what, |st| &st.scan_due, &[&queue, &at, &n])?;
-                self.absorb(&rows, out)
-            }
+        let rows = match query {
             JobQuery::FinishedBy { cutoff_ms } => {
                 let at = i64_of("cutoff", cutoff_ms)?;
-                let rows = self.query(&what, |st| &st.scan_finished, &[&queue, &at, &n])?;
-                out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
-                Ok(())
+                self.query(&what, |st| &st.scan_finished, &[&queue, &at, &n])?
             }
-            JobQuery::Retrying => {
-                let rows = self.query(&what, |st| &st.scan_retrying, &[&queue, &n])?;
-                out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
-                Ok(())
-            }
-        }
+            JobQuery::Retrying => self.query(&what, |st| &st.scan_retrying, &[&queue, &n])?,
+        };
+        out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
+        Ok(())
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {
@@ -1510,15 +1510,12 @@ impl Txn for PgTxn<'_> {
         self.flush_jobs()?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let after = i64_of("after", after.0)?;
-        let state = state.map_or(-1i16, |s| s as i16);
+        let state = state.map_or(-1i16, |s| i16::from(s.code()));
         let rows = self.query(
             &format!("listing queue {queue:?}"),
             |st| &st.list,
             &[&queue, &after, &state, &limit],
         )?;
-        rows.iter()
-            .map(job_from_row)
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| pg_err(format!("decoding queue {queue:?}"), &e, Stage::Work))
+        rows.iter().map(job_from_row).collect()
     }
 }

@@ -44,11 +44,12 @@
 
 use crate::clock::{boot_id, BootClock, Clock};
 use crate::core::{
-    Claim, JobId, JobQuery, JobRecord, JobState, LeaseRecord, LeaseSlot, StateCounts, Txn,
+    Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, LeaseSlot, Pending,
+    StateCounts, Txn, Wake,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreFailure};
 use crate::fork::ForkGuard;
-use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache, Store};
+use crate::store::{holder_bytes, holder_from, i64_of, u64_of, Epochs, LeaseCache, Store};
 use crate::sync::{lock, Condvar, Mutex};
 use crate::Holder;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
@@ -170,6 +171,8 @@ pub struct SqliteStore {
     /// Highest store time known to be persisted in the database.
     persisted_ms: AtomicU64,
     busy_timeout: Duration,
+    /// Wake-ups for this process's waiters (other processes poll).
+    epochs: Epochs,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -187,26 +190,22 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// Map a SQLite error to a typed store error naming what was being done.
+/// Map a SQLite error to a typed store error naming what was being done;
+/// the driver's error is kept as the source. Busy and locked are transient.
 fn sql_err(context: impl FnOnce() -> String, e: rusqlite::Error) -> Error {
-    let transient = is_busy(&e);
-    let message = match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::NotADatabase) => {
-            format!("not a SQLite database ({e})")
-        }
-        Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
-            format!("the database is corrupt ({e})")
-        }
-        Some(rusqlite::ErrorCode::ReadOnly) => format!("the database is read-only ({e})"),
-        Some(rusqlite::ErrorCode::CannotOpen) => format!("cannot open the file ({e})"),
-        _ => e.to_string(),
+    let failure = if is_busy(&e) {
+        StoreFailure::Transient
+    } else {
+        StoreFailure::Permanent
     };
-    Error::Store {
-        context: context(),
-        message,
-        transient,
-        ambiguous: false,
-    }
+    let context = match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => format!("{} (not a SQLite database)", context()),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
+            format!("{} (the database is corrupt)", context())
+        }
+        _ => context(),
+    };
+    Error::from_source(context, failure, e)
 }
 
 /// `text` as an SQL string literal. Safe for any text: the only special
@@ -342,6 +341,7 @@ impl SqliteStore {
             high_water_ms: AtomicU64::new(high_ms),
             persisted_ms: AtomicU64::new(high_ms),
             busy_timeout: opts.busy_timeout,
+            epochs: Epochs::default(),
         })
     }
 
@@ -490,19 +490,31 @@ impl Drop for SqliteStore {
 
 const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
 
-fn state_of(v: i64) -> rusqlite::Result<JobState> {
-    usize::try_from(v)
-        .ok()
-        .and_then(|i| JobState::ALL.get(i).copied())
-        .ok_or(rusqlite::Error::IntegralValueOutOfRange(10, v))
+/// A stored state code; an unknown one is an error naming the row.
+fn state_of(id: i64, code: i64) -> rusqlite::Result<JobState> {
+    JobState::from_code(code).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            10,
+            rusqlite::types::Type::Integer,
+            Box::new(crate::error::Cause(format!(
+                "job {id} has state code {code}, which this build does not know (written by a newer leasehold?)"
+            ))),
+        )
+    })
 }
 
 fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
-    let state = state_of(r.get(10)?)?;
+    job_from_row_at(r, 0)
+}
+
+/// A job from [`JOB_COLUMNS`] starting at column `at`.
+fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRecord> {
+    let c = |i: usize| at + i;
+    let state = state_of(r.get(c(0))?, r.get(c(10))?)?;
     let claim = match (
-        r.get::<_, Option<Vec<u8>>>(11)?,
-        r.get::<_, Option<i64>>(12)?,
-        r.get::<_, Option<i64>>(13)?,
+        r.get::<_, Option<Vec<u8>>>(c(11))?,
+        r.get::<_, Option<i64>>(c(12))?,
+        r.get::<_, Option<i64>>(c(13))?,
     ) {
         (Some(h), Some(t), Some(u)) => Some(Claim {
             holder: holder_from(&h),
@@ -512,45 +524,46 @@ fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobRecord> {
         _ => None,
     };
     Ok(JobRecord {
-        id: JobId(u64_of(r.get(0)?)),
-        queue: Arc::from(r.get::<_, String>(1)?.as_str()),
-        payload: Arc::from(r.get::<_, Vec<u8>>(2)?),
-        priority: r.get(3)?,
-        run_at_ms: u64_of(r.get(4)?),
-        created_at_ms: u64_of(r.get(5)?),
-        max_attempts: r.get(6)?,
-        attempts: r.get(7)?,
-        expiries: r.get(8)?,
-        last_token: u64_of(r.get(9)?),
+        id: JobId(u64_of(r.get(c(0))?)),
+        queue: Arc::from(r.get::<_, String>(c(1))?.as_str()),
+        payload: Arc::from(r.get::<_, Vec<u8>>(c(2))?),
+        priority: r.get(c(3))?,
+        run_at_ms: u64_of(r.get(c(4))?),
+        created_at_ms: u64_of(r.get(c(5))?),
+        max_attempts: r.get(c(6))?,
+        attempts: r.get(c(7))?,
+        expiries: r.get(c(8))?,
+        last_token: u64_of(r.get(c(9))?),
         state,
         claim,
-        cancel_requested: r.get::<_, i64>(14)? != 0,
+        cancel_requested: r.get::<_, i64>(c(14))? != 0,
         last_error: r
-            .get::<_, Option<String>>(15)?
+            .get::<_, Option<String>>(c(15))?
             .map(|s| Arc::from(s.as_str())),
         unique_key: r
-            .get::<_, Option<String>>(16)?
+            .get::<_, Option<String>>(c(16))?
             .map(|s| Arc::from(s.as_str())),
-        finished_at_ms: r.get::<_, Option<i64>>(17)?.map(u64_of),
+        finished_at_ms: r.get::<_, Option<i64>>(c(17))?.map(u64_of),
     })
 }
 
-/// The indexed scans: ready (claim order), due, expired, finished. Each has
-/// its state as a literal so SQLite picks the matching partial index, whose
-/// order is exactly the ORDER BY, and streams rows in that order; the time
-/// bound is checked on each row (`bound` column) and reading stops at the
-/// first row past it. A bound parameter in the SQL would make SQLite (built
-/// with STAT4) re-prepare the statement on every call as `now` changes.
-/// `{queue}` is replaced by the queue as a literal ([`sql_quote`]) and
-/// `{limit}` by the limit: bound as parameters, either one makes SQLite
-/// re-prepare these statements on every execution (measured: a fifth of a
-/// claim's cost). The statement cache keeps one per queue and limit.
+/// The indexed reads: expired, due and ready jobs (for [`JobTxn::pending`]),
+/// then the retrying and finished scans. Each has its state as a literal
+/// so SQLite picks the matching partial index, whose order is exactly the
+/// ORDER BY, and streams rows in that order; the time bound is checked on
+/// each row (`bound` column) and reading stops at the first row past it. A
+/// bound parameter in the SQL would make SQLite (built with STAT4)
+/// re-prepare the statement on every call as `now` changes. `{queue}` is
+/// replaced by the queue as a literal ([`sql_quote`]) and `{limit}` by the
+/// limit: bound as parameters, either one makes SQLite re-prepare these
+/// statements on every execution (measured: a fifth of a claim's cost).
+/// The statement cache keeps one per queue and limit.
 pub const SCAN_SQL: [&str; 5] = [
-    "SELECT id, 0 FROM jobs WHERE queue = {queue} AND state = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
-    "SELECT id, run_at FROM jobs WHERE queue = {queue} AND state = 1 ORDER BY run_at, id LIMIT {limit}",
-    "SELECT id, lease_until FROM jobs WHERE queue = {queue} AND state = 2 ORDER BY lease_until, id LIMIT {limit}",
-    "SELECT id, finished_at FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
-    "SELECT id, 0 FROM jobs WHERE queue = {queue} AND state = 1 AND attempts > 0 ORDER BY run_at, id LIMIT {limit}",
+    "SELECT lease_until, {cols} FROM jobs WHERE queue = {queue} AND state = 2 ORDER BY lease_until, id LIMIT {limit}",
+    "SELECT run_at, {cols} FROM jobs WHERE queue = {queue} AND state = 1 ORDER BY run_at, id LIMIT {limit}",
+    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
+    "SELECT finished_at, id FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
+    "SELECT 0, id FROM jobs WHERE queue = {queue} AND state = 1 AND attempts > 0 ORDER BY run_at, id LIMIT {limit}",
 ];
 
 struct SqlTxn<'c> {
@@ -560,6 +573,8 @@ struct SqlTxn<'c> {
     /// Jobs read in this transaction: writing one back updates only the
     /// columns that can change (never the payload).
     loaded: Vec<JobId>,
+    /// The [`Wake`] events this member raised (delivered with its group).
+    woke: [bool; 2],
 }
 
 fn ctx_key(what: &str, key: &str) -> String {
@@ -713,7 +728,7 @@ impl SqlTxn<'_> {
                     job.attempts,
                     job.expiries,
                     last_token,
-                    job.state as i64,
+                    i64::from(job.state.code()),
                     holder,
                     token,
                     until,
@@ -740,6 +755,85 @@ impl Txn for SqlTxn<'_> {
             }
         }
         Ok(self.leases.get_mut(key))
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
+        Ok(self)
+    }
+}
+
+impl SqlTxn<'_> {
+    /// Run one of [`SCAN_SQL`] with its literals, calling `row` for each
+    /// row up to the first whose bound column is past `bound`.
+    fn scan_rows(
+        &self,
+        sql: &str,
+        queue: &str,
+        limit: usize,
+        bound: u64,
+        mut row: impl FnMut(&Row<'_>) -> rusqlite::Result<()>,
+    ) -> Result<()> {
+        if limit == 0 {
+            return Ok(());
+        }
+        let fail = |e| sql_err(|| format!("scanning queue {queue:?}"), e);
+        let sql = sql
+            .replacen("{cols}", JOB_COLUMNS, 1)
+            .replacen("{limit}", &limit.to_string(), 1)
+            .replacen("{queue}", &sql_quote(queue), 1);
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
+        let mut rows = stmt.query([]).map_err(fail)?;
+        while let Some(r) = rows.next().map_err(fail)? {
+            let at: Option<i64> = r.get(0).map_err(fail)?;
+            if u64_of(at.unwrap_or(0)) > bound {
+                break;
+            }
+            row(r).map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` whole jobs from one of the pending reads.
+    fn read_jobs(
+        &mut self,
+        sql: &str,
+        queue: &str,
+        limit: usize,
+        bound: u64,
+    ) -> Result<Vec<JobRecord>> {
+        let mut jobs = Vec::new();
+        self.scan_rows(sql, queue, limit, bound, |r| {
+            jobs.push(job_from_row_at(r, 1)?);
+            Ok(())
+        })?;
+        for job in &jobs {
+            if !self.loaded.contains(&job.id) {
+                self.loaded.push(job.id);
+            }
+        }
+        Ok(jobs)
+    }
+}
+
+impl JobTxn for SqlTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
+        Ok(Pending {
+            expired: self.read_jobs(SCAN_SQL[0], queue, chunk, now_ms)?,
+            due: self.read_jobs(SCAN_SQL[1], queue, chunk, now_ms)?,
+            ready: self.read_jobs(SCAN_SQL[2], queue, ready, u64::MAX)?,
+        })
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
@@ -810,7 +904,7 @@ impl Txn for SqlTxn<'_> {
                     job.attempts,
                     job.expiries,
                     last_token,
-                    job.state as i64,
+                    i64::from(job.state.code()),
                     holder,
                     token,
                     until,
@@ -850,33 +944,14 @@ impl Txn for SqlTxn<'_> {
         limit: usize,
         out: &mut Vec<JobId>,
     ) -> Result<()> {
-        // The literal state in each WHERE lets SQLite use the partial index,
-        // whose order is exactly the ORDER BY (no sort step).
         let (sql, bound) = match query {
-            JobQuery::Ready => (SCAN_SQL[0], u64::MAX),
-            JobQuery::Due { now_ms } => (SCAN_SQL[1], now_ms),
-            JobQuery::Expired { now_ms } => (SCAN_SQL[2], now_ms),
             JobQuery::FinishedBy { cutoff_ms } => (SCAN_SQL[3], cutoff_ms),
             JobQuery::Retrying => (SCAN_SQL[4], u64::MAX),
         };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let fail = |e| sql_err(|| format!("scanning queue {queue:?}"), e);
-        // Literals, not parameters: see SCAN_SQL.
-        let sql = sql.replacen("{limit}", &limit.to_string(), 1).replacen(
-            "{queue}",
-            &sql_quote(queue),
-            1,
-        );
-        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
-        let mut rows = stmt.query([]).map_err(fail)?;
-        while let Some(row) = rows.next().map_err(fail)? {
-            let at: Option<i64> = row.get(1).map_err(fail)?;
-            if u64_of(at.unwrap_or(0)) > bound {
-                break;
-            }
-            out.push(JobId(u64_of(row.get(0).map_err(fail)?)));
-        }
-        Ok(())
+        self.scan_rows(sql, queue, limit, bound, |r| {
+            out.push(JobId(u64_of(r.get(1)?)));
+            Ok(())
+        })
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {
@@ -905,7 +980,9 @@ impl Txn for SqlTxn<'_> {
             )
             .map_err(fail)?;
         let rows = stmt
-            .query_map([queue], |r| Ok((state_of(r.get(0)?)?, r.get::<_, i64>(1)?)))
+            .query_map([queue], |r| {
+                Ok((state_of(0, r.get(0)?)?, r.get::<_, i64>(1)?))
+            })
             .map_err(fail)?;
         for row in rows {
             let (state, n) = row.map_err(fail)?;
@@ -927,7 +1004,7 @@ impl Txn for SqlTxn<'_> {
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE queue = ?1 AND id > ?2 AND (?3 < 0 OR state = ?3) ORDER BY id LIMIT ?4"
         );
-        let state = state.map_or(-1, |s| s as i64);
+        let state = state.map_or(-1, |s| i64::from(s.code()));
         let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
         let rows = stmt
             .query_map(params![queue, after, state, limit], job_from_row)
@@ -950,10 +1027,9 @@ struct OpenGroup {
     /// The highest clock value a member of this group wrote as the
     /// database's high water (recorded as persisted once COMMIT succeeds).
     high_water_ms: u64,
+    /// The wake-ups its members raised, delivered once COMMIT succeeds.
+    woke: [bool; 2],
 }
-
-/// How a group's COMMIT failed: (context, message, transient, ambiguous).
-type Failure = (String, String, bool, bool);
 
 /// How the groups ended, for the members waiting on them.
 #[derive(Default)]
@@ -961,7 +1037,7 @@ struct Committed {
     /// Every group up to this one has ended.
     seq: u64,
     /// Groups whose COMMIT failed, kept for their waiting members.
-    failed: std::collections::BTreeMap<u64, Failure>,
+    failed: std::collections::BTreeMap<u64, Error>,
     /// Failures of groups up to this one may have been forgotten (only
     /// the newest 4096 are kept).
     forgotten_up_to: u64,
@@ -980,18 +1056,20 @@ impl SqliteStore {
         &self,
         conn: &Connection,
         f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>,
-    ) -> Result<Option<u64>> {
+    ) -> Result<(Option<u64>, [bool; 2])> {
         let now_ms = self.now_ms();
         let mut tx = SqlTxn {
             conn,
             now_ms,
             leases: LeaseCache::default(),
             loaded: Vec::new(),
+            woke: [false; 2],
         };
         f(&mut tx).and_then(|()| tx.flush())?;
+        let woke = tx.woke;
         let persisted = self.persisted_ms.load(Ordering::Relaxed);
         if now_ms <= persisted.saturating_add(1000) {
-            return Ok(None);
+            return Ok((None, woke));
         }
         conn.prepare_cached(
             "INSERT INTO leasehold_meta (name, value) VALUES ('high_water_ms', ?1)
@@ -1000,7 +1078,7 @@ impl SqliteStore {
         )
         .and_then(|mut s| s.execute([now_ms.to_string()]))
         .map_err(|e| sql_err(|| "recording the clock".to_owned(), e))?;
-        Ok(Some(now_ms))
+        Ok((Some(now_ms), woke))
     }
 
     /// Undo one member's part after its closure failed or panicked: its
@@ -1045,22 +1123,17 @@ impl SqliteStore {
             if !busy {
                 // An I/O error during COMMIT may or may not have left the
                 // transaction in the WAL: the callers cannot know.
-                if let Error::Store {
-                    ambiguous,
-                    transient,
-                    ..
-                } = &mut e
-                {
-                    *ambiguous = true;
-                    *transient = false;
-                }
+                e = e.with_failure(StoreFailure::Ambiguous);
             }
             let _ = exec_cached(conn, "ROLLBACK");
             e
         });
-        if committed.is_ok() && group.high_water_ms > 0 {
-            self.persisted_ms
-                .fetch_max(group.high_water_ms, Ordering::Relaxed);
+        if committed.is_ok() {
+            if group.high_water_ms > 0 {
+                self.persisted_ms
+                    .fetch_max(group.high_water_ms, Ordering::Relaxed);
+            }
+            self.epochs.raise(group.woke);
         }
         self.group_ended(group.seq, committed.as_ref().err());
         committed
@@ -1071,16 +1144,7 @@ impl SqliteStore {
         let mut c = lock(&self.committed);
         c.seq = c.seq.max(seq);
         if let Some(e) = failure {
-            let failure = match e {
-                Error::Store {
-                    context,
-                    message,
-                    transient,
-                    ambiguous,
-                } => (context.clone(), message.clone(), *transient, *ambiguous),
-                other => ("committing a group".into(), other.to_string(), false, false),
-            };
-            c.failed.insert(seq, failure);
+            c.failed.insert(seq, e.clone());
             while c.failed.len() > 4096 {
                 if let Some((old, _)) = c.failed.pop_first() {
                     c.forgotten_up_to = c.forgotten_up_to.max(old);
@@ -1101,18 +1165,12 @@ impl SqliteStore {
             };
         }
         match c.failed.get(&seq) {
-            Some((context, message, transient, ambiguous)) => Err(Error::Store {
-                context: context.clone(),
-                message: message.clone(),
-                transient: *transient,
-                ambiguous: *ambiguous,
-            }),
-            None if seq <= c.forgotten_up_to => Err(Error::Store {
-                context: "committing a group of transactions".into(),
-                message: "the outcome was forgotten while this thread waited (over 4096 failed groups since)".into(),
-                transient: false,
-                ambiguous: true,
-            }),
+            Some(e) => Err(e.clone()),
+            None if seq <= c.forgotten_up_to => Err(Error::store(
+                "committing a group of transactions",
+                "the outcome was forgotten while this thread waited (over 4096 failed groups since)",
+            )
+            .with_failure(StoreFailure::Ambiguous)),
             None => Ok(()),
         }
     }
@@ -1159,16 +1217,17 @@ impl Store for SqliteStore {
                     seq: *next_seq,
                     members: 1,
                     high_water_ms: 0,
+                    woke: [false; 2],
                 });
                 (*next_seq, false)
             }
         };
-        let mut member: Result<Option<u64>> = if joined {
+        let mut member: Result<(Option<u64>, [bool; 2])> = if joined {
             exec_cached(conn, "SAVEPOINT member")
-                .map(|()| None)
+                .map(|()| (None, [false; 2]))
                 .map_err(|e| sql_err(|| "joining a group commit".into(), e))
         } else {
-            Ok(None)
+            Ok((None, [false; 2]))
         };
         self.stats[0].fetch_add(1, Ordering::Relaxed);
         let mut panic = None;
@@ -1196,8 +1255,8 @@ impl Store for SqliteStore {
                     return member.map(|_| ());
                 }
             }
-            Ok(wrote) => {
-                let wrote = *wrote;
+            Ok((wrote, woke)) => {
+                let (wrote, woke) = (*wrote, *woke);
                 if joined {
                     if let Err(e) = exec_cached(conn, "RELEASE member") {
                         let e = sql_err(|| "leaving a group commit".into(), e);
@@ -1205,8 +1264,10 @@ impl Store for SqliteStore {
                         member = Err(e);
                     }
                 }
-                if let (Ok(_), Some(w), Some(group)) = (&member, wrote, open.as_mut()) {
-                    group.high_water_ms = group.high_water_ms.max(w);
+                if let (Ok(_), Some(group)) = (&member, open.as_mut()) {
+                    group.high_water_ms = group.high_water_ms.max(wrote.unwrap_or(0));
+                    group.woke[0] |= woke[0];
+                    group.woke[1] |= woke[1];
                 }
             }
         }
@@ -1246,5 +1307,13 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.path.display())
+    }
+
+    fn epoch(&self, wake: Wake) -> u64 {
+        self.epochs.epoch(wake)
+    }
+
+    fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
+        self.epochs.wait(wake, epoch, timeout)
     }
 }

@@ -1047,6 +1047,8 @@ pub fn job_drain_rule(make: &Make) {
     assert!(drained(&w));
 }
 
+/// The batched read ([`core::JobTxn::pending`]) and the scans come in
+/// their index order, limited, and only with what is due as of `now`.
 pub fn job_scans_are_ordered(make: &Make) {
     let w = World::new(make);
     for i in 0..300u32 {
@@ -1057,20 +1059,77 @@ pub fn job_scans_are_ordered(make: &Make) {
         };
         w.push("q", spec);
     }
+    // Claims with leases of different lengths, to expire out of id order.
+    let running: Vec<JobRecord> = (0..6u64)
+        .map(|i| {
+            let policy = w.policy;
+            w.tx(|tx| core::job::claim(tx, "q", HolderId(1), 50 - i * 5, 1, &policy))
+                .unwrap()
+                .remove(0)
+        })
+        .collect();
     w.at(T0 + 20);
-    let policy = w.policy;
-    w.tx(|tx| core::job::maintain(tx, "q", &policy)).unwrap();
-    let mut ids = Vec::new();
-    w.tx(|tx| tx.scan("q", JobQuery::Ready, 1000, &mut ids))
-        .unwrap();
-    assert_eq!(ids.len(), 300);
-    let ranks: Vec<_> = ids.iter().map(|&id| w.get(id).rank()).collect();
+    let read = |now_ms: u64, chunk: usize, ready: usize| {
+        w.tx(|tx| tx.jobs()?.pending("q", now_ms, chunk, ready))
+            .unwrap()
+    };
+    let p = read(T0 + 20, 1000, 1000);
+    assert!(
+        p.expired.is_empty(),
+        "nothing expired yet: {:?}",
+        p.expired.len()
+    );
+    assert_eq!(
+        p.due.len(),
+        200,
+        "the 10 ms and 20 ms delays are due at T0 + 20"
+    );
+    let due: Vec<_> = p.due.iter().map(|j| (j.run_at_ms, j.id)).collect();
+    assert!(
+        due.windows(2).all(|p| p[0] < p[1]),
+        "due by run_at, then id"
+    );
+    assert_eq!(p.ready.len(), 94, "the undelayed jobs not claimed");
+    let ranks: Vec<_> = p.ready.iter().map(JobRecord::rank).collect();
     assert!(
         ranks.windows(2).all(|p| p[0] < p[1]),
-        "ready scan is in claim order"
+        "ready in claim order"
     );
+    assert!(p.ready.iter().all(|j| j.state == JobState::Ready));
+    let some = read(T0 + 20, 7, 5);
+    assert_eq!((some.due.len(), some.ready.len()), (7, 5), "limits");
+    assert_eq!(some.ready[..], p.ready[..5]);
+    let at_10 = read(T0 + 10, 1000, 0);
+    assert_eq!(
+        (at_10.due.len(), at_10.ready.len()),
+        (100, 0),
+        "only what is due"
+    );
+    // Expired claims, earliest lease first.
+    w.at(T0 + 60);
+    let p = read(T0 + 60, 1000, 0);
+    let expired: Vec<JobId> = p.expired.iter().map(|j| j.id).collect();
+    let mut want: Vec<&JobRecord> = running.iter().collect();
+    want.sort_by_key(|j| (j.claim.unwrap().lease_until_ms, j.id));
+    assert_eq!(expired, want.iter().map(|j| j.id).collect::<Vec<_>>());
+    // Up to date, the ready read is exactly the claim order.
+    let policy = w.policy;
+    w.tx(|tx| core::job::maintain(tx, "q", &policy)).unwrap();
+    let ready: Vec<JobId> = read(T0 + 60, 1000, 1000)
+        .ready
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(ready.len(), 294, "the expired six wait out their backoff");
     let claimed: Vec<JobId> = w.claim("q", 1, 100, 300).iter().map(|j| j.id).collect();
-    assert_eq!(claimed, ids);
+    assert_eq!(claimed, ready);
+    // Retries apart from first delays, earliest first.
+    let mut ids = Vec::new();
+    w.tx(|tx| tx.jobs()?.scan("q", JobQuery::Retrying, 100, &mut ids))
+        .unwrap();
+    let mut want: Vec<JobRecord> = running.iter().map(|j| w.get(j.id)).collect();
+    want.sort_by_key(|j| (j.run_at_ms, j.id));
+    assert_eq!(ids, want.iter().map(|j| j.id).collect::<Vec<_>>());
 }
 
 /// Generates one `#[test]` per lease case for a store factory. With

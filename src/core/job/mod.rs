@@ -1,0 +1,336 @@
+//! Jobs: the records ([`JobRecord`], [`JobState`], [`Claim`]), what to
+//! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
+//! and the rules over them (Q1-Q5, [`rules`]: enqueue, claim, heartbeat,
+//! complete, fail, abandon, expire, cancel, retry, purge, stats, list).
+//!
+//! See the [module docs of `core`](super) for the state machine. Each
+//! operation reads what it needs, decides, and only then writes, so a rule
+//! error changes nothing.
+
+mod rules;
+
+pub use rules::*;
+
+use super::{mix64, HolderId};
+use crate::error::{Error, LostReason, Result, Target};
+use std::cmp::Reverse;
+use std::fmt;
+use std::sync::Arc;
+
+/// A job's id: unique in the store and increasing in enqueue order (the
+/// FIFO tie-break of claim order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct JobId(pub u64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobState {
+    /// Claimable now.
+    Ready = 0,
+    /// Waiting for its `run_at_ms` (a delay or a retry backoff).
+    Scheduled = 1,
+    /// Claimed by a worker whose claim has not been seen to expire.
+    Running = 2,
+    /// Completed (terminal).
+    Done = 3,
+    /// Out of attempts or quarantined (terminal; `retry` revives it).
+    Dead = 4,
+    /// Cancelled (terminal).
+    Cancelled = 5,
+}
+
+impl JobState {
+    /// All states, in the order of [`StateCounts`].
+    pub const ALL: [JobState; 6] = [
+        JobState::Ready,
+        JobState::Scheduled,
+        JobState::Running,
+        JobState::Done,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    /// Done, dead or cancelled.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Done | JobState::Dead | JobState::Cancelled)
+    }
+
+    /// The lower-case name used in output and in stores.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Ready => "ready",
+            JobState::Scheduled => "scheduled",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parse [`JobState::as_str`]'s output.
+    pub fn parse(text: &str) -> Result<Self> {
+        JobState::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "state",
+                    format!(
+                        "{text:?} is not one of ready, scheduled, running, done, dead, cancelled"
+                    ),
+                )
+            })
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The state's code in stores: 0 ready, 1 scheduled, 2 running, 3 done,
+    /// 4 dead, 5 cancelled (the order of [`StateCounts`]). Every store
+    /// writes and reads these, and indexes by them.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The state a stored code names; `None` for a code no state has (a
+    /// row written by a newer leasehold, or damaged): the store reports it
+    /// as an error naming the row, never guesses.
+    pub fn from_code(code: i64) -> Option<JobState> {
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| JobState::ALL.get(i).copied())
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A running job's claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The worker that claimed it.
+    pub holder: HolderId,
+    /// The claim's fencing token (per job, increasing with every claim).
+    pub token: u64,
+    /// First instant (store clock) at which the claim is expired.
+    pub lease_until_ms: u64,
+}
+
+/// The stored state of one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRecord {
+    /// Its id.
+    pub id: JobId,
+    /// The queue it belongs to.
+    pub queue: Arc<str>,
+    /// Opaque bytes for the worker.
+    pub payload: Arc<[u8]>,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Not claimable before this instant (store clock).
+    pub run_at_ms: u64,
+    /// When it was enqueued.
+    pub created_at_ms: u64,
+    /// Attempts allowed before it is dead.
+    pub max_attempts: u32,
+    /// Claims so far (counted at claim).
+    pub attempts: u32,
+    /// Claims that ended by lease expiry (counted apart from failures).
+    pub expiries: u32,
+    /// The token of the latest claim.
+    pub last_token: u64,
+    /// Where it is.
+    pub state: JobState,
+    /// Set exactly when `state` is running.
+    pub claim: Option<Claim>,
+    /// A cancel arrived while it was running.
+    pub cancel_requested: bool,
+    /// Why the latest attempt failed.
+    pub last_error: Option<Arc<str>>,
+    /// Deduplication key among the queue's non-terminal jobs.
+    pub unique_key: Option<Arc<str>>,
+    /// When it reached a terminal state.
+    pub finished_at_ms: Option<u64>,
+}
+
+/// The sort key of claim order (Q5): priority descending, then earlier
+/// `run_at_ms`, then lower id (FIFO).
+pub type ClaimRank = (Reverse<i32>, u64, JobId);
+
+impl JobRecord {
+    /// Its position in claim order.
+    pub fn rank(&self) -> ClaimRank {
+        (Reverse(self.priority), self.run_at_ms, self.id)
+    }
+
+    pub(super) fn finish(&mut self, state: JobState, now_ms: u64) {
+        debug_assert!(state.is_terminal());
+        self.state = state;
+        self.claim = None;
+        self.finished_at_ms = Some(now_ms);
+    }
+
+    pub(super) fn reschedule(&mut self, run_at_ms: u64, now_ms: u64) {
+        self.claim = None;
+        self.run_at_ms = run_at_ms;
+        self.state = if run_at_ms <= now_ms {
+            JobState::Ready
+        } else {
+            JobState::Scheduled
+        };
+    }
+
+    /// Check that `holder`/`token` names this job's unexpired claim.
+    pub(super) fn check_claim(&self, holder: HolderId, token: u64, now_ms: u64) -> Result<Claim> {
+        let reason = match self.claim {
+            Some(c) if self.state == JobState::Running && c.token == token => {
+                if c.holder != holder {
+                    LostReason::NotHolder
+                } else if now_ms >= c.lease_until_ms {
+                    LostReason::Expired
+                } else {
+                    return Ok(c);
+                }
+            }
+            _ => LostReason::StaleToken,
+        };
+        Err(Error::Lost {
+            target: Target::Job { id: self.id, token },
+            reason,
+        })
+    }
+}
+
+/// What to enqueue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    /// Opaque bytes for the worker (at most [`MAX_PAYLOAD_BYTES`](super::MAX_PAYLOAD_BYTES)).
+    pub payload: Vec<u8>,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Run no earlier than this long after enqueue.
+    pub delay_ms: u64,
+    /// Run no earlier than this instant (store clock); overrides `delay_ms`.
+    /// An instant in the past means now.
+    pub run_at_ms: Option<u64>,
+    /// Attempts allowed (1..=[`MAX_ATTEMPTS`](super::MAX_ATTEMPTS)).
+    pub max_attempts: u32,
+    /// A second enqueue with the key of a live (non-terminal) job returns
+    /// that job instead of creating one.
+    pub unique_key: Option<String>,
+}
+
+impl Default for JobSpec {
+    fn default() -> Self {
+        JobSpec {
+            payload: Vec::new(),
+            priority: 0,
+            delay_ms: 0,
+            run_at_ms: None,
+            max_attempts: 3,
+            unique_key: None,
+        }
+    }
+}
+
+impl JobSpec {
+    /// A job with this payload and default options.
+    pub fn new(payload: impl Into<Vec<u8>>) -> Self {
+        JobSpec {
+            payload: payload.into(),
+            ..JobSpec::default()
+        }
+    }
+}
+
+/// Retry policy of a queue: backoff after a failure or expiry, and the
+/// crash-loop quarantine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePolicy {
+    /// Backoff after the first failed attempt; doubles per attempt.
+    pub backoff_base_ms: u64,
+    /// Longest backoff.
+    pub backoff_max_ms: u64,
+    /// Seed of the backoff jitter (deterministic per job and attempt).
+    pub jitter_seed: u64,
+    /// A job whose claims expired this many times is dead ("crash loop"),
+    /// even with attempts left. 0 turns quarantine off.
+    pub quarantine_expiries: u32,
+}
+
+impl Default for QueuePolicy {
+    fn default() -> Self {
+        QueuePolicy {
+            backoff_base_ms: 1_000,
+            backoff_max_ms: 3_600_000,
+            jitter_seed: 0,
+            quarantine_expiries: 5,
+        }
+    }
+}
+
+/// The backoff before the attempt after `attempts` failed ones: exponential
+/// (`base * 2^(attempts-1)`, capped at `max`), with "equal jitter" drawn
+/// deterministically from the seed, the job and the attempt: a value in
+/// `[d/2, d]`.
+pub fn backoff_ms(policy: &QueuePolicy, id: JobId, attempts: u32) -> u64 {
+    let shift = attempts.saturating_sub(1).min(63);
+    let full = policy
+        .backoff_base_ms
+        .saturating_mul(1u64 << shift)
+        .min(policy.backoff_max_ms);
+    let half = full / 2;
+    let span = full - half;
+    let roll = mix64(policy.jitter_seed ^ mix64(id.0) ^ u64::from(attempts));
+    half + roll % (span + 1)
+}
+
+/// What [`enqueue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueOutcome {
+    /// The new job, or the live job that already had the unique key.
+    pub id: JobId,
+    /// False when an existing job was returned.
+    pub created: bool,
+}
+
+/// What a heartbeat tells the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    /// The claim's new expiry (store clock).
+    pub lease_until_ms: u64,
+    /// Someone asked to cancel the job: the worker should stop and call fail.
+    pub cancel_requested: bool,
+}
+
+/// Jobs per state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StateCounts(pub [u64; 6]);
+
+impl StateCounts {
+    /// The count of one state.
+    pub fn get(&self, state: JobState) -> u64 {
+        self.0[state.index()]
+    }
+
+    /// Add `delta` to one state's count.
+    pub fn add(&mut self, state: JobState, delta: i64) {
+        let slot = &mut self.0[state.index()];
+        *slot = slot.saturating_add_signed(delta);
+    }
+
+    /// All jobs.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}

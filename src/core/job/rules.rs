@@ -1,0 +1,484 @@
+//! The job rules (Q1-Q5). Every public operation takes the whole
+//! transaction and opens its job side once ([`Txn::jobs`]); a rule error
+//! is decided before anything is written.
+
+use super::{
+    backoff_ms, Claim, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec, JobState,
+    QueuePolicy, StateCounts,
+};
+use crate::core::{
+    check_key, check_text, expiry_ms, HolderId, JobQuery, JobTxn, Txn, Wake, MAX_ATTEMPTS,
+    MAX_BATCH, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
+};
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Expired and due jobs handled per read while bringing a queue up to date.
+const CHUNK: usize = 256;
+
+fn check_queue(queue: &str) -> Result<()> {
+    check_key("queue", queue)
+}
+
+fn check_batch(max: usize) -> Result<()> {
+    if max == 0 || max > MAX_BATCH {
+        return Err(Error::invalid(
+            "batch",
+            format!("{max} is outside 1..={MAX_BATCH}"),
+        ));
+    }
+    Ok(())
+}
+
+fn load(tx: &mut dyn JobTxn, id: JobId) -> Result<JobRecord> {
+    tx.job(id)?.ok_or(Error::NotFound(id))
+}
+
+/// Write a job back; a job that is ready now wakes idle workers.
+fn put(tx: &mut dyn JobTxn, job: &JobRecord) -> Result<()> {
+    tx.put_job(job)?;
+    if job.state == JobState::Ready {
+        tx.wake(Wake::JobReady);
+    }
+    Ok(())
+}
+
+/// Load a job as of the store's clock: if its claim expired or its
+/// `run_at_ms` passed, its queue is brought up to date first.
+fn load_fresh(tx: &mut dyn JobTxn, id: JobId, policy: &QueuePolicy) -> Result<JobRecord> {
+    let job = load(tx, id)?;
+    let now_ms = tx.now_ms();
+    let stale = match (job.state, job.claim) {
+        (JobState::Running, Some(c)) => c.lease_until_ms <= now_ms,
+        (JobState::Scheduled, _) => job.run_at_ms <= now_ms,
+        _ => false,
+    };
+    if !stale {
+        return Ok(job);
+    }
+    refresh(tx, &job.queue, policy, 0)?;
+    load(tx, id)
+}
+
+/// Add a job to `queue`, or return the live job with the same unique key.
+pub fn enqueue(
+    tx: &mut dyn Txn,
+    queue: &str,
+    spec: &JobSpec,
+    policy: &QueuePolicy,
+) -> Result<EnqueueOutcome> {
+    let tx = tx.jobs()?;
+    check_queue(queue)?;
+    check_spec(spec)?;
+    let now_ms = tx.now_ms();
+    let run_at_ms = match spec.run_at_ms {
+        Some(at) => {
+            let latest = now_ms.saturating_add(MAX_TTL_MS);
+            if at > latest {
+                return Err(Error::invalid(
+                    "run_at",
+                    format!("{at} ms is more than a year after now ({now_ms} ms)"),
+                ));
+            }
+            at.max(now_ms)
+        }
+        None if spec.delay_ms == 0 => now_ms,
+        None => expiry_ms("delay", now_ms, spec.delay_ms)?,
+    };
+    if let Some(key) = &spec.unique_key {
+        if let Some(id) = tx.live_unique(queue, key)? {
+            // The holder of the key may have just expired into a terminal
+            // state, or (in a store whose lookup does not lock) finished and
+            // been purged since the lookup.
+            match load_fresh(tx, id, policy) {
+                Ok(job) if !job.state.is_terminal() => {
+                    return Ok(EnqueueOutcome { id, created: false });
+                }
+                Ok(_) | Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let id = tx.next_job_id()?;
+    let mut job = JobRecord {
+        id,
+        queue: Arc::from(queue),
+        payload: Arc::from(spec.payload.as_slice()),
+        priority: spec.priority,
+        run_at_ms,
+        created_at_ms: now_ms,
+        max_attempts: spec.max_attempts,
+        attempts: 0,
+        expiries: 0,
+        last_token: 0,
+        state: JobState::Ready,
+        claim: None,
+        cancel_requested: false,
+        last_error: None,
+        unique_key: spec.unique_key.as_deref().map(Arc::from),
+        finished_at_ms: None,
+    };
+    job.reschedule(run_at_ms, now_ms);
+    put(tx, &job)?;
+    Ok(EnqueueOutcome { id, created: true })
+}
+
+fn check_spec(spec: &JobSpec) -> Result<()> {
+    if spec.payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(Error::invalid(
+            "payload",
+            format!(
+                "{} bytes is larger than {MAX_PAYLOAD_BYTES}",
+                spec.payload.len()
+            ),
+        ));
+    }
+    if spec.max_attempts == 0 || spec.max_attempts > MAX_ATTEMPTS {
+        return Err(Error::invalid(
+            "max_attempts",
+            format!("{} is outside 1..={MAX_ATTEMPTS}", spec.max_attempts),
+        ));
+    }
+    if let Some(key) = &spec.unique_key {
+        check_text("unique_key", key)?;
+        if key.is_empty() {
+            return Err(Error::invalid("unique_key", "must not be empty"));
+        }
+    }
+    Ok(())
+}
+
+/// Bring `queue` up to date with the store's clock: running jobs whose
+/// claim expired are rescheduled or dead (an expiry is an attempt already
+/// counted at claim), and scheduled jobs that are due become ready. Returns
+/// up to `ready_max` claimable jobs in claim order: the ready jobs read
+/// with the first chunk, merged with those this call made ready, which is
+/// exactly the head of the ready index once the queue is up to date.
+fn refresh(
+    tx: &mut dyn JobTxn,
+    queue: &str,
+    policy: &QueuePolicy,
+    ready_max: usize,
+) -> Result<Vec<JobRecord>> {
+    let now_ms = tx.now_ms();
+    let mut ready = Vec::new();
+    let mut first = true;
+    loop {
+        let read = tx.pending(queue, now_ms, CHUNK, if first { ready_max } else { 0 })?;
+        let more = read.expired.len() >= CHUNK || read.due.len() >= CHUNK;
+        if first {
+            ready = read.ready;
+            first = false;
+        }
+        for mut job in read.expired {
+            expire(&mut job, now_ms, policy);
+            put(tx, &job)?;
+            if job.state == JobState::Ready && ready_max > 0 {
+                ready.push(job);
+            }
+        }
+        for mut job in read.due {
+            job.state = JobState::Ready;
+            put(tx, &job)?;
+            if ready_max > 0 {
+                ready.push(job);
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    ready.sort_by_key(JobRecord::rank);
+    ready.truncate(ready_max);
+    Ok(ready)
+}
+
+/// Bring `queue` up to date with the store's clock (see `refresh`). Every
+/// operation that reads claimable or running jobs does this first, so no
+/// job is ever seen running past its lease.
+pub fn maintain(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<()> {
+    check_queue(queue)?;
+    refresh(tx.jobs()?, queue, policy, 0).map(drop)
+}
+
+/// A claim that ran out is settled as of the instant it expired, not the
+/// instant someone noticed, so a job's state is a function of time alone,
+/// whenever `maintain` happens to run.
+fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) {
+    let expired_at_ms = job.claim.map_or(now_ms, |c| c.lease_until_ms);
+    job.expiries = job.expiries.saturating_add(1);
+    let quarantined = policy.quarantine_expiries > 0 && job.expiries >= policy.quarantine_expiries;
+    job.last_error = Some(Arc::from(
+        if quarantined && job.attempts < job.max_attempts {
+            "lease expired (crash loop: quarantined)"
+        } else {
+            "lease expired"
+        },
+    ));
+    settle_failure(job, expired_at_ms, now_ms, policy, quarantined);
+}
+
+/// After a failed or expired attempt (ending at `at_ms`): cancelled if a
+/// cancel was asked, dead without attempts left (or when quarantined), else
+/// scheduled after backoff.
+fn settle_failure(
+    job: &mut JobRecord,
+    at_ms: u64,
+    now_ms: u64,
+    policy: &QueuePolicy,
+    quarantined: bool,
+) {
+    if job.cancel_requested {
+        job.finish(JobState::Cancelled, at_ms);
+    } else if quarantined || job.attempts >= job.max_attempts {
+        job.finish(JobState::Dead, at_ms);
+    } else {
+        let delay = backoff_ms(policy, job.id, job.attempts);
+        job.reschedule(at_ms.saturating_add(delay), now_ms);
+    }
+}
+
+/// Claim up to `max` ready jobs of `queue` for `holder`, each under a lease
+/// of `lease_ms`, in claim order. Returns the claimed records (state
+/// running, with their claim).
+pub fn claim(
+    tx: &mut dyn Txn,
+    queue: &str,
+    holder: HolderId,
+    lease_ms: u64,
+    max: usize,
+    policy: &QueuePolicy,
+) -> Result<Vec<JobRecord>> {
+    let tx = tx.jobs()?;
+    check_queue(queue)?;
+    check_batch(max)?;
+    let now_ms = tx.now_ms();
+    let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
+    let mut jobs = refresh(tx, queue, policy, max)?;
+    for job in &mut jobs {
+        let token = job.last_token.checked_add(1).ok_or_else(|| {
+            Error::store(
+                format!("claiming job {}", job.id),
+                "token counter exhausted",
+            )
+        })?;
+        job.last_token = token;
+        job.attempts = job.attempts.saturating_add(1);
+        job.state = JobState::Running;
+        job.claim = Some(Claim {
+            holder,
+            token,
+            lease_until_ms,
+        });
+        tx.put_job(job)?;
+    }
+    Ok(jobs)
+}
+
+/// Extend a claim to `now + lease_ms`; tells the worker if a cancel was
+/// requested.
+pub fn heartbeat(
+    tx: &mut dyn Txn,
+    id: JobId,
+    holder: HolderId,
+    token: u64,
+    lease_ms: u64,
+) -> Result<HeartbeatReply> {
+    let tx = tx.jobs()?;
+    let now_ms = tx.now_ms();
+    let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
+    let mut job = load(tx, id)?;
+    let mut claim = job.check_claim(holder, token, now_ms)?;
+    // Never shorten: the worker's earlier local deadline relies on it.
+    claim.lease_until_ms = claim.lease_until_ms.max(lease_until_ms);
+    job.claim = Some(claim);
+    tx.put_job(&job)?;
+    Ok(HeartbeatReply {
+        lease_until_ms: claim.lease_until_ms,
+        cancel_requested: job.cancel_requested,
+    })
+}
+
+/// Mark a claimed job done. Only the current, unexpired claim can (Q2).
+pub fn complete(tx: &mut dyn Txn, id: JobId, holder: HolderId, token: u64) -> Result<()> {
+    let tx = tx.jobs()?;
+    let now_ms = tx.now_ms();
+    let mut job = load(tx, id)?;
+    job.check_claim(holder, token, now_ms)?;
+    job.finish(JobState::Done, now_ms);
+    tx.put_job(&job)
+}
+
+/// Report a failed attempt: the job is scheduled again after backoff, or
+/// dead once out of attempts (keeping `reason`), or cancelled if a cancel
+/// was requested. Returns the job's new state.
+pub fn fail(
+    tx: &mut dyn Txn,
+    id: JobId,
+    holder: HolderId,
+    token: u64,
+    reason: &str,
+    policy: &QueuePolicy,
+) -> Result<JobState> {
+    let tx = tx.jobs()?;
+    check_text("reason", reason)?;
+    let now_ms = tx.now_ms();
+    let mut job = load(tx, id)?;
+    job.check_claim(holder, token, now_ms)?;
+    job.last_error = Some(Arc::from(reason));
+    settle_failure(&mut job, now_ms, now_ms, policy, false);
+    put(tx, &job)?;
+    Ok(job.state)
+}
+
+/// Give a claimed job back without an outcome (a worker shutting down):
+/// ready again at once, no backoff. A job whose handler never `started`
+/// gets its attempt back; a started one keeps it counted, and is dead if
+/// that was its last. A job asked to cancel is cancelled. Returns the job's
+/// new state.
+pub fn abandon(
+    tx: &mut dyn Txn,
+    id: JobId,
+    holder: HolderId,
+    token: u64,
+    started: bool,
+) -> Result<JobState> {
+    let tx = tx.jobs()?;
+    let now_ms = tx.now_ms();
+    let mut job = load(tx, id)?;
+    job.check_claim(holder, token, now_ms)?;
+    if job.cancel_requested {
+        job.finish(JobState::Cancelled, now_ms);
+    } else if !started {
+        job.attempts = job.attempts.saturating_sub(1);
+        job.reschedule(now_ms, now_ms);
+    } else if job.attempts >= job.max_attempts {
+        job.last_error = Some(Arc::from("abandoned by its worker on its last attempt"));
+        job.finish(JobState::Dead, now_ms);
+    } else {
+        job.reschedule(now_ms, now_ms);
+    }
+    put(tx, &job)?;
+    Ok(job.state)
+}
+
+/// Cancel a job: a waiting job is cancelled at once; a running one gets a
+/// cancel request its worker sees at the next heartbeat. Returns the job's
+/// state after the call.
+pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobState> {
+    let tx = tx.jobs()?;
+    let now_ms = tx.now_ms();
+    let mut job = load_fresh(tx, id, policy)?;
+    match job.state {
+        JobState::Ready | JobState::Scheduled => job.finish(JobState::Cancelled, now_ms),
+        JobState::Running => job.cancel_requested = true,
+        state => {
+            return Err(Error::InvalidState {
+                id,
+                state,
+                action: "cancel",
+            })
+        }
+    }
+    tx.put_job(&job)?;
+    Ok(job.state)
+}
+
+/// Make a dead or cancelled job ready again with a fresh attempt budget.
+pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
+    let tx = tx.jobs()?;
+    let now_ms = tx.now_ms();
+    let mut job = load_fresh(tx, id, policy)?;
+    if !matches!(job.state, JobState::Dead | JobState::Cancelled) {
+        return Err(Error::InvalidState {
+            id,
+            state: job.state,
+            action: "retry (only dead or cancelled jobs can be retried)",
+        });
+    }
+    if let Some(key) = &job.unique_key {
+        let holder = match tx.live_unique(&job.queue, key)? {
+            Some(other) if !load_fresh(tx, other, policy)?.state.is_terminal() => Some(other),
+            _ => None,
+        };
+        if let Some(other) = holder {
+            return Err(Error::invalid(
+                "unique_key",
+                format!("job {other} already holds unique key {key:?}"),
+            ));
+        }
+    }
+    job.attempts = 0;
+    job.expiries = 0;
+    job.cancel_requested = false;
+    job.finished_at_ms = None;
+    job.reschedule(now_ms, now_ms);
+    put(tx, &job)
+}
+
+/// Delete up to `limit` terminal jobs of `queue` that finished at least
+/// `older_than_ms` ago. Returns how many were deleted.
+pub fn purge(
+    tx: &mut dyn Txn,
+    queue: &str,
+    older_than_ms: u64,
+    limit: usize,
+    policy: &QueuePolicy,
+) -> Result<usize> {
+    let tx = tx.jobs()?;
+    check_queue(queue)?;
+    check_batch(limit)?;
+    refresh(tx, queue, policy, 0)?;
+    let cutoff_ms = tx.now_ms().saturating_sub(older_than_ms);
+    let mut ids = Vec::new();
+    tx.scan(queue, JobQuery::FinishedBy { cutoff_ms }, limit, &mut ids)?;
+    for &id in &ids {
+        tx.delete_job(id)?;
+    }
+    Ok(ids.len())
+}
+
+/// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):
+/// a queue is drained once no job is ready, running or due, where a retry
+/// waiting out its backoff counts as due. A job delayed before its first
+/// attempt does not hold a draining worker.
+pub fn drained(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<bool> {
+    let counts = stats(tx, queue, policy)?;
+    if counts.get(JobState::Ready) > 0 || counts.get(JobState::Running) > 0 {
+        return Ok(false);
+    }
+    let mut retrying = Vec::new();
+    tx.jobs()?
+        .scan(queue, JobQuery::Retrying, 1, &mut retrying)?;
+    Ok(retrying.is_empty())
+}
+
+/// Jobs of `queue` per state, after bringing it up to date.
+pub fn stats(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<StateCounts> {
+    let tx = tx.jobs()?;
+    check_queue(queue)?;
+    refresh(tx, queue, policy, 0)?;
+    tx.counts(queue)
+}
+
+/// Up to `limit` jobs of `queue` after id `after`, optionally in one state,
+/// after bringing it up to date.
+pub fn list(
+    tx: &mut dyn Txn,
+    queue: &str,
+    state: Option<JobState>,
+    after: JobId,
+    limit: usize,
+    policy: &QueuePolicy,
+) -> Result<Vec<JobRecord>> {
+    let tx = tx.jobs()?;
+    check_queue(queue)?;
+    check_batch(limit)?;
+    refresh(tx, queue, policy, 0)?;
+    tx.list(queue, state, after, limit)
+}
+
+/// One job's record, as of the store's clock.
+pub fn get(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobRecord> {
+    load_fresh(tx.jobs()?, id, policy)
+}
