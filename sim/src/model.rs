@@ -608,6 +608,37 @@ impl Model {
         self.last.clone()
     }
 
+    /// Give a claim back without an outcome: ready at once; the attempt
+    /// returned if the handler never started; dead if a started one was
+    /// the last; cancelled if a cancel was asked.
+    pub fn abandon(&mut self, id: u64, holder: u128, token: u64, started: bool) -> Outcome {
+        self.settle();
+        let now = self.now_ms;
+        self.last = match self.claimed(id, holder, token) {
+            Ok(job) => {
+                job.claim = None;
+                if job.cancel_requested {
+                    job.state = JobState::Cancelled;
+                    job.finished_at_ms = Some(now);
+                } else if !started {
+                    job.attempts = job.attempts.saturating_sub(1);
+                    job.run_at_ms = now;
+                    job.state = JobState::Ready;
+                } else if job.attempts >= job.max_attempts {
+                    job.last_error = Some("abandoned by its worker on its last attempt".into());
+                    job.state = JobState::Dead;
+                    job.finished_at_ms = Some(now);
+                } else {
+                    job.run_at_ms = now;
+                    job.state = JobState::Ready;
+                }
+                Outcome::State(job.state)
+            }
+            Err(o) => o,
+        };
+        self.last.clone()
+    }
+
     /// Fail an attempt.
     pub fn fail(&mut self, id: u64, holder: u128, token: u64, reason: &str) -> Outcome {
         self.settle();

@@ -345,6 +345,9 @@ impl JobTxn for BlindClaims<'_> {
     fn job(&mut self, id: JobId) -> leasehold::Result<Option<JobRecord>> {
         self.0.job(id)
     }
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> leasehold::Result<Vec<JobRecord>> {
+        self.0.jobs_by_id(ids)
+    }
     fn put_job(&mut self, job: &JobRecord) -> leasehold::Result<()> {
         self.0.put_job(job)
     }

@@ -82,6 +82,12 @@ enum Step {
         holder: u128,
         token: u64,
     },
+    Abandon {
+        job: u64,
+        holder: u128,
+        token: u64,
+        started: bool,
+    },
     Cancel {
         job: u64,
     },
@@ -184,7 +190,10 @@ impl ReferenceStateMachine for Reference {
                 Step::Heartbeat { job, holder, token, lease }
             }),
             3 => target.clone().prop_map(|(job, holder, token)| Step::Complete { job, holder, token }),
-            2 => target.prop_map(|(job, holder, token)| Step::Fail { job, holder, token }),
+            2 => target.clone().prop_map(|(job, holder, token)| Step::Fail { job, holder, token }),
+            1 => (target, proptest::bool::ANY).prop_map(|((job, holder, token), started)| {
+                Step::Abandon { job, holder, token, started }
+            }),
             1 => (1..=njobs + 1).prop_map(|job| Step::Cancel { job }),
             1 => (1..=njobs + 1).prop_map(|job| Step::Retry { job }),
             1 => (0..QUEUES.len(), 0u64..100).prop_map(|(queue, older)| Step::Purge { queue, older }),
@@ -240,6 +249,14 @@ impl ReferenceStateMachine for Reference {
             }
             Step::Fail { job, holder, token } => {
                 m.fail(job, holder, token, "handler failed");
+            }
+            Step::Abandon {
+                job,
+                holder,
+                token,
+                started,
+            } => {
+                m.abandon(job, holder, token, started);
             }
             Step::Cancel { job } => {
                 m.cancel(job);
@@ -425,6 +442,15 @@ impl StateMachineTest for Sut {
                     )
                 })
                 .map(Outcome::State),
+            ),
+            Step::Abandon {
+                job,
+                holder,
+                token,
+                started,
+            } => flatten(
+                sut.run(|tx| core::job::abandon(tx, JobId(job), HolderId(holder), token, started))
+                    .map(Outcome::State),
             ),
             Step::Cancel { job } => flatten(
                 sut.run(|tx| core::job::cancel(tx, JobId(job), &p))

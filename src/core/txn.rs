@@ -103,6 +103,11 @@ pub trait JobTxn {
     /// A copy of the job's record.
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>>;
 
+    /// Copies of the records of `ids` that exist, in any order, in one read
+    /// (a batch of heartbeats or outcomes loads its jobs this way; a store
+    /// that locks rows locks these).
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>>;
+
     /// Insert or replace a job's record, updating every index.
     fn put_job(&mut self, job: &JobRecord) -> Result<()>;
 

@@ -265,6 +265,13 @@ impl JobTxn for MemTxn<'_> {
         Ok(self.st.jobs.get(&id).cloned())
     }
 
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
+        Ok(ids
+            .iter()
+            .filter_map(|id| self.st.jobs.get(id).cloned())
+            .collect())
+    }
+
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
         let old = self.st.set_job(job.id, Some(job));
         self.st.undo.jobs.push((job.id, old));

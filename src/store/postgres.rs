@@ -1398,6 +1398,14 @@ impl JobTxn for PgTxn<'_> {
         Ok(self.jobs.get(&id).map(|c| c.record.clone()))
     }
 
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
+        let mut jobs = Vec::with_capacity(ids.len());
+        for &id in ids {
+            jobs.extend(self.job(id)?);
+        }
+        Ok(jobs)
+    }
+
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
         // A job deleted earlier in this transaction stays deleted: its new
         // record is inserted after the DELETE (deletes render first).

@@ -864,6 +864,14 @@ impl JobTxn for SqlTxn<'_> {
         Ok(job)
     }
 
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
+        let mut jobs = Vec::with_capacity(ids.len());
+        for &id in ids {
+            jobs.extend(self.job(id)?);
+        }
+        Ok(jobs)
+    }
+
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
         if self.loaded.contains(&job.id) {
             return self.update_job(job);

@@ -1047,6 +1047,97 @@ pub fn job_drain_rule(make: &Make) {
     assert!(drained(&w));
 }
 
+/// A renewal round and a completer batch: one transaction each, every job
+/// decided on its own (a lost claim or a bad reason spoils nothing else).
+pub fn job_batch_heartbeat_and_settle(make: &Make) {
+    use core::job::Settle;
+    let w = World::new(make);
+    for i in 0..5u8 {
+        w.push(
+            "q",
+            JobSpec {
+                max_attempts: 1,
+                ..JobSpec::new(vec![i])
+            },
+        );
+    }
+    let jobs = w.claim("q", 1, 100, 5);
+    let token = |i: usize| jobs[i].claim.unwrap().token;
+    w.at(T0 + 50);
+    let claims: Vec<(JobId, u64)> = (0..5).map(|i| (jobs[i].id, token(i))).collect();
+    let mut with_stale = claims.clone();
+    with_stale[4].1 += 7;
+    let replies = w
+        .tx(|tx| core::job::heartbeat_many(tx, HolderId(1), &with_stale, 100))
+        .unwrap();
+    assert_eq!(replies.len(), 5);
+    for r in &replies[..4] {
+        assert_eq!(r.as_ref().unwrap().lease_until_ms, T0 + 150);
+    }
+    assert_eq!(lost_reason(replies[4].clone()), LostReason::StaleToken);
+    assert_eq!(
+        w.get(jobs[4].id).claim.unwrap().lease_until_ms,
+        T0 + 100,
+        "untouched"
+    );
+    let policy = w.policy;
+    let settles = vec![
+        (jobs[0].id, token(0), Settle::Complete),
+        (jobs[1].id, token(1), Settle::Fail("boom".into())),
+        (jobs[2].id, token(2), Settle::Abandon { started: false }),
+        (jobs[3].id, token(3), Settle::Fail("x".repeat(5_000))),
+        (jobs[4].id, token(4) + 1, Settle::Complete),
+        (JobId(999), 1, Settle::Complete),
+    ];
+    let states = w
+        .tx(|tx| core::job::settle_many(tx, HolderId(1), &settles, &policy))
+        .unwrap();
+    assert_eq!(states[0].as_ref().unwrap(), &JobState::Done);
+    assert_eq!(
+        states[1].as_ref().unwrap(),
+        &JobState::Dead,
+        "its only attempt"
+    );
+    assert_eq!(states[2].as_ref().unwrap(), &JobState::Ready, "given back");
+    assert!(matches!(
+        states[3],
+        Err(Error::Invalid {
+            field: "reason",
+            ..
+        })
+    ));
+    assert_eq!(lost_reason(states[4].clone()), LostReason::StaleToken);
+    assert!(matches!(states[5], Err(Error::NotFound(_))));
+    assert_eq!(
+        w.get(jobs[2].id).attempts,
+        0,
+        "an unstarted attempt is given back"
+    );
+    assert_eq!(
+        w.get(jobs[3].id).state,
+        JobState::Running,
+        "refused: unchanged"
+    );
+    assert_eq!(w.get(jobs[1].id).last_error.as_deref(), Some("boom"));
+    // A started job given back on its last attempt is dead; with a cancel
+    // asked, cancelled.
+    let again = w.claim_one("q", 2, 100);
+    assert_eq!(again.id, jobs[2].id);
+    let t = again.claim.unwrap().token;
+    assert_eq!(
+        w.tx(|tx| core::job::abandon(tx, again.id, HolderId(2), t, true))
+            .unwrap(),
+        JobState::Dead
+    );
+    w.tx(|tx| core::job::cancel(tx, jobs[3].id, &policy))
+        .unwrap();
+    assert_eq!(
+        w.tx(|tx| core::job::abandon(tx, jobs[3].id, HolderId(1), token(3), false))
+            .unwrap(),
+        JobState::Cancelled
+    );
+}
+
 /// The batched read ([`core::JobTxn::pending`]) and the scans come in
 /// their index order, limited, and only with what is due as of `now`.
 pub fn job_scans_are_ordered(make: &Make) {
@@ -1162,7 +1253,7 @@ macro_rules! conformance_cases {
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
             job_purge, job_list_pages_and_filters, job_drain_rule, job_scans_are_ordered,
-            job_unique_key_freed_by_a_final_expiry,
+            job_unique_key_freed_by_a_final_expiry, job_batch_heartbeat_and_settle,
             job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
         );
     };

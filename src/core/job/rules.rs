@@ -285,28 +285,84 @@ pub fn heartbeat(
     lease_ms: u64,
 ) -> Result<HeartbeatReply> {
     let tx = tx.jobs()?;
-    let now_ms = tx.now_ms();
-    let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
+    let lease_until_ms = expiry_ms("lease", tx.now_ms(), lease_ms)?;
     let mut job = load(tx, id)?;
+    let reply = heartbeat_record(&mut job, holder, token, tx.now_ms(), lease_until_ms)?;
+    tx.put_job(&job)?;
+    Ok(reply)
+}
+
+fn heartbeat_record(
+    job: &mut JobRecord,
+    holder: HolderId,
+    token: u64,
+    now_ms: u64,
+    lease_until_ms: u64,
+) -> Result<HeartbeatReply> {
     let mut claim = job.check_claim(holder, token, now_ms)?;
     // Never shorten: the worker's earlier local deadline relies on it.
     claim.lease_until_ms = claim.lease_until_ms.max(lease_until_ms);
     job.claim = Some(claim);
-    tx.put_job(&job)?;
     Ok(HeartbeatReply {
         lease_until_ms: claim.lease_until_ms,
         cancel_requested: job.cancel_requested,
     })
 }
 
-/// Mark a claimed job done. Only the current, unexpired claim can (Q2).
-pub fn complete(tx: &mut dyn Txn, id: JobId, holder: HolderId, token: u64) -> Result<()> {
+/// Heartbeat many claims of `holder` in one transaction (a worker's
+/// renewal round): each is decided on its own, exactly as [`heartbeat`],
+/// so a lost claim does not stop the others.
+pub fn heartbeat_many(
+    tx: &mut dyn Txn,
+    holder: HolderId,
+    claims: &[(JobId, u64)],
+    lease_ms: u64,
+) -> Result<Vec<Result<HeartbeatReply>>> {
     let tx = tx.jobs()?;
     let now_ms = tx.now_ms();
-    let mut job = load(tx, id)?;
-    job.check_claim(holder, token, now_ms)?;
-    job.finish(JobState::Done, now_ms);
-    tx.put_job(&job)
+    let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
+    let ids: Vec<JobId> = claims.iter().map(|c| c.0).collect();
+    let mut jobs = tx.jobs_by_id(&ids)?;
+    let mut replies = Vec::with_capacity(claims.len());
+    for &(id, token) in claims {
+        let Some(job) = jobs.iter_mut().find(|j| j.id == id) else {
+            replies.push(Err(Error::NotFound(id)));
+            continue;
+        };
+        let reply = heartbeat_record(job, holder, token, now_ms, lease_until_ms);
+        if reply.is_ok() {
+            tx.put_job(job)?;
+        }
+        replies.push(reply);
+    }
+    Ok(replies)
+}
+
+/// What a worker reports for one claimed job ([`settle_many`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// The handler succeeded: done ([`complete`]).
+    Complete,
+    /// The handler failed with this reason ([`fail`]).
+    Fail(String),
+    /// Given back without an outcome ([`abandon`]).
+    Abandon {
+        /// Whether its handler ran.
+        started: bool,
+    },
+}
+
+/// Mark a claimed job done. Only the current, unexpired claim can (Q2).
+pub fn complete(tx: &mut dyn Txn, id: JobId, holder: HolderId, token: u64) -> Result<()> {
+    settle_one(
+        tx,
+        id,
+        holder,
+        token,
+        &Settle::Complete,
+        &QueuePolicy::default(),
+    )
+    .map(drop)
 }
 
 /// Report a failed attempt: the job is scheduled again after backoff, or
@@ -320,15 +376,15 @@ pub fn fail(
     reason: &str,
     policy: &QueuePolicy,
 ) -> Result<JobState> {
-    let tx = tx.jobs()?;
     check_text("reason", reason)?;
-    let now_ms = tx.now_ms();
-    let mut job = load(tx, id)?;
-    job.check_claim(holder, token, now_ms)?;
-    job.last_error = Some(Arc::from(reason));
-    settle_failure(&mut job, now_ms, now_ms, policy, false);
-    put(tx, &job)?;
-    Ok(job.state)
+    settle_one(
+        tx,
+        id,
+        holder,
+        token,
+        &Settle::Fail(reason.to_owned()),
+        policy,
+    )
 }
 
 /// Give a claimed job back without an outcome (a worker shutting down):
@@ -343,23 +399,93 @@ pub fn abandon(
     token: u64,
     started: bool,
 ) -> Result<JobState> {
+    let settle = Settle::Abandon { started };
+    settle_one(tx, id, holder, token, &settle, &QueuePolicy::default())
+}
+
+fn settle_one(
+    tx: &mut dyn Txn,
+    id: JobId,
+    holder: HolderId,
+    token: u64,
+    settle: &Settle,
+    policy: &QueuePolicy,
+) -> Result<JobState> {
     let tx = tx.jobs()?;
-    let now_ms = tx.now_ms();
     let mut job = load(tx, id)?;
-    job.check_claim(holder, token, now_ms)?;
-    if job.cancel_requested {
-        job.finish(JobState::Cancelled, now_ms);
-    } else if !started {
-        job.attempts = job.attempts.saturating_sub(1);
-        job.reschedule(now_ms, now_ms);
-    } else if job.attempts >= job.max_attempts {
-        job.last_error = Some(Arc::from("abandoned by its worker on its last attempt"));
-        job.finish(JobState::Dead, now_ms);
-    } else {
-        job.reschedule(now_ms, now_ms);
-    }
+    settle_record(&mut job, holder, token, settle, tx.now_ms(), policy)?;
     put(tx, &job)?;
     Ok(job.state)
+}
+
+/// Settle many claimed jobs of `holder` in one transaction (a worker's
+/// completer batch): each is decided on its own, exactly as [`complete`],
+/// [`fail`] or [`abandon`], so a lost claim (or an overlong reason) does
+/// not stop the others. Returns each job's new state.
+pub fn settle_many(
+    tx: &mut dyn Txn,
+    holder: HolderId,
+    settles: &[(JobId, u64, Settle)],
+    policy: &QueuePolicy,
+) -> Result<Vec<Result<JobState>>> {
+    let tx = tx.jobs()?;
+    let now_ms = tx.now_ms();
+    let ids: Vec<JobId> = settles.iter().map(|s| s.0).collect();
+    let mut jobs = tx.jobs_by_id(&ids)?;
+    let mut states = Vec::with_capacity(settles.len());
+    for (id, token, settle) in settles {
+        if let Settle::Fail(reason) = settle {
+            if let Err(e) = check_text("reason", reason) {
+                states.push(Err(e));
+                continue;
+            }
+        }
+        let Some(job) = jobs.iter_mut().find(|j| j.id == *id) else {
+            states.push(Err(Error::NotFound(*id)));
+            continue;
+        };
+        match settle_record(job, holder, *token, settle, now_ms, policy) {
+            Ok(()) => {
+                put(tx, job)?;
+                states.push(Ok(job.state));
+            }
+            Err(e) => states.push(Err(e)),
+        }
+    }
+    Ok(states)
+}
+
+/// The rules of [`complete`], [`fail`] and [`abandon`] on a loaded record:
+/// decided (the claim checked) before anything changes.
+fn settle_record(
+    job: &mut JobRecord,
+    holder: HolderId,
+    token: u64,
+    settle: &Settle,
+    now_ms: u64,
+    policy: &QueuePolicy,
+) -> Result<()> {
+    job.check_claim(holder, token, now_ms)?;
+    match settle {
+        Settle::Complete => job.finish(JobState::Done, now_ms),
+        Settle::Fail(reason) => {
+            job.last_error = Some(Arc::from(reason.as_str()));
+            settle_failure(job, now_ms, now_ms, policy, false);
+        }
+        Settle::Abandon { .. } if job.cancel_requested => {
+            job.finish(JobState::Cancelled, now_ms);
+        }
+        Settle::Abandon { started: false } => {
+            job.attempts = job.attempts.saturating_sub(1);
+            job.reschedule(now_ms, now_ms);
+        }
+        Settle::Abandon { started: true } if job.attempts >= job.max_attempts => {
+            job.last_error = Some(Arc::from("abandoned by its worker on its last attempt"));
+            job.finish(JobState::Dead, now_ms);
+        }
+        Settle::Abandon { started: true } => job.reschedule(now_ms, now_ms),
+    }
+    Ok(())
 }
 
 /// Cancel a job: a waiting job is cancelled at once; a running one gets a
