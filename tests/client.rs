@@ -388,9 +388,9 @@ fn worker_loop_drains_with_retries() {
     let opts = WorkOptions {
         lease: Duration::from_secs(5),
         batch: 4,
-        concurrency: 1,
         drain: true,
         idle_poll: Duration::from_millis(5),
+        ..WorkOptions::default()
     };
     // Drain stops once nothing is ready, running or due: the retries
     // waiting out their backoff are due, so one call finishes everything.
@@ -546,7 +546,7 @@ fn worker_loop_runs_jobs_concurrently() {
                 now.fetch_sub(1, Ordering::SeqCst);
                 Ok(())
             },
-            |_, outcome| {
+            |_: &leasehold::JobRecord, outcome| {
                 assert_eq!(outcome, leasehold::JobOutcome::Done);
                 outcomes.fetch_add(1, Ordering::SeqCst);
             },

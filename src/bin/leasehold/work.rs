@@ -152,6 +152,10 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
         lease: args.lease,
         concurrency: args.concurrency as usize,
         drain: args.drain,
+        // After SIGTERM the job's tree has --grace before SIGKILL; its
+        // status then decides the job. Only a handler stuck past that is
+        // given back.
+        shutdown_grace: args.grace + Duration::from_secs(2),
         ..WorkOptions::default()
     };
     // SIGTERM/SIGINT: stop claiming; the running jobs' trees get the signal.
@@ -184,9 +188,10 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
                 let name = match outcome {
                     JobOutcome::Done => "done",
                     JobOutcome::Failed(state) => state.as_str(),
+                    JobOutcome::Abandoned(_) => "abandoned",
                     JobOutcome::Lost => "lost",
                 };
-                let line = json!({"id": job.id().0, "attempt": job.attempt(), "outcome": name});
+                let line = json!({"id": job.id.0, "attempt": job.attempts, "outcome": name});
                 if let Err(e) = emit(&line) {
                     // Keep working (the jobs are recorded in the store), but
                     // report the lost output when the loop ends.

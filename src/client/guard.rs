@@ -1,0 +1,207 @@
+//! [`LeaseGuard`]: a held lease, its local deadline and keep-alive.
+
+use super::lifeline::{Lifeline, RenewFn};
+#[cfg(loom)]
+use super::loom_canary;
+use super::machine::Lifetime;
+use super::Client;
+use crate::core;
+use crate::error::{Error, LostReason, Result, Target};
+use crate::sync::lock;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A held lease. Valid while [`LeaseGuard::is_valid`]; released on drop
+/// (in the creating process only).
+pub struct LeaseGuard {
+    client: Client,
+    key: String,
+    token: u64,
+    ttl_ms: u64,
+    renewed: bool,
+    life: Arc<Lifeline>,
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("ttl_ms", &self.ttl_ms)
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    /// A guard over a grant of `key` whose lifetime the acquiring machine
+    /// started (the local deadline counts from the acquire's send time).
+    pub(crate) fn new(
+        client: Client,
+        key: &str,
+        token: u64,
+        ttl_ms: u64,
+        renewed: bool,
+        life: Lifetime,
+    ) -> Self {
+        lock(&client.inner.held).insert(key.to_owned());
+        let target = Target::Lease {
+            key: key.to_owned(),
+            token,
+        };
+        LeaseGuard {
+            client,
+            key: key.to_owned(),
+            token,
+            ttl_ms,
+            renewed,
+            life: Lifeline::new(target, life),
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token: pass it to whatever the lease protects, which
+    /// should reject tokens lower than the highest it has seen.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Whether the holder already held the key and the acquire extended
+    /// that grant (same token) instead of making a new one: only possible
+    /// for a holder id shared between processes, like `leasehold lock
+    /// acquire --holder ID`.
+    pub fn renewed(&self) -> bool {
+        self.renewed
+    }
+
+    /// The TTL renewals use.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+
+    /// Whether the holder may act now: same process, not released or lost,
+    /// and before the local deadline on the holder's own clock. This is the
+    /// check to make before every protected action.
+    pub fn is_valid(&self) -> bool {
+        self.life.is_valid(self.client.local_now_ms())
+    }
+
+    /// Time left before the local deadline (zero if not valid).
+    pub fn remaining(&self) -> Duration {
+        let now = self.client.local_now_ms();
+        if !self.life.is_valid(now) {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(self.life.deadline().saturating_sub(now))
+    }
+
+    /// The loss seen by a renewal or keep-alive, if any.
+    pub fn lost(&self) -> Option<LostReason> {
+        self.life.lost()
+    }
+
+    fn renew_fn(&self) -> RenewFn {
+        let client = self.client.clone();
+        let key = self.key.clone();
+        let (token, ttl_ms) = (self.token, self.ttl_ms);
+        #[cfg(loom)]
+        let naive = loom_canary::naive();
+        Box::new(move |deadline| {
+            let id = client.inner.holder.id;
+            #[cfg(loom)]
+            if naive {
+                let holder = client.inner.holder.clone();
+                client.run(|tx| core::lease::acquire(tx, &key, &holder, ttl_ms, 1))?;
+                return Ok(false);
+            }
+            client
+                .run_until(Some(deadline), |tx| {
+                    core::lease::renew(tx, &key, id, token, ttl_ms)
+                })
+                .map(|_| false)
+        })
+    }
+
+    /// Renew now, extending the local deadline.
+    pub fn renew(&self) -> Result<()> {
+        self.life.check_usable(false)?;
+        let sent_at = self.client.local_now_ms();
+        let outcome = (self.renew_fn())(self.life.deadline());
+        self.life
+            .record(sent_at, self.client.local_now_ms(), &outcome);
+        outcome.map(drop)
+    }
+
+    /// Renew in a background thread about every TTL/3; `on_lost` is called
+    /// once if the lease is lost (a refused renewal, or the local deadline
+    /// reached while renewals failed). [`LeaseGuard::is_valid`] turns false
+    /// at the local deadline whether or not the callback has run.
+    pub fn keep_alive(&self, on_lost: impl FnOnce(Error) + Send + 'static) -> Result<()> {
+        self.life.check_usable(false)?;
+        self.life.spawn_keep_alive(
+            self.client.inner.clock.clone(),
+            self.renew_fn(),
+            Box::new(on_lost),
+        )
+    }
+
+    /// Release the lease now and stop its keep-alive.
+    pub fn release(self) -> Result<()> {
+        self.release_inner()
+    }
+
+    /// Stop managing the lease without releasing it: it stays held in the
+    /// store until its TTL runs out or someone releases it by token (what
+    /// `leasehold lock acquire` does). Returns the key and the token.
+    pub fn detach(self) -> (String, u64) {
+        if self.life.fork.is_origin_strict() {
+            self.life.finish();
+            self.life.join();
+            lock(&self.client.inner.held).remove(&self.key);
+        }
+        (self.key.clone(), self.token)
+    }
+
+    fn release_inner(&self) -> Result<()> {
+        match self.life.check_usable(true) {
+            Ok(()) => {}
+            Err(Error::Lost { .. }) => {
+                // Nothing to release; still wait for the keep-alive, so
+                // that its loss callback has returned when release does.
+                self.life.finish();
+                self.life.join();
+                return Ok(());
+            }
+            Err(other) => return Err(other),
+        }
+        if !self.life.finish() {
+            return Ok(());
+        }
+        #[cfg(loom)]
+        let skip_join = loom_canary::naive();
+        #[cfg(not(loom))]
+        let skip_join = false;
+        if !skip_join {
+            self.life.join();
+        }
+        let id = self.client.inner.holder.id;
+        let released = self
+            .client
+            .run(|tx| core::lease::release(tx, &self.key, id, self.token));
+        lock(&self.client.inner.held).remove(&self.key);
+        released
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        // In a forked child, do nothing: the lease is the parent's.
+        if self.life.fork.is_origin_strict() {
+            let _ = self.release_inner();
+            lock(&self.client.inner.held).remove(&self.key);
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! [`ClaimedJob`]: a claimed job, its local deadline and heartbeat. A job
+//! claimed by hand ([`super::Queue::claim`]) is settled by its caller; a
+//! job given to a worker loop's handler is renewed and settled by the loop
+//! (its handle then only answers whether it may still act).
+
+use super::lifeline::{Lifeline, RenewFn};
+#[cfg(loom)]
+use super::loom_canary;
+use super::machine::{renew_every, Lifetime};
+use super::Client;
+#[cfg(loom)]
+use crate::core::QueuePolicy;
+use crate::core::{self, JobId, JobRecord, JobState};
+use crate::error::{Error, LostReason, Result, Target};
+use std::sync::Arc;
+
+/// A claimed job. Valid while [`ClaimedJob::is_valid`]; heartbeat to keep
+/// it, then complete or fail it. Dropping it unfinished leaves the claim to
+/// expire (the job is then retried).
+pub struct ClaimedJob {
+    client: Client,
+    job: JobRecord,
+    token: u64,
+    lease_ms: u64,
+    /// Renewed and settled by a worker loop, not by hand.
+    managed: bool,
+    pub(crate) life: Arc<Lifeline>,
+}
+
+impl std::fmt::Debug for ClaimedJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimedJob")
+            .field("id", &self.job.id)
+            .field("token", &self.token)
+            .field("attempt", &self.job.attempts)
+            .finish()
+    }
+}
+
+impl ClaimedJob {
+    /// A job claimed by a request sent at `sent_at` (local clock).
+    pub(crate) fn claimed(client: Client, job: JobRecord, lease_ms: u64, sent_at: u64) -> Self {
+        let token = job.claim.map_or(0, |c| c.token);
+        let seed = token ^ job.id.0;
+        let drift = client.inner.drift;
+        let life = Lifetime::granted(sent_at, lease_ms, drift, renew_every(lease_ms), seed);
+        Self::with_life(client, job, lease_ms, life, false)
+    }
+
+    /// A job run by a worker loop, valid until the loop says otherwise.
+    pub(crate) fn managed(client: Client, job: JobRecord, lease_ms: u64, deadline: u64) -> Self {
+        Self::with_life(client, job, lease_ms, Lifetime::until(deadline), true)
+    }
+
+    fn with_life(
+        client: Client,
+        job: JobRecord,
+        lease_ms: u64,
+        life: Lifetime,
+        managed: bool,
+    ) -> Self {
+        let token = job.claim.map_or(0, |c| c.token);
+        let target = Target::Job { id: job.id, token };
+        ClaimedJob {
+            client,
+            job,
+            token,
+            lease_ms,
+            managed,
+            life: Lifeline::new(target, life),
+        }
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.job.id
+    }
+
+    /// The claim's fencing token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Which attempt this is (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.job.attempts
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.job.payload
+    }
+
+    /// The record as claimed.
+    pub fn record(&self) -> &JobRecord {
+        &self.job
+    }
+
+    /// Whether the worker may still act on the job: same process, not
+    /// settled or lost, before the claim's local deadline (see
+    /// [`super::LeaseGuard::is_valid`]).
+    pub fn is_valid(&self) -> bool {
+        self.life.is_valid(self.client.local_now_ms())
+    }
+
+    /// Whether a heartbeat has seen a cancel request.
+    pub fn cancel_requested(&self) -> bool {
+        self.life.cancel_requested()
+    }
+
+    /// The loss seen by a heartbeat (or the worker loop), if any.
+    pub fn lost(&self) -> Option<LostReason> {
+        self.life.lost()
+    }
+
+    fn by_hand(&self, what: &str) -> Result<()> {
+        if self.managed {
+            return Err(Error::invalid(
+                "job",
+                format!(
+                    "job {} is run by a worker loop, which {what}s it: return from the handler instead",
+                    self.job.id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn renew_fn(&self) -> RenewFn {
+        let client = self.client.clone();
+        let (id, token, lease_ms) = (self.job.id, self.token, self.lease_ms);
+        #[cfg(loom)]
+        let naive = loom_canary::naive();
+        Box::new(move |deadline| {
+            let holder = client.inner.holder.id;
+            #[cfg(loom)]
+            if naive {
+                // Read, then write back in a second transaction: a lost update.
+                let mut job = client.run(|tx| core::job::get(tx, id, &QueuePolicy::default()))?;
+                if let Some(c) = job.claim.as_mut() {
+                    c.lease_until_ms += lease_ms;
+                }
+                client.run(|tx| tx.jobs()?.put_job(&job))?;
+                return Ok(false);
+            }
+            client
+                .run_until(Some(deadline), |tx| {
+                    core::job::heartbeat(tx, id, holder, token, lease_ms)
+                })
+                .map(|reply| reply.cancel_requested)
+        })
+    }
+
+    /// Extend the claim now. Returns whether a cancel was requested.
+    pub fn heartbeat(&self) -> Result<bool> {
+        self.by_hand("heartbeat")?;
+        self.life.check_usable(false)?;
+        let sent_at = self.client.local_now_ms();
+        let outcome = (self.renew_fn())(self.life.deadline());
+        self.life
+            .record(sent_at, self.client.local_now_ms(), &outcome);
+        outcome
+    }
+
+    /// Heartbeat in a background thread about every third of the lease;
+    /// `on_lost` is called once if the claim is lost.
+    pub fn heartbeat_in_background(
+        &self,
+        on_lost: impl FnOnce(Error) + Send + 'static,
+    ) -> Result<()> {
+        self.by_hand("heartbeat")?;
+        self.life.check_usable(false)?;
+        self.life.spawn_keep_alive(
+            self.client.inner.clock.clone(),
+            self.renew_fn(),
+            Box::new(on_lost),
+        )
+    }
+
+    /// Stop the heartbeat before settling; the claim is ours to settle.
+    pub(crate) fn begin_settle(&self) -> Result<()> {
+        self.life.check_usable(true)?;
+        self.life.finish();
+        #[cfg(loom)]
+        let skip_join = loom_canary::naive();
+        #[cfg(not(loom))]
+        let skip_join = false;
+        if !skip_join {
+            self.life.join();
+        }
+        Ok(())
+    }
+
+    fn settle<R>(&self, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
+        self.by_hand("settle")?;
+        self.begin_settle()?;
+        self.client.run(f)
+    }
+
+    /// Mark the job done (Q2: only with the current, unexpired claim).
+    pub fn complete(&self) -> Result<()> {
+        let holder = self.client.inner.holder.id;
+        self.settle(|tx| core::job::complete(tx, self.job.id, holder, self.token))
+    }
+
+    /// Report the attempt failed; returns the job's new state (scheduled
+    /// for a retry, dead, or cancelled). A reason the store would refuse
+    /// (longer than [`crate::core::MAX_TEXT_BYTES`], or with NUL) is
+    /// rejected with [`Error::Invalid`] before anything changes: the claim
+    /// stays valid and heartbeating, so the caller can fail it again with a
+    /// shorter reason ([`super::fit_reason`] makes one).
+    pub fn fail(&self, reason: &str) -> Result<JobState> {
+        core::check_text("reason", reason)?;
+        let holder = self.client.inner.holder.id;
+        let policy = self.client.inner.policy;
+        self.settle(|tx| core::job::fail(tx, self.job.id, holder, self.token, reason, &policy))
+    }
+
+    /// Give the job back without an outcome: ready again at once, its
+    /// attempt still counted (see [`core::job::abandon`]).
+    pub fn abandon(&self) -> Result<JobState> {
+        let holder = self.client.inner.holder.id;
+        self.settle(|tx| core::job::abandon(tx, self.job.id, holder, self.token, true))
+    }
+}
+
+impl Drop for ClaimedJob {
+    fn drop(&mut self) {
+        // Stop the heartbeat; never settle the job implicitly, and never in
+        // a forked child.
+        if self.life.fork.is_origin_strict() {
+            self.life.finish();
+            self.life.join();
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! [`Lifeline`]: the shared validity record of one lease guard or claimed
+//! job, and its keep-alive thread. The rules (the local deadline, when to
+//! renew, what a reply means) are the [`Lifetime`] machine's; this is its
+//! driver: a mutex around the machine, a thread that sleeps until the
+//! machine's next timeout and performs the renewal it asks for, and the
+//! loss callback, called exactly once.
+//!
+//! A renewal never revives a released lease or a settled claim: the store
+//! only extends a live grant named by holder and token, and release waits
+//! for the thread to stop before it writes.
+
+use super::machine::{End, Lifetime};
+use crate::clock::Clock;
+use crate::error::{Error, LostReason, Result, Target};
+use crate::fork::ForkGuard;
+use crate::sync::{lock, thread, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
+
+/// Called once when a lease or claim is lost.
+pub(crate) type OnLost = Box<dyn FnOnce(Error) + Send>;
+
+/// A renewal: given the local deadline (retry no later), renew; `Ok` says
+/// whether a cancel was requested (jobs).
+pub(crate) type RenewFn = Box<dyn FnMut(u64) -> Result<bool> + Send>;
+
+pub(crate) struct Lifeline {
+    pub(crate) target: Target,
+    state: Mutex<LineState>,
+    wake: Condvar,
+    pub(crate) fork: ForkGuard,
+}
+
+struct LineState {
+    life: Lifetime,
+    cancel_requested: bool,
+    thread_running: bool,
+    thread: Option<thread::ThreadId>,
+    on_lost: Option<OnLost>,
+}
+
+/// Clears `thread_running` when the keep-alive thread ends, even by panic,
+/// so that `join` never waits forever.
+struct RunningFlag(Arc<Lifeline>);
+
+impl Drop for RunningFlag {
+    fn drop(&mut self) {
+        let mut st = lock(&self.0.state);
+        st.thread_running = false;
+        st.thread = None;
+        self.0.wake.notify_all();
+    }
+}
+
+impl Lifeline {
+    pub(crate) fn new(target: Target, life: Lifetime) -> Arc<Lifeline> {
+        Arc::new(Lifeline {
+            target,
+            state: Mutex::new(LineState {
+                life,
+                cancel_requested: false,
+                thread_running: false,
+                thread: None,
+                on_lost: None,
+            }),
+            wake: Condvar::new(),
+            fork: ForkGuard::new(),
+        })
+    }
+
+    /// Valid in this process, not ended, before the local deadline.
+    pub(crate) fn is_valid(&self, now_ms: u64) -> bool {
+        // The fork check comes first: in a child, the mutex may have been
+        // copied locked by a keep-alive thread that does not exist there.
+        self.fork.is_origin() && lock(&self.state).life.is_valid(now_ms)
+    }
+
+    pub(crate) fn deadline(&self) -> u64 {
+        lock(&self.state).life.deadline()
+    }
+
+    pub(crate) fn lost(&self) -> Option<LostReason> {
+        if !self.fork.is_origin() {
+            return None;
+        }
+        match lock(&self.state).life.end() {
+            Some(End::Lost(reason)) => Some(reason),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn cancel_requested(&self) -> bool {
+        self.fork.is_origin() && lock(&self.state).cancel_requested
+    }
+
+    fn lost_error(&self, reason: LostReason) -> Error {
+        Error::Lost {
+            target: self.target.clone(),
+            reason,
+        }
+    }
+
+    /// Check the handle may act: same process (`strict`: also by pid, for
+    /// calls that would release or settle), not finished, not lost.
+    pub(crate) fn check_usable(&self, strict: bool) -> Result<()> {
+        if strict {
+            self.fork.check_strict()?;
+        } else {
+            self.fork.check()?;
+        }
+        match lock(&self.state).life.end() {
+            Some(End::Finished) => Err(self.lost_error(LostReason::StaleToken)),
+            Some(End::Lost(reason)) => Err(self.lost_error(reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Record a renewal's outcome: sent at `sent_at`, answered at `now`.
+    /// `scheduled`: it was the keep-alive's own (in flight in the machine).
+    pub(crate) fn record(&self, sent_at: u64, now: u64, outcome: &Result<bool>) {
+        let mut st = lock(&self.state);
+        let lost = match outcome {
+            Ok(cancel) => {
+                st.life.renewed(sent_at, now);
+                st.cancel_requested |= *cancel;
+                None
+            }
+            Err(Error::Lost { reason, .. }) => st.life.refused(sent_at, *reason),
+            Err(_) => {
+                st.life.renewal_failed(sent_at, now);
+                st.life.handle_timeout(now)
+            }
+        };
+        if let Some(reason) = lost {
+            self.report_loss(st, reason);
+        }
+    }
+
+    /// Seen lost by someone else (a worker loop's renewal round).
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        let mut st = lock(&self.state);
+        if let Some(reason) = st.life.mark_lost(reason) {
+            self.report_loss(st, reason);
+        }
+    }
+
+    /// Renewed by someone else: valid until `deadline` (local).
+    pub(crate) fn extend_to(&self, deadline: u64) {
+        lock(&self.state).life.extend_to(deadline);
+    }
+
+    /// A cancel was requested (seen by a renewal).
+    pub(crate) fn set_cancel(&self) {
+        lock(&self.state).cancel_requested = true;
+    }
+
+    /// Declare the loss if the local deadline has passed; true once ended.
+    fn check_deadline(&self, st: &mut MutexGuard<'_, LineState>, now: u64) -> Option<LostReason> {
+        st.life.handle_timeout(now)
+    }
+
+    fn report_loss(&self, mut st: MutexGuard<'_, LineState>, reason: LostReason) {
+        let callback = st.on_lost.take();
+        self.wake.notify_all();
+        drop(st);
+        if let Some(callback) = callback {
+            callback(self.lost_error(reason));
+        }
+    }
+
+    /// Mark finished (released, completed, failed); stops the keep-alive.
+    /// Returns false if it had ended already (lost or finished).
+    pub(crate) fn finish(&self) -> bool {
+        let mut st = lock(&self.state);
+        let was_live = st.life.finish();
+        st.on_lost = None;
+        self.wake.notify_all();
+        was_live
+    }
+
+    /// Wait until the keep-alive thread has exited (unless called from it).
+    pub(crate) fn join(&self) {
+        let me = thread::current().id();
+        let mut st = lock(&self.state);
+        if st.thread == Some(me) {
+            return;
+        }
+        while st.thread_running {
+            st = match self.wake.wait(st) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+    }
+
+    /// Start the thread that renews when the machine says, until the grant
+    /// ends; `on_lost` is called once if it is lost.
+    pub(crate) fn spawn_keep_alive(
+        self: &Arc<Self>,
+        clock: Arc<dyn Clock>,
+        mut renew: RenewFn,
+        on_lost: OnLost,
+    ) -> Result<()> {
+        {
+            let mut st = lock(&self.state);
+            if st.thread_running || st.life.end().is_some() {
+                return Ok(());
+            }
+            st.thread_running = true;
+            st.on_lost = Some(on_lost);
+        }
+        let me = Arc::clone(self);
+        let spawned = thread::Builder::new()
+            .name("leasehold-keepalive".to_owned())
+            .spawn(move || {
+                lock(&me.state).thread = Some(thread::current().id());
+                let flag = RunningFlag(Arc::clone(&me));
+                me.keep_alive_loop(&*clock, &mut renew);
+                drop(flag);
+            });
+        if let Err(e) = spawned {
+            let mut st = lock(&self.state);
+            st.thread_running = false;
+            st.on_lost = None;
+            return Err(Error::store(
+                "starting the keep-alive thread",
+                e.to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn keep_alive_loop(&self, clock: &dyn Clock, renew: &mut RenewFn) {
+        loop {
+            let mut st = lock(&self.state);
+            let (sent_at, deadline) = loop {
+                if st.life.end().is_some() {
+                    return;
+                }
+                let now = clock.now_ms();
+                if let Some(reason) = self.check_deadline(&mut st, now) {
+                    self.report_loss(st, reason);
+                    return;
+                }
+                if st.life.renewal_due(now) {
+                    st.life.renewal_sent(now);
+                    break (now, st.life.deadline());
+                }
+                let until = st.life.poll_timeout().unwrap_or(now);
+                let nap = std::time::Duration::from_millis(until.saturating_sub(now).max(1));
+                st = crate::sync::nap(&self.wake, &self.state, st, nap);
+            };
+            drop(st);
+            let outcome = renew(deadline);
+            self.record(sent_at, clock.now_ms(), &outcome);
+        }
+    }
+}

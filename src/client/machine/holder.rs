@@ -1,0 +1,399 @@
+//! [`HolderMachine`]: one lease from the holder's side: acquire (waiting
+//! with jittered backoff while it is held, woken early by a release), keep
+//! it alive ([`Lifetime`]), notice its loss, release it.
+//!
+//! # State
+//! `Acquiring` (a request in flight, or a retry scheduled; the wait's
+//! deadline), `Held` (the token and its [`Lifetime`]; a release in
+//! flight), `Done`.
+//!
+//! # Transitions
+//! acquire sent → granted (Held) | held (retry after backoff, until the
+//! wait runs out: gave up) | transient or ambiguous (retry: a grant that
+//! did commit is found again, as a renewal with the same token) | error
+//! (failed). Held: renewals on the lifetime's schedule; a refused renewal
+//! or the local deadline is a loss; release → released.
+//!
+//! # Invariants
+//! At most one request in flight. Every event is reported once, and the
+//! holder is valid only while `Held` and before the lifetime's deadline.
+
+use super::lifetime::{renew_every, Lifetime};
+use crate::core::{mix64, DriftBound, Grant};
+use crate::error::{Error, LostReason, Result};
+use std::collections::VecDeque;
+
+/// How to hold one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HolderConfig {
+    /// Time to live of each grant and renewal.
+    pub ttl_ms: u64,
+    /// Holders the key allows (1: a mutex).
+    pub limit: u32,
+    /// How long to keep trying while the key is held (0: once).
+    pub wait_ms: u64,
+    /// The drift allowance for the local deadline.
+    pub drift: DriftBound,
+    /// Renew about every third of the TTL (false: the grant just runs out).
+    pub keep_alive: bool,
+    /// Seed of the jitter (backoff, renewal schedule).
+    pub seed: u64,
+}
+
+/// A request the driver sends to the store for the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderRequest {
+    /// `core::lease::acquire`.
+    Acquire,
+    /// `core::lease::renew` with this token.
+    Renew {
+        /// The grant's token.
+        token: u64,
+    },
+    /// `core::lease::release` with this token.
+    Release {
+        /// The grant's token.
+        token: u64,
+    },
+}
+
+/// The store's answer to the request in flight.
+#[derive(Debug)]
+pub enum HolderReply {
+    /// To [`HolderRequest::Acquire`].
+    Acquired(Result<Grant>),
+    /// To [`HolderRequest::Renew`].
+    Renewed(Result<Grant>),
+    /// To [`HolderRequest::Release`].
+    Released(Result<()>),
+}
+
+/// What happened, for the application.
+#[derive(Debug)]
+pub enum HolderEvent {
+    /// The lease is ours: act with this token.
+    Granted {
+        /// The fencing token.
+        token: u64,
+        /// The holder id already held it (an extended grant).
+        renewed: bool,
+    },
+    /// The lease is lost: stop acting (reported once).
+    Lost(LostReason),
+    /// The key stayed held for the whole wait ([`Error::Held`]).
+    GaveUp(Error),
+    /// Acquiring failed with a store error that retrying will not fix.
+    Failed(Error),
+    /// The release is done (or the lease had run out already).
+    Released,
+}
+
+/// What the driver should do next.
+#[derive(Debug)]
+pub enum HolderAction {
+    /// Send this request to the store, then feed its answer back.
+    Send(HolderRequest),
+    /// Tell the application.
+    Event(HolderEvent),
+}
+
+#[derive(Debug)]
+enum Phase {
+    Acquiring {
+        in_flight: Option<u64>,
+        started: u64,
+        retry_at: u64,
+        backoff_ms: u64,
+    },
+    Held {
+        token: u64,
+        life: Lifetime,
+        release: Option<u64>,
+    },
+    Done,
+}
+
+/// One lease from the holder's side; see the module docs.
+#[derive(Debug)]
+pub struct HolderMachine {
+    cfg: HolderConfig,
+    phase: Phase,
+    out: VecDeque<HolderAction>,
+    round: u64,
+    #[cfg(feature = "canaries")]
+    breakage: super::lifetime::Breakage,
+}
+
+/// Longest wait between two acquire attempts.
+const BACKOFF_CAP_MS: u64 = 250;
+
+impl HolderMachine {
+    /// Start acquiring at local instant `now`.
+    pub fn new(cfg: HolderConfig, now: u64) -> Self {
+        let mut m = HolderMachine {
+            cfg,
+            phase: Phase::Acquiring {
+                in_flight: None,
+                started: now,
+                retry_at: now,
+                backoff_ms: 1,
+            },
+            out: VecDeque::new(),
+            round: 0,
+            #[cfg(feature = "canaries")]
+            breakage: super::lifetime::Breakage::default(),
+        };
+        m.send_acquire(now);
+        m
+    }
+
+    /// The same machine with a deliberate breakage (simulator canaries).
+    #[cfg(feature = "canaries")]
+    pub fn with_breakage(mut self, breakage: super::lifetime::Breakage) -> Self {
+        self.breakage = breakage;
+        self
+    }
+
+    fn send_acquire(&mut self, now: u64) {
+        if let Phase::Acquiring { in_flight, .. } = &mut self.phase {
+            *in_flight = Some(now);
+            self.out
+                .push_back(HolderAction::Send(HolderRequest::Acquire));
+        }
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll_action(&mut self) -> Option<HolderAction> {
+        self.out.pop_front()
+    }
+
+    /// When [`HolderMachine::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        match &self.phase {
+            Phase::Acquiring {
+                in_flight: None,
+                retry_at,
+                ..
+            } => Some(*retry_at),
+            Phase::Held {
+                life,
+                release: None,
+                ..
+            } => life.poll_timeout(),
+            _ => None,
+        }
+    }
+
+    /// Whether the holder may act at `now` (held, before its deadline).
+    pub fn is_valid(&self, now: u64) -> bool {
+        matches!(&self.phase, Phase::Held { life, release: None, .. } if life.is_valid(now))
+    }
+
+    /// The token while held.
+    pub fn token(&self) -> Option<u64> {
+        match &self.phase {
+            Phase::Held { token, .. } => Some(*token),
+            _ => None,
+        }
+    }
+
+    /// The lifetime while held.
+    pub fn lifetime(&self) -> Option<&Lifetime> {
+        match &self.phase {
+            Phase::Held { life, .. } => Some(life),
+            _ => None,
+        }
+    }
+
+    /// Whether it is over (released, lost and released, gave up, failed).
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    fn jitter(&mut self, span: u64) -> u64 {
+        self.round += 1;
+        mix64(self.cfg.seed ^ self.round.rotate_left(32)) % span.max(1)
+    }
+
+    /// Time passed to `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        match &mut self.phase {
+            Phase::Acquiring {
+                in_flight: None,
+                retry_at,
+                ..
+            } if now >= *retry_at => self.send_acquire(now),
+            Phase::Held {
+                token,
+                life,
+                release: None,
+            } => {
+                if let Some(reason) = life.handle_timeout(now) {
+                    self.out
+                        .push_back(HolderAction::Event(HolderEvent::Lost(reason)));
+                } else if life.renewal_due(now) {
+                    life.renewal_sent(now);
+                    let token = *token;
+                    self.out
+                        .push_back(HolderAction::Send(HolderRequest::Renew { token }));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A release of the key was seen (a wake-up): retry the acquire now.
+    pub fn handle_wake(&mut self, now: u64) {
+        if let Phase::Acquiring {
+            in_flight: None,
+            retry_at,
+            ..
+        } = &mut self.phase
+        {
+            *retry_at = now;
+            self.send_acquire(now);
+        }
+    }
+
+    /// The store answered the request in flight (at local instant `now`).
+    pub fn handle_reply(&mut self, now: u64, reply: HolderReply) {
+        match reply {
+            HolderReply::Acquired(r) => self.acquired(now, r),
+            HolderReply::Renewed(r) => self.renewed(now, r),
+            HolderReply::Released(_) => {
+                if matches!(self.phase, Phase::Held { .. }) {
+                    self.phase = Phase::Done;
+                    self.out
+                        .push_back(HolderAction::Event(HolderEvent::Released));
+                }
+            }
+        }
+    }
+
+    fn acquired(&mut self, now: u64, r: Result<Grant>) {
+        let Phase::Acquiring {
+            in_flight: Some(sent_at),
+            started,
+            backoff_ms,
+            ..
+        } = self.phase
+        else {
+            return;
+        };
+        match r {
+            Ok(grant) => {
+                let every = if self.cfg.keep_alive {
+                    renew_every(self.cfg.ttl_ms)
+                } else {
+                    0
+                };
+                let seed = self.cfg.seed ^ grant.token;
+                let life = Lifetime::granted(sent_at, self.cfg.ttl_ms, self.cfg.drift, every, seed);
+                #[cfg(feature = "canaries")]
+                let life = life.broken(self.breakage, now);
+                self.phase = Phase::Held {
+                    token: grant.token,
+                    life,
+                    release: None,
+                };
+                self.out
+                    .push_back(HolderAction::Event(HolderEvent::Granted {
+                        token: grant.token,
+                        renewed: grant.renewed,
+                    }));
+            }
+            Err(e @ Error::Held { .. }) if now.saturating_sub(started) >= self.cfg.wait_ms => {
+                self.phase = Phase::Done;
+                self.out
+                    .push_back(HolderAction::Event(HolderEvent::GaveUp(e)));
+            }
+            // Held (with time left to wait), or no answer (transient, or an
+            // ambiguous commit: acquiring again finds a grant that did
+            // commit, as a renewal with the same token).
+            Err(e) if matches!(e, Error::Held { .. }) || e.is_transient() || e.is_ambiguous() => {
+                let sleep = backoff_ms / 2 + self.jitter(backoff_ms / 2 + 1);
+                let limit = if matches!(e, Error::Held { .. }) {
+                    started.saturating_add(self.cfg.wait_ms)
+                } else {
+                    u64::MAX
+                };
+                self.phase = Phase::Acquiring {
+                    in_flight: None,
+                    started,
+                    retry_at: now.saturating_add(sleep.max(1)).min(limit.max(now + 1)),
+                    backoff_ms: (backoff_ms * 2).min(BACKOFF_CAP_MS),
+                };
+            }
+            Err(e) => {
+                self.phase = Phase::Done;
+                self.out
+                    .push_back(HolderAction::Event(HolderEvent::Failed(e)));
+            }
+        }
+    }
+
+    fn renewed(&mut self, now: u64, r: Result<Grant>) {
+        let Phase::Held { life, .. } = &mut self.phase else {
+            return;
+        };
+        let Some(sent_at) = life.in_flight() else {
+            return;
+        };
+        match r {
+            Ok(_) => life.renewed(sent_at, now),
+            Err(Error::Lost { reason, .. }) => {
+                if let Some(reason) = life.refused(sent_at, reason) {
+                    self.out
+                        .push_back(HolderAction::Event(HolderEvent::Lost(reason)));
+                }
+            }
+            Err(_) => life.renewal_failed(sent_at, now),
+        }
+    }
+
+    /// A renewal sent outside the schedule (a manual renew at `sent_at`)
+    /// was answered at `now`.
+    pub fn renewed_by_hand(&mut self, sent_at: u64, now: u64, r: &Result<Grant>) {
+        let Phase::Held { life, .. } = &mut self.phase else {
+            return;
+        };
+        match r {
+            Ok(_) => life.renewed(sent_at, now),
+            Err(Error::Lost { reason, .. }) => {
+                if let Some(reason) = life.refused(sent_at, *reason) {
+                    self.out
+                        .push_back(HolderAction::Event(HolderEvent::Lost(reason)));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// The holder is done with the lease: release it (or, while still
+    /// acquiring, stop trying).
+    pub fn release(&mut self, now: u64) {
+        match &mut self.phase {
+            Phase::Held {
+                token,
+                life,
+                release: release @ None,
+            } => {
+                let lost = life.end().is_some();
+                life.finish();
+                *release = Some(now);
+                let token = *token;
+                if lost {
+                    // Nothing to release: it had run out or been refused.
+                    self.phase = Phase::Done;
+                    self.out
+                        .push_back(HolderAction::Event(HolderEvent::Released));
+                } else {
+                    self.out
+                        .push_back(HolderAction::Send(HolderRequest::Release { token }));
+                }
+            }
+            Phase::Acquiring { .. } => self.phase = Phase::Done,
+            _ => {}
+        }
+    }
+}

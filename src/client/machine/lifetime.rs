@@ -1,0 +1,257 @@
+//! [`Lifetime`]: how long one grant (a lease or a job claim) may be acted
+//! on, on the holder's own clock, and when it must be renewed.
+//!
+//! # State
+//! `deadline`: the local instant at which the grant stops being valid (L3:
+//! the send time of the request that granted or last renewed it, plus the
+//! TTL, minus the drift allowance, [`crate::core::local_deadline_ms`]).
+//! `next_renewal`: when the next renewal is due (about every third of the
+//! TTL, jittered so that many holders do not renew in step), or never.
+//! `in_flight`: the send time of the scheduled renewal awaiting its reply.
+//! `end`: lost (with the reason) or finished (released, settled).
+//!
+//! # Transitions
+//! granted → (renewal due → sent → renewed | failed (retry sooner) |
+//! refused (lost)) … → finished, or lost when the deadline passes first.
+//!
+//! # Invariants
+//! The deadline only moves forward, and only by a renewal *sent* after the
+//! last one (its send time starts the TTL). A grant is never valid once
+//! ended or at/after its deadline. A loss is reported exactly once.
+
+use crate::core::{local_deadline_ms, mix64, DriftBound};
+use crate::error::LostReason;
+
+/// Why a grant stopped being usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Lost: refused by the store, or the local deadline passed.
+    Lost(LostReason),
+    /// Released, completed, failed or given back by its holder.
+    Finished,
+}
+
+/// Deliberately broken variants, for the simulator's canaries (cargo
+/// feature `canaries`; never on in a normal build).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Breakage {
+    /// Count the local deadline from when the reply arrived instead of
+    /// from when the request was sent (breaks L3 under latency).
+    pub deadline_from_reply: bool,
+}
+
+/// The validity and renewal schedule of one grant.
+#[derive(Debug, Clone)]
+pub struct Lifetime {
+    ttl_ms: u64,
+    drift: DriftBound,
+    /// Renew this often (0: never; a holder that keeps no lease alive).
+    every_ms: u64,
+    seed: u64,
+    round: u64,
+    deadline: u64,
+    next_renewal: u64,
+    in_flight: Option<u64>,
+    end: Option<End>,
+    breakage: Breakage,
+}
+
+/// The usual renewal interval: a third of the TTL.
+pub fn renew_every(ttl_ms: u64) -> u64 {
+    (ttl_ms / 3).max(1)
+}
+
+impl Lifetime {
+    /// A grant whose request was sent at `sent_at` (local clock), renewed
+    /// every `every_ms` (0: never), with jitter drawn from `seed`.
+    pub fn granted(sent_at: u64, ttl_ms: u64, drift: DriftBound, every_ms: u64, seed: u64) -> Self {
+        let mut life = Lifetime {
+            ttl_ms,
+            drift,
+            every_ms,
+            seed,
+            round: 0,
+            deadline: local_deadline_ms(sent_at, ttl_ms, drift),
+            next_renewal: u64::MAX,
+            in_flight: None,
+            end: None,
+            breakage: Breakage::default(),
+        };
+        life.schedule(sent_at);
+        life
+    }
+
+    /// A grant valid until local instant `deadline`, renewed by someone
+    /// else (a worker loop's renewal rounds): no schedule of its own.
+    pub fn until(deadline: u64) -> Self {
+        Lifetime {
+            ttl_ms: 0,
+            drift: DriftBound::default(),
+            every_ms: 0,
+            seed: 0,
+            round: 0,
+            deadline,
+            next_renewal: u64::MAX,
+            in_flight: None,
+            end: None,
+            breakage: Breakage::default(),
+        }
+    }
+
+    /// The deadline moves to `deadline` (never back): a renewal made by
+    /// someone else (a worker loop's round).
+    pub fn extend_to(&mut self, deadline: u64) {
+        if self.end.is_none() {
+            self.deadline = self.deadline.max(deadline);
+        }
+    }
+
+    /// Mark it lost for `reason` (seen by someone else); the reason if this
+    /// is the first loss.
+    pub fn mark_lost(&mut self, reason: LostReason) -> Option<LostReason> {
+        self.lose(reason)
+    }
+
+    /// The same grant with a deliberate breakage (the simulator's canaries).
+    #[cfg(feature = "canaries")]
+    pub fn broken(mut self, breakage: Breakage, replied_at: u64) -> Self {
+        self.breakage = breakage;
+        if breakage.deadline_from_reply {
+            self.deadline = local_deadline_ms(replied_at, self.ttl_ms, self.drift);
+        }
+        self
+    }
+
+    /// The next renewal after one sent (or granted) at `from`: the interval
+    /// with ±10 % of jitter, so that many holders do not renew in step.
+    fn schedule(&mut self, from: u64) {
+        if self.every_ms == 0 {
+            self.next_renewal = u64::MAX;
+            return;
+        }
+        let span = (self.every_ms / 5).max(1);
+        let wait = self.every_ms - self.every_ms / 10 + mix64(self.seed ^ self.round) % span;
+        self.round += 1;
+        self.next_renewal = from.saturating_add(wait);
+    }
+
+    /// Whether the holder may act at local instant `now`.
+    pub fn is_valid(&self, now: u64) -> bool {
+        self.end.is_none() && now < self.deadline
+    }
+
+    /// The local deadline.
+    pub fn deadline(&self) -> u64 {
+        self.deadline
+    }
+
+    /// How it ended, if it has.
+    pub fn end(&self) -> Option<End> {
+        self.end
+    }
+
+    /// Whether a scheduled renewal should be sent now.
+    pub fn renewal_due(&self, now: u64) -> bool {
+        self.end.is_none()
+            && self.in_flight.is_none()
+            && now >= self.next_renewal
+            && now < self.deadline
+    }
+
+    /// A scheduled renewal was sent at `now`.
+    pub fn renewal_sent(&mut self, now: u64) {
+        self.in_flight = Some(now);
+    }
+
+    /// The send time of the scheduled renewal awaiting its reply.
+    pub fn in_flight(&self) -> Option<u64> {
+        self.in_flight
+    }
+
+    /// A renewal sent at `sent_at` succeeded (reply at `now`). Renewals
+    /// sent by anyone count (a manual renew beside the schedule); the
+    /// deadline never moves back.
+    pub fn renewed(&mut self, sent_at: u64, now: u64) {
+        if self.in_flight == Some(sent_at) {
+            self.in_flight = None;
+        }
+        if self.end.is_some() {
+            return;
+        }
+        let from = if self.breakage.deadline_from_reply {
+            now
+        } else {
+            sent_at
+        };
+        self.deadline = self
+            .deadline
+            .max(local_deadline_ms(from, self.ttl_ms, self.drift));
+        self.schedule(sent_at);
+    }
+
+    /// A renewal failed without an answer (a transient store error): retry
+    /// sooner, while the deadline allows.
+    pub fn renewal_failed(&mut self, sent_at: u64, now: u64) {
+        if self.in_flight == Some(sent_at) {
+            self.in_flight = None;
+        }
+        if self.every_ms > 0 && self.end.is_none() {
+            self.next_renewal = now.saturating_add((self.every_ms / 4).max(1));
+        }
+    }
+
+    /// The store refused a renewal: the grant is lost. Returns the reason
+    /// if this is the first loss (report it once).
+    pub fn refused(&mut self, sent_at: u64, reason: LostReason) -> Option<LostReason> {
+        if self.in_flight == Some(sent_at) {
+            self.in_flight = None;
+        }
+        self.lose(reason)
+    }
+
+    fn lose(&mut self, reason: LostReason) -> Option<LostReason> {
+        if self.end.is_some() {
+            return None;
+        }
+        self.end = Some(End::Lost(reason));
+        Some(reason)
+    }
+
+    /// Time passed: the loss, the first time the deadline is seen passed.
+    pub fn handle_timeout(&mut self, now: u64) -> Option<LostReason> {
+        if now >= self.deadline {
+            return self.lose(LostReason::LocalDeadline);
+        }
+        None
+    }
+
+    /// The next instant something happens: the renewal due (unless one is
+    /// in flight) or the deadline. `None` once ended.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.end.is_some() {
+            return None;
+        }
+        let renewal = if self.in_flight.is_none() {
+            self.next_renewal
+        } else {
+            u64::MAX
+        };
+        Some(renewal.min(self.deadline))
+    }
+
+    /// The holder is done with it (released, settled): nothing more is
+    /// renewed and it is no longer valid. Returns false if it had ended.
+    pub fn finish(&mut self) -> bool {
+        if self.end.is_some() {
+            return false;
+        }
+        self.end = Some(End::Finished);
+        true
+    }
+
+    /// Stop renewing on a schedule (renewals already sent still count).
+    pub fn stop_renewing(&mut self) {
+        self.every_ms = 0;
+        self.next_renewal = u64::MAX;
+    }
+}

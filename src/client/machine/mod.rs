@@ -1,0 +1,36 @@
+//! The client's timing rules as sans-IO state machines: time and store
+//! replies in, actions out. No clock reads, no threads, no sleeping, no
+//! randomness but a seed (the same purity as [`crate::core`], enforced the
+//! same way: `clippy.toml` bans clock reads and thread spawns crate-wide,
+//! and this module forbids overriding that).
+//!
+//! - [`Lifetime`]: one grant's local deadline (L3) and renewal schedule.
+//! - [`HolderMachine`]: a lease from the holder's side: acquire (waiting
+//!   with backoff), keep alive, notice the loss, release.
+//! - [`WorkerMachine`]: a process's worker loop: claims, handler slots,
+//!   renewal rounds, the batching completer, idle backoff, the drain rule,
+//!   shutdown.
+//!
+//! Each is driven the same way (quinn-proto's shape): call `handle_timeout`
+//! when `poll_timeout` says, `handle_reply` with the store's answer to each
+//! request, and do what `poll_action` returns until it returns `None`. The
+//! keep-alive threads, `Queue::work`, the tokio API, the CLI and the
+//! simulator are such drivers, so the simulator checks the code users run.
+
+#![forbid(clippy::disallowed_methods, clippy::disallowed_types)]
+
+mod holder;
+mod lifetime;
+mod worker;
+
+pub use holder::{
+    HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,
+};
+#[cfg(feature = "canaries")]
+pub use lifetime::Breakage;
+pub use lifetime::{renew_every, End, Lifetime};
+#[cfg(feature = "canaries")]
+pub use worker::WorkerBreakage;
+pub use worker::{
+    JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
+};

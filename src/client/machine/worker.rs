@@ -1,0 +1,749 @@
+//! [`WorkerMachine`]: one process's worker loop: which jobs to claim and
+//! when, whose handler to start, when to renew them all, when to give up
+//! on one, how outcomes are batched, when the queue is drained, how it
+//! shuts down. The sync loop (`Queue::work`), the tokio worker and the
+//! simulator drive this same machine.
+//!
+//! # State
+//! The held jobs, each `Queued` (claimed ahead, handler not started),
+//! `Running` (its handler runs) or `Reported` (its outcome waits in the
+//! completer or is being committed), each with its [`Lifetime`] (the local
+//! deadline); the completer (outcomes not yet sent) and when it flushes;
+//! the request of each kind in flight (claim, renewal round, settle, drain
+//! check); the idle backoff; the shutdown deadline.
+//!
+//! # Rules
+//! - **Claim** while fewer than `concurrency + prefetch` jobs are queued
+//!   or running, up to `batch_max` per transaction, one claim in flight. An
+//!   empty claim backs off (jittered, doubling up to `idle_max_ms`); a
+//!   wake-up (a job became ready) cuts the backoff short.
+//! - **Start** queued jobs in claim order while fewer than `concurrency`
+//!   run, if still valid.
+//! - **Renew** every held job in one transaction per round (about every
+//!   `heartbeat_ms`, by default a third of the lease and at most a second,
+//!   so a cancel is seen within a second); a refused renewal or a passed
+//!   local deadline loses the job (its handler is told to stop); a cancel
+//!   request stops its handler.
+//! - **Settle** outcomes in batches: a flush when the completer holds
+//!   `batch_max` outcomes, when `flush_delay_ms` passed since the first, or
+//!   at once when no handler runs (nothing else is coming). Every outcome a
+//!   handler reports is sent exactly once, unless the process dies.
+//! - **Drain**: with `drain`, once a claim finds nothing and nothing is
+//!   held, ask the store ([`crate::core::job::drained`]); finish if drained.
+//! - **Shutdown**: stop claiming, give queued jobs back at once, let running
+//!   handlers finish until the deadline, then give theirs back (counted as
+//!   attempts) and tell them to stop; finish once everything is settled.
+//!
+//! # Invariants
+//! A job is in exactly one phase; at most `concurrency` run; a job's
+//! handler is started at most once per claim and only while its claim is
+//! locally valid; nothing is claimed after shutdown; every reported
+//! outcome reaches one settle request.
+
+use super::lifetime::Lifetime;
+use crate::core::job::Settle;
+use crate::core::{mix64, DriftBound, HeartbeatReply, JobId, JobRecord, JobState};
+use crate::error::{Error, LostReason, Result};
+use std::collections::{BTreeMap, VecDeque};
+
+/// How one job ended in a worker loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Completed.
+    Done,
+    /// Reported failed; the job's state now: scheduled for a retry, dead,
+    /// or cancelled (a cancel was requested while it ran).
+    Failed(JobState),
+    /// Given back by a shutting-down worker; the job's state now (ready,
+    /// or dead if it was its last attempt, or cancelled).
+    Abandoned(JobState),
+    /// The claim was lost, or the outcome is unknown, before it was
+    /// recorded; the store retries the job once its lease runs out.
+    Lost,
+}
+
+/// How a worker loop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Lease of each claim.
+    pub lease_ms: u64,
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// Jobs claimed ahead of a free handler.
+    pub prefetch: usize,
+    /// Most jobs per claim and most outcomes per settle transaction.
+    pub batch_max: usize,
+    /// Longest an outcome waits for others to share its transaction.
+    pub flush_delay_ms: u64,
+    /// Longest idle wait between claims (a wake-up cuts it short).
+    pub idle_max_ms: u64,
+    /// Renewal round interval (0: a third of the lease, at most a second).
+    pub heartbeat_ms: u64,
+    /// Finish once the queue is drained.
+    pub drain: bool,
+    /// The drift allowance of the local deadlines.
+    pub drift: DriftBound,
+    /// Seed of the jitter.
+    pub seed: u64,
+}
+
+/// A request the driver sends to the store for the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerRequest {
+    /// `core::job::claim` of up to `max` jobs.
+    Claim {
+        /// How many at most.
+        max: usize,
+    },
+    /// `core::job::heartbeat_many` of these claims.
+    Heartbeat {
+        /// (job, token) of every job held.
+        claims: Vec<(JobId, u64)>,
+    },
+    /// `core::job::settle_many` of these outcomes.
+    Settle {
+        /// (job, token, outcome).
+        settles: Vec<(JobId, u64, Settle)>,
+    },
+    /// `core::job::drained`.
+    DrainCheck,
+}
+
+/// The store's answer to a request (one per request sent).
+#[derive(Debug)]
+pub enum WorkerReply {
+    /// To [`WorkerRequest::Claim`].
+    Claimed(Result<Vec<JobRecord>>),
+    /// To [`WorkerRequest::Heartbeat`], in the order sent.
+    Heartbeated(Result<Vec<Result<HeartbeatReply>>>),
+    /// To [`WorkerRequest::Settle`], in the order sent.
+    Settled(Result<Vec<Result<JobState>>>),
+    /// To [`WorkerRequest::DrainCheck`].
+    Drained(Result<bool>),
+}
+
+/// Why a running handler must stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopWhy {
+    /// Its claim is lost: stop acting at once.
+    Lost(LostReason),
+    /// A cancel was requested: stop and report failure.
+    Cancelled,
+    /// The worker shut down and gave the job back.
+    Shutdown,
+}
+
+/// What the driver should do next.
+#[derive(Debug)]
+pub enum WorkerAction {
+    /// Send this request to the store, then feed its answer back.
+    Send(WorkerRequest),
+    /// Run the handler for this job (a handler slot is now taken).
+    Start(JobRecord),
+    /// Tell the handler of this job to stop.
+    Stop {
+        /// The job.
+        id: JobId,
+        /// Why.
+        why: StopWhy,
+    },
+    /// The job's claim was renewed: valid until this local instant.
+    Renewed {
+        /// The job.
+        id: JobId,
+        /// Its new local deadline.
+        deadline: u64,
+    },
+    /// The job's outcome is recorded (or known lost).
+    Settled {
+        /// The job.
+        id: JobId,
+        /// How it ended.
+        outcome: JobOutcome,
+    },
+    /// The loop is over: drained, or shut down with everything settled.
+    Finished,
+    /// A store error retrying will not fix: the loop is over.
+    Failed(Error),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    Running,
+    Reported,
+}
+
+#[derive(Debug)]
+struct Held {
+    record: JobRecord,
+    token: u64,
+    life: Lifetime,
+    phase: Phase,
+    cancel_seen: bool,
+}
+
+/// Deliberately broken variants, for the simulator's canaries.
+#[cfg(feature = "canaries")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerBreakage {
+    /// The completer loses every fourth outcome it is given.
+    pub drop_outcomes: bool,
+}
+
+/// One process's worker loop; see the module docs.
+#[derive(Debug)]
+pub struct WorkerMachine {
+    cfg: WorkerConfig,
+    jobs: BTreeMap<JobId, Held>,
+    queued: VecDeque<JobId>,
+    running: usize,
+    claim_sent: Option<u64>,
+    next_claim: u64,
+    idle_ms: u64,
+    round_sent: Option<(u64, Vec<(JobId, u64)>)>,
+    next_round: u64,
+    completer: Vec<(JobId, u64, Settle)>,
+    flush_at: Option<u64>,
+    settle_sent: Option<Vec<(JobId, Settle)>>,
+    settle_backoff_ms: u64,
+    drain_sent: bool,
+    shutdown_at: Option<u64>,
+    over: bool,
+    rounds: u64,
+    out: VecDeque<WorkerAction>,
+    #[cfg(feature = "canaries")]
+    breakage: WorkerBreakage,
+    #[cfg(feature = "canaries")]
+    reported: u64,
+}
+
+impl WorkerMachine {
+    /// A worker loop starting at local instant `now` (it claims at once).
+    pub fn new(mut cfg: WorkerConfig, now: u64) -> Self {
+        cfg.concurrency = cfg.concurrency.max(1);
+        cfg.batch_max = cfg.batch_max.max(1);
+        if cfg.heartbeat_ms == 0 {
+            cfg.heartbeat_ms = super::lifetime::renew_every(cfg.lease_ms).min(1_000);
+        }
+        let mut m = WorkerMachine {
+            cfg,
+            jobs: BTreeMap::new(),
+            queued: VecDeque::new(),
+            running: 0,
+            claim_sent: None,
+            next_claim: now,
+            idle_ms: 1,
+            round_sent: None,
+            next_round: u64::MAX,
+            completer: Vec::new(),
+            flush_at: None,
+            settle_sent: None,
+            settle_backoff_ms: 1,
+            drain_sent: false,
+            shutdown_at: None,
+            over: false,
+            rounds: 0,
+            out: VecDeque::new(),
+            #[cfg(feature = "canaries")]
+            breakage: WorkerBreakage::default(),
+            #[cfg(feature = "canaries")]
+            reported: 0,
+        };
+        m.step(now);
+        m
+    }
+
+    /// The same machine with a deliberate breakage (simulator canaries).
+    #[cfg(feature = "canaries")]
+    pub fn with_breakage(mut self, breakage: WorkerBreakage) -> Self {
+        self.breakage = breakage;
+        self
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll_action(&mut self) -> Option<WorkerAction> {
+        self.out.pop_front()
+    }
+
+    /// When [`WorkerMachine::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.over {
+            return None;
+        }
+        let mut t = u64::MAX;
+        if self.claim_sent.is_none() && self.may_claim() && self.room() > 0 {
+            t = t.min(self.next_claim);
+        }
+        if self.round_sent.is_none() && self.renewable().next().is_some() {
+            t = t.min(self.next_round);
+        }
+        if let (Some(at), None) = (self.flush_at, &self.settle_sent) {
+            t = t.min(at);
+        }
+        for h in self.jobs.values() {
+            if h.phase != Phase::Reported {
+                t = t.min(h.life.deadline());
+            }
+        }
+        if let Some(at) = self.shutdown_at {
+            if self.running > 0 {
+                t = t.min(at);
+            }
+        }
+        (t < u64::MAX).then_some(t)
+    }
+
+    /// Whether the loop is over.
+    pub fn is_finished(&self) -> bool {
+        self.over
+    }
+
+    /// Jobs held (claimed and not yet settled).
+    pub fn held(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// The local deadline of a held job.
+    pub fn deadline(&self, id: JobId) -> Option<u64> {
+        self.jobs.get(&id).map(|h| h.life.deadline())
+    }
+
+    /// Whether `id`'s handler may act at `now`.
+    pub fn is_valid(&self, id: JobId, now: u64) -> bool {
+        self.jobs
+            .get(&id)
+            .is_some_and(|h| h.phase == Phase::Running && h.life.is_valid(now))
+    }
+
+    fn may_claim(&self) -> bool {
+        !self.over && self.shutdown_at.is_none()
+    }
+
+    fn room(&self) -> usize {
+        (self.cfg.concurrency + self.cfg.prefetch).saturating_sub(self.running + self.queued.len())
+    }
+
+    fn jitter(&mut self, span: u64) -> u64 {
+        self.rounds += 1;
+        mix64(self.cfg.seed ^ self.rounds.rotate_left(17)) % span.max(1)
+    }
+
+    /// Held jobs a renewal round carries (not yet settled).
+    fn renewable(&self) -> impl Iterator<Item = (&JobId, &Held)> {
+        self.jobs.iter()
+    }
+
+    /// Time passed to `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if self.over {
+            return;
+        }
+        self.expire(now);
+        if let Some(at) = self.shutdown_at {
+            if now >= at {
+                self.give_back_running();
+            }
+        }
+        self.step(now);
+    }
+
+    /// A job became ready somewhere: claim without waiting out the backoff.
+    pub fn wake(&mut self, now: u64) {
+        if self.may_claim() {
+            self.next_claim = self.next_claim.min(now);
+            self.idle_ms = 1;
+            self.step(now);
+        }
+    }
+
+    /// Switch the drain rule on or off (the simulator's heal phase).
+    pub fn set_drain(&mut self, now: u64, drain: bool) {
+        self.cfg.drain = drain;
+        self.step(now);
+    }
+
+    /// Stop claiming; queued jobs are given back at once; running handlers
+    /// have until `deadline` (local), then their jobs are given back too.
+    pub fn shutdown(&mut self, now: u64, deadline: u64) {
+        if self.over || self.shutdown_at.is_some() {
+            return;
+        }
+        self.shutdown_at = Some(deadline);
+        while let Some(id) = self.queued.pop_front() {
+            self.report(id, Settle::Abandon { started: false }, now);
+        }
+        if now >= deadline {
+            self.give_back_running();
+        }
+        self.step(now);
+    }
+
+    fn give_back_running(&mut self) {
+        let running: Vec<JobId> = self
+            .jobs
+            .iter()
+            .filter(|(_, h)| h.phase == Phase::Running)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            self.out.push_back(WorkerAction::Stop {
+                id,
+                why: StopWhy::Shutdown,
+            });
+            self.running -= 1;
+            if let Some(h) = self.jobs.get_mut(&id) {
+                h.phase = Phase::Reported;
+                let token = h.token;
+                self.completer
+                    .push((id, token, Settle::Abandon { started: true }));
+            }
+        }
+        self.flush_at = Some(0);
+    }
+
+    /// The handler of `id` finished at `now`: `Ok` completes the job,
+    /// `Err(reason)` fails it (a reason too long for the store is cut,
+    /// [`crate::client::fit_reason`]). Ignored for a job no longer held.
+    pub fn handler_done(&mut self, now: u64, id: JobId, result: std::result::Result<(), String>) {
+        let running = self
+            .jobs
+            .get(&id)
+            .is_some_and(|h| h.phase == Phase::Running);
+        if !running {
+            return;
+        }
+        self.running -= 1;
+        let settle = match result {
+            Ok(()) => Settle::Complete,
+            Err(reason) => Settle::Fail(crate::client::fit_reason(&reason).into_owned()),
+        };
+        self.report(id, settle, now);
+        self.step(now);
+    }
+
+    fn report(&mut self, id: JobId, settle: Settle, now: u64) {
+        let Some(h) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        h.phase = Phase::Reported;
+        let token = h.token;
+        #[cfg(feature = "canaries")]
+        {
+            self.reported += 1;
+            if self.breakage.drop_outcomes && self.reported % 4 == 0 {
+                return;
+            }
+        }
+        self.completer.push((id, token, settle));
+        let at = now.saturating_add(self.cfg.flush_delay_ms);
+        self.flush_at = Some(self.flush_at.map_or(at, |f| f.min(at)));
+    }
+
+    /// Local deadlines: a job whose deadline passed is lost (its handler is
+    /// told); a reported outcome is still sent (the store decides).
+    fn expire(&mut self, now: u64) {
+        let mut lost = Vec::new();
+        for (id, h) in &mut self.jobs {
+            if h.phase != Phase::Reported {
+                if let Some(reason) = h.life.handle_timeout(now) {
+                    lost.push((*id, reason));
+                }
+            }
+        }
+        for (id, reason) in lost {
+            self.lose(id, reason);
+        }
+    }
+
+    fn lose(&mut self, id: JobId, reason: LostReason) {
+        let Some(h) = self.jobs.remove(&id) else {
+            return;
+        };
+        match h.phase {
+            Phase::Running => {
+                self.running -= 1;
+                self.out.push_back(WorkerAction::Stop {
+                    id,
+                    why: StopWhy::Lost(reason),
+                });
+            }
+            Phase::Queued => self.queued.retain(|q| *q != id),
+            Phase::Reported => {}
+        }
+        self.out.push_back(WorkerAction::Settled {
+            id,
+            outcome: JobOutcome::Lost,
+        });
+    }
+
+    /// Do whatever is due at `now`.
+    fn step(&mut self, now: u64) {
+        if self.over {
+            return;
+        }
+        self.start_queued(now);
+        self.maybe_flush(now);
+        self.maybe_renew(now);
+        self.maybe_claim(now);
+        self.maybe_finish();
+    }
+
+    fn start_queued(&mut self, now: u64) {
+        while self.running < self.cfg.concurrency && self.shutdown_at.is_none() {
+            let Some(id) = self.queued.pop_front() else {
+                break;
+            };
+            let Some(h) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            if !h.life.is_valid(now) {
+                self.lose(id, LostReason::LocalDeadline);
+                continue;
+            }
+            h.phase = Phase::Running;
+            self.running += 1;
+            self.out.push_back(WorkerAction::Start(h.record.clone()));
+        }
+    }
+
+    fn maybe_flush(&mut self, now: u64) {
+        if self.settle_sent.is_some() || self.completer.is_empty() {
+            return;
+        }
+        let idle = self.running == 0;
+        let due = self.flush_at.is_some_and(|at| now >= at);
+        if !(idle || due || self.completer.len() >= self.cfg.batch_max) {
+            return;
+        }
+        let n = self.completer.len().min(self.cfg.batch_max);
+        let settles: Vec<(JobId, u64, Settle)> = self.completer.drain(..n).collect();
+        self.settle_sent = Some(settles.iter().map(|s| (s.0, s.2.clone())).collect());
+        self.flush_at = if self.completer.is_empty() {
+            None
+        } else {
+            Some(now)
+        };
+        self.out
+            .push_back(WorkerAction::Send(WorkerRequest::Settle { settles }));
+    }
+
+    fn maybe_renew(&mut self, now: u64) {
+        if self.round_sent.is_some() || now < self.next_round {
+            return;
+        }
+        let claims: Vec<(JobId, u64)> = self.renewable().map(|(id, h)| (*id, h.token)).collect();
+        if claims.is_empty() {
+            self.next_round = u64::MAX;
+            return;
+        }
+        self.round_sent = Some((now, claims.clone()));
+        self.out
+            .push_back(WorkerAction::Send(WorkerRequest::Heartbeat { claims }));
+    }
+
+    fn maybe_claim(&mut self, now: u64) {
+        if !self.may_claim() || self.claim_sent.is_some() || now < self.next_claim {
+            return;
+        }
+        let room = self.room();
+        if room == 0 {
+            return;
+        }
+        self.claim_sent = Some(now);
+        let max = room.min(self.cfg.batch_max);
+        self.out
+            .push_back(WorkerAction::Send(WorkerRequest::Claim { max }));
+    }
+
+    fn quiet(&self) -> bool {
+        self.jobs.is_empty()
+            && self.completer.is_empty()
+            && self.settle_sent.is_none()
+            && self.claim_sent.is_none()
+    }
+
+    fn maybe_finish(&mut self) {
+        if self.shutdown_at.is_some() && self.quiet() {
+            self.over = true;
+            self.out.push_back(WorkerAction::Finished);
+        }
+    }
+
+    fn fail(&mut self, e: Error) {
+        if !self.over {
+            self.over = true;
+            self.out.push_back(WorkerAction::Failed(e));
+        }
+    }
+
+    fn next_round_after(&mut self, from: u64) -> u64 {
+        let every = self.cfg.heartbeat_ms;
+        let span = (every / 5).max(1);
+        from.saturating_add(every - every / 10 + self.jitter(span))
+    }
+
+    /// The store answered a request (at local instant `now`).
+    pub fn handle_reply(&mut self, now: u64, reply: WorkerReply) {
+        if self.over {
+            return;
+        }
+        match reply {
+            WorkerReply::Claimed(r) => self.claimed(now, r),
+            WorkerReply::Heartbeated(r) => self.heartbeated(now, r),
+            WorkerReply::Settled(r) => self.settled(now, r),
+            WorkerReply::Drained(r) => {
+                self.drain_sent = false;
+                match r {
+                    Ok(true) if self.quiet() && self.cfg.drain => {
+                        self.over = true;
+                        self.out.push_back(WorkerAction::Finished);
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.is_transient() || e.is_ambiguous() => {}
+                    Err(e) => self.fail(e),
+                }
+            }
+        }
+        self.step(now);
+    }
+
+    fn claimed(&mut self, now: u64, r: Result<Vec<JobRecord>>) {
+        let Some(sent_at) = self.claim_sent.take() else {
+            return;
+        };
+        let jobs = match r {
+            Ok(jobs) => jobs,
+            // No answer: whatever was claimed expires and is retried.
+            Err(e) if e.is_transient() || e.is_ambiguous() => Vec::new(),
+            Err(e) => return self.fail(e),
+        };
+        if jobs.is_empty() {
+            let wait = self.idle_ms / 2 + self.jitter(self.idle_ms / 2 + 1);
+            self.next_claim = now.saturating_add(wait.max(1));
+            self.idle_ms = (self.idle_ms * 2).min(self.cfg.idle_max_ms.max(1));
+            if self.cfg.drain && self.quiet() && !self.drain_sent && self.may_claim() {
+                self.drain_sent = true;
+                self.out
+                    .push_back(WorkerAction::Send(WorkerRequest::DrainCheck));
+            }
+            return;
+        }
+        self.idle_ms = 1;
+        self.next_claim = now;
+        if self.jobs.is_empty() {
+            self.next_round = self.next_round_after(sent_at);
+        }
+        for record in jobs {
+            let token = record.claim.map_or(0, |c| c.token);
+            let life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
+            let id = record.id;
+            self.jobs.insert(
+                id,
+                Held {
+                    record,
+                    token,
+                    life,
+                    phase: Phase::Queued,
+                    cancel_seen: false,
+                },
+            );
+            if self.shutdown_at.is_some() {
+                self.report(id, Settle::Abandon { started: false }, now);
+            } else {
+                self.queued.push_back(id);
+            }
+        }
+    }
+
+    fn heartbeated(&mut self, now: u64, r: Result<Vec<Result<HeartbeatReply>>>) {
+        let Some((sent_at, claims)) = self.round_sent.take() else {
+            return;
+        };
+        let replies = match r {
+            Ok(replies) => replies,
+            Err(e) if e.is_transient() || e.is_ambiguous() => {
+                self.next_round = now.saturating_add((self.cfg.heartbeat_ms / 4).max(1));
+                return;
+            }
+            Err(e) => return self.fail(e),
+        };
+        self.next_round = self.next_round_after(sent_at);
+        for ((id, token), reply) in claims.into_iter().zip(replies) {
+            let Some(h) = self.jobs.get_mut(&id).filter(|h| h.token == token) else {
+                continue;
+            };
+            match reply {
+                Ok(hb) => {
+                    h.life.renewed(sent_at, now);
+                    let deadline = h.life.deadline();
+                    self.out.push_back(WorkerAction::Renewed { id, deadline });
+                    if hb.cancel_requested && !h.cancel_seen {
+                        h.cancel_seen = true;
+                        match h.phase {
+                            Phase::Running => self.out.push_back(WorkerAction::Stop {
+                                id,
+                                why: StopWhy::Cancelled,
+                            }),
+                            Phase::Queued => {
+                                self.queued.retain(|q| *q != id);
+                                self.report(id, Settle::Abandon { started: false }, now);
+                            }
+                            Phase::Reported => {}
+                        }
+                    }
+                }
+                Err(Error::Lost { reason, .. }) if h.phase != Phase::Reported => {
+                    self.lose(id, reason);
+                }
+                Err(Error::NotFound(_)) if h.phase != Phase::Reported => {
+                    self.lose(id, LostReason::StaleToken);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn settled(&mut self, now: u64, r: Result<Vec<Result<JobState>>>) {
+        let Some(sent) = self.settle_sent.take() else {
+            return;
+        };
+        let states = match r {
+            Ok(states) => states,
+            Err(e) if e.is_transient() => {
+                // Nothing was applied: send the same outcomes again soon.
+                let tokens: Vec<u64> = sent
+                    .iter()
+                    .map(|(id, _)| self.jobs.get(id).map_or(0, |h| h.token))
+                    .collect();
+                let again: Vec<(JobId, u64, Settle)> = sent
+                    .into_iter()
+                    .zip(tokens)
+                    .map(|((id, s), t)| (id, t, s))
+                    .collect();
+                self.completer.splice(0..0, again);
+                self.flush_at = Some(now.saturating_add(self.settle_backoff_ms));
+                self.settle_backoff_ms = (self.settle_backoff_ms * 2).min(100);
+                return;
+            }
+            Err(e) if e.is_ambiguous() => {
+                // They may or may not have been applied: the store decides.
+                sent.iter().map(|_| Err(e.clone())).collect()
+            }
+            Err(e) => return self.fail(e),
+        };
+        self.settle_backoff_ms = 1;
+        for ((id, settle), state) in sent.into_iter().zip(states) {
+            if self.jobs.remove(&id).is_none() {
+                continue;
+            }
+            let outcome = match (state, settle) {
+                (Ok(_), Settle::Complete) => JobOutcome::Done,
+                (Ok(s), Settle::Fail(_)) => JobOutcome::Failed(s),
+                (Ok(s), Settle::Abandon { .. }) => JobOutcome::Abandoned(s),
+                (Err(_), _) => JobOutcome::Lost,
+            };
+            self.out.push_back(WorkerAction::Settled { id, outcome });
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! The ergonomic layer: a [`Client`] with a holder identity, lease guards
+//! with local deadlines and keep-alive, queue handles, claimed jobs and the
+//! worker loop.
+//!
+//! The timing rules (the local deadline, when to renew, the acquire
+//! backoff, the worker loop's claims, renewal rounds, batching, drain and
+//! shutdown) are sans-IO state machines in [`machine`]; everything here
+//! drives them: [`Client::acquire`] drives a [`machine::HolderMachine`],
+//! the keep-alive threads drive a [`machine::Lifetime`], and
+//! [`Queue::work`] drives a [`machine::WorkerMachine`].
+//!
+//! # Validity (L3)
+//! A guard or claimed job is valid while all of these hold: it is used in
+//! the process that created it (no fork since), it was not released,
+//! completed or seen lost, and the holder's own monotonic clock is before
+//! the local deadline: the instant the request was *sent*, plus the TTL,
+//! minus the drift allowance ([`crate::core::local_deadline_ms`]).
+
+mod guard;
+mod job;
+mod lifeline;
+pub mod machine;
+mod queue;
+mod worker;
+
+pub use guard::LeaseGuard;
+pub use job::ClaimedJob;
+pub use machine::JobOutcome;
+pub use queue::Queue;
+pub use worker::{fit_reason, WorkOptions, WorkReport};
+
+use crate::clock::{BootClock, Clock};
+use crate::core::{
+    self, lease::LeaseInfo, DriftBound, Holder, HolderId, JobId, JobRecord, JobState, QueuePolicy,
+};
+use crate::error::{Error, Result};
+use crate::fork::ForkGuard;
+use crate::store::{Store, StoreExt, Wake};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use machine::{HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Milliseconds of a duration, saturating.
+pub(crate) fn ms_of(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+struct ClientInner {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    holder: Holder,
+    drift: DriftBound,
+    policy: QueuePolicy,
+    busy_timeout: Duration,
+    jitter: AtomicU64,
+    fork: ForkGuard,
+    /// Keys this client holds through a live guard: a second acquire of one
+    /// waits like any other contender instead of sharing the slot.
+    held: Mutex<HashSet<String>>,
+}
+
+/// A handle on a store with one holder identity. Cheap to clone; clones
+/// share the identity. Not usable in a forked child ([`Error::Forked`]).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("store", &self.inner.store.describe())
+            .field("holder", &self.inner.holder)
+            .finish()
+    }
+}
+
+/// Options of a [`Client`]; start from [`Client::builder`].
+pub struct ClientBuilder {
+    store: Arc<dyn Store>,
+    clock: Option<Arc<dyn Clock>>,
+    holder: Option<Holder>,
+    drift: DriftBound,
+    policy: QueuePolicy,
+    busy_timeout: Duration,
+}
+
+impl ClientBuilder {
+    /// The holder identity (default: a random UUID v4 labelled with host and pid).
+    pub fn holder(mut self, holder: Holder) -> Self {
+        self.holder = Some(holder);
+        self
+    }
+
+    /// The clock for local deadlines (default: [`BootClock`], which keeps
+    /// counting while the machine is suspended, so a suspended holder wakes
+    /// up knowing its lease ran out).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The drift allowance for local deadlines.
+    pub fn drift(mut self, drift: DriftBound) -> Self {
+        self.drift = drift;
+        self
+    }
+
+    /// The retry policy for jobs (backoff, quarantine).
+    pub fn policy(mut self, policy: QueuePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How long transient store errors are retried before [`Error::Busy`].
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Build the client.
+    pub fn build(self) -> Client {
+        let holder = self
+            .holder
+            .unwrap_or_else(|| Holder::new(random_holder_id()).labelled_default());
+        let seed = (holder.id.0 as u64) ^ ((holder.id.0 >> 64) as u64);
+        let mut policy = self.policy;
+        if policy.jitter_seed == 0 {
+            policy.jitter_seed = seed;
+        }
+        Client {
+            inner: Arc::new(ClientInner {
+                store: self.store,
+                clock: self.clock.unwrap_or_else(|| Arc::new(BootClock)),
+                holder,
+                drift: self.drift,
+                policy,
+                busy_timeout: self.busy_timeout,
+                jitter: AtomicU64::new(seed),
+                fork: ForkGuard::new(),
+                held: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+}
+
+/// A fresh random holder id (UUID v4).
+pub fn random_holder_id() -> HolderId {
+    HolderId(uuid::Uuid::new_v4().as_u128())
+}
+
+impl Holder {
+    /// This holder labelled `host:pid` (best effort).
+    pub fn labelled_default(self) -> Holder {
+        let label = format!("{}:{}", hostname(), std::process::id());
+        Holder::with_label(self.id, &label).unwrap_or(self)
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is valid for buf.len() bytes; gethostname NUL-terminates
+    // on success when the name fits, and we stop at the first NUL anyway.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown-host".to_owned();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// How to acquire a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseOptions {
+    /// Time to live; renewals extend it by the same amount.
+    pub ttl: Duration,
+    /// How many holders may hold the key at once (1: a mutex).
+    pub limit: u32,
+    /// How long to wait for the key when it is held (zero: try once).
+    pub wait: Duration,
+}
+
+impl LeaseOptions {
+    /// A mutex lease with this TTL, no waiting.
+    pub fn new(ttl: Duration) -> Self {
+        LeaseOptions {
+            ttl,
+            limit: 1,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// Allow up to `limit` holders at once.
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Wait up to `wait` for the key.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+}
+
+impl Client {
+    /// A client with default options over `store`.
+    pub fn new(store: impl Store + 'static) -> Self {
+        Self::builder(store).build()
+    }
+
+    /// Options for a client over `store`.
+    pub fn builder(store: impl Store + 'static) -> ClientBuilder {
+        Self::builder_shared(Arc::new(store))
+    }
+
+    /// Options for a client over a shared store.
+    pub fn builder_shared(store: Arc<dyn Store>) -> ClientBuilder {
+        ClientBuilder {
+            store,
+            clock: None,
+            holder: None,
+            drift: DriftBound::default(),
+            policy: QueuePolicy::default(),
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// This client's holder identity.
+    pub fn holder(&self) -> &Holder {
+        &self.inner.holder
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The job retry policy.
+    pub fn policy(&self) -> &QueuePolicy {
+        &self.inner.policy
+    }
+
+    pub(crate) fn local_now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// A jitter value in `0..span` (deterministic per client, never shared
+    /// with the store's rules).
+    pub(crate) fn jitter(&self, span: u64) -> u64 {
+        let n = self.inner.jitter.fetch_add(1, Ordering::Relaxed);
+        core::mix64(n) % span.max(1)
+    }
+
+    /// Run `f` in a store transaction, retrying transient store errors with
+    /// jittered exponential backoff until the busy timeout (S1).
+    pub(crate) fn run<R>(&self, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
+        self.run_until(None, f)
+    }
+
+    /// [`Client::run`], but retrying no later than `until_local_ms` on the
+    /// local clock (a renewal is pointless past the local deadline).
+    pub(crate) fn run_until<R>(
+        &self,
+        until_local_ms: Option<u64>,
+        mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.inner.fork.check()?;
+        let start_ms = self.local_now_ms();
+        let give_up_ms = start_ms
+            .saturating_add(ms_of(self.inner.busy_timeout))
+            .min(until_local_ms.unwrap_or(u64::MAX));
+        let mut backoff_ms = 1u64;
+        loop {
+            match self.inner.store.txn(&mut f) {
+                Err(e) if e.is_transient() => {
+                    let now_ms = self.local_now_ms();
+                    if now_ms >= give_up_ms {
+                        return Err(Error::Busy {
+                            waited_ms: now_ms.saturating_sub(start_ms),
+                            last: Box::new(e),
+                        });
+                    }
+                    let sleep_ms = (backoff_ms / 2 + self.jitter(backoff_ms / 2 + 1))
+                        .min(give_up_ms - now_ms)
+                        .max(1);
+                    crate::sync::sleep(Duration::from_millis(sleep_ms));
+                    backoff_ms = (backoff_ms * 2).min(100);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Try once to acquire `key`; [`Error::Held`] if it is taken.
+    pub fn try_acquire(&self, key: &str, ttl: Duration) -> Result<LeaseGuard> {
+        self.acquire(key, LeaseOptions::new(ttl))
+    }
+
+    /// Acquire `key`, waiting up to `opts.wait` (jittered backoff, woken
+    /// early when the store sees a release: [`HolderMachine`]). While a
+    /// guard of this client holds the key, another acquire through this
+    /// client waits like any other contender (two guards never share one
+    /// grant). Transient store errors are retried until the busy timeout.
+    pub fn acquire(&self, key: &str, opts: LeaseOptions) -> Result<LeaseGuard> {
+        self.inner.fork.check()?;
+        core::check_key("key", key)?;
+        let ttl_ms = ms_of(opts.ttl);
+        let cfg = HolderConfig {
+            ttl_ms,
+            limit: opts.limit,
+            wait_ms: ms_of(opts.wait),
+            drift: self.inner.drift,
+            keep_alive: true,
+            seed: self.jitter(u64::MAX),
+        };
+        let started = self.local_now_ms();
+        let busy_ms = ms_of(self.inner.busy_timeout);
+        let store = &self.inner.store;
+        let mut machine = HolderMachine::new(cfg, started);
+        loop {
+            let epoch = store.epoch(Wake::LeaseFreed);
+            while let Some(action) = machine.poll_action() {
+                match action {
+                    HolderAction::Send(HolderRequest::Acquire) => {
+                        let reply = self.try_acquire_once(key, ttl_ms, opts.limit);
+                        let now = self.local_now_ms();
+                        if let Err(e) = &reply {
+                            if e.is_transient() && now.saturating_sub(started) >= busy_ms {
+                                return Err(Error::Busy {
+                                    waited_ms: now - started,
+                                    last: Box::new(e.clone()),
+                                });
+                            }
+                        }
+                        machine.handle_reply(now, HolderReply::Acquired(reply));
+                    }
+                    HolderAction::Event(HolderEvent::Granted { token, renewed }) => {
+                        let life = machine.lifetime().cloned().ok_or_else(|| {
+                            Error::store("acquiring", "granted without a lifetime")
+                        })?;
+                        let guard =
+                            LeaseGuard::new(self.clone(), key, token, ttl_ms, renewed, life);
+                        return Ok(guard);
+                    }
+                    HolderAction::Event(HolderEvent::GaveUp(e) | HolderEvent::Failed(e)) => {
+                        return Err(e)
+                    }
+                    HolderAction::Event(_) | HolderAction::Send(_) => {}
+                }
+            }
+            let now = self.local_now_ms();
+            let until = machine.poll_timeout().unwrap_or(now);
+            let woke = until > now
+                && store.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(until - now));
+            let now = self.local_now_ms();
+            if woke {
+                machine.handle_wake(now);
+            } else {
+                machine.handle_timeout(now);
+            }
+        }
+    }
+
+    /// One acquire transaction, or the refusal a second guard of this
+    /// client meets while one holds the key.
+    fn try_acquire_once(&self, key: &str, ttl_ms: u64, limit: u32) -> Result<core::Grant> {
+        if lock(&self.inner.held).contains(key) {
+            let info = self.inspect(key)?;
+            return Err(Error::Held {
+                key: key.to_owned(),
+                holders: info.holders,
+            });
+        }
+        let holder = &self.inner.holder;
+        self.inner
+            .store
+            .txn(|tx| core::lease::acquire(tx, key, holder, ttl_ms, limit))
+    }
+
+    /// The store's clock now (ms), the time its rules run on: convert a
+    /// record's instants to wall-clock time from their distance to it.
+    pub fn store_now_ms(&self) -> Result<u64> {
+        self.run(|tx| Ok(tx.now_ms()))
+    }
+
+    /// Live holders of `key` and its token counter.
+    pub fn inspect(&self, key: &str) -> Result<LeaseInfo> {
+        self.run(|tx| core::lease::inspect(tx, key))
+    }
+
+    /// Renew a lease by key and token (for callers that keep the token
+    /// themselves, like the CLI). Returns the grant with its store expiry.
+    pub fn renew(&self, key: &str, token: u64, ttl: Duration) -> Result<core::Grant> {
+        let id = self.inner.holder.id;
+        self.run(|tx| core::lease::renew(tx, key, id, token, ms_of(ttl)))
+    }
+
+    /// Release a lease by key and token.
+    pub fn release(&self, key: &str, token: u64) -> Result<()> {
+        let id = self.inner.holder.id;
+        self.run(|tx| core::lease::release(tx, key, id, token))
+    }
+
+    /// One job by id, as of the store's clock.
+    pub fn job(&self, id: JobId) -> Result<JobRecord> {
+        let policy = self.inner.policy;
+        self.run(|tx| core::job::get(tx, id, &policy))
+    }
+
+    /// Cancel a job by id; returns its state afterwards (running means a
+    /// cancel was requested, seen by its worker at the next heartbeat).
+    pub fn cancel_job(&self, id: JobId) -> Result<JobState> {
+        let policy = self.inner.policy;
+        self.run(|tx| core::job::cancel(tx, id, &policy))
+    }
+
+    /// Make a dead or cancelled job ready again, by id.
+    pub fn retry_job(&self, id: JobId) -> Result<()> {
+        let policy = self.inner.policy;
+        self.run(|tx| core::job::retry(tx, id, &policy))
+    }
+
+    /// A handle on queue `name`.
+    pub fn queue(&self, name: &str) -> Result<Queue> {
+        core::check_key("queue", name)?;
+        Ok(Queue {
+            client: self.clone(),
+            name: Arc::from(name),
+        })
+    }
+}
+
+/// Deliberately broken variants for the loom models to reject (compiled
+/// only under `--cfg loom`; see `tests/loom.rs`).
+#[cfg(loom)]
+pub mod loom_canary {
+    use std::cell::Cell;
+
+    std::thread_local! {
+        /// Release (or settle) without waiting for the keep-alive thread;
+        /// renew a lease by re-acquiring it and heartbeat a job by reading
+        /// and writing it back in two transactions: the naive keep-alive
+        /// that revives released leases and completed claims.
+        pub static NAIVE_KEEP_ALIVE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether the naive keep-alive is on (on this model's thread).
+    pub fn naive() -> bool {
+        NAIVE_KEEP_ALIVE.with(Cell::get)
+    }
+}

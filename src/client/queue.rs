@@ -1,0 +1,143 @@
+//! [`Queue`]: a handle on one queue: push, claim by hand, inspect, manage,
+//! and the worker loop ([`Queue::work`], driven in `worker.rs`).
+
+use super::job::ClaimedJob;
+use super::{ms_of, Client};
+use crate::core::{self, EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, StateCounts};
+use crate::error::{Error, LostReason, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A handle on one queue.
+#[derive(Clone, Debug)]
+pub struct Queue {
+    pub(crate) client: Client,
+    pub(crate) name: Arc<str>,
+}
+
+impl Queue {
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The client behind this handle.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Enqueue a job.
+    pub fn push(&self, spec: &JobSpec) -> Result<EnqueueOutcome> {
+        let policy = self.client.inner.policy;
+        self.client
+            .run(|tx| core::job::enqueue(tx, &self.name, spec, &policy))
+    }
+
+    /// Claim the next ready job, if any, under a lease of `lease`.
+    pub fn claim(&self, lease: Duration) -> Result<Option<ClaimedJob>> {
+        Ok(self.claim_batch(1, lease)?.into_iter().next())
+    }
+
+    /// Claim up to `max` ready jobs in one transaction.
+    pub fn claim_batch(&self, max: usize, lease: Duration) -> Result<Vec<ClaimedJob>> {
+        let lease_ms = ms_of(lease);
+        let holder = self.client.inner.holder.id;
+        let policy = self.client.inner.policy;
+        let sent_at = self.client.local_now_ms();
+        let jobs = self
+            .client
+            .run(|tx| core::job::claim(tx, &self.name, holder, lease_ms, max, &policy))?;
+        Ok(jobs
+            .into_iter()
+            .map(|job| ClaimedJob::claimed(self.client.clone(), job, lease_ms, sent_at))
+            .collect())
+    }
+
+    /// Complete many claimed jobs in one transaction (one commit, one
+    /// fsync, for all). Each job's outcome is reported on its own: a lost
+    /// claim does not stop the others.
+    pub fn complete_many(&self, jobs: &[ClaimedJob]) -> Result<Vec<Result<()>>> {
+        self.client.inner.fork.check_strict()?;
+        let ready: Vec<Result<()>> = jobs.iter().map(ClaimedJob::begin_settle).collect();
+        let settles: Vec<(JobId, u64, core::job::Settle)> = jobs
+            .iter()
+            .zip(&ready)
+            .filter(|(_, ok)| ok.is_ok())
+            .map(|(job, _)| (job.id(), job.token(), core::job::Settle::Complete))
+            .collect();
+        let holder = self.client.inner.holder.id;
+        let policy = self.client.inner.policy;
+        let mut states = self
+            .client
+            .run(|tx| core::job::settle_many(tx, holder, &settles, &policy))?
+            .into_iter();
+        Ok(jobs
+            .iter()
+            .zip(ready)
+            .map(|(job, ok)| match ok {
+                Ok(()) => states
+                    .next()
+                    .unwrap_or(Err(Error::NotFound(job.id())))
+                    .map(drop),
+                Err(e) => Err(Error::Lost {
+                    target: job.life.target.clone(),
+                    reason: match e {
+                        Error::Lost { reason, .. } => reason,
+                        _ => LostReason::StaleToken,
+                    },
+                }),
+            })
+            .collect())
+    }
+
+    /// Jobs per state.
+    pub fn stats(&self) -> Result<StateCounts> {
+        let policy = self.client.inner.policy;
+        self.client
+            .run(|tx| core::job::stats(tx, &self.name, &policy))
+    }
+
+    /// Up to `limit` jobs after id `after`, optionally only in `state`.
+    pub fn list(
+        &self,
+        state: Option<JobState>,
+        after: JobId,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>> {
+        let policy = self.client.inner.policy;
+        self.client
+            .run(|tx| core::job::list(tx, &self.name, state, after, limit, &policy))
+    }
+
+    /// One job by id (see [`Client::job`]).
+    pub fn get(&self, id: JobId) -> Result<JobRecord> {
+        self.client.job(id)
+    }
+
+    /// Cancel a job (see [`Client::cancel_job`]).
+    pub fn cancel(&self, id: JobId) -> Result<JobState> {
+        self.client.cancel_job(id)
+    }
+
+    /// Retry a dead or cancelled job (see [`Client::retry_job`]).
+    pub fn retry(&self, id: JobId) -> Result<()> {
+        self.client.retry_job(id)
+    }
+
+    /// Delete terminal jobs that finished at least `older_than` ago.
+    /// Returns how many were deleted.
+    pub fn purge(&self, older_than: Duration) -> Result<u64> {
+        const CHUNK: usize = 1000;
+        let policy = self.client.inner.policy;
+        let mut total = 0u64;
+        loop {
+            let n = self
+                .client
+                .run(|tx| core::job::purge(tx, &self.name, ms_of(older_than), CHUNK, &policy))?;
+            total += n as u64;
+            if n < CHUNK {
+                return Ok(total);
+            }
+        }
+    }
+}
