@@ -20,7 +20,8 @@ use std::time::Instant;
 
 const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N [--seed-start S] [--jobs N]] [--store mem|sqlite|file] [--trace] [--shrink] [--canary NAME|all]
 scenarios: leases, queue, mixed, clock-chaos
-canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease, worker-stops-claiming
+canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease, worker-stops-claiming,
+           deadline-from-reply, completer-drops-outcome
 the file store keeps leases only: use it with --scenario leases or clock-chaos";
 
 struct Args {

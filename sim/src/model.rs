@@ -59,6 +59,10 @@ pub enum Outcome {
     State(JobState),
     /// How many jobs were purged.
     Purged(usize),
+    /// A yes or no (the drain rule).
+    Bool(bool),
+    /// One outcome per item of a batch, in order.
+    Batch(Vec<Outcome>),
     /// A store error the model does not describe (the run reports it).
     StoreError(String),
 }
@@ -124,6 +128,9 @@ impl Outcome {
     pub fn accepts(&self, actual: &Outcome) -> bool {
         match (self, actual) {
             (Outcome::Lost(None), Outcome::Lost(_)) => true,
+            (Outcome::Batch(a), Outcome::Batch(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.accepts(b))
+            }
             (a, b) => a == b,
         }
     }
@@ -636,6 +643,23 @@ impl Model {
             }
             Err(o) => o,
         };
+        self.last.clone()
+    }
+
+    /// The one drain rule: nothing ready, running, or due (a retry in
+    /// backoff is due; a first attempt's delay is not).
+    pub fn drained(&mut self, queue: &str) -> Outcome {
+        self.settle();
+        let busy = self.jobs.iter().any(|j| {
+            !j.purged
+                && j.queue == queue
+                && match j.state {
+                    JobState::Ready | JobState::Running => true,
+                    JobState::Scheduled => j.attempts > 0,
+                    _ => false,
+                }
+        });
+        self.last = Outcome::Bool(!busy);
         self.last.clone()
     }
 

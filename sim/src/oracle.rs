@@ -16,6 +16,10 @@
 //! - Q1: a claim at `t` finds the job's previous claim ended.
 //! - Q3-Q5, S1: the reference model, run in lockstep with the store, must
 //!   agree with every outcome; counts are compared at the end.
+//! - B1 (the worker loop's completer): every outcome a handler reports is
+//!   sent to the store in a settle batch (again after a transient error),
+//!   unless its process dies first; every outcome sent is one a handler
+//!   reported, with the same verdict.
 //! - L4, Q3 liveness: checked after the heal phase by the simulator.
 
 use crate::model::{Model, Outcome};
@@ -70,6 +74,9 @@ pub struct Oracle {
     accepted: BTreeMap<usize, u64>,
     claims: BTreeMap<u64, Vec<(u64, Interval)>>,
     completed: BTreeMap<u64, Owner>,
+    /// B1: outcomes handlers reported, by (owner, job, token): whether it
+    /// completed, and whether a settle batch carried it yet.
+    reported: BTreeMap<(Owner, u64, u64), (bool, bool)>,
     strict_l3: bool,
 }
 
@@ -94,22 +101,80 @@ impl Oracle {
             accepted: BTreeMap::new(),
             claims: BTreeMap::new(),
             completed: BTreeMap::new(),
+            reported: BTreeMap::new(),
             strict_l3,
         }
     }
 
+    /// A handler reported its job's outcome to its worker loop.
+    pub fn handler_reported(&mut self, owner: Owner, job: u64, token: u64, complete: bool) {
+        self.reported.insert((owner, job, token), (complete, false));
+    }
+
+    /// A settle batch carries `job`'s outcome (`Some(complete)`; `None`
+    /// for a job given back): it must be the one its handler reported.
+    pub fn settle_sent(
+        &mut self,
+        t: u64,
+        owner: Owner,
+        job: u64,
+        token: u64,
+        complete: Option<bool>,
+    ) -> Check {
+        let Some(complete) = complete else {
+            return Ok(());
+        };
+        match self.reported.get_mut(&(owner, job, token)) {
+            Some((said, sent)) if *said == complete => {
+                *sent = true;
+                Ok(())
+            }
+            Some((said, _)) => violation(
+                "B1",
+                t,
+                format!("p{}.{} sent job {job}'s outcome as complete={complete}, its handler said complete={said}", owner.0, owner.1),
+            ),
+            None => violation(
+                "B1",
+                t,
+                format!("p{}.{} sent an outcome for job {job} (token {token}) that no handler reported", owner.0, owner.1),
+            ),
+        }
+    }
+
+    /// A process died: what it had not sent is gone with it (what it sent
+    /// may still be in the network).
+    pub fn forget(&mut self, owner: Owner) {
+        self.reported
+            .retain(|(o, _, _), (_, sent)| *o != owner || *sent);
+    }
+
+    /// B1 at the end of a run: an outcome reported but never sent.
+    pub fn unsent(&self, t: u64, alive: impl Fn(Owner) -> bool) -> Check {
+        for ((owner, job, token), (_, sent)) in &self.reported {
+            if !sent && alive(*owner) {
+                return violation(
+                    "B1",
+                    t,
+                    format!(
+                        "job {job}'s outcome (token {token}), reported by p{}.{}'s handler, never reached the store",
+                        owner.0, owner.1
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Compare the store's outcome of an operation with the model's.
-    pub fn compare(&self, t: u64, what: &str, got: &Outcome) -> Check {
-        if self.model.last.accepts(got) {
+    pub fn compare(&self, t: u64, what: &str, expect: &Outcome, got: &Outcome) -> Check {
+        if expect.accepts(got) {
             Ok(())
         } else {
             violation(
                 "model (Q3-Q5/S1)",
                 t,
-                format!(
-                    "{what}: store answered {got:?}, reference model {:?}",
-                    self.model.last
-                ),
+                format!("{what}: store answered {got:?}, reference model {expect:?}"),
             )
         }
     }

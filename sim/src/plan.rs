@@ -62,16 +62,25 @@ pub enum Canary {
     /// Workers stay alive but stop claiming once the faults stop: the
     /// liveness check (every job finishes) must notice.
     WorkerStopsClaiming,
+    /// The holder machine counts its local deadline from when the reply
+    /// arrived instead of when the request was sent (a client-machine bug
+    /// that breaks L3 under latency).
+    DeadlineFromReply,
+    /// The worker machine's completer loses every fourth outcome its
+    /// handlers report (a batching bug).
+    CompleterDropsOutcome,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 5] = [
+    pub const ALL: [Canary; 7] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
         Canary::ClaimIgnoresLease,
         Canary::WorkerStopsClaiming,
+        Canary::DeadlineFromReply,
+        Canary::CompleterDropsOutcome,
     ];
 
     /// Its command-line name.
@@ -82,6 +91,8 @@ impl Canary {
             Canary::ForkReusesHandle => "fork-reuses-handle",
             Canary::ClaimIgnoresLease => "claim-ignores-lease",
             Canary::WorkerStopsClaiming => "worker-stops-claiming",
+            Canary::DeadlineFromReply => "deadline-from-reply",
+            Canary::CompleterDropsOutcome => "completer-drops-outcome",
         }
     }
 
@@ -94,8 +105,10 @@ impl Canary {
     pub fn scenario(self) -> Scenario {
         match self {
             Canary::IgnoresFencing | Canary::ForkReusesHandle => Scenario::Mixed,
-            Canary::TrustsPastDeadline => Scenario::Leases,
-            Canary::ClaimIgnoresLease | Canary::WorkerStopsClaiming => Scenario::Queue,
+            Canary::TrustsPastDeadline | Canary::DeadlineFromReply => Scenario::Leases,
+            Canary::ClaimIgnoresLease
+            | Canary::WorkerStopsClaiming
+            | Canary::CompleterDropsOutcome => Scenario::Queue,
         }
     }
 }
@@ -412,7 +425,11 @@ impl Plan {
         };
         match canary {
             Canary::IgnoresFencing | Canary::ClaimIgnoresLease => pause_some(rng, faults, 4),
-            Canary::WorkerStopsClaiming => {}
+            Canary::WorkerStopsClaiming | Canary::CompleterDropsOutcome => {}
+            Canary::DeadlineFromReply => {
+                // Slow replies: the deadline counted from them runs late.
+                self.latency_ms = (10, 25);
+            }
             Canary::TrustsPastDeadline => {
                 self.fencing = false;
                 self.strict_l3 = true;

@@ -102,6 +102,8 @@ fn every_canary_is_caught() {
             Canary::ForkReusesHandle => &["L5", "Q2"],
             Canary::ClaimIgnoresLease => &["Q1"],
             Canary::WorkerStopsClaiming => &["Q3"],
+            Canary::DeadlineFromReply => &["L3"],
+            Canary::CompleterDropsOutcome => &["B1"],
         };
         assert!(
             expected.contains(&v.guarantee),

@@ -58,7 +58,7 @@ pub enum HolderRequest {
 }
 
 /// The store's answer to the request in flight.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum HolderReply {
     /// To [`HolderRequest::Acquire`].
     Acquired(Result<Grant>),
@@ -69,7 +69,7 @@ pub enum HolderReply {
 }
 
 /// What happened, for the application.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum HolderEvent {
     /// The lease is ours: act with this token.
     Granted {
@@ -89,7 +89,7 @@ pub enum HolderEvent {
 }
 
 /// What the driver should do next.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum HolderAction {
     /// Send this request to the store, then feed its answer back.
     Send(HolderRequest),
@@ -97,7 +97,7 @@ pub enum HolderAction {
     Event(HolderEvent),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Phase {
     Acquiring {
         in_flight: Option<u64>,
@@ -114,7 +114,7 @@ enum Phase {
 }
 
 /// One lease from the holder's side; see the module docs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HolderMachine {
     cfg: HolderConfig,
     phase: Phase,

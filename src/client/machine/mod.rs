@@ -22,6 +22,7 @@
 mod holder;
 mod lifetime;
 mod worker;
+mod worker_replies;
 
 pub use holder::{
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,

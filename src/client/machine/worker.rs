@@ -26,8 +26,9 @@
 //!   request stops its handler.
 //! - **Settle** outcomes in batches: a flush when the completer holds
 //!   `batch_max` outcomes, when `flush_delay_ms` passed since the first, or
-//!   at once when no handler runs (nothing else is coming). Every outcome a
-//!   handler reports is sent exactly once, unless the process dies.
+//!   at once when no handler runs or waits to (nothing else is coming).
+//!   Every outcome a handler reports is sent exactly once, unless the
+//!   process dies.
 //! - **Drain**: with `drain`, once a claim finds nothing and nothing is
 //!   held, ask the store ([`crate::core::job::drained`]); finish if drained.
 //! - **Shutdown**: stop claiming, give queued jobs back at once, let running
@@ -44,7 +45,7 @@ use super::lifetime::Lifetime;
 use crate::core::job::Settle;
 use crate::core::{mix64, DriftBound, HeartbeatReply, JobId, JobRecord, JobState};
 use crate::error::{Error, LostReason, Result};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How one job ended in a worker loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +111,7 @@ pub enum WorkerRequest {
 }
 
 /// The store's answer to a request (one per request sent).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum WorkerReply {
     /// To [`WorkerRequest::Claim`].
     Claimed(Result<Vec<JobRecord>>),
@@ -134,7 +135,7 @@ pub enum StopWhy {
 }
 
 /// What the driver should do next.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum WorkerAction {
     /// Send this request to the store, then feed its answer back.
     Send(WorkerRequest),
@@ -167,20 +168,15 @@ pub enum WorkerAction {
     Failed(Error),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Queued,
-    Running,
-    Reported,
-}
-
-#[derive(Debug)]
-struct Held {
-    record: JobRecord,
-    token: u64,
-    life: Lifetime,
-    phase: Phase,
-    cancel_seen: bool,
+/// A claimed job whose outcome is not yet reported: queued (claimed ahead
+/// of a free handler) or running.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) record: JobRecord,
+    pub(super) token: u64,
+    pub(super) life: Lifetime,
+    pub(super) running: bool,
+    pub(super) cancel_seen: bool,
 }
 
 /// Deliberately broken variants, for the simulator's canaries.
@@ -192,30 +188,35 @@ pub struct WorkerBreakage {
 }
 
 /// One process's worker loop; see the module docs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct WorkerMachine {
-    cfg: WorkerConfig,
-    jobs: BTreeMap<JobId, Held>,
-    queued: VecDeque<JobId>,
-    running: usize,
-    claim_sent: Option<u64>,
-    next_claim: u64,
-    idle_ms: u64,
-    round_sent: Option<(u64, Vec<(JobId, u64)>)>,
-    next_round: u64,
-    completer: Vec<(JobId, u64, Settle)>,
-    flush_at: Option<u64>,
-    settle_sent: Option<Vec<(JobId, Settle)>>,
-    settle_backoff_ms: u64,
-    drain_sent: bool,
-    shutdown_at: Option<u64>,
-    over: bool,
-    rounds: u64,
-    out: VecDeque<WorkerAction>,
+    pub(super) cfg: WorkerConfig,
+    /// Queued and running jobs, by id (one claim per job at a time).
+    pub(super) jobs: BTreeMap<JobId, Held>,
+    pub(super) queued: VecDeque<JobId>,
+    pub(super) running: usize,
+    /// Outcomes reported and not yet committed, by (job, token): a job may
+    /// be claimed again (a new token) before the reply for its old claim's
+    /// outcome arrives.
+    pub(super) reported: BTreeSet<(JobId, u64)>,
+    pub(super) completer: Vec<(JobId, u64, Settle)>,
+    pub(super) flush_at: Option<u64>,
+    pub(super) settle_sent: Option<Vec<(JobId, u64, Settle)>>,
+    pub(super) settle_backoff_ms: u64,
+    pub(super) claim_sent: Option<u64>,
+    pub(super) next_claim: u64,
+    pub(super) idle_ms: u64,
+    pub(super) round_sent: Option<(u64, Vec<(JobId, u64)>)>,
+    pub(super) next_round: u64,
+    pub(super) drain_sent: bool,
+    pub(super) shutdown_at: Option<u64>,
+    pub(super) over: bool,
+    pub(super) rounds: u64,
+    pub(super) out: VecDeque<WorkerAction>,
     #[cfg(feature = "canaries")]
-    breakage: WorkerBreakage,
+    pub(super) breakage: WorkerBreakage,
     #[cfg(feature = "canaries")]
-    reported: u64,
+    pub(super) outcomes: u64,
 }
 
 impl WorkerMachine {
@@ -231,15 +232,16 @@ impl WorkerMachine {
             jobs: BTreeMap::new(),
             queued: VecDeque::new(),
             running: 0,
+            reported: BTreeSet::new(),
+            completer: Vec::new(),
+            flush_at: None,
+            settle_sent: None,
+            settle_backoff_ms: 1,
             claim_sent: None,
             next_claim: now,
             idle_ms: 1,
             round_sent: None,
             next_round: u64::MAX,
-            completer: Vec::new(),
-            flush_at: None,
-            settle_sent: None,
-            settle_backoff_ms: 1,
             drain_sent: false,
             shutdown_at: None,
             over: false,
@@ -248,7 +250,7 @@ impl WorkerMachine {
             #[cfg(feature = "canaries")]
             breakage: WorkerBreakage::default(),
             #[cfg(feature = "canaries")]
-            reported: 0,
+            outcomes: 0,
         };
         m.step(now);
         m
@@ -275,16 +277,14 @@ impl WorkerMachine {
         if self.claim_sent.is_none() && self.may_claim() && self.room() > 0 {
             t = t.min(self.next_claim);
         }
-        if self.round_sent.is_none() && self.renewable().next().is_some() {
+        if self.round_sent.is_none() && !self.round_claims().is_empty() {
             t = t.min(self.next_round);
         }
         if let (Some(at), None) = (self.flush_at, &self.settle_sent) {
             t = t.min(at);
         }
         for h in self.jobs.values() {
-            if h.phase != Phase::Reported {
-                t = t.min(h.life.deadline());
-            }
+            t = t.min(h.life.deadline());
         }
         if let Some(at) = self.shutdown_at {
             if self.running > 0 {
@@ -299,12 +299,12 @@ impl WorkerMachine {
         self.over
     }
 
-    /// Jobs held (claimed and not yet settled).
+    /// Jobs held: claimed, and not yet settled.
     pub fn held(&self) -> usize {
-        self.jobs.len()
+        self.jobs.len() + self.reported.len()
     }
 
-    /// The local deadline of a held job.
+    /// The local deadline of a queued or running job.
     pub fn deadline(&self, id: JobId) -> Option<u64> {
         self.jobs.get(&id).map(|h| h.life.deadline())
     }
@@ -313,10 +313,10 @@ impl WorkerMachine {
     pub fn is_valid(&self, id: JobId, now: u64) -> bool {
         self.jobs
             .get(&id)
-            .is_some_and(|h| h.phase == Phase::Running && h.life.is_valid(now))
+            .is_some_and(|h| h.running && h.life.is_valid(now))
     }
 
-    fn may_claim(&self) -> bool {
+    pub(super) fn may_claim(&self) -> bool {
         !self.over && self.shutdown_at.is_none()
     }
 
@@ -324,14 +324,18 @@ impl WorkerMachine {
         (self.cfg.concurrency + self.cfg.prefetch).saturating_sub(self.running + self.queued.len())
     }
 
-    fn jitter(&mut self, span: u64) -> u64 {
+    pub(super) fn jitter(&mut self, span: u64) -> u64 {
         self.rounds += 1;
         mix64(self.cfg.seed ^ self.rounds.rotate_left(17)) % span.max(1)
     }
 
-    /// Held jobs a renewal round carries (not yet settled).
-    fn renewable(&self) -> impl Iterator<Item = (&JobId, &Held)> {
-        self.jobs.iter()
+    /// Every claim a renewal round carries: held jobs, and outcomes not yet
+    /// committed (their claims must outlive a slow settle).
+    fn round_claims(&self) -> Vec<(JobId, u64)> {
+        let mut claims: Vec<(JobId, u64)> =
+            self.jobs.iter().map(|(id, h)| (*id, h.token)).collect();
+        claims.extend(self.reported.iter().copied());
+        claims
     }
 
     /// Time passed to `now`.
@@ -340,10 +344,8 @@ impl WorkerMachine {
             return;
         }
         self.expire(now);
-        if let Some(at) = self.shutdown_at {
-            if now >= at {
-                self.give_back_running();
-            }
+        if self.shutdown_at.is_some_and(|at| now >= at) {
+            self.give_back_running(now);
         }
         self.step(now);
     }
@@ -374,16 +376,16 @@ impl WorkerMachine {
             self.report(id, Settle::Abandon { started: false }, now);
         }
         if now >= deadline {
-            self.give_back_running();
+            self.give_back_running(now);
         }
         self.step(now);
     }
 
-    fn give_back_running(&mut self) {
+    fn give_back_running(&mut self, now: u64) {
         let running: Vec<JobId> = self
             .jobs
             .iter()
-            .filter(|(_, h)| h.phase == Phase::Running)
+            .filter(|(_, h)| h.running)
             .map(|(id, _)| *id)
             .collect();
         for id in running {
@@ -392,25 +394,17 @@ impl WorkerMachine {
                 why: StopWhy::Shutdown,
             });
             self.running -= 1;
-            if let Some(h) = self.jobs.get_mut(&id) {
-                h.phase = Phase::Reported;
-                let token = h.token;
-                self.completer
-                    .push((id, token, Settle::Abandon { started: true }));
-            }
+            self.report(id, Settle::Abandon { started: true }, now);
         }
-        self.flush_at = Some(0);
+        self.flush_at = Some(now);
     }
 
     /// The handler of `id` finished at `now`: `Ok` completes the job,
     /// `Err(reason)` fails it (a reason too long for the store is cut,
     /// [`crate::client::fit_reason`]). Ignored for a job no longer held.
     pub fn handler_done(&mut self, now: u64, id: JobId, result: std::result::Result<(), String>) {
-        let running = self
-            .jobs
-            .get(&id)
-            .is_some_and(|h| h.phase == Phase::Running);
-        if !running {
+        self.expire(now);
+        if !self.jobs.get(&id).is_some_and(|h| h.running) {
             return;
         }
         self.running -= 1;
@@ -422,54 +416,51 @@ impl WorkerMachine {
         self.step(now);
     }
 
-    fn report(&mut self, id: JobId, settle: Settle, now: u64) {
-        let Some(h) = self.jobs.get_mut(&id) else {
+    /// The job's outcome goes to the completer (its claim is renewed until
+    /// the outcome is committed).
+    pub(super) fn report(&mut self, id: JobId, settle: Settle, now: u64) {
+        let Some(h) = self.jobs.remove(&id) else {
             return;
         };
-        h.phase = Phase::Reported;
-        let token = h.token;
         #[cfg(feature = "canaries")]
         {
-            self.reported += 1;
-            if self.breakage.drop_outcomes && self.reported % 4 == 0 {
+            self.outcomes += 1;
+            if self.breakage.drop_outcomes && self.outcomes % 4 == 0 {
                 return;
             }
         }
-        self.completer.push((id, token, settle));
+        self.reported.insert((id, h.token));
+        self.completer.push((id, h.token, settle));
         let at = now.saturating_add(self.cfg.flush_delay_ms);
         self.flush_at = Some(self.flush_at.map_or(at, |f| f.min(at)));
     }
 
-    /// Local deadlines: a job whose deadline passed is lost (its handler is
-    /// told); a reported outcome is still sent (the store decides).
-    fn expire(&mut self, now: u64) {
-        let mut lost = Vec::new();
-        for (id, h) in &mut self.jobs {
-            if h.phase != Phase::Reported {
-                if let Some(reason) = h.life.handle_timeout(now) {
-                    lost.push((*id, reason));
-                }
-            }
-        }
+    /// Local deadlines: a queued or running job whose deadline passed is
+    /// lost (its handler is told). A reported outcome is still sent (the
+    /// store decides).
+    pub(super) fn expire(&mut self, now: u64) {
+        let lost: Vec<(JobId, LostReason)> = self
+            .jobs
+            .iter_mut()
+            .filter_map(|(id, h)| h.life.handle_timeout(now).map(|r| (*id, r)))
+            .collect();
         for (id, reason) in lost {
             self.lose(id, reason);
         }
     }
 
-    fn lose(&mut self, id: JobId, reason: LostReason) {
+    pub(super) fn lose(&mut self, id: JobId, reason: LostReason) {
         let Some(h) = self.jobs.remove(&id) else {
             return;
         };
-        match h.phase {
-            Phase::Running => {
-                self.running -= 1;
-                self.out.push_back(WorkerAction::Stop {
-                    id,
-                    why: StopWhy::Lost(reason),
-                });
-            }
-            Phase::Queued => self.queued.retain(|q| *q != id),
-            Phase::Reported => {}
+        if h.running {
+            self.running -= 1;
+            self.out.push_back(WorkerAction::Stop {
+                id,
+                why: StopWhy::Lost(reason),
+            });
+        } else {
+            self.queued.retain(|q| *q != id);
         }
         self.out.push_back(WorkerAction::Settled {
             id,
@@ -478,7 +469,7 @@ impl WorkerMachine {
     }
 
     /// Do whatever is due at `now`.
-    fn step(&mut self, now: u64) {
+    pub(super) fn step(&mut self, now: u64) {
         if self.over {
             return;
         }
@@ -501,7 +492,7 @@ impl WorkerMachine {
                 self.lose(id, LostReason::LocalDeadline);
                 continue;
             }
-            h.phase = Phase::Running;
+            h.running = true;
             self.running += 1;
             self.out.push_back(WorkerAction::Start(h.record.clone()));
         }
@@ -511,14 +502,15 @@ impl WorkerMachine {
         if self.settle_sent.is_some() || self.completer.is_empty() {
             return;
         }
-        let idle = self.running == 0;
+        // Nothing else is coming soon: no handler runs and none is about to.
+        let idle = self.running == 0 && self.queued.is_empty();
         let due = self.flush_at.is_some_and(|at| now >= at);
         if !(idle || due || self.completer.len() >= self.cfg.batch_max) {
             return;
         }
         let n = self.completer.len().min(self.cfg.batch_max);
         let settles: Vec<(JobId, u64, Settle)> = self.completer.drain(..n).collect();
-        self.settle_sent = Some(settles.iter().map(|s| (s.0, s.2.clone())).collect());
+        self.settle_sent = Some(settles.clone());
         self.flush_at = if self.completer.is_empty() {
             None
         } else {
@@ -532,7 +524,7 @@ impl WorkerMachine {
         if self.round_sent.is_some() || now < self.next_round {
             return;
         }
-        let claims: Vec<(JobId, u64)> = self.renewable().map(|(id, h)| (*id, h.token)).collect();
+        let claims = self.round_claims();
         if claims.is_empty() {
             self.next_round = u64::MAX;
             return;
@@ -556,8 +548,9 @@ impl WorkerMachine {
             .push_back(WorkerAction::Send(WorkerRequest::Claim { max }));
     }
 
-    fn quiet(&self) -> bool {
+    pub(super) fn quiet(&self) -> bool {
         self.jobs.is_empty()
+            && self.reported.is_empty()
             && self.completer.is_empty()
             && self.settle_sent.is_none()
             && self.claim_sent.is_none()
@@ -570,180 +563,16 @@ impl WorkerMachine {
         }
     }
 
-    fn fail(&mut self, e: Error) {
+    pub(super) fn fail(&mut self, e: Error) {
         if !self.over {
             self.over = true;
             self.out.push_back(WorkerAction::Failed(e));
         }
     }
 
-    fn next_round_after(&mut self, from: u64) -> u64 {
+    pub(super) fn next_round_after(&mut self, from: u64) -> u64 {
         let every = self.cfg.heartbeat_ms;
         let span = (every / 5).max(1);
         from.saturating_add(every - every / 10 + self.jitter(span))
-    }
-
-    /// The store answered a request (at local instant `now`).
-    pub fn handle_reply(&mut self, now: u64, reply: WorkerReply) {
-        if self.over {
-            return;
-        }
-        match reply {
-            WorkerReply::Claimed(r) => self.claimed(now, r),
-            WorkerReply::Heartbeated(r) => self.heartbeated(now, r),
-            WorkerReply::Settled(r) => self.settled(now, r),
-            WorkerReply::Drained(r) => {
-                self.drain_sent = false;
-                match r {
-                    Ok(true) if self.quiet() && self.cfg.drain => {
-                        self.over = true;
-                        self.out.push_back(WorkerAction::Finished);
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.is_transient() || e.is_ambiguous() => {}
-                    Err(e) => self.fail(e),
-                }
-            }
-        }
-        self.step(now);
-    }
-
-    fn claimed(&mut self, now: u64, r: Result<Vec<JobRecord>>) {
-        let Some(sent_at) = self.claim_sent.take() else {
-            return;
-        };
-        let jobs = match r {
-            Ok(jobs) => jobs,
-            // No answer: whatever was claimed expires and is retried.
-            Err(e) if e.is_transient() || e.is_ambiguous() => Vec::new(),
-            Err(e) => return self.fail(e),
-        };
-        if jobs.is_empty() {
-            let wait = self.idle_ms / 2 + self.jitter(self.idle_ms / 2 + 1);
-            self.next_claim = now.saturating_add(wait.max(1));
-            self.idle_ms = (self.idle_ms * 2).min(self.cfg.idle_max_ms.max(1));
-            if self.cfg.drain && self.quiet() && !self.drain_sent && self.may_claim() {
-                self.drain_sent = true;
-                self.out
-                    .push_back(WorkerAction::Send(WorkerRequest::DrainCheck));
-            }
-            return;
-        }
-        self.idle_ms = 1;
-        self.next_claim = now;
-        if self.jobs.is_empty() {
-            self.next_round = self.next_round_after(sent_at);
-        }
-        for record in jobs {
-            let token = record.claim.map_or(0, |c| c.token);
-            let life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
-            let id = record.id;
-            self.jobs.insert(
-                id,
-                Held {
-                    record,
-                    token,
-                    life,
-                    phase: Phase::Queued,
-                    cancel_seen: false,
-                },
-            );
-            if self.shutdown_at.is_some() {
-                self.report(id, Settle::Abandon { started: false }, now);
-            } else {
-                self.queued.push_back(id);
-            }
-        }
-    }
-
-    fn heartbeated(&mut self, now: u64, r: Result<Vec<Result<HeartbeatReply>>>) {
-        let Some((sent_at, claims)) = self.round_sent.take() else {
-            return;
-        };
-        let replies = match r {
-            Ok(replies) => replies,
-            Err(e) if e.is_transient() || e.is_ambiguous() => {
-                self.next_round = now.saturating_add((self.cfg.heartbeat_ms / 4).max(1));
-                return;
-            }
-            Err(e) => return self.fail(e),
-        };
-        self.next_round = self.next_round_after(sent_at);
-        for ((id, token), reply) in claims.into_iter().zip(replies) {
-            let Some(h) = self.jobs.get_mut(&id).filter(|h| h.token == token) else {
-                continue;
-            };
-            match reply {
-                Ok(hb) => {
-                    h.life.renewed(sent_at, now);
-                    let deadline = h.life.deadline();
-                    self.out.push_back(WorkerAction::Renewed { id, deadline });
-                    if hb.cancel_requested && !h.cancel_seen {
-                        h.cancel_seen = true;
-                        match h.phase {
-                            Phase::Running => self.out.push_back(WorkerAction::Stop {
-                                id,
-                                why: StopWhy::Cancelled,
-                            }),
-                            Phase::Queued => {
-                                self.queued.retain(|q| *q != id);
-                                self.report(id, Settle::Abandon { started: false }, now);
-                            }
-                            Phase::Reported => {}
-                        }
-                    }
-                }
-                Err(Error::Lost { reason, .. }) if h.phase != Phase::Reported => {
-                    self.lose(id, reason);
-                }
-                Err(Error::NotFound(_)) if h.phase != Phase::Reported => {
-                    self.lose(id, LostReason::StaleToken);
-                }
-                Err(_) => {}
-            }
-        }
-    }
-
-    fn settled(&mut self, now: u64, r: Result<Vec<Result<JobState>>>) {
-        let Some(sent) = self.settle_sent.take() else {
-            return;
-        };
-        let states = match r {
-            Ok(states) => states,
-            Err(e) if e.is_transient() => {
-                // Nothing was applied: send the same outcomes again soon.
-                let tokens: Vec<u64> = sent
-                    .iter()
-                    .map(|(id, _)| self.jobs.get(id).map_or(0, |h| h.token))
-                    .collect();
-                let again: Vec<(JobId, u64, Settle)> = sent
-                    .into_iter()
-                    .zip(tokens)
-                    .map(|((id, s), t)| (id, t, s))
-                    .collect();
-                self.completer.splice(0..0, again);
-                self.flush_at = Some(now.saturating_add(self.settle_backoff_ms));
-                self.settle_backoff_ms = (self.settle_backoff_ms * 2).min(100);
-                return;
-            }
-            Err(e) if e.is_ambiguous() => {
-                // They may or may not have been applied: the store decides.
-                sent.iter().map(|_| Err(e.clone())).collect()
-            }
-            Err(e) => return self.fail(e),
-        };
-        self.settle_backoff_ms = 1;
-        for ((id, settle), state) in sent.into_iter().zip(states) {
-            if self.jobs.remove(&id).is_none() {
-                continue;
-            }
-            let outcome = match (state, settle) {
-                (Ok(_), Settle::Complete) => JobOutcome::Done,
-                (Ok(s), Settle::Fail(_)) => JobOutcome::Failed(s),
-                (Ok(s), Settle::Abandon { .. }) => JobOutcome::Abandoned(s),
-                (Err(_), _) => JobOutcome::Lost,
-            };
-            self.out.push_back(WorkerAction::Settled { id, outcome });
-        }
     }
 }

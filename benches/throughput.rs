@@ -1,0 +1,317 @@
+//! The same work for every system, side by side in one run: 20,000 ready
+//! jobs, a handler that succeeds at once, timed until all are done.
+//!
+//! - leasehold's worker loop (`Queue::work`) with 1 and 8 handlers, on
+//!   SQLite and (with `LEASEHOLD_TEST_PG`) PostgreSQL;
+//! - leasehold's own `claim` + `complete` in a plain loop (no worker loop);
+//! - a hand-written best-practice SQLite loop (BEGIN IMMEDIATE, one UPDATE
+//!   ... RETURNING with an ordered sub-select, a fenced complete), one job
+//!   per transaction and 64 per transaction;
+//! - a hand-written PostgreSQL loop (a SKIP LOCKED claim and a fenced
+//!   complete, two autocommit statements per job) on 1 and 8 connections.
+//!
+//! Every run checks at its end that each job is done exactly once and none
+//! is left running; the process's peak RSS is written to
+//! `target/bench-throughput-rss.log`.
+//!
+//! Run: `cargo bench --bench throughput` (results: BENCHMARKS.md).
+
+#![allow(clippy::disallowed_methods)] // benchmarks use real threads and time
+
+use criterion::{Criterion, Throughput};
+use leasehold::{Client, JobSpec, JobState, SqliteStore, Store, StoreExt, WorkOptions};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const JOBS: u64 = 20_000;
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "leasehold-throughput-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn fresh_queue() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("q{}", N.fetch_add(1, Ordering::SeqCst))
+}
+
+/// 20,000 ready jobs in `queue` (pushed in transactions of 1,000).
+fn push(store: &Arc<dyn Store>, queue: &str) {
+    let policy = leasehold::QueuePolicy::default();
+    for _ in 0..JOBS / 1000 {
+        store
+            .txn(|tx| {
+                for _ in 0..1000 {
+                    leasehold::core::job::enqueue(tx, queue, &JobSpec::new("x"), &policy)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+/// Every job done exactly once, none running.
+fn check_done(store: &Arc<dyn Store>, queue: &str) {
+    let policy = leasehold::QueuePolicy::default();
+    let c = store
+        .txn(|tx| leasehold::core::job::stats(tx, queue, &policy))
+        .unwrap();
+    assert_eq!(
+        (c.get(JobState::Done), c.total()),
+        (JOBS, JOBS),
+        "{queue}: {c:?}"
+    );
+}
+
+/// One run of the worker loop with `concurrency` handlers: the time to
+/// drain the 20,000 jobs.
+fn work_loop(store: &Arc<dyn Store>, concurrency: usize) -> Duration {
+    let queue = fresh_queue();
+    push(store, &queue);
+    let client = Client::builder_shared(store.clone()).build();
+    let q = client.queue(&queue).unwrap();
+    let opts = WorkOptions {
+        concurrency,
+        prefetch: 64,
+        drain: true,
+        ..WorkOptions::default()
+    };
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let report = q.work(&opts, &stop, |_| Ok(())).unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(report.completed, JOBS, "{report:?}");
+    check_done(store, &queue);
+    elapsed
+}
+
+/// leasehold's claim + complete in a plain loop, one transaction each.
+fn plain_loop(store: &Arc<dyn Store>) -> Duration {
+    let queue = fresh_queue();
+    push(store, &queue);
+    let client = Client::builder_shared(store.clone()).build();
+    let q = client.queue(&queue).unwrap();
+    let start = Instant::now();
+    while let Some(job) = q.claim(Duration::from_secs(30)).unwrap() {
+        job.complete().unwrap();
+    }
+    let elapsed = start.elapsed();
+    check_done(store, &queue);
+    elapsed
+}
+
+mod hand_sqlite {
+    //! What a careful user writes by hand on SQLite.
+    use super::*;
+    use rusqlite::{params, Connection};
+
+    pub fn open(dir: &std::path::Path) -> Connection {
+        let c = Connection::open(dir.join("hand.db")).unwrap();
+        c.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;
+             CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, queue TEXT NOT NULL,
+               state INTEGER NOT NULL, priority INTEGER NOT NULL, run_at INTEGER NOT NULL,
+               token INTEGER NOT NULL, lease_until INTEGER, payload BLOB);
+             CREATE INDEX IF NOT EXISTS ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0;",
+        )
+        .unwrap();
+        c
+    }
+
+    pub fn run(c: &Connection, per_txn: usize) -> Duration {
+        let queue = fresh_queue();
+        c.execute_batch("BEGIN").unwrap();
+        for i in 0..JOBS {
+            c.execute(
+                "INSERT INTO jobs (queue, state, priority, run_at, token, payload) VALUES (?1, 0, 0, ?2, 0, x'78')",
+                params![queue, i as i64],
+            )
+            .unwrap();
+        }
+        c.execute_batch("COMMIT").unwrap();
+        let claim = format!(
+            "UPDATE jobs SET state = 2, token = token + 1, lease_until = 30000
+             WHERE id IN (SELECT id FROM jobs WHERE queue = ?1 AND state = 0
+                          ORDER BY priority DESC, run_at, id LIMIT {per_txn})
+             RETURNING id, token"
+        );
+        let start = Instant::now();
+        loop {
+            c.execute_batch("BEGIN IMMEDIATE").unwrap();
+            let claimed: Vec<(i64, i64)> = {
+                let mut s = c.prepare_cached(&claim).unwrap();
+                let rows = s
+                    .query_map([&queue], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .unwrap();
+                rows.map(Result::unwrap).collect()
+            };
+            c.execute_batch("COMMIT").unwrap();
+            if claimed.is_empty() {
+                break;
+            }
+            c.execute_batch("BEGIN IMMEDIATE").unwrap();
+            for (id, token) in claimed {
+                let n = c
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 3 WHERE id = ?1 AND state = 2 AND token = ?2",
+                    )
+                    .unwrap()
+                    .execute(params![id, token])
+                    .unwrap();
+                assert_eq!(n, 1);
+            }
+            c.execute_batch("COMMIT").unwrap();
+        }
+        let elapsed = start.elapsed();
+        let done: i64 = c
+            .query_row(
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 3",
+                [&queue],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(done as u64, JOBS);
+        elapsed
+    }
+}
+
+mod hand_pg {
+    //! What a careful user writes by hand on PostgreSQL: a SKIP LOCKED claim
+    //! and a fenced complete, two autocommit statements per job.
+    use super::*;
+
+    pub fn setup(url: &str, schema: &str) {
+        let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+        c.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.jobs (id bigserial PRIMARY KEY, queue text NOT NULL,
+               state int2 NOT NULL, priority int4 NOT NULL, token int8 NOT NULL, payload bytea);
+             CREATE INDEX ready ON {schema}.jobs (queue, priority DESC, id) WHERE state = 0;"
+        ))
+        .unwrap();
+    }
+
+    pub fn run(url: &str, schema: &str, threads: usize) -> Duration {
+        let queue = fresh_queue();
+        let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+        c.execute(
+            &format!(
+                "INSERT INTO {schema}.jobs (queue, state, priority, token, payload)
+                 SELECT $1, 0, 0, 0, '\\x78' FROM generate_series(1, $2)"
+            ),
+            &[&queue, &(JOBS as i64)],
+        )
+        .unwrap();
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+                    let claim = c
+                        .prepare(&format!(
+                            "UPDATE {schema}.jobs SET state = 2, token = token + 1
+                             WHERE id = (SELECT id FROM {schema}.jobs WHERE queue = $1 AND state = 0
+                                         ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                             RETURNING id, token"
+                        ))
+                        .unwrap();
+                    let complete = c
+                        .prepare(&format!(
+                            "UPDATE {schema}.jobs SET state = 3 WHERE id = $1 AND state = 2 AND token = $2"
+                        ))
+                        .unwrap();
+                    while let Some(row) = c.query_opt(&claim, &[&queue]).unwrap() {
+                        let (id, token): (i64, i64) = (row.get(0), row.get(1));
+                        assert_eq!(c.execute(&complete, &[&id, &token]).unwrap(), 1);
+                    }
+                });
+            }
+        });
+        let elapsed = start.elapsed();
+        let done: i64 = c
+            .query_one(
+                &format!("SELECT count(*) FROM {schema}.jobs WHERE queue = $1 AND state = 3"),
+                &[&queue],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(done as u64, JOBS);
+        elapsed
+    }
+}
+
+/// Each iteration is one whole run (20,000 jobs).
+fn runs(n: u64, mut run: impl FnMut() -> Duration) -> Duration {
+    (0..n).map(|_| run()).sum()
+}
+
+fn same_work(c: &mut Criterion) {
+    let mut g = c.benchmark_group("same_work_20k");
+    g.throughput(Throughput::Elements(JOBS));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(20));
+    let dir = temp_dir("sqlite");
+    let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.join("lh.db")).unwrap());
+    for n in [1usize, 8] {
+        g.bench_function(format!("sqlite/work_loop/{n}"), |b| {
+            b.iter_custom(|iters| runs(iters, || work_loop(&sqlite, n)))
+        });
+    }
+    g.bench_function("sqlite/plain_claim_complete/1", |b| {
+        b.iter_custom(|iters| runs(iters, || plain_loop(&sqlite)))
+    });
+    let hand = hand_sqlite::open(&dir);
+    for per in [1usize, 64] {
+        g.bench_function(format!("sqlite/hand_written/txn_of_{per}"), |b| {
+            b.iter_custom(|iters| runs(iters, || hand_sqlite::run(&hand, per)))
+        });
+    }
+    if let Some(url) = std::env::var("LEASEHOLD_TEST_PG")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
+        let schema = format!("lh_throughput_{}", std::process::id());
+        let lh = format!("{url}?schema={schema}_lh");
+        let pg: Arc<dyn Store> = Arc::new(leasehold::PostgresStore::open(&lh).unwrap());
+        for n in [1usize, 8] {
+            g.bench_function(format!("postgres/work_loop/{n}"), |b| {
+                b.iter_custom(|iters| runs(iters, || work_loop(&pg, n)))
+            });
+        }
+        hand_pg::setup(&url, &schema);
+        for n in [1usize, 8] {
+            g.bench_function(format!("postgres/hand_written/{n}"), |b| {
+                b.iter_custom(|iters| runs(iters, || hand_pg::run(&url, &schema, n)))
+            });
+        }
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let _ = c.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS {schema}_lh CASCADE"
+        ));
+    } else {
+        eprintln!("SKIPPED: the PostgreSQL rows: LEASEHOLD_TEST_PG is not set");
+    }
+    g.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if let Some(hwm) = status.lines().find(|l| l.starts_with("VmHWM")) {
+        let line = format!("throughput bench peak RSS ({hwm})");
+        eprintln!("{line}");
+        let _ = std::fs::write("target/bench-throughput-rss.log", line + "\n");
+    }
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    same_work(&mut c);
+    c.final_summary();
+}

@@ -1,0 +1,340 @@
+//! The store side: a request arrives, the store applies it through the
+//! real core (or fails it transiently, or loses the reply after commit),
+//! the reference model is stepped in lockstep, and the oracle records what
+//! was granted, claimed, renewed and settled.
+
+use super::msg::{Answer, Ev, Line, Rep, Req};
+use super::stores::BlindClaims;
+use super::{key_name, Sim, QUEUE};
+use crate::model::Outcome;
+use crate::oracle::Owner;
+use crate::plan::Canary;
+use leasehold::core::{self, job::Settle};
+use leasehold::{Holder, HolderId, JobId, StoreExt};
+use rand::Rng;
+
+/// The model's normalized view of an answer (what the oracle compares and
+/// the trace shows).
+pub(super) fn outcome_of(answer: &Answer) -> Outcome {
+    match answer {
+        Answer::Grant(r) => Outcome::of(r, Outcome::grant),
+        Answer::Unit(r) => Outcome::of(r, |()| Outcome::Ok),
+        Answer::Enqueued(r) => Outcome::of(r, |o| Outcome::Enqueued {
+            id: o.id.0,
+            created: o.created,
+        }),
+        Answer::Jobs(r) => Outcome::of(r, |jobs| Outcome::claimed(jobs)),
+        Answer::Heartbeats(r) => Outcome::of(r, |all| {
+            Outcome::Batch(
+                all.iter()
+                    .map(|r| Outcome::of(r, Outcome::heartbeat))
+                    .collect(),
+            )
+        }),
+        Answer::States(r) => Outcome::of(r, |all| {
+            Outcome::Batch(
+                all.iter()
+                    .map(|r| Outcome::of(r, |s| Outcome::State(*s)))
+                    .collect(),
+            )
+        }),
+        Answer::Bool(r) => Outcome::of(r, |b| Outcome::Bool(*b)),
+    }
+}
+
+impl Sim<'_> {
+    /// A request arrives at the store (`rid` 0: nobody waits for a reply).
+    pub(super) fn arrive(&mut self, p: usize, gen: u32, holder: HolderId, req: Req, rid: u64) {
+        let healing = self.healing;
+        if !healing
+            && self.plan.transient_ppm > 0
+            && self.net.random_range(0..1_000_000) < self.plan.transient_ppm
+        {
+            let what = "transient error (nothing applied)".to_owned();
+            self.note(Line::Apply(p, gen, req.to_string(), what));
+            self.reply_later(p, gen, rid, Rep::Transient);
+            return;
+        }
+        self.clock.set(self.now);
+        self.oracle.model.tick(self.now);
+        let answer = self.apply((p, gen), holder, &req);
+        let shown = format!("{:?}", outcome_of(&answer));
+        self.note(Line::Apply(p, gen, req.to_string(), shown));
+        if self.violation.is_some() {
+            return;
+        }
+        let lost_reply = !healing
+            && self.plan.ambiguous_ppm > 0
+            && self.net.random_range(0..1_000_000) < self.plan.ambiguous_ppm;
+        let rep = if lost_reply {
+            Rep::Unknown
+        } else {
+            Rep::Done(answer)
+        };
+        self.reply_later(p, gen, rid, rep);
+    }
+
+    fn reply_later(&mut self, p: usize, gen: u32, rid: u64, rep: Rep) {
+        if rid != 0 {
+            let at = self.now + self.latency();
+            self.push(at, Ev::Reply { p, gen, rid, rep });
+        }
+    }
+
+    /// Apply `req` on the store and on the model, record it in the oracle,
+    /// and compare the two outcomes.
+    fn apply(&mut self, owner: Owner, holder: HolderId, req: &Req) -> Answer {
+        let t = self.now;
+        let (answer, expect, what) = match req {
+            Req::Acquire { key } => self.apply_acquire(owner, holder, *key),
+            Req::Renew { key, token } => self.apply_renew(owner, holder, *key, *token),
+            Req::Release { key, token } => self.apply_release(owner, holder, *key, *token),
+            Req::Push(spec) => {
+                let policy = self.policy;
+                let r = self
+                    .store
+                    .txn(|tx| core::job::enqueue(tx, QUEUE, spec, &policy));
+                let expect = self.oracle.model.enqueue(QUEUE, spec);
+                (Answer::Enqueued(r), expect, "push".to_owned())
+            }
+            Req::Claim { n } => self.apply_claim(owner, holder, *n),
+            Req::Heartbeats(claims) => self.apply_heartbeats(owner, holder, claims),
+            Req::Settles(settles) => self.apply_settles(owner, holder, settles),
+            Req::Drained => {
+                let policy = self.policy;
+                let r = self.store.txn(|tx| core::job::drained(tx, QUEUE, &policy));
+                let expect = self.oracle.model.drained(QUEUE);
+                (Answer::Bool(r), expect, "drained".to_owned())
+            }
+        };
+        if self.violation.is_none() {
+            let c = self.oracle.compare(t, &what, &expect, &outcome_of(&answer));
+            self.check(c);
+        }
+        answer
+    }
+
+    /// Under the fencing canary the store swaps in the current holder and
+    /// token of a key, as a store that ignored them would behave.
+    fn lease_swap(&self, key: usize, holder: HolderId, token: u64) -> (HolderId, u64) {
+        if self.plan.canary != Some(Canary::IgnoresFencing) {
+            return (holder, token);
+        }
+        let info = self
+            .store
+            .txn(|tx| core::lease::inspect(tx, &key_name(key)))
+            .ok();
+        match info.and_then(|i| i.holders.first().cloned()) {
+            Some(hi) => (hi.holder.id, hi.token),
+            None => (holder, token),
+        }
+    }
+
+    /// The same for a job's current claim.
+    fn job_swap(&self, job: JobId, holder: HolderId, token: u64) -> (HolderId, u64) {
+        if self.plan.canary != Some(Canary::IgnoresFencing) {
+            return (holder, token);
+        }
+        let policy = self.policy;
+        let rec = self.store.txn(|tx| core::job::get(tx, job, &policy)).ok();
+        match rec.and_then(|r| r.claim) {
+            Some(c) => (c.holder, c.token),
+            None => (holder, token),
+        }
+    }
+
+    fn apply_acquire(
+        &mut self,
+        owner: Owner,
+        holder: HolderId,
+        key: usize,
+    ) -> (Answer, Outcome, String) {
+        let name = key_name(key);
+        let limit = self.plan.keys[key];
+        let (ttl, t) = (self.plan.ttl_ms, self.now);
+        let h = Holder::new(holder);
+        let r = self
+            .store
+            .txn(|tx| core::lease::acquire(tx, &name, &h, ttl, limit));
+        let expect = self.oracle.model.acquire(&name, holder.0, ttl, limit);
+        if let Ok(g) = &r {
+            let c = self
+                .oracle
+                .grant(t, key, owner, g.token, g.expires_at_ms, g.renewed);
+            self.check(c);
+        }
+        (Answer::Grant(r), expect, format!("acquire {name}"))
+    }
+
+    fn apply_renew(
+        &mut self,
+        owner: Owner,
+        holder: HolderId,
+        key: usize,
+        token: u64,
+    ) -> (Answer, Outcome, String) {
+        let name = key_name(key);
+        let (ttl, t) = (self.plan.ttl_ms, self.now);
+        let (h, tok) = self.lease_swap(key, holder, token);
+        let r = self
+            .store
+            .txn(|tx| core::lease::renew(tx, &name, h, tok, ttl));
+        let expect = self.oracle.model.renew(&name, h.0, tok, ttl);
+        if let Ok(g) = &r {
+            let c = self.oracle.renewed(t, key, owner, token, g.expires_at_ms);
+            self.check(c);
+        }
+        (Answer::Grant(r), expect, format!("renew {name}"))
+    }
+
+    fn apply_release(
+        &mut self,
+        owner: Owner,
+        holder: HolderId,
+        key: usize,
+        token: u64,
+    ) -> (Answer, Outcome, String) {
+        let name = key_name(key);
+        let t = self.now;
+        let (h, tok) = self.lease_swap(key, holder, token);
+        let r = self.store.txn(|tx| core::lease::release(tx, &name, h, tok));
+        let expect = self.oracle.model.release(&name, h.0, tok);
+        if r.is_ok() {
+            let c = self.oracle.released(t, key, owner, token);
+            self.check(c);
+        }
+        (Answer::Unit(r), expect, format!("release {name}"))
+    }
+
+    fn apply_claim(
+        &mut self,
+        owner: Owner,
+        holder: HolderId,
+        n: usize,
+    ) -> (Answer, Outcome, String) {
+        let (lease, t, policy) = (self.plan.lease_ms, self.now, self.policy);
+        let blind = self.plan.canary == Some(Canary::ClaimIgnoresLease);
+        let r = self.store.txn(|tx| {
+            if blind {
+                let mut tx = BlindClaims(tx.jobs()?);
+                core::job::claim(&mut tx, QUEUE, holder, lease, n, &policy)
+            } else {
+                core::job::claim(tx, QUEUE, holder, lease, n, &policy)
+            }
+        });
+        if let Ok(jobs) = &r {
+            let claimed: Vec<(u64, u64, u64)> = jobs
+                .iter()
+                .map(|j| {
+                    let c = j.claim.map_or((0, 0), |c| (c.token, c.lease_until_ms));
+                    (j.id.0, c.0, c.1)
+                })
+                .collect();
+            let c = self.oracle.claimed(t, owner, &claimed);
+            self.check(c);
+        }
+        let expect = self.oracle.model.claim(QUEUE, holder.0, lease, n);
+        (Answer::Jobs(r), expect, "claim".to_owned())
+    }
+
+    fn apply_heartbeats(
+        &mut self,
+        owner: Owner,
+        holder: HolderId,
+        claims: &[(JobId, u64)],
+    ) -> (Answer, Outcome, String) {
+        let (lease, t) = (self.plan.lease_ms, self.now);
+        let swapped: Vec<(HolderId, JobId, u64)> = claims
+            .iter()
+            .map(|&(id, tok)| {
+                let (h, tok) = self.job_swap(id, holder, tok);
+                (h, id, tok)
+            })
+            .collect();
+        let fenced = self.plan.canary != Some(Canary::IgnoresFencing);
+        let r = self.store.txn(|tx| {
+            if fenced {
+                core::job::heartbeat_many(tx, holder, claims, lease)
+            } else {
+                Ok(swapped
+                    .iter()
+                    .map(|&(h, id, tok)| core::job::heartbeat(tx, id, h, tok, lease))
+                    .collect())
+            }
+        });
+        let mut expect = Vec::new();
+        for &(h, id, tok) in &swapped {
+            expect.push(self.oracle.model.heartbeat(id.0, h.0, tok, lease));
+        }
+        if let Ok(replies) = &r {
+            for (&(id, token), reply) in claims.iter().zip(replies) {
+                if let Ok(hb) = reply {
+                    let c = self
+                        .oracle
+                        .heartbeat(t, id.0, owner, token, hb.lease_until_ms);
+                    self.check(c);
+                }
+            }
+        }
+        (
+            Answer::Heartbeats(r),
+            Outcome::Batch(expect),
+            "heartbeats".to_owned(),
+        )
+    }
+
+    fn apply_settles(
+        &mut self,
+        owner: Owner,
+        holder: HolderId,
+        settles: &[(JobId, u64, Settle)],
+    ) -> (Answer, Outcome, String) {
+        let (t, policy) = (self.now, self.policy);
+        let swapped: Vec<(JobId, u64, Settle, HolderId)> = settles
+            .iter()
+            .map(|(id, tok, s)| {
+                let (h, tok) = self.job_swap(*id, holder, *tok);
+                (*id, tok, s.clone(), h)
+            })
+            .collect();
+        let fenced = self.plan.canary != Some(Canary::IgnoresFencing);
+        let r = self.store.txn(|tx| {
+            if fenced {
+                core::job::settle_many(tx, holder, settles, &policy)
+            } else {
+                let mut out = Vec::new();
+                for (id, tok, s, h) in &swapped {
+                    let one = [(*id, *tok, s.clone())];
+                    out.extend(core::job::settle_many(tx, *h, &one, &policy)?);
+                }
+                Ok(out)
+            }
+        });
+        let mut expect = Vec::new();
+        for (id, tok, settle, h) in &swapped {
+            let m = &mut self.oracle.model;
+            expect.push(match settle {
+                Settle::Complete => match m.complete(id.0, h.0, *tok) {
+                    Outcome::Ok => Outcome::State(leasehold::JobState::Done),
+                    other => other,
+                },
+                Settle::Fail(reason) => m.fail(id.0, h.0, *tok, reason),
+                Settle::Abandon { started } => m.abandon(id.0, h.0, *tok, *started),
+            });
+        }
+        if let Ok(states) = &r {
+            for ((id, token, settle), state) in settles.iter().zip(states) {
+                if state.is_ok() {
+                    let complete = matches!(settle, Settle::Complete);
+                    let c = self.oracle.settled(t, id.0, owner, *token, complete);
+                    self.check(c);
+                }
+            }
+        }
+        (
+            Answer::States(r),
+            Outcome::Batch(expect),
+            "settles".to_owned(),
+        )
+    }
+}

@@ -1,0 +1,239 @@
+//! What travels between the simulated processes and the store, and what the
+//! trace records.
+
+use leasehold::core::job::Settle;
+use leasehold::core::{Grant, HeartbeatReply};
+use leasehold::{EnqueueOutcome, JobId, JobRecord, JobSpec, JobState};
+use std::fmt;
+
+/// A request from a process to the store.
+#[derive(Debug, Clone)]
+pub enum Req {
+    /// Acquire a key.
+    Acquire {
+        /// Key index.
+        key: usize,
+    },
+    /// Renew a held key.
+    Renew {
+        /// Key index.
+        key: usize,
+        /// Token.
+        token: u64,
+    },
+    /// Release a held key.
+    Release {
+        /// Key index.
+        key: usize,
+        /// Token.
+        token: u64,
+    },
+    /// Push a job.
+    Push(Box<JobSpec>),
+    /// Claim up to `n` jobs.
+    Claim {
+        /// Batch size.
+        n: usize,
+    },
+    /// A worker's renewal round.
+    Heartbeats(Vec<(JobId, u64)>),
+    /// A worker's completer batch.
+    Settles(Vec<(JobId, u64, Settle)>),
+    /// The drain rule's question.
+    Drained,
+}
+
+impl fmt::Display for Req {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Req::Acquire { key } => write!(f, "acquire key-{key}"),
+            Req::Renew { key, token } => write!(f, "renew key-{key} token {token}"),
+            Req::Release { key, token } => write!(f, "release key-{key} token {token}"),
+            Req::Push(spec) => write!(
+                f,
+                "push prio {} delay {} attempts {} unique {:?}",
+                spec.priority, spec.delay_ms, spec.max_attempts, spec.unique_key
+            ),
+            Req::Claim { n } => write!(f, "claim {n}"),
+            Req::Heartbeats(claims) => {
+                f.write_str("heartbeat")?;
+                for (id, token) in claims {
+                    write!(f, " job {id} token {token};")?;
+                }
+                Ok(())
+            }
+            Req::Settles(settles) => {
+                f.write_str("settle")?;
+                for (id, token, s) in settles {
+                    let what = match s {
+                        Settle::Complete => "complete".to_owned(),
+                        Settle::Fail(_) => "fail".to_owned(),
+                        Settle::Abandon { started } => format!("abandon (started {started})"),
+                    };
+                    write!(f, " job {id} token {token} {what};")?;
+                }
+                Ok(())
+            }
+            Req::Drained => f.write_str("drained?"),
+        }
+    }
+}
+
+/// The store's typed answer (what the real client's drivers receive).
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// To acquire and renew.
+    Grant(leasehold::Result<Grant>),
+    /// To release.
+    Unit(leasehold::Result<()>),
+    /// To push.
+    Enqueued(leasehold::Result<EnqueueOutcome>),
+    /// To claim.
+    Jobs(leasehold::Result<Vec<JobRecord>>),
+    /// To a renewal round.
+    Heartbeats(leasehold::Result<Vec<leasehold::Result<HeartbeatReply>>>),
+    /// To a completer batch.
+    States(leasehold::Result<Vec<leasehold::Result<JobState>>>),
+    /// To the drain question.
+    Bool(leasehold::Result<bool>),
+}
+
+/// What comes back.
+#[derive(Debug, Clone)]
+pub enum Rep {
+    /// The store answered.
+    Done(Answer),
+    /// A transient store error; nothing was applied.
+    Transient,
+    /// The connection broke after the store committed: outcome unknown.
+    Unknown,
+    /// The handle belongs to another process (fork): nothing was sent.
+    Forked,
+}
+
+impl Rep {
+    /// Whether the answer is (possibly) missing: retry or wait.
+    pub fn is_retry(&self) -> bool {
+        matches!(self, Rep::Transient | Rep::Unknown)
+    }
+}
+
+/// The error a driver sees for a reply that carries no answer.
+pub fn error_of(rep: &Rep) -> leasehold::Error {
+    use leasehold::StoreFailure;
+    match rep {
+        Rep::Unknown => leasehold::Error::transient("committing", "reply lost")
+            .with_failure(StoreFailure::Ambiguous),
+        Rep::Forked => leasehold::Error::Forked {
+            created_pid: 1,
+            current_pid: 2,
+        },
+        _ => leasehold::Error::transient("committing", "injected transient error"),
+    }
+}
+
+/// A simulated event.
+#[derive(Debug, Clone)]
+pub enum Ev {
+    /// A process's timer.
+    Wake {
+        /// Process.
+        p: usize,
+        /// Its incarnation.
+        gen: u32,
+        /// Which timer (a later one cancels an earlier).
+        timer: u64,
+    },
+    /// A request reaches the store.
+    Arrive {
+        /// Process.
+        p: usize,
+        /// Its incarnation.
+        gen: u32,
+        /// Its holder id.
+        holder: leasehold::HolderId,
+        /// The request.
+        req: Req,
+        /// The request's id (0: no reply wanted).
+        rid: u64,
+    },
+    /// A reply reaches a process.
+    Reply {
+        /// Process.
+        p: usize,
+        /// Its incarnation.
+        gen: u32,
+        /// The request's id.
+        rid: u64,
+        /// The reply.
+        rep: Rep,
+    },
+    /// The plan's fault number `i`.
+    Fault(usize),
+    /// A killed process comes back.
+    Restart {
+        /// Process.
+        p: usize,
+    },
+    /// A paused process resumes.
+    Resume {
+        /// Process.
+        p: usize,
+        /// Which pause.
+        pause: u64,
+    },
+    /// Faults stop; holders finish; workers drain.
+    Heal,
+}
+
+/// One line of the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// A process sent a request.
+    Send(usize, u32, String),
+    /// The store applied a request.
+    Apply(usize, u32, String, String),
+    /// A reply reached a process.
+    Reply(usize, u32, String),
+    /// A write to the protected resource.
+    Write {
+        /// Process.
+        p: usize,
+        /// Key index.
+        key: usize,
+        /// Token.
+        token: u64,
+        /// Accepted by the fenced resource.
+        accepted: bool,
+    },
+    /// A fault.
+    Fault(String),
+    /// Anything else.
+    Note(String),
+}
+
+impl fmt::Display for Line {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Line::Send(p, g, r) => write!(f, "p{p}.{g} send {r}"),
+            Line::Apply(p, g, r, o) => write!(f, "store applies p{p}.{g} {r} -> {o}"),
+            Line::Reply(p, g, r) => write!(f, "p{p}.{g} gets {r}"),
+            Line::Write {
+                p,
+                key,
+                token,
+                accepted,
+            } => write!(
+                f,
+                "p{p} writes resource key-{key} token {token}: {}",
+                if *accepted {
+                    "accepted"
+                } else {
+                    "rejected (stale)"
+                }
+            ),
+            Line::Fault(s) => write!(f, "FAULT {s}"),
+            Line::Note(s) => f.write_str(s),
+        }
+    }
+}

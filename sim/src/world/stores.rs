@@ -1,0 +1,175 @@
+//! The stores a run can use (the real adapters, on the run's true clock),
+//! and the claim canary's broken transaction.
+
+use leasehold::core::{JobQuery, JobTxn, Pending, Txn};
+use leasehold::{JobId, JobRecord, JobState, ManualClock, MemStore, StateCounts, Store};
+use std::sync::Arc;
+
+/// Builds the store a run uses, on the run's true clock.
+pub type StoreFactory = dyn Fn(&ManualClock) -> Arc<dyn Store> + Sync;
+
+/// The default store: in memory.
+pub fn mem_store(clock: &ManualClock) -> Arc<dyn Store> {
+    Arc::new(MemStore::with_clock(Arc::new(clock.clone())))
+}
+
+/// A real store in a fresh temporary directory, removed with the store.
+struct TempStore<S> {
+    store: S,
+    dir: std::path::PathBuf,
+}
+
+impl<S> Drop for TempStore<S> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl<S: Store> Store for TempStore<S> {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        self.store.transact(f)
+    }
+    fn describe(&self) -> String {
+        self.store.describe()
+    }
+}
+
+/// Open a store of kind `tag` in a fresh temporary directory.
+fn temp_store<S: Store + 'static>(
+    tag: &str,
+    open: impl FnOnce(&std::path::Path) -> leasehold::Result<S>,
+) -> Arc<dyn Store> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "leasehold-sim-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opened = std::fs::create_dir_all(&dir)
+        .map_err(|e| leasehold::Error::store("creating a temp dir", e.to_string()))
+        .and_then(|()| open(&dir));
+    match opened {
+        Ok(store) => Arc::new(TempStore { store, dir }),
+        Err(e) => panic!("the simulator could not open its {tag} store: {e}"),
+    }
+}
+
+/// A SQLite store on the run's clock: the simulator drives the real adapter.
+pub fn sqlite_store(clock: &ManualClock) -> Arc<dyn Store> {
+    let opts = leasehold::SqliteOptions {
+        clock: Some(Arc::new(clock.clone())),
+        boot_id: Some("sim".into()),
+        ..leasehold::SqliteOptions::default()
+    };
+    temp_store("sqlite", |dir| {
+        leasehold::SqliteStore::open_with(dir.join("sim.db"), opts)
+    })
+}
+
+/// A file store (durable writes off) on the run's clock. Leases only: use it
+/// with lease scenarios.
+pub fn file_store(clock: &ManualClock) -> Arc<dyn Store> {
+    let opts = leasehold::FileOptions {
+        clock: Some(Arc::new(clock.clone())),
+        boot_id: Some("sim".into()),
+        durable: false,
+        ..leasehold::FileOptions::default()
+    };
+    temp_store("file", |dir| {
+        leasehold::FileStore::open_with(dir.join("leases"), opts)
+    })
+}
+
+/// A transaction wrapper for the claim canary: "ready" also yields
+/// running jobs whose lease has not expired.
+pub(crate) struct BlindClaims<'a>(pub(crate) &'a mut dyn JobTxn);
+
+impl Txn for BlindClaims<'_> {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+    fn lease_mut(
+        &mut self,
+        _key: &str,
+        _create: bool,
+    ) -> leasehold::Result<Option<&mut leasehold::core::LeaseRecord>> {
+        Ok(None)
+    }
+    fn wake(&mut self, wake: leasehold::Wake) {
+        self.0.wake(wake);
+    }
+    fn jobs(&mut self) -> leasehold::Result<&mut dyn JobTxn> {
+        Ok(self)
+    }
+}
+
+impl JobTxn for BlindClaims<'_> {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+    fn wake(&mut self, wake: leasehold::Wake) {
+        self.0.wake(wake);
+    }
+    fn next_job_id(&mut self) -> leasehold::Result<JobId> {
+        self.0.next_job_id()
+    }
+    fn job(&mut self, id: JobId) -> leasehold::Result<Option<JobRecord>> {
+        self.0.job(id)
+    }
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> leasehold::Result<Vec<JobRecord>> {
+        self.0.jobs_by_id(ids)
+    }
+    fn put_job(&mut self, job: &JobRecord) -> leasehold::Result<()> {
+        self.0.put_job(job)
+    }
+    fn delete_job(&mut self, id: JobId) -> leasehold::Result<()> {
+        self.0.delete_job(id)
+    }
+    fn live_unique(&mut self, queue: &str, key: &str) -> leasehold::Result<Option<JobId>> {
+        self.0.live_unique(queue, key)
+    }
+    fn pending(
+        &mut self,
+        queue: &str,
+        now_ms: u64,
+        chunk: usize,
+        ready: usize,
+    ) -> leasehold::Result<Pending> {
+        let mut read = self.0.pending(queue, now_ms, chunk, ready)?;
+        if ready > 0 {
+            // Broken on purpose: every running job looks claimable.
+            let running = self.0.pending(queue, u64::MAX, ready, 0)?.expired;
+            let live = running
+                .into_iter()
+                .filter(|j| j.claim.is_some_and(|c| c.lease_until_ms > now_ms));
+            read.ready.splice(0..0, live);
+        }
+        Ok(read)
+    }
+    fn scan(
+        &mut self,
+        queue: &str,
+        query: JobQuery,
+        limit: usize,
+        out: &mut Vec<JobId>,
+    ) -> leasehold::Result<()> {
+        self.0.scan(queue, query, limit, out)
+    }
+    fn counts(&mut self, queue: &str) -> leasehold::Result<StateCounts> {
+        self.0.counts(queue)
+    }
+    fn list(
+        &mut self,
+        queue: &str,
+        state: Option<JobState>,
+        after: JobId,
+        limit: usize,
+    ) -> leasehold::Result<Vec<JobRecord>> {
+        self.0.list(queue, state, after, limit)
+    }
+}

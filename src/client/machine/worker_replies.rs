@@ -1,0 +1,179 @@
+//! The [`WorkerMachine`]'s answers: what a claim, a renewal round, a
+//! settle batch and a drain check mean when the store's reply arrives.
+//! Rules as in `worker.rs`; the state is private to the machine.
+
+use super::lifetime::Lifetime;
+use super::worker::{
+    Held, JobOutcome, StopWhy, WorkerAction, WorkerMachine, WorkerReply, WorkerRequest,
+};
+use crate::core::job::Settle;
+use crate::core::{HeartbeatReply, JobId, JobRecord, JobState};
+use crate::error::{Error, LostReason, Result};
+
+impl WorkerMachine {
+    /// The store answered a request (at local instant `now`).
+    pub fn handle_reply(&mut self, now: u64, reply: WorkerReply) {
+        if self.over {
+            return;
+        }
+        // Time passed too: a deadline seen passed first is a loss first.
+        self.expire(now);
+        match reply {
+            WorkerReply::Claimed(r) => self.claimed(now, r),
+            WorkerReply::Heartbeated(r) => self.heartbeated(now, r),
+            WorkerReply::Settled(r) => self.settled(now, r),
+            WorkerReply::Drained(r) => self.drained(r),
+        }
+        self.step(now);
+    }
+
+    fn drained(&mut self, r: Result<bool>) {
+        self.drain_sent = false;
+        match r {
+            Ok(true) if self.quiet() && self.cfg.drain => {
+                self.over = true;
+                self.out.push_back(WorkerAction::Finished);
+            }
+            Ok(_) => {}
+            Err(e) if e.is_transient() || e.is_ambiguous() => {}
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn claimed(&mut self, now: u64, r: Result<Vec<JobRecord>>) {
+        let Some(sent_at) = self.claim_sent.take() else {
+            return;
+        };
+        let jobs = match r {
+            Ok(jobs) => jobs,
+            // No answer: whatever was claimed expires and is retried.
+            Err(e) if e.is_transient() || e.is_ambiguous() => Vec::new(),
+            Err(e) => return self.fail(e),
+        };
+        if jobs.is_empty() {
+            self.idle(now);
+            return;
+        }
+        self.idle_ms = 1;
+        self.next_claim = now;
+        if self.jobs.is_empty() && self.reported.is_empty() {
+            self.next_round = self.next_round_after(sent_at);
+        }
+        for record in jobs {
+            let token = record.claim.map_or(0, |c| c.token);
+            let id = record.id;
+            if self.jobs.contains_key(&id) {
+                // Granted again: the store says our earlier claim ran out.
+                self.lose(id, LostReason::Expired);
+            }
+            let life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
+            let held = Held {
+                record,
+                token,
+                life,
+                running: false,
+                cancel_seen: false,
+            };
+            self.jobs.insert(id, held);
+            if self.shutdown_at.is_some() {
+                self.report(id, Settle::Abandon { started: false }, now);
+            } else {
+                self.queued.push_back(id);
+            }
+        }
+    }
+
+    /// An empty claim: back off (jittered, doubling); with the drain rule
+    /// on and nothing held, ask the store whether the queue is drained.
+    fn idle(&mut self, now: u64) {
+        let wait = self.idle_ms / 2 + self.jitter(self.idle_ms / 2 + 1);
+        self.next_claim = now.saturating_add(wait.max(1));
+        self.idle_ms = (self.idle_ms * 2).min(self.cfg.idle_max_ms.max(1));
+        if self.cfg.drain && self.quiet() && !self.drain_sent && self.may_claim() {
+            self.drain_sent = true;
+            self.out
+                .push_back(WorkerAction::Send(WorkerRequest::DrainCheck));
+        }
+    }
+
+    fn heartbeated(&mut self, now: u64, r: Result<Vec<Result<HeartbeatReply>>>) {
+        let Some((sent_at, claims)) = self.round_sent.take() else {
+            return;
+        };
+        let replies = match r {
+            Ok(replies) => replies,
+            Err(e) if e.is_transient() || e.is_ambiguous() => {
+                self.next_round = now.saturating_add((self.cfg.heartbeat_ms / 4).max(1));
+                return;
+            }
+            Err(e) => return self.fail(e),
+        };
+        self.next_round = self.next_round_after(sent_at);
+        for ((id, token), reply) in claims.into_iter().zip(replies) {
+            // Outcomes awaiting their commit: nothing to do either way.
+            if self.jobs.get(&id).is_none_or(|h| h.token != token) {
+                continue;
+            }
+            match reply {
+                Ok(hb) => self.renewed(now, sent_at, id, hb.cancel_requested),
+                Err(Error::Lost { reason, .. }) => self.lose(id, reason),
+                Err(Error::NotFound(_)) => self.lose(id, LostReason::StaleToken),
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn renewed(&mut self, now: u64, sent_at: u64, id: JobId, cancel: bool) {
+        let Some(h) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        h.life.renewed(sent_at, now);
+        let deadline = h.life.deadline();
+        self.out.push_back(WorkerAction::Renewed { id, deadline });
+        if !cancel || h.cancel_seen {
+            return;
+        }
+        h.cancel_seen = true;
+        if h.running {
+            self.out.push_back(WorkerAction::Stop {
+                id,
+                why: StopWhy::Cancelled,
+            });
+        } else {
+            self.queued.retain(|q| *q != id);
+            self.report(id, Settle::Abandon { started: false }, now);
+        }
+    }
+
+    fn settled(&mut self, now: u64, r: Result<Vec<Result<JobState>>>) {
+        let Some(sent) = self.settle_sent.take() else {
+            return;
+        };
+        let states = match r {
+            Ok(states) => states,
+            Err(e) if e.is_transient() => {
+                // Nothing was applied: send the same outcomes again soon.
+                self.completer.splice(0..0, sent);
+                self.flush_at = Some(now.saturating_add(self.settle_backoff_ms));
+                self.settle_backoff_ms = (self.settle_backoff_ms * 2).min(100);
+                return;
+            }
+            // They may or may not have been applied: the store decides.
+            Err(e) if e.is_ambiguous() => sent.iter().map(|_| Err(e.clone())).collect(),
+            Err(e) => return self.fail(e),
+        };
+        self.settle_backoff_ms = 1;
+        for ((id, token, settle), state) in sent.into_iter().zip(states) {
+            if !self.reported.remove(&(id, token)) {
+                continue;
+            }
+            let outcome = match (state, settle) {
+                (Ok(_), Settle::Complete) => JobOutcome::Done,
+                (Ok(s), Settle::Fail(_)) => JobOutcome::Failed(s),
+                (Ok(s), Settle::Abandon { .. }) => JobOutcome::Abandoned(s),
+                (Err(_), _) => JobOutcome::Lost,
+            };
+            self.out.push_back(WorkerAction::Settled { id, outcome });
+        }
+    }
+}
