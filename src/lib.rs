@@ -69,9 +69,9 @@ pub mod client;
 pub mod clock;
 pub mod core;
 mod error;
-pub mod fork;
+mod fork;
 pub mod store;
-pub mod sync;
+mod sync;
 
 pub use client::{
     fit_reason, random_holder_id, ClaimedJob, Client, ClientBuilder, JobOutcome, LeaseGuard,

@@ -151,11 +151,26 @@ fn report(f: &Failure, shrink: bool, make: &world::StoreFactory) {
     }
 }
 
-fn run_canaries(canaries: &[Canary]) -> ExitCode {
+fn run_canaries(canaries: &[Canary], shrink: bool) -> ExitCode {
     let mut missed = 0;
     for &c in canaries {
         match runner::hunt_canary(c, 200) {
-            Some((seed, v)) => println!("canary {} caught at seed {seed}: {v}", c.name()),
+            Some((seed, v)) => {
+                println!("canary {} caught at seed {seed}: {v}", c.name());
+                if shrink {
+                    let plan = Plan::generate(seed, c.scenario(), Some(c));
+                    let (small, result) = runner::shrink(&plan, v.guarantee, &world::mem_store);
+                    println!(
+                        "shrunk to {} faults over {} ms (from {} over {} ms): {:?}",
+                        small.faults.len(),
+                        small.duration_ms,
+                        plan.faults.len(),
+                        plan.duration_ms,
+                        small.faults
+                    );
+                    print!("{}", result.trace_text());
+                }
+            }
             None => {
                 missed += 1;
                 println!("canary {} NOT caught in 200 seeds", c.name());
@@ -181,7 +196,7 @@ fn main() -> ExitCode {
         }
     };
     if !args.canaries.is_empty() {
-        return run_canaries(&args.canaries);
+        return run_canaries(&args.canaries, args.shrink);
     }
     if let Some(seed) = args.seed {
         let mut status = ExitCode::SUCCESS;

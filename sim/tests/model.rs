@@ -1,6 +1,7 @@
-//! Model-based tests: `leasehold::core` over the mem store, compared after
-//! every step with the reference model (`leasehold_sim::model`), with time
-//! ticks (including exact expiry boundaries) among the transitions.
+//! Model-based tests: `leasehold::core` over every store (mem; SQLite; the
+//! PostgreSQL store when `LEASEHOLD_TEST_PG` is set), compared after every
+//! step with the reference model (`leasehold_sim::model`), with time ticks
+//! (including exact expiry boundaries) among the transitions.
 //!
 //! After each step: the operation's outcome must match the model's, the
 //! whole observable state (every key's holders and token counter, every
@@ -295,13 +296,95 @@ fn spec_of(step: &Step) -> (&'static str, JobSpec) {
     )
 }
 
-struct Sut {
+/// Which store a run tests.
+trait StoreKind: 'static {
+    /// A fresh, empty store on `clock`, and what must live as long as it.
+    fn open(clock: &ManualClock) -> (Arc<dyn Store>, Box<dyn std::any::Any>);
+}
+
+struct Mem;
+struct Sqlite;
+struct Postgres;
+
+impl StoreKind for Mem {
+    fn open(clock: &ManualClock) -> (Arc<dyn Store>, Box<dyn std::any::Any>) {
+        (
+            Arc::new(MemStore::with_clock(Arc::new(clock.clone()))),
+            Box::new(()),
+        )
+    }
+}
+
+/// Removes its directory when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl StoreKind for Sqlite {
+    fn open(clock: &ManualClock) -> (Arc<dyn Store>, Box<dyn std::any::Any>) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "leasehold-model-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = leasehold::SqliteOptions {
+            clock: Some(Arc::new(clock.clone())),
+            boot_id: Some("model".into()),
+            ..leasehold::SqliteOptions::default()
+        };
+        let store = leasehold::SqliteStore::open_with(dir.join("m.db"), opts).unwrap();
+        // The store is dropped (fields in order) before its directory.
+        (Arc::new(store), Box::new(TempDir(dir)))
+    }
+}
+
+/// Drops its schema when dropped.
+struct PgSchema(String, String);
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.0, postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.1));
+        }
+    }
+}
+
+impl StoreKind for Postgres {
+    fn open(clock: &ManualClock) -> (Arc<dyn Store>, Box<dyn std::any::Any>) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let url = std::env::var("LEASEHOLD_TEST_PG").unwrap();
+        let schema = format!(
+            "lh_model_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        let opts = leasehold::PostgresOptions {
+            schema: schema.clone(),
+            clock: Some(Arc::new(clock.clone())),
+            ..leasehold::PostgresOptions::default()
+        };
+        let store = leasehold::PostgresStore::open_with(&url, opts).unwrap();
+        (Arc::new(store), Box::new(PgSchema(url, schema)))
+    }
+}
+
+struct Sut<K> {
     store: Arc<dyn Store>,
     clock: ManualClock,
     max_token: BTreeMap<&'static str, u64>,
+    _keep: Box<dyn std::any::Any>,
+    _kind: std::marker::PhantomData<K>,
 }
 
-impl Sut {
+impl<K> Sut<K> {
     fn run<R>(&self, f: impl FnMut(&mut dyn Txn) -> leasehold::Result<R>) -> Result<R, Outcome> {
         self.store.txn(f).map_err(|e| Outcome::of_error(&e))
     }
@@ -341,20 +424,23 @@ fn as_model_job(r: &JobRecord) -> Job {
     }
 }
 
-impl StateMachineTest for Sut {
-    type SystemUnderTest = Sut;
+impl<K: StoreKind> StateMachineTest for Sut<K> {
+    type SystemUnderTest = Sut<K>;
     type Reference = Reference;
 
-    fn init_test(_: &Model) -> Sut {
+    fn init_test(_: &Model) -> Sut<K> {
         let clock = ManualClock::new(T0);
+        let (store, keep) = K::open(&clock);
         Sut {
-            store: Arc::new(MemStore::with_clock(Arc::new(clock.clone()))),
+            store,
             clock,
             max_token: BTreeMap::new(),
+            _keep: keep,
+            _kind: std::marker::PhantomData,
         }
     }
 
-    fn apply(mut sut: Sut, m: &Model, step: Step) -> Sut {
+    fn apply(mut sut: Sut<K>, m: &Model, step: Step) -> Sut<K> {
         let p = POLICY;
         let got = match step {
             Step::Tick(_) | Step::TickTo(_) => {
@@ -473,7 +559,7 @@ impl StateMachineTest for Sut {
         sut
     }
 
-    fn check_invariants(sut: &Sut, m: &Model) {
+    fn check_invariants(sut: &Sut<K>, m: &Model) {
         let p = POLICY;
         let now = m.now_ms;
         for (name, _) in KEYS {
@@ -537,5 +623,41 @@ prop_state_machine! {
     })]
 
     #[test]
-    fn core_matches_reference_model(sequential 1..60 => Sut);
+    fn core_matches_reference_model(sequential 1..60 => Sut<Mem>);
+}
+
+/// The same test on another store, with fewer cases (each opens a store).
+fn run_on<K: StoreKind>(cases: u32) {
+    use proptest::test_runner::{Config, TestRunner};
+    let config = Config {
+        cases,
+        max_shrink_iters: 512,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config.clone());
+    let result = runner.run(
+        &Reference::sequential_strategy(1..40),
+        |(init, steps, seen)| {
+            Sut::<K>::test_sequential(config.clone(), init, steps, seen);
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn core_over_sqlite_matches_reference_model() {
+    run_on::<Sqlite>(48);
+}
+
+#[test]
+fn core_over_postgres_matches_reference_model() {
+    if std::env::var("LEASEHOLD_TEST_PG").map_or(true, |u| u.is_empty()) {
+        eprintln!("SKIPPED: the PostgreSQL model test: LEASEHOLD_TEST_PG is not set");
+        return;
+    }
+    run_on::<Postgres>(32);
 }

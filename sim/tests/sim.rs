@@ -118,13 +118,43 @@ fn every_canary_is_caught() {
 fn shrinking_keeps_the_failure_and_drops_faults() {
     let canary = Canary::ClaimIgnoresLease;
     let (seed, v) = runner::hunt_canary(canary, 200).expect("caught");
-    let plan = Plan::generate(seed, canary.scenario(), Some(canary));
+    let mut plan = Plan::generate(seed, canary.scenario(), Some(canary));
+    // Faults that cannot matter: after the violation, and a run twice as
+    // long as needed. The shrinker must remove them.
+    let end = v.at_ms - 1_000_000;
+    for i in 0..6 {
+        plan.faults
+            .push((end + 10 + i, leasehold_sim::plan::Fault::Burst));
+    }
+    plan.duration_ms = plan.duration_ms.max(end + 100) * 2;
+    let before = world::run(&plan);
+    assert_eq!(
+        before.violation.as_ref().map(|v| v.guarantee),
+        Some(v.guarantee)
+    );
     let (small, result) = runner::shrink(&plan, v.guarantee, &world::mem_store);
     let kept = result.violation.expect("the shrunk plan still fails");
     assert_eq!(kept.guarantee, v.guarantee);
-    assert!(small.faults.len() <= plan.faults.len());
-    assert!(small.duration_ms <= plan.duration_ms);
-    assert!(result.trace.len() <= world::run(&plan).trace.len());
+    assert!(
+        small.faults.len() <= plan.faults.len() - 6,
+        "{} faults left of {}",
+        small.faults.len(),
+        plan.faults.len()
+    );
+    assert!(small.duration_ms < plan.duration_ms, "the run got shorter");
+}
+
+/// `--canary NAME --shrink` shrinks what it catches.
+#[test]
+fn canaries_shrink_from_the_command_line() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold-sim"))
+        .args(["--canary", "claim-ignores-lease", "--shrink"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("caught at seed"), "{text}");
+    assert!(text.contains("shrunk to"), "{text}");
 }
 
 /// Over a modest number of seeds the world must really produce what the
