@@ -1,0 +1,670 @@
+//! The client machines driven by hand, with scripted time and replies:
+//! each timing rule pinned where it can be seen exactly (the simulator
+//! checks them at scale, under faults).
+
+use leasehold::client::machine::{
+    HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest, JobOutcome,
+    StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
+};
+use leasehold::core::job::Settle;
+use leasehold::core::{Claim, Grant, HeartbeatReply};
+use leasehold::{DriftBound, Error, HolderId, JobId, JobRecord, JobState, LostReason, Target};
+use std::sync::Arc;
+
+const DRIFT: DriftBound = DriftBound {
+    ppm: 10_000,
+    margin_ms: 0,
+};
+
+fn grant(token: u64) -> Grant {
+    Grant {
+        token,
+        expires_at_ms: 0,
+        granted_at_ms: 0,
+        renewed: false,
+    }
+}
+
+fn held() -> Error {
+    Error::Held {
+        key: "k".into(),
+        holders: vec![],
+    }
+}
+
+fn lost(reason: LostReason) -> Error {
+    Error::Lost {
+        target: Target::Lease {
+            key: "k".into(),
+            token: 1,
+        },
+        reason,
+    }
+}
+
+fn holder(wait_ms: u64, keep_alive: bool) -> HolderConfig {
+    HolderConfig {
+        ttl_ms: 300,
+        limit: 1,
+        wait_ms,
+        drift: DRIFT,
+        keep_alive,
+        seed: 7,
+    }
+}
+
+fn actions(m: &mut HolderMachine) -> Vec<HolderAction> {
+    std::iter::from_fn(|| m.poll_action()).collect()
+}
+
+fn sends(a: &[HolderAction]) -> Vec<HolderRequest> {
+    a.iter()
+        .filter_map(|a| match a {
+            HolderAction::Send(r) => Some(*r),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_grant_is_valid_from_the_send_time_minus_drift_and_renewed_near_a_third() {
+    let mut m = HolderMachine::new(holder(0, true), 1_000);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    // The reply comes 50 ms later: the deadline still counts from the send.
+    m.handle_reply(1_050, HolderReply::Acquired(Ok(grant(4))));
+    let a = actions(&mut m);
+    assert!(matches!(
+        a[..],
+        [HolderAction::Event(HolderEvent::Granted {
+            token: 4,
+            renewed: false
+        })]
+    ));
+    // 300 ms minus 1 % (3 ms): valid until 1,297 exclusive.
+    assert!(m.is_valid(1_296));
+    assert!(!m.is_valid(1_297));
+    let renew_at = m.poll_timeout().unwrap();
+    assert!(
+        (1_090..=1_110).contains(&renew_at),
+        "about TTL/3 after the send: {renew_at}"
+    );
+    m.handle_timeout(renew_at - 1);
+    assert!(sends(&actions(&mut m)).is_empty(), "not before it is due");
+    m.handle_timeout(renew_at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 4 }]);
+    // The renewal sent at `renew_at` moves the deadline from there.
+    m.handle_reply(renew_at + 80, HolderReply::Renewed(Ok(grant(4))));
+    assert!(m.is_valid(renew_at + 296));
+    assert!(!m.is_valid(renew_at + 297));
+}
+
+#[test]
+fn a_held_key_is_retried_with_growing_backoff_until_the_wait_runs_out() {
+    let mut m = HolderMachine::new(holder(100, true), 0);
+    let _ = actions(&mut m);
+    let mut now = 0;
+    let mut waits = Vec::new();
+    loop {
+        m.handle_reply(now, HolderReply::Acquired(Err(held())));
+        let a = actions(&mut m);
+        if let [HolderAction::Event(HolderEvent::GaveUp(Error::Held { .. }))] = a[..] {
+            break;
+        }
+        let at = m.poll_timeout().expect("a retry is scheduled");
+        waits.push(at - now);
+        now = at;
+        m.handle_timeout(now);
+        assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    }
+    assert!(
+        now >= 100,
+        "gave up only once the wait had run out (at {now})"
+    );
+    assert!(waits.len() >= 4, "{waits:?}");
+    assert!(waits[3] > waits[0], "the backoff grows: {waits:?}");
+    assert!(waits.iter().all(|&w| w <= 250));
+}
+
+#[test]
+fn a_release_seen_while_waiting_retries_at_once() {
+    let mut m = HolderMachine::new(holder(10_000, true), 0);
+    let _ = actions(&mut m);
+    for _ in 0..6 {
+        m.handle_reply(0, HolderReply::Acquired(Err(held())));
+        let at = m.poll_timeout().unwrap();
+        m.handle_timeout(at);
+        let _ = actions(&mut m);
+    }
+    m.handle_reply(40, HolderReply::Acquired(Err(held())));
+    assert!(m.poll_timeout().unwrap() > 41);
+    m.handle_wake(41);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+}
+
+#[test]
+fn no_answer_retries_and_a_committed_grant_is_found_again() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    let ambiguous = Error::transient("committing", "reply lost")
+        .with_failure(leasehold::StoreFailure::Ambiguous);
+    m.handle_reply(5, HolderReply::Acquired(Err(ambiguous)));
+    assert!(
+        actions(&mut m).is_empty(),
+        "no give-up on an unknown outcome"
+    );
+    let at = m.poll_timeout().unwrap();
+    m.handle_timeout(at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    let again = Grant {
+        renewed: true,
+        ..grant(9)
+    };
+    m.handle_reply(at + 1, HolderReply::Acquired(Ok(again)));
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Granted {
+            token: 9,
+            renewed: true
+        })]
+    ));
+}
+
+#[test]
+fn a_loss_is_reported_once_whether_refused_or_timed_out() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(1, HolderReply::Acquired(Ok(grant(1))));
+    let _ = actions(&mut m);
+    let at = m.poll_timeout().unwrap();
+    m.handle_timeout(at);
+    let _ = actions(&mut m);
+    m.handle_reply(at + 1, HolderReply::Renewed(Err(lost(LostReason::Expired))));
+    let a = actions(&mut m);
+    assert!(matches!(
+        a[..],
+        [HolderAction::Event(HolderEvent::Lost(LostReason::Expired))]
+    ));
+    m.handle_timeout(10_000);
+    assert!(actions(&mut m).is_empty(), "reported once");
+    assert!(!m.is_valid(at + 2));
+    // Releasing a lost lease sends nothing.
+    m.release(10_001);
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Released)]
+    ));
+
+    let mut m = HolderMachine::new(holder(0, false), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(1, HolderReply::Acquired(Ok(grant(2))));
+    let _ = actions(&mut m);
+    assert_eq!(
+        m.poll_timeout(),
+        Some(297),
+        "without keep-alive: only the deadline"
+    );
+    m.handle_timeout(297);
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Lost(
+            LostReason::LocalDeadline
+        ))]
+    ));
+}
+
+#[test]
+fn a_failed_renewal_is_retried_sooner() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(0, HolderReply::Acquired(Ok(grant(1))));
+    let _ = actions(&mut m);
+    let at = m.poll_timeout().unwrap();
+    m.handle_timeout(at);
+    let _ = actions(&mut m);
+    m.handle_reply(
+        at + 2,
+        HolderReply::Renewed(Err(Error::transient("renewing", "busy"))),
+    );
+    let next = m.poll_timeout().unwrap();
+    assert!(
+        next <= at + 2 + 25,
+        "retried within a quarter interval: {next}"
+    );
+    m.handle_timeout(next);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 1 }]);
+}
+
+#[test]
+fn release_sends_one_release_and_reports_it() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(0, HolderReply::Acquired(Ok(grant(3))));
+    let _ = actions(&mut m);
+    m.release(10);
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 3 }]
+    );
+    assert!(!m.is_valid(11), "not valid once released");
+    m.handle_reply(12, HolderReply::Released(Ok(())));
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Released)]
+    ));
+    assert!(m.is_done());
+}
+
+// ------------------------------------------------------------------ worker
+
+fn worker(concurrency: usize, prefetch: usize, batch_max: usize) -> WorkerConfig {
+    WorkerConfig {
+        lease_ms: 3_000,
+        concurrency,
+        prefetch,
+        batch_max,
+        flush_delay_ms: 5,
+        idle_max_ms: 200,
+        heartbeat_ms: 0,
+        drain: false,
+        drift: DRIFT,
+        seed: 11,
+    }
+}
+
+fn job(id: u64, token: u64) -> JobRecord {
+    JobRecord {
+        id: JobId(id),
+        queue: Arc::from("q"),
+        payload: Arc::from(&b"x"[..]),
+        priority: 0,
+        run_at_ms: 0,
+        created_at_ms: 0,
+        max_attempts: 3,
+        attempts: 1,
+        expiries: 0,
+        last_token: token,
+        state: JobState::Running,
+        claim: Some(Claim {
+            holder: HolderId(1),
+            token,
+            lease_until_ms: 3_000,
+        }),
+        cancel_requested: false,
+        last_error: None,
+        unique_key: None,
+        finished_at_ms: None,
+    }
+}
+
+fn drain(m: &mut WorkerMachine) -> Vec<WorkerAction> {
+    std::iter::from_fn(|| m.poll_action()).collect()
+}
+
+fn requests(a: &[WorkerAction]) -> Vec<WorkerRequest> {
+    a.iter()
+        .filter_map(|a| match a {
+            WorkerAction::Send(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn settles(a: &[WorkerAction]) -> Vec<Vec<(JobId, u64, Settle)>> {
+    requests(a)
+        .into_iter()
+        .filter_map(|r| match r {
+            WorkerRequest::Settle { settles } => Some(settles),
+            _ => None,
+        })
+        .collect()
+}
+
+fn started(a: &[WorkerAction]) -> Vec<u64> {
+    a.iter()
+        .filter_map(|a| match a {
+            WorkerAction::Start(j) => Some(j.id.0),
+            _ => None,
+        })
+        .collect()
+}
+
+fn settled(a: &[WorkerAction]) -> Vec<(u64, JobOutcome)> {
+    a.iter()
+        .filter_map(|a| match a {
+            WorkerAction::Settled { id, outcome } => Some((id.0, *outcome)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A machine that claimed `ids` (token 1 each) at time 0.
+fn claimed(cfg: WorkerConfig, ids: &[u64]) -> (WorkerMachine, Vec<WorkerAction>) {
+    let mut m = WorkerMachine::new(cfg, 0);
+    let first = drain(&mut m);
+    assert!(matches!(
+        requests(&first)[..],
+        [WorkerRequest::Claim { .. }]
+    ));
+    let jobs = ids.iter().map(|&i| job(i, 1)).collect();
+    m.handle_reply(1, WorkerReply::Claimed(Ok(jobs)));
+    let a = drain(&mut m);
+    (m, a)
+}
+
+#[test]
+fn claims_fill_handler_slots_and_the_bounded_prefetch() {
+    let mut m = WorkerMachine::new(worker(3, 2, 64), 0);
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 5 }]);
+    let mut m = WorkerMachine::new(worker(3, 2, 4), 0);
+    assert_eq!(
+        requests(&drain(&mut m)),
+        [WorkerRequest::Claim { max: 4 }],
+        "batch_max"
+    );
+    let (mut m, a) = claimed(worker(2, 2, 64), &[1, 2, 3]);
+    assert_eq!(started(&a), [1, 2], "two handlers at once, in claim order");
+    assert_eq!(
+        requests(&a),
+        [WorkerRequest::Claim { max: 1 }],
+        "room for one more"
+    );
+    m.handle_reply(2, WorkerReply::Claimed(Ok(vec![])));
+    m.handler_done(3, JobId(1), Ok(()));
+    assert_eq!(
+        started(&drain(&mut m)),
+        [3],
+        "a free slot starts the next queued job"
+    );
+}
+
+#[test]
+fn outcomes_are_batched_until_full_delayed_or_idle() {
+    let (mut m, _) = claimed(worker(4, 0, 3), &[1, 2, 3, 4]);
+    m.handler_done(10, JobId(1), Ok(()));
+    assert!(settles(&drain(&mut m)).is_empty(), "waits for others");
+    m.handler_done(11, JobId(2), Err("boom".into()));
+    m.handler_done(12, JobId(3), Ok(()));
+    let sent = settles(&drain(&mut m));
+    let [batch] = &sent[..] else {
+        panic!("one batch when full: {sent:?}");
+    };
+    let ids: Vec<u64> = batch.iter().map(|s| s.0 .0).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    assert_eq!(batch[1].2, Settle::Fail("boom".into()));
+    m.handle_reply(
+        13,
+        WorkerReply::Settled(Ok(vec![
+            Ok(JobState::Done),
+            Ok(JobState::Scheduled),
+            Ok(JobState::Done),
+        ])),
+    );
+    let outcomes = settled(&drain(&mut m));
+    assert_eq!(
+        outcomes,
+        [
+            (1, JobOutcome::Done),
+            (2, JobOutcome::Failed(JobState::Scheduled)),
+            (3, JobOutcome::Done)
+        ]
+    );
+    // The last one: nothing else runs, so it goes at once.
+    m.handler_done(20, JobId(4), Ok(()));
+    assert_eq!(settles(&drain(&mut m)).len(), 1);
+
+    let (mut m, _) = claimed(worker(2, 0, 64), &[1, 2]);
+    m.handler_done(30, JobId(1), Ok(()));
+    assert!(settles(&drain(&mut m)).is_empty());
+    m.handle_timeout(34);
+    assert!(
+        settles(&drain(&mut m)).is_empty(),
+        "not before the flush delay"
+    );
+    m.handle_timeout(35);
+    assert_eq!(settles(&drain(&mut m)).len(), 1, "the flush delay");
+}
+
+#[test]
+fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
+    let (mut m, _) = claimed(worker(2, 1, 64), &[1, 2, 3]);
+    m.handler_done(5, JobId(1), Ok(()));
+    let _ = drain(&mut m);
+    // The outcome of job 1 is sent after the flush delay; its reply waits.
+    m.handle_timeout(10);
+    assert_eq!(settles(&drain(&mut m)).len(), 1);
+    let at = m.poll_timeout().unwrap();
+    assert!((900..=1_101).contains(&at), "a second at most: {at}");
+    m.handle_timeout(at);
+    let sent: Vec<WorkerRequest> = requests(&drain(&mut m))
+        .into_iter()
+        .filter(|r| matches!(r, WorkerRequest::Heartbeat { .. }))
+        .collect();
+    let [WorkerRequest::Heartbeat { claims }] = &sent[..] else {
+        panic!("one round: {sent:?}");
+    };
+    let mut ids: Vec<u64> = claims.iter().map(|c| c.0 .0).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        [1, 2, 3],
+        "queued, running, and the outcome being committed"
+    );
+    let hb = HeartbeatReply {
+        lease_until_ms: 0,
+        cancel_requested: false,
+    };
+    let replies = claims.iter().map(|_| Ok(hb)).collect();
+    m.handle_reply(at + 2, WorkerReply::Heartbeated(Ok(replies)));
+    let renewed: Vec<(u64, u64)> = drain(&mut m)
+        .iter()
+        .filter_map(|a| match a {
+            WorkerAction::Renewed { id, deadline } => Some((id.0, *deadline)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        renewed.iter().all(|&(_, d)| d == at + 3_000 - 30),
+        "{renewed:?}"
+    );
+}
+
+#[test]
+fn a_passed_deadline_stops_the_handler_and_its_late_outcome_is_dropped() {
+    let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+    assert!(m.is_valid(JobId(1), 2_969));
+    m.handle_timeout(2_970);
+    let a = drain(&mut m);
+    assert!(a.iter().any(|a| matches!(
+        a,
+        WorkerAction::Stop {
+            why: StopWhy::Lost(LostReason::LocalDeadline),
+            ..
+        }
+    )));
+    assert_eq!(settled(&a), [(1, JobOutcome::Lost)]);
+    m.handler_done(2_980, JobId(1), Ok(()));
+    assert!(requests(&drain(&mut m))
+        .iter()
+        .all(|r| !matches!(r, WorkerRequest::Settle { .. })));
+}
+
+#[test]
+fn a_cancel_stops_a_running_handler_and_gives_back_a_queued_job() {
+    let (mut m, _) = claimed(worker(1, 1, 64), &[1, 2]);
+    let at = m.poll_timeout().unwrap();
+    m.handle_timeout(at);
+    let _ = drain(&mut m);
+    let cancel = HeartbeatReply {
+        lease_until_ms: 0,
+        cancel_requested: true,
+    };
+    m.handle_reply(
+        at,
+        WorkerReply::Heartbeated(Ok(vec![Ok(cancel), Ok(cancel)])),
+    );
+    let a = drain(&mut m);
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, WorkerAction::Stop { id, why: StopWhy::Cancelled } if id.0 == 1)));
+    m.handle_timeout(at + 5);
+    let sent = settles(&drain(&mut m));
+    assert_eq!(
+        sent,
+        [vec![(JobId(2), 1, Settle::Abandon { started: false })]]
+    );
+}
+
+#[test]
+fn drain_asks_the_store_once_idle_and_finishes_when_drained() {
+    let mut cfg = worker(1, 0, 64);
+    cfg.drain = true;
+    let mut m = WorkerMachine::new(cfg, 0);
+    let _ = drain(&mut m);
+    m.handle_reply(1, WorkerReply::Claimed(Ok(vec![])));
+    assert!(matches!(
+        requests(&drain(&mut m))[..],
+        [WorkerRequest::DrainCheck]
+    ));
+    m.handle_reply(2, WorkerReply::Drained(Ok(false)));
+    assert!(!m.is_finished(), "a retry in backoff somewhere");
+    // It goes on claiming (at once, or once its backoff is over).
+    let mut sent = requests(&drain(&mut m));
+    let mut at = 2;
+    if sent.is_empty() {
+        at = m.poll_timeout().unwrap();
+        m.handle_timeout(at);
+        sent = requests(&drain(&mut m));
+    }
+    assert!(
+        matches!(sent[..], [WorkerRequest::Claim { .. }]),
+        "{sent:?}"
+    );
+    m.handle_reply(at + 1, WorkerReply::Claimed(Ok(vec![])));
+    assert!(matches!(
+        requests(&drain(&mut m))[..],
+        [WorkerRequest::DrainCheck]
+    ));
+    m.handle_reply(at + 2, WorkerReply::Drained(Ok(true)));
+    assert!(matches!(drain(&mut m)[..], [WorkerAction::Finished]));
+}
+
+#[test]
+fn idle_claims_back_off_with_jitter_and_a_wake_cuts_it_short() {
+    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    let _ = drain(&mut m);
+    let mut now = 0;
+    let mut waits = Vec::new();
+    for _ in 0..10 {
+        m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+        let at = m.poll_timeout().unwrap();
+        waits.push(at - now);
+        now = at;
+        m.handle_timeout(now);
+        assert!(matches!(
+            requests(&drain(&mut m))[..],
+            [WorkerRequest::Claim { .. }]
+        ));
+    }
+    assert!(
+        waits[9] > waits[1] && waits.iter().all(|&w| w <= 200),
+        "{waits:?}"
+    );
+    m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+    m.wake(now + 1);
+    assert!(matches!(
+        requests(&drain(&mut m))[..],
+        [WorkerRequest::Claim { .. }]
+    ));
+}
+
+#[test]
+fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
+    let (mut m, _) = claimed(worker(1, 1, 64), &[1, 2]);
+    m.shutdown(10, 1_000);
+    let _ = drain(&mut m);
+    m.handle_timeout(15);
+    let sent = settles(&drain(&mut m));
+    assert_eq!(
+        sent,
+        [vec![(JobId(2), 1, Settle::Abandon { started: false })]]
+    );
+    m.handle_reply(11, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
+    let _ = drain(&mut m);
+    assert!(m.is_valid(JobId(1), 999), "the running handler may finish");
+    m.handle_timeout(1_000);
+    let a = drain(&mut m);
+    assert!(a.iter().any(|a| matches!(
+        a,
+        WorkerAction::Stop {
+            why: StopWhy::Shutdown,
+            ..
+        }
+    )));
+    assert!(requests(&a).iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles[0].2 == Settle::Abandon { started: true })));
+    m.handle_reply(1_001, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
+    let a = drain(&mut m);
+    assert!(matches!(a.last(), Some(WorkerAction::Finished)), "{a:?}");
+    assert!(
+        requests(&a)
+            .iter()
+            .all(|r| !matches!(r, WorkerRequest::Claim { .. })),
+        "no claim after shutdown"
+    );
+}
+
+#[test]
+fn a_transient_settle_is_resent_and_an_ambiguous_one_is_left_to_the_store() {
+    let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+    m.handler_done(5, JobId(1), Ok(()));
+    let first = settles(&drain(&mut m));
+    assert_eq!(first.len(), 1);
+    m.handle_reply(
+        6,
+        WorkerReply::Settled(Err(Error::transient("committing", "busy"))),
+    );
+    m.handle_timeout(7);
+    assert_eq!(settles(&drain(&mut m)), first, "the same outcome again");
+    let ambiguous = Error::transient("committing", "reply lost")
+        .with_failure(leasehold::StoreFailure::Ambiguous);
+    m.handle_reply(8, WorkerReply::Settled(Err(ambiguous)));
+    assert_eq!(settled(&drain(&mut m)), [(1, JobOutcome::Lost)]);
+}
+
+/// Found by the simulator: a job claimed again (a new token) before the
+/// reply for its old claim's outcome arrives. The old reply must not touch
+/// the new claim (it removed it, and a handler slot leaked).
+#[test]
+fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
+    let (mut m, _) = claimed(worker(1, 0, 64), &[7]);
+    m.handler_done(5, JobId(7), Err("boom".into()));
+    let _ = drain(&mut m);
+    // Retried at once and claimed again by us, before the settle reply.
+    m.handle_timeout(6);
+    let _ = drain(&mut m);
+    m.handle_reply(7, WorkerReply::Claimed(Ok(vec![job(7, 2)])));
+    assert_eq!(started(&drain(&mut m)), [7]);
+    m.handle_reply(8, WorkerReply::Settled(Ok(vec![Ok(JobState::Scheduled)])));
+    let _ = drain(&mut m);
+    assert!(
+        m.is_valid(JobId(7), 9),
+        "the new claim is still held and running"
+    );
+    m.handler_done(10, JobId(7), Ok(()));
+    let sent = requests(&drain(&mut m));
+    assert!(
+        sent.iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles == &vec![(JobId(7), 2, Settle::Complete)])),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn a_store_error_that_retrying_cannot_fix_ends_the_loop() {
+    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    let _ = drain(&mut m);
+    m.handle_reply(
+        1,
+        WorkerReply::Claimed(Err(Error::store("claiming", "disk I/O error"))),
+    );
+    assert!(matches!(drain(&mut m)[..], [WorkerAction::Failed(_)]));
+    assert!(m.is_finished());
+}
