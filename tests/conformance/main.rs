@@ -1,4 +1,4 @@
-//! Runs the conformance suite (`suite.rs`) against every store.
+//! Runs the conformance suite (`suite/`) against every store.
 
 #[macro_use]
 mod suite;

@@ -1,0 +1,223 @@
+//! The conformance suite: written once, run against every `Store`.
+//!
+//! Each case drives the pure rules (`leasehold::core`) through a store whose
+//! clock is a `ManualClock`, so boundary instants are exact. A store joins
+//! the suite with one line: `conformance_cases!(|clock| make_store(clock));`
+//! in `main.rs`.
+
+use leasehold::core::{self, lease::LeaseInfo, JobQuery, Txn};
+use leasehold::{
+    Error, Holder, HolderId, JobId, JobRecord, JobSpec, JobState, LostReason, ManualClock,
+    QueuePolicy, StateCounts, Store, StoreExt,
+};
+use std::sync::Arc;
+
+/// Builds a fresh, empty store on the given clock.
+pub type Make = dyn Fn(&ManualClock) -> Arc<dyn Store>;
+
+pub const T0: u64 = 1_000_000;
+
+pub struct World {
+    pub store: Arc<dyn Store>,
+    pub clock: ManualClock,
+    pub policy: QueuePolicy,
+}
+
+pub fn holder(n: u128) -> Holder {
+    Holder::with_label(HolderId(n), &format!("h{n}")).unwrap()
+}
+
+impl World {
+    pub fn new(make: &Make) -> World {
+        let clock = ManualClock::new(T0);
+        World {
+            store: make(&clock),
+            clock,
+            policy: QueuePolicy {
+                backoff_base_ms: 100,
+                backoff_max_ms: 10_000,
+                jitter_seed: 7,
+                quarantine_expiries: 0,
+            },
+        }
+    }
+
+    pub fn at(&self, now_ms: u64) {
+        self.clock.set(now_ms);
+    }
+
+    pub fn tx<R>(
+        &self,
+        f: impl FnMut(&mut dyn Txn) -> leasehold::Result<R>,
+    ) -> leasehold::Result<R> {
+        self.store.txn(f)
+    }
+
+    pub fn acquire(
+        &self,
+        key: &str,
+        h: u128,
+        ttl: u64,
+        limit: u32,
+    ) -> leasehold::Result<core::Grant> {
+        let holder = holder(h);
+        self.tx(|tx| core::lease::acquire(tx, key, &holder, ttl, limit))
+    }
+
+    pub fn renew(
+        &self,
+        key: &str,
+        h: u128,
+        token: u64,
+        ttl: u64,
+    ) -> leasehold::Result<core::Grant> {
+        self.tx(|tx| core::lease::renew(tx, key, HolderId(h), token, ttl))
+    }
+
+    pub fn release(&self, key: &str, h: u128, token: u64) -> leasehold::Result<()> {
+        self.tx(|tx| core::lease::release(tx, key, HolderId(h), token))
+    }
+
+    pub fn inspect(&self, key: &str) -> LeaseInfo {
+        self.tx(|tx| core::lease::inspect(tx, key)).unwrap()
+    }
+
+    pub fn push(&self, queue: &str, spec: JobSpec) -> JobId {
+        self.tx(|tx| core::job::enqueue(tx, queue, &spec, &QueuePolicy::default()))
+            .unwrap()
+            .id
+    }
+
+    pub fn claim(&self, queue: &str, h: u128, lease: u64, max: usize) -> Vec<JobRecord> {
+        let policy = self.policy;
+        self.tx(|tx| core::job::claim(tx, queue, HolderId(h), lease, max, &policy))
+            .unwrap()
+    }
+
+    pub fn claim_one(&self, queue: &str, h: u128, lease: u64) -> JobRecord {
+        let mut jobs = self.claim(queue, h, lease, 1);
+        assert_eq!(jobs.len(), 1, "expected one claimable job");
+        jobs.remove(0)
+    }
+
+    pub fn complete(&self, job: &JobRecord, h: u128) -> leasehold::Result<()> {
+        let token = job.claim.unwrap().token;
+        self.tx(|tx| core::job::complete(tx, job.id, HolderId(h), token))
+    }
+
+    pub fn fail(&self, job: &JobRecord, h: u128, reason: &str) -> leasehold::Result<JobState> {
+        let token = job.claim.unwrap().token;
+        let policy = self.policy;
+        self.tx(|tx| core::job::fail(tx, job.id, HolderId(h), token, reason, &policy))
+    }
+
+    pub fn get(&self, id: JobId) -> JobRecord {
+        let policy = self.policy;
+        self.tx(|tx| core::job::get(tx, id, &policy)).unwrap()
+    }
+
+    pub fn stats(&self, queue: &str) -> StateCounts {
+        let policy = self.policy;
+        self.tx(|tx| core::job::stats(tx, queue, &policy)).unwrap()
+    }
+
+    pub fn list(&self, queue: &str, state: Option<JobState>) -> Vec<JobRecord> {
+        let policy = self.policy;
+        self.tx(|tx| core::job::list(tx, queue, state, JobId(0), 10_000, &policy))
+            .unwrap()
+    }
+
+    /// Everything observable about the given keys and queues, for
+    /// "nothing changed" checks.
+    pub fn snapshot(&self, keys: &[&str], queues: &[&str]) -> String {
+        let mut out = String::new();
+        for key in keys {
+            out += &format!("{key}: {:?}\n", self.inspect(key).holders);
+            out += &format!("{key} last: {}\n", self.inspect(key).last_token);
+        }
+        for q in queues {
+            out += &format!("{q}: {:?}\n", self.stats(q));
+            for job in self.list(q, None) {
+                out += &format!("{job:?}\n");
+            }
+        }
+        out
+    }
+}
+
+fn lost_reason<T: std::fmt::Debug>(r: leasehold::Result<T>) -> LostReason {
+    match r {
+        Err(Error::Lost { reason, .. }) => reason,
+        other => panic!("expected Lost, got {other:?}"),
+    }
+}
+
+fn counts(
+    ready: u64,
+    scheduled: u64,
+    running: u64,
+    done: u64,
+    dead: u64,
+    cancelled: u64,
+) -> StateCounts {
+    StateCounts([ready, scheduled, running, done, dead, cancelled])
+}
+
+mod batches;
+mod jobs;
+mod leases;
+pub use batches::*;
+pub use jobs::*;
+pub use leases::*;
+
+/// Generates one `#[test]` per lease case for a store factory. With
+/// `@guard GUARD;` first, each case runs only when `GUARD()` is true (a
+/// store that needs a server prints why it skips).
+#[macro_export]
+macro_rules! conformance_lease_cases {
+    (@guard $guard:expr; $make:expr) => {
+        $crate::conformance_cases!(@cases $guard, $make;
+            lease_exclusive_then_released, lease_expiry_boundary, lease_renew_and_reacquire,
+            lease_identity_checks, lease_counting, lease_limit_belongs_to_the_key,
+            lease_inspect_creates_nothing,
+            lease_hostile_keys, txn_lease_rolls_back_on_error, store_clock_never_goes_back
+        );
+    };
+    ($make:expr) => {
+        $crate::conformance_lease_cases!(@guard || true; $make);
+    };
+}
+
+/// Generates one `#[test]` per case (leases and jobs) for a store factory
+/// (`@guard` as in [`conformance_lease_cases`]).
+#[macro_export]
+macro_rules! conformance_cases {
+    (@guard $guard:expr; $make:expr) => {
+        $crate::conformance_lease_cases!(@guard $guard; $make);
+        $crate::conformance_cases!(@cases $guard, $make;
+            txn_rolls_back_on_error,
+            job_claim_order, job_priority_beats_earlier_run_at, job_lifecycle_complete,
+            job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
+            job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
+            job_purge, job_list_pages_and_filters, job_drain_rule, job_scans_are_ordered,
+            job_unique_key_freed_by_a_final_expiry, job_batch_heartbeat_and_settle,
+            job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
+        );
+    };
+    (@cases $guard:expr, $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let run: fn() -> bool = $guard;
+                if !run() {
+                    return;
+                }
+                let make: &$crate::suite::Make = &$make;
+                $crate::suite::$case(make);
+            }
+        )*
+    };
+    ($make:expr) => {
+        $crate::conformance_cases!(@guard || true; $make);
+    };
+}

@@ -1,0 +1,241 @@
+//! The holder machine: acquire, keep-alive, loss and release.
+
+use super::*;
+
+fn grant(token: u64) -> Grant {
+    Grant {
+        token,
+        expires_at_ms: 0,
+        granted_at_ms: 0,
+        renewed: false,
+    }
+}
+
+fn held() -> Error {
+    Error::Held {
+        key: "k".into(),
+        holders: vec![],
+    }
+}
+
+fn lost(reason: LostReason) -> Error {
+    Error::Lost {
+        target: Target::Lease {
+            key: "k".into(),
+            token: 1,
+        },
+        reason,
+    }
+}
+
+fn holder(wait_ms: u64, keep_alive: bool) -> HolderConfig {
+    HolderConfig {
+        ttl_ms: 300,
+        limit: 1,
+        wait_ms,
+        drift: DRIFT,
+        keep_alive,
+        seed: 7,
+    }
+}
+
+fn actions(m: &mut HolderMachine) -> Vec<HolderAction> {
+    std::iter::from_fn(|| m.poll_action()).collect()
+}
+
+fn sends(a: &[HolderAction]) -> Vec<HolderRequest> {
+    a.iter()
+        .filter_map(|a| match a {
+            HolderAction::Send(r) => Some(*r),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_grant_is_valid_from_the_send_time_minus_drift_and_renewed_near_a_third() {
+    let mut m = HolderMachine::new(holder(0, true), 1_000);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    // The reply comes 50 ms later: the deadline still counts from the send.
+    m.handle_reply(1_050, HolderReply::Acquired(Ok(grant(4))));
+    let a = actions(&mut m);
+    assert!(matches!(
+        a[..],
+        [HolderAction::Event(HolderEvent::Granted {
+            token: 4,
+            renewed: false
+        })]
+    ));
+    // 300 ms minus 1 % (3 ms): valid until 1,297 exclusive.
+    assert!(m.is_valid(1_296));
+    assert!(!m.is_valid(1_297));
+    let renew_at = m.poll_timeout().unwrap();
+    assert!(
+        (1_090..=1_110).contains(&renew_at),
+        "about TTL/3 after the send: {renew_at}"
+    );
+    m.handle_timeout(renew_at - 1);
+    assert!(sends(&actions(&mut m)).is_empty(), "not before it is due");
+    m.handle_timeout(renew_at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 4 }]);
+    // The renewal sent at `renew_at` moves the deadline from there.
+    m.handle_reply(renew_at + 80, HolderReply::Renewed(Ok(grant(4))));
+    assert!(m.is_valid(renew_at + 296));
+    assert!(!m.is_valid(renew_at + 297));
+}
+
+#[test]
+fn a_held_key_is_retried_with_growing_backoff_until_the_wait_runs_out() {
+    let mut m = HolderMachine::new(holder(100, true), 0);
+    let _ = actions(&mut m);
+    let mut now = 0;
+    let mut waits = Vec::new();
+    loop {
+        m.handle_reply(now, HolderReply::Acquired(Err(held())));
+        let a = actions(&mut m);
+        if let [HolderAction::Event(HolderEvent::GaveUp(Error::Held { .. }))] = a[..] {
+            break;
+        }
+        let at = m.poll_timeout().expect("a retry is scheduled");
+        waits.push(at - now);
+        now = at;
+        m.handle_timeout(now);
+        assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    }
+    assert!(
+        now >= 100,
+        "gave up only once the wait had run out (at {now})"
+    );
+    assert!(waits.len() >= 4, "{waits:?}");
+    assert!(waits[3] > waits[0], "the backoff grows: {waits:?}");
+    assert!(waits.iter().all(|&w| w <= 250));
+}
+
+#[test]
+fn a_release_seen_while_waiting_retries_at_once() {
+    let mut m = HolderMachine::new(holder(10_000, true), 0);
+    let _ = actions(&mut m);
+    for _ in 0..6 {
+        m.handle_reply(0, HolderReply::Acquired(Err(held())));
+        let at = m.poll_timeout().unwrap();
+        m.handle_timeout(at);
+        let _ = actions(&mut m);
+    }
+    m.handle_reply(40, HolderReply::Acquired(Err(held())));
+    assert!(m.poll_timeout().unwrap() > 41);
+    m.handle_wake(41);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+}
+
+#[test]
+fn no_answer_retries_and_a_committed_grant_is_found_again() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    let ambiguous = Error::transient("committing", "reply lost")
+        .with_failure(leasehold::StoreFailure::Ambiguous);
+    m.handle_reply(5, HolderReply::Acquired(Err(ambiguous)));
+    assert!(
+        actions(&mut m).is_empty(),
+        "no give-up on an unknown outcome"
+    );
+    let at = m.poll_timeout().unwrap();
+    m.handle_timeout(at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    let again = Grant {
+        renewed: true,
+        ..grant(9)
+    };
+    m.handle_reply(at + 1, HolderReply::Acquired(Ok(again)));
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Granted {
+            token: 9,
+            renewed: true
+        })]
+    ));
+}
+
+#[test]
+fn a_loss_is_reported_once_whether_refused_or_timed_out() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(1, HolderReply::Acquired(Ok(grant(1))));
+    let _ = actions(&mut m);
+    let at = m.poll_timeout().unwrap();
+    m.handle_timeout(at);
+    let _ = actions(&mut m);
+    m.handle_reply(at + 1, HolderReply::Renewed(Err(lost(LostReason::Expired))));
+    let a = actions(&mut m);
+    assert!(matches!(
+        a[..],
+        [HolderAction::Event(HolderEvent::Lost(LostReason::Expired))]
+    ));
+    m.handle_timeout(10_000);
+    assert!(actions(&mut m).is_empty(), "reported once");
+    assert!(!m.is_valid(at + 2));
+    // Releasing a lost lease sends nothing.
+    m.release(10_001);
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Released)]
+    ));
+
+    let mut m = HolderMachine::new(holder(0, false), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(1, HolderReply::Acquired(Ok(grant(2))));
+    let _ = actions(&mut m);
+    assert_eq!(
+        m.poll_timeout(),
+        Some(297),
+        "without keep-alive: only the deadline"
+    );
+    m.handle_timeout(297);
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Lost(
+            LostReason::LocalDeadline
+        ))]
+    ));
+}
+
+#[test]
+fn a_failed_renewal_is_retried_sooner() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(0, HolderReply::Acquired(Ok(grant(1))));
+    let _ = actions(&mut m);
+    let at = m.poll_timeout().unwrap();
+    m.handle_timeout(at);
+    let _ = actions(&mut m);
+    m.handle_reply(
+        at + 2,
+        HolderReply::Renewed(Err(Error::transient("renewing", "busy"))),
+    );
+    let next = m.poll_timeout().unwrap();
+    assert!(
+        next <= at + 2 + 25,
+        "retried within a quarter interval: {next}"
+    );
+    m.handle_timeout(next);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 1 }]);
+}
+
+#[test]
+fn release_sends_one_release_and_reports_it() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    let _ = actions(&mut m);
+    m.handle_reply(0, HolderReply::Acquired(Ok(grant(3))));
+    let _ = actions(&mut m);
+    m.release(10);
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 3 }]
+    );
+    assert!(!m.is_valid(11), "not valid once released");
+    m.handle_reply(12, HolderReply::Released(Ok(())));
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Released)]
+    ));
+    assert!(m.is_done());
+}
