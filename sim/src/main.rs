@@ -60,32 +60,14 @@ fn parse() -> Result<Args, String> {
                     vec![Scenario::parse(&v).ok_or_else(|| format!("unknown scenario {v:?}"))?]
                 };
             }
-            "--seed" => {
-                let v = value("--seed")?;
-                args.seed = Some(
-                    v.parse()
-                        .map_err(|_| format!("--seed {v:?} is not a number"))?,
-                );
-            }
-            "--seeds" => {
-                let v = value("--seeds")?;
-                args.seeds = v
-                    .parse()
-                    .map_err(|_| format!("--seeds {v:?} is not a number"))?;
-            }
-            "--seed-start" => {
-                let v = value("--seed-start")?;
-                args.seed_start = v
-                    .parse()
-                    .map_err(|_| format!("--seed-start {v:?} is not a number"))?;
-            }
+            "--seed" => args.seed = Some(number("--seed", &value("--seed")?)?),
+            "--seeds" => args.seeds = number("--seeds", &value("--seeds")?)?,
+            "--seed-start" => args.seed_start = number("--seed-start", &value("--seed-start")?)?,
             "--jobs" => {
-                let v = value("--jobs")?;
-                args.jobs = v
-                    .parse()
-                    .ok()
-                    .filter(|&n: &usize| n > 0)
-                    .ok_or_else(|| format!("--jobs {v:?} is not a positive number"))?;
+                args.jobs = number("--jobs", &value("--jobs")?)?;
+                if args.jobs == 0 {
+                    return Err("--jobs 0 is not a positive number".into());
+                }
             }
             "--store" => {
                 args.store = match value("--store")?.as_str() {
@@ -110,6 +92,11 @@ fn parse() -> Result<Args, String> {
         }
     }
     Ok(args)
+}
+
+fn number<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, String> {
+    text.parse()
+        .map_err(|_| format!("{flag} {text:?} is not a number"))
 }
 
 fn store_of(name: &str) -> &'static world::StoreFactory {
@@ -199,35 +186,43 @@ fn main() -> ExitCode {
         return run_canaries(&args.canaries, args.shrink);
     }
     if let Some(seed) = args.seed {
-        let mut status = ExitCode::SUCCESS;
-        for &scenario in &args.scenarios {
-            let plan = Plan::generate(seed, scenario, None);
-            let result = world::run_with(&plan, store_of(args.store));
-            if args.trace {
-                print!("{}", result.trace_text());
-            }
-            match result.violation.clone() {
-                Some(violation) => {
-                    report(
-                        &Failure {
-                            plan,
-                            violation,
-                            result,
-                        },
-                        args.shrink,
-                        store_of(args.store),
-                    );
-                    status = ExitCode::FAILURE;
-                }
-                None => println!(
-                    "seed {seed} scenario {}: ok ({} events)",
-                    scenario.name(),
-                    result.events
-                ),
-            }
-        }
-        return status;
+        return run_seed(&args, seed);
     }
+    run_many(&args)
+}
+
+/// Every scenario of `--seed S`, its trace on `--trace`.
+fn run_seed(args: &Args, seed: u64) -> ExitCode {
+    let mut status = ExitCode::SUCCESS;
+    for &scenario in &args.scenarios {
+        let plan = Plan::generate(seed, scenario, None);
+        let result = world::run_with(&plan, store_of(args.store));
+        if args.trace {
+            print!("{}", result.trace_text());
+        }
+        match result.violation.clone() {
+            Some(violation) => {
+                let failure = Failure {
+                    plan,
+                    violation,
+                    result,
+                };
+                report(&failure, args.shrink, store_of(args.store));
+                status = ExitCode::FAILURE;
+            }
+            None => println!(
+                "seed {seed} scenario {}: ok ({} events)",
+                scenario.name(),
+                result.events
+            ),
+        }
+    }
+    status
+}
+
+/// `--seeds N` on `--jobs` threads, with a progress bar on a terminal and
+/// one summary line.
+fn run_many(args: &Args) -> ExitCode {
     let total = args.seeds * args.scenarios.len() as u64;
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(total);

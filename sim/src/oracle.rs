@@ -194,39 +194,7 @@ impl Oracle {
         renewed: bool,
     ) -> Check {
         if renewed {
-            match self.grants.get_mut(&(key, token)) {
-                Some(g) if g.owner == owner && !g.live_at(t) => {
-                    return violation(
-                        "L2",
-                        t,
-                        format!(
-                            "key {key} token {token} extended at {t} after it ended at {}",
-                            g.end_ms
-                        ),
-                    )
-                }
-                Some(g) if g.owner == owner => {
-                    g.end_ms = expires;
-                    return Ok(());
-                }
-                Some(g) => {
-                    return violation(
-                        "L5",
-                        t,
-                        format!(
-                            "p{}.{} extended key {key} token {token}, granted to p{}.{}",
-                            owner.0, owner.1, g.owner.0, g.owner.1
-                        ),
-                    )
-                }
-                None => {
-                    return violation(
-                        "L2",
-                        t,
-                        format!("renewed unknown token {token} of key {key}"),
-                    )
-                }
-            }
+            return self.renewed(t, key, owner, token, expires);
         }
         let last = self.last_token.entry(key).or_default();
         if token <= *last {
@@ -264,7 +232,33 @@ impl Oracle {
 
     /// An accepted renew (an extension).
     pub fn renewed(&mut self, t: u64, key: usize, owner: Owner, token: u64, expires: u64) -> Check {
-        self.grant(t, key, owner, token, expires, true)
+        match self.grants.get_mut(&(key, token)) {
+            Some(g) if g.owner == owner && !g.live_at(t) => violation(
+                "L2",
+                t,
+                format!(
+                    "key {key} token {token} extended at {t} after it ended at {}",
+                    g.end_ms
+                ),
+            ),
+            Some(g) if g.owner == owner => {
+                g.end_ms = expires;
+                Ok(())
+            }
+            Some(g) => violation(
+                "L5",
+                t,
+                format!(
+                    "p{}.{} extended key {key} token {token}, granted to p{}.{}",
+                    owner.0, owner.1, g.owner.0, g.owner.1
+                ),
+            ),
+            None => violation(
+                "L2",
+                t,
+                format!("renewed unknown token {token} of key {key}"),
+            ),
+        }
     }
 
     /// An accepted release.

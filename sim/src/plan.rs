@@ -243,8 +243,126 @@ fn chance(rng: &mut StdRng, p: f64) -> bool {
     rng.random_bool(p)
 }
 
+/// The fault classes switched on for one seed (swarm testing: each class
+/// is on or off as a whole, so some seeds see few kinds of trouble, hard).
+struct Swarm {
+    kills: bool,
+    pauses: bool,
+    forks: bool,
+    bursts: bool,
+    boundaries: bool,
+    steps: bool,
+    chaos: bool,
+}
+
+impl Swarm {
+    fn draw(rng: &mut StdRng, chaos: bool) -> Swarm {
+        let mut on = || chance(rng, 0.6);
+        Swarm {
+            kills: on(),
+            pauses: on(),
+            forks: on(),
+            bursts: on(),
+            boundaries: on(),
+            steps: chaos || on(),
+            chaos,
+        }
+    }
+
+    /// One fault at a random time for a random actor, or none when the
+    /// class drawn is off.
+    fn fault(&self, rng: &mut StdRng, proc: usize, long: u64) -> Option<Fault> {
+        Some(match rng.random_range(0..6) {
+            0 if self.kills => Fault::Kill {
+                proc,
+                restart_after_ms: rng.random_range(0..=2 * long),
+            },
+            1 if self.pauses => Fault::Pause {
+                proc,
+                for_ms: rng.random_range(long / 2..=3 * long),
+            },
+            2 if self.forks => Fault::Fork { proc },
+            3 if self.bursts => Fault::Burst,
+            4 if self.steps => {
+                let limit = 2 * long as i64;
+                // Forward steps only are conservative; backward ones
+                // break the bound and appear in clock-chaos alone.
+                let delta_ms = if self.chaos {
+                    rng.random_range(-limit..=limit)
+                } else {
+                    rng.random_range(1..=limit)
+                };
+                Fault::ClockStep { proc, delta_ms }
+            }
+            5 if self.boundaries => Fault::Boundary,
+            _ => return None,
+        })
+    }
+}
+
+/// A chance in ppm, drawn only when its class is on.
+fn rate_ppm(rng: &mut StdRng, max: u32) -> u32 {
+    if chance(rng, 0.6) {
+        rng.random_range(1_000..=max)
+    } else {
+        0
+    }
+}
+
+/// The processes of `scenario` and the holder limit of each key, with
+/// clock drifts inside the bound (beyond it in clock-chaos).
+fn processes(
+    rng: &mut StdRng,
+    scenario: Scenario,
+    drift_bound_ppm: u32,
+) -> (Vec<ProcSpec>, Vec<u32>) {
+    let chaos = scenario == Scenario::ClockChaos;
+    let bound = i64::from(drift_bound_ppm);
+    let spec = |rng: &mut StdRng, role: Role| ProcSpec {
+        role,
+        drift_ppm: if chaos {
+            rng.random_range(-5 * bound..=5 * bound)
+        } else {
+            // Inside the bound, leaving 10 % for ms rounding.
+            rng.random_range(-bound * 9 / 10..=bound * 9 / 10)
+        },
+        offset_ms: rng.random_range(0..1_000_000),
+    };
+    let mut procs = Vec::new();
+    let mut keys = Vec::new();
+    if matches!(
+        scenario,
+        Scenario::Leases | Scenario::Mixed | Scenario::ClockChaos
+    ) {
+        let nkeys = rng.random_range(1..=3);
+        for _ in 0..nkeys {
+            keys.push(if chance(rng, 0.3) { 2 } else { 1 });
+        }
+        for i in 0..rng.random_range(2..=6) {
+            procs.push(spec(rng, Role::Holder { key: i % nkeys }));
+        }
+    }
+    if matches!(scenario, Scenario::Queue | Scenario::Mixed) {
+        for _ in 0..rng.random_range(1..=2) {
+            let jobs = rng.random_range(10..=60);
+            procs.push(spec(rng, Role::Producer { jobs }));
+        }
+        for _ in 0..rng.random_range(2..=6) {
+            let batch = rng.random_range(1..=3);
+            procs.push(spec(rng, Role::Worker { batch }));
+        }
+    }
+    procs.push(ProcSpec {
+        role: Role::Prober,
+        drift_ppm: 0,
+        offset_ms: 0,
+    });
+    (procs, keys)
+}
+
 impl Plan {
-    /// The plan for `seed` in `scenario`, optionally as a canary.
+    /// The plan for `seed` in `scenario`, optionally as a canary. The
+    /// order of the draws is part of what a seed means: keep it.
     pub fn generate(seed: u64, scenario: Scenario, canary: Option<Canary>) -> Plan {
         let salt = scenario as u64 * 0x9E37_79B9 + canary.map_or(0, |c| c as u64 + 1) * 0x1234_5678;
         let mut rng = StdRng::seed_from_u64(seed ^ salt.rotate_left(17));
@@ -252,83 +370,12 @@ impl Plan {
         let lease_ms = rng.random_range(40..=200);
         let drift_bound_ppm = rng.random_range(1_000..=50_000);
         let chaos = scenario == Scenario::ClockChaos;
-        // Swarm testing: each fault class is on or off for this seed.
-        let on = |rng: &mut StdRng| chance(rng, 0.6);
-        let kills = on(&mut rng);
-        let pauses = on(&mut rng);
-        let forks = on(&mut rng);
-        let bursts = on(&mut rng);
-        let boundaries = on(&mut rng);
-        let steps = chaos || on(&mut rng);
-        let transient_ppm = if on(&mut rng) {
-            rng.random_range(1_000..=100_000)
-        } else {
-            0
-        };
-        let ambiguous_ppm = if on(&mut rng) {
-            rng.random_range(1_000..=50_000)
-        } else {
-            0
-        };
+        let swarm = Swarm::draw(&mut rng, chaos);
+        let transient_ppm = rate_ppm(&mut rng, 100_000);
+        let ambiguous_ppm = rate_ppm(&mut rng, 50_000);
         let lat_min = rng.random_range(0..=3);
         let latency_ms = (lat_min, lat_min + rng.random_range(0..=10));
-
-        let mut procs = Vec::new();
-        let mut keys = Vec::new();
-        let leases = matches!(
-            scenario,
-            Scenario::Leases | Scenario::Mixed | Scenario::ClockChaos
-        );
-        let queue = matches!(scenario, Scenario::Queue | Scenario::Mixed);
-        let drift = |rng: &mut StdRng| -> i64 {
-            let bound = i64::from(drift_bound_ppm);
-            if chaos {
-                rng.random_range(-5 * bound..=5 * bound)
-            } else {
-                // Inside the bound, leaving 10 % for ms rounding.
-                rng.random_range(-bound * 9 / 10..=bound * 9 / 10)
-            }
-        };
-        if leases {
-            let nkeys = rng.random_range(1..=3);
-            for _ in 0..nkeys {
-                keys.push(if chance(&mut rng, 0.3) { 2 } else { 1 });
-            }
-            for i in 0..rng.random_range(2..=6) {
-                procs.push(ProcSpec {
-                    role: Role::Holder { key: i % nkeys },
-                    drift_ppm: drift(&mut rng),
-                    offset_ms: rng.random_range(0..1_000_000),
-                });
-            }
-        }
-        if queue {
-            let producers = rng.random_range(1..=2);
-            for _ in 0..producers {
-                procs.push(ProcSpec {
-                    role: Role::Producer {
-                        jobs: rng.random_range(10..=60),
-                    },
-                    drift_ppm: drift(&mut rng),
-                    offset_ms: rng.random_range(0..1_000_000),
-                });
-            }
-            for _ in 0..rng.random_range(2..=6) {
-                procs.push(ProcSpec {
-                    role: Role::Worker {
-                        batch: rng.random_range(1..=3),
-                    },
-                    drift_ppm: drift(&mut rng),
-                    offset_ms: rng.random_range(0..1_000_000),
-                });
-            }
-        }
-        procs.push(ProcSpec {
-            role: Role::Prober,
-            drift_ppm: 0,
-            offset_ms: 0,
-        });
-
+        let (procs, keys) = processes(&mut rng, scenario, drift_bound_ppm);
         let duration_ms = rng.random_range(1_000..=4_000);
         let mut plan = Plan {
             seed,
@@ -358,40 +405,12 @@ impl Plan {
             .map(|(i, _)| i)
             .collect();
         let mut faults = Vec::new();
-        let n_faults = rng.random_range(0..=12);
-        for _ in 0..n_faults {
+        for _ in 0..rng.random_range(0..=12) {
             let at = rng.random_range(0..duration_ms);
             let proc = actors[rng.random_range(0..actors.len())];
-            let long = ttl_ms.max(lease_ms);
-            let fault = match rng.random_range(0..6) {
-                0 if kills => Fault::Kill {
-                    proc,
-                    restart_after_ms: rng.random_range(0..=2 * long),
-                },
-                1 if pauses => Fault::Pause {
-                    proc,
-                    for_ms: rng.random_range(long / 2..=3 * long),
-                },
-                2 if forks => Fault::Fork { proc },
-                3 if bursts => Fault::Burst,
-                4 if steps => {
-                    let limit = 2 * long as i64;
-                    // Forward steps only are conservative; backward ones
-                    // break the bound and appear in clock-chaos alone.
-                    let delta = if chaos {
-                        rng.random_range(-limit..=limit)
-                    } else {
-                        rng.random_range(1..=limit)
-                    };
-                    Fault::ClockStep {
-                        proc,
-                        delta_ms: delta,
-                    }
-                }
-                5 if boundaries => Fault::Boundary,
-                _ => continue,
-            };
-            faults.push((at, fault));
+            if let Some(fault) = swarm.fault(&mut rng, proc, ttl_ms.max(lease_ms)) {
+                faults.push((at, fault));
+            }
         }
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);

@@ -12,7 +12,7 @@ use leasehold::client::machine::{
     StopWhy, WorkerAction, WorkerBreakage, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
 };
 use leasehold::core::job::Settle;
-use leasehold::{JobId, JobSpec, StoreExt};
+use leasehold::{JobId, JobRecord, JobSpec, StoreExt};
 use rand::Rng;
 use std::collections::BTreeMap;
 
@@ -149,63 +149,9 @@ impl Sim<'_> {
                     // claim is never sent (and so never answered).
                     self.wake_in(p, 10);
                 }
-                WorkerAction::Send(request) => {
-                    let forked = self.procs[p].forked_child;
-                    if let (WorkerRequest::Settle { settles }, false) = (&request, forked) {
-                        // B1 judges what the client sends, when it sends it
-                        // (a forked child's sends are L5's business).
-                        let (t, owner) = (self.now, self.owner(p));
-                        for (id, token, settle) in settles {
-                            let verdict = match settle {
-                                Settle::Complete => Some(true),
-                                Settle::Fail(_) => Some(false),
-                                Settle::Abandon { .. } => None,
-                            };
-                            let c = self.oracle.settle_sent(t, owner, id.0, *token, verdict);
-                            self.check(c);
-                        }
-                    }
-                    let req = match request {
-                        WorkerRequest::Claim { max } => Req::Claim { n: max },
-                        WorkerRequest::Heartbeat { claims } => Req::Heartbeats(claims),
-                        WorkerRequest::Settle { settles } => Req::Settles(settles),
-                        WorkerRequest::DrainCheck => Req::Drained,
-                    };
-                    self.send(p, req);
-                }
-                WorkerAction::Start(record) => {
-                    let gen = self.procs[p].gen;
-                    let token = record.claim.map_or(0, |c| c.token);
-                    self.note(Line::Note(format!(
-                        "p{p}.{gen} worker machine starts job {} (token {token})",
-                        record.id
-                    )));
-                    let work_max = self.plan.work_max_ms.max(1);
-                    let rng = &mut self.procs[p].rng;
-                    let handler = Handler {
-                        token: record.claim.map_or(0, |c| c.token),
-                        work_end: local + rng.random_range(1..=work_max),
-                        fails: rng.random_range(0..1_000_000) < self.plan.fail_ppm,
-                    };
-                    self.worker(p).handlers.insert(record.id, handler);
-                }
-                WorkerAction::Stop { id, why } => {
-                    let gen = self.procs[p].gen;
-                    self.note(Line::Note(format!(
-                        "p{p}.{gen} worker machine stops job {id}: {why:?}"
-                    )));
-                    let gone = self.worker(p).handlers.remove(&id);
-                    if let (Some(h), StopWhy::Cancelled) = (gone, why) {
-                        // The handler stops and reports failure at once.
-                        let owner = self.owner(p);
-                        if !self.procs[p].forked_child {
-                            self.oracle.handler_reported(owner, id.0, h.token, false);
-                        }
-                        self.worker(p)
-                            .machine
-                            .handler_done(local, id, Err("cancelled".into()));
-                    }
-                }
+                WorkerAction::Send(request) => self.send_worker_request(p, request),
+                WorkerAction::Start(record) => self.start_handler(p, local, &record),
+                WorkerAction::Stop { id, why } => self.stop_handler(p, local, id, why),
                 WorkerAction::Renewed { .. } | WorkerAction::Settled { .. } => {}
                 WorkerAction::Finished if self.healing && !self.queue_finished() => {
                     // Drained, but jobs delayed before their first attempt
@@ -227,6 +173,68 @@ impl Sim<'_> {
                     return;
                 }
             }
+        }
+    }
+
+    /// Send what the machine asks; B1 judges each settle as it leaves.
+    fn send_worker_request(&mut self, p: usize, request: WorkerRequest) {
+        let forked = self.procs[p].forked_child;
+        if let (WorkerRequest::Settle { settles }, false) = (&request, forked) {
+            // B1 judges what the client sends, when it sends it (a forked
+            // child's sends are L5's business).
+            let (t, owner) = (self.now, self.owner(p));
+            for (id, token, settle) in settles {
+                let verdict = match settle {
+                    Settle::Complete => Some(true),
+                    Settle::Fail(_) => Some(false),
+                    Settle::Abandon { .. } => None,
+                };
+                let c = self.oracle.settle_sent(t, owner, id.0, *token, verdict);
+                self.check(c);
+            }
+        }
+        let req = match request {
+            WorkerRequest::Claim { max } => Req::Claim { n: max },
+            WorkerRequest::Heartbeat { claims } => Req::Heartbeats(claims),
+            WorkerRequest::Settle { settles } => Req::Settles(settles),
+            WorkerRequest::DrainCheck => Req::Drained,
+        };
+        self.send(p, req);
+    }
+
+    /// A handler starts: it runs a random time and fails by chance.
+    fn start_handler(&mut self, p: usize, local: u64, record: &JobRecord) {
+        let gen = self.procs[p].gen;
+        let token = record.claim.map_or(0, |c| c.token);
+        self.note(Line::Note(format!(
+            "p{p}.{gen} worker machine starts job {} (token {token})",
+            record.id
+        )));
+        let work_max = self.plan.work_max_ms.max(1);
+        let rng = &mut self.procs[p].rng;
+        let handler = Handler {
+            token,
+            work_end: local + rng.random_range(1..=work_max),
+            fails: rng.random_range(0..1_000_000) < self.plan.fail_ppm,
+        };
+        self.worker(p).handlers.insert(record.id, handler);
+    }
+
+    /// The machine stops a handler; a cancelled one reports failure at once.
+    fn stop_handler(&mut self, p: usize, local: u64, id: JobId, why: StopWhy) {
+        let gen = self.procs[p].gen;
+        self.note(Line::Note(format!(
+            "p{p}.{gen} worker machine stops job {id}: {why:?}"
+        )));
+        let gone = self.worker(p).handlers.remove(&id);
+        if let (Some(h), StopWhy::Cancelled) = (gone, why) {
+            let owner = self.owner(p);
+            if !self.procs[p].forked_child {
+                self.oracle.handler_reported(owner, id.0, h.token, false);
+            }
+            self.worker(p)
+                .machine
+                .handler_done(local, id, Err("cancelled".into()));
         }
     }
 

@@ -9,21 +9,18 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the CLI spawns threads, reads real time and does I/O
 
 mod contain;
+mod lock;
 mod out;
+mod queue;
 mod run;
 mod work;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use leasehold::{
-    Client, DriftBound, Error, Holder, HolderId, JobId, JobSpec, JobState, LeaseOptions,
-    QueuePolicy, Store,
-};
-use out::{emit, note, parse_duration, Times};
-use serde_json::{json, Value};
-use std::io::Read;
+use leasehold::{Client, DriftBound, Error, Holder, HolderId, QueuePolicy, Store};
+use out::{note, parse_duration};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 const EXIT_ERROR: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -71,7 +68,7 @@ struct Cli {
 
 /// How jobs are retried and how far a holder's clock may drift.
 #[derive(Args)]
-struct PolicyArgs {
+pub struct PolicyArgs {
     /// Backoff after a job's first failed attempt (doubles per attempt, with jitter).
     #[arg(long, global = true, value_parser = parse_duration, default_value = "1s", help_heading = "Policy")]
     backoff: Duration,
@@ -93,10 +90,10 @@ struct PolicyArgs {
 enum Cmd {
     /// Locks: acquire, renew, release, status.
     #[command(subcommand)]
-    Lock(LockCmd),
+    Lock(lock::LockCmd),
     /// The job queue.
     #[command(subcommand)]
-    Queue(QueueCmd),
+    Queue(queue::QueueCmd),
     /// Run a command under a lease (like flock(1), but expiring and fenced).
     Run(run::RunArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -106,112 +103,6 @@ enum Cmd {
     },
     /// Print the man page (roff) on stdout.
     Man,
-}
-
-#[derive(Subcommand)]
-enum LockCmd {
-    /// Acquire KEY; prints the holder and token to renew or release it with.
-    Acquire {
-        key: String,
-        #[arg(long, value_parser = parse_duration)]
-        ttl: Duration,
-        /// Holder id (a UUID); a fresh one is made if absent. The same id
-        /// again renews its own grant.
-        #[arg(long)]
-        holder: Option<String>,
-        /// Text recorded with the holder (default: host, parent pid and
-        /// name: who called leasehold).
-        #[arg(long)]
-        label: Option<String>,
-        /// Wait this long for the key if it is held.
-        #[arg(long, value_parser = parse_duration, default_value = "0s")]
-        wait: Duration,
-        /// Allow up to N holders at once. The first grant fixes a key's
-        /// limit while it has holders.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
-        limit: u32,
-    },
-    /// Extend a held lease.
-    Renew {
-        key: String,
-        #[arg(long)]
-        holder: String,
-        #[arg(long)]
-        token: u64,
-        #[arg(long, value_parser = parse_duration, default_value = "30s")]
-        ttl: Duration,
-    },
-    /// Release a held lease.
-    Release {
-        key: String,
-        #[arg(long)]
-        holder: String,
-        #[arg(long)]
-        token: u64,
-    },
-    /// Who holds KEY, until when, and its token counter.
-    Status { key: String },
-}
-
-#[derive(Subcommand)]
-enum QueueCmd {
-    /// Add a job (payload from --payload or stdin).
-    Push {
-        queue: String,
-        #[arg(long)]
-        payload: Option<String>,
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-        priority: i32,
-        /// Not claimable before this long from now.
-        #[arg(long, value_parser = parse_duration, conflicts_with = "at")]
-        delay: Option<Duration>,
-        /// Not claimable before this wall-clock time (RFC 3339, e.g. 2026-12-24T18:00:00Z).
-        #[arg(long, value_parser = parse_time)]
-        at: Option<SystemTime>,
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-        max_attempts: u32,
-        /// Deduplicate: return the live job with this key instead.
-        #[arg(long)]
-        unique: Option<String>,
-    },
-    /// Claim jobs and run CMD for each (payload on stdin).
-    Work(work::WorkArgs),
-    /// Jobs per state.
-    Stats { queue: String },
-    /// Jobs, one JSON line each (payload size and a short preview).
-    List {
-        queue: String,
-        #[arg(long, value_parser = parse_state)]
-        state: Option<JobState>,
-        /// Only jobs with an id greater than this (for paging).
-        #[arg(long, default_value_t = 0)]
-        after: u64,
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-        limit: u64,
-    },
-    /// One job, with its whole payload (text when UTF-8, else base64).
-    Get { id: u64 },
-    /// Cancel a job (a running one is asked to stop at its next heartbeat).
-    Cancel { id: u64 },
-    /// Make a dead or cancelled job ready again.
-    Retry { id: u64 },
-    /// Delete finished jobs older than a duration.
-    Purge {
-        queue: String,
-        #[arg(long, value_parser = parse_duration)]
-        older_than: Duration,
-    },
-}
-
-fn parse_state(text: &str) -> Result<JobState, String> {
-    JobState::parse(text).map_err(|_| {
-        format!("{text:?} is not one of ready, scheduled, running, done, dead, cancelled")
-    })
-}
-
-fn parse_time(text: &str) -> Result<SystemTime, String> {
-    humantime::parse_rfc3339_weak(text.trim())
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time ({e}), e.g. 2026-12-24T18:00:00Z"))
 }
 
 /// A failure with its exit code; the message goes to stderr.
@@ -261,7 +152,7 @@ pub type CliResult = Result<u8, Fail>;
 
 /// What `lock acquire` records by default: who called leasehold (its
 /// parent, which outlives this short-lived process).
-fn caller_label() -> String {
+pub fn caller_label() -> String {
     let ppid = std::os::unix::process::parent_id();
     let name = std::fs::read_to_string(format!("/proc/{ppid}/comm")).unwrap_or_default();
     let host = Holder::new(HolderId(0))
@@ -283,7 +174,7 @@ fn policy_of(p: &PolicyArgs) -> QueuePolicy {
 }
 
 /// A client with the policy flags, a holder id (given or fresh) and a label.
-fn client_for(
+pub fn client_for(
     store: Arc<dyn Store>,
     policy: &PolicyArgs,
     holder: Option<&str>,
@@ -305,197 +196,6 @@ fn client_for(
             margin_ms: out::ms(policy.drift_margin),
         })
         .build())
-}
-
-/// When a lease is held: who holds it and until when, on stdout.
-pub fn held_message(client: &Client, key: &str, e: &Error) -> Result<(), Fail> {
-    if let Error::Held { .. } = e {
-        if let Ok(info) = client.inspect(key) {
-            let mut v = out::status_json(key, &info);
-            v["held"] = json!(true);
-            emit(&v)?;
-        }
-    }
-    Ok(())
-}
-
-fn lock(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: LockCmd) -> CliResult {
-    match cmd {
-        LockCmd::Acquire {
-            key,
-            ttl,
-            holder,
-            label,
-            wait,
-            limit,
-        } => {
-            let label = label.unwrap_or_else(caller_label);
-            let client = client_for(store, policy, holder.as_deref(), Some(label))?;
-            let opts = LeaseOptions::new(ttl).limit(limit).wait(wait);
-            let guard = match client.acquire(&key, opts) {
-                Ok(g) => g,
-                Err(e) => {
-                    held_message(&client, &key, &e)?;
-                    return Err(e.into());
-                }
-            };
-            let renewed = guard.renewed();
-            let info = client.inspect(&key)?;
-            let (key, token) = guard.detach();
-            let t = Times::new(info.now_ms);
-            let mine = info.holders.iter().find(|h| h.token == token);
-            if renewed {
-                note(&format!(
-                    "{} already held {key:?} with token {token}: the acquire renewed it",
-                    client.holder().id
-                ));
-            }
-            emit(&json!({
-                "key": key,
-                "holder": client.holder().id.to_string(),
-                "label": client.holder().label.as_deref(),
-                "token": token,
-                "renewed": renewed,
-                "ttl_ms": out::ms(ttl),
-                "expires_at": mine.map(|h| t.at(h.expires_at_ms)),
-                "expires_in_ms": mine.map(|h| t.until(h.expires_at_ms)),
-            }))?;
-            Ok(0)
-        }
-        LockCmd::Renew {
-            key,
-            holder,
-            token,
-            ttl,
-        } => {
-            let client = client_for(store, policy, Some(&holder), None)?;
-            let grant = client.renew(&key, token, ttl)?;
-            let t = Times::new(grant.granted_at_ms);
-            emit(&json!({
-                "key": key,
-                "holder": holder,
-                "token": token,
-                "expires_at": t.at(grant.expires_at_ms),
-                "expires_in_ms": t.until(grant.expires_at_ms),
-            }))?;
-            Ok(0)
-        }
-        LockCmd::Release { key, holder, token } => {
-            let client = client_for(store, policy, Some(&holder), None)?;
-            client.release(&key, token)?;
-            emit(&json!({"key": key, "released": true, "token": token}))?;
-            Ok(0)
-        }
-        LockCmd::Status { key } => {
-            let client = client_for(store, policy, None, None)?;
-            let info = client.inspect(&key)?;
-            emit(&out::status_json(&key, &info))?;
-            Ok(0)
-        }
-    }
-}
-
-fn read_payload(payload: Option<String>) -> Result<Vec<u8>, Fail> {
-    match payload {
-        Some(p) => Ok(p.into_bytes()),
-        None => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| Fail(EXIT_ERROR, format!("reading the payload from stdin: {e}")))?;
-            Ok(buf)
-        }
-    }
-}
-
-fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliResult {
-    let client = client_for(store, policy, None, None)?;
-    match cmd {
-        QueueCmd::Push {
-            queue,
-            payload,
-            priority,
-            delay,
-            at,
-            max_attempts,
-            unique,
-        } => {
-            let payload = read_payload(payload)?;
-            let run_at_ms = match at {
-                None => None,
-                Some(at) => {
-                    // Wall-clock time to store time, through the store's now.
-                    let now_ms = client.store_now_ms()?;
-                    let wall = SystemTime::now();
-                    Some(match at.duration_since(wall) {
-                        Ok(ahead) => now_ms.saturating_add(out::ms(ahead)),
-                        Err(behind) => now_ms.saturating_sub(out::ms(behind.duration())),
-                    })
-                }
-            };
-            let spec = JobSpec {
-                payload,
-                priority,
-                delay_ms: delay.map_or(0, out::ms),
-                run_at_ms,
-                max_attempts,
-                unique_key: unique,
-            };
-            let pushed = client.queue(&queue)?.push(&spec)?;
-            emit(&json!({"id": pushed.id.0, "created": pushed.created}))?;
-            Ok(0)
-        }
-        QueueCmd::Work(args) => work::work(client, args),
-        QueueCmd::Stats { queue } => {
-            let c = client.queue(&queue)?.stats()?;
-            let mut obj = serde_json::Map::new();
-            for s in JobState::ALL {
-                obj.insert(s.as_str().to_owned(), json!(c.get(s)));
-            }
-            emit(&Value::Object(obj))?;
-            Ok(0)
-        }
-        QueueCmd::List {
-            queue,
-            state,
-            after,
-            limit,
-        } => {
-            let jobs = client
-                .queue(&queue)?
-                .list(state, JobId(after), limit as usize)?;
-            let t = Times::new(client.store_now_ms()?);
-            for j in &jobs {
-                emit(&out::job_json(j, &t, false))?;
-            }
-            Ok(0)
-        }
-        QueueCmd::Get { id } => {
-            let job = client.job(JobId(id))?;
-            let t = Times::new(client.store_now_ms()?);
-            emit(&out::job_json(&job, &t, true))?;
-            Ok(0)
-        }
-        QueueCmd::Cancel { id } => {
-            let state = client.cancel_job(JobId(id))?;
-            emit(&json!({
-                "id": id,
-                "state": state.as_str(),
-                "cancel_requested": state == JobState::Running,
-            }))?;
-            Ok(0)
-        }
-        QueueCmd::Retry { id } => {
-            client.retry_job(JobId(id))?;
-            emit(&json!({"id": id, "state": "ready"}))?;
-            Ok(0)
-        }
-        QueueCmd::Purge { queue, older_than } => {
-            let n = client.queue(&queue)?.purge(older_than)?;
-            emit(&json!({"queue": queue, "purged": n}))?;
-            Ok(0)
-        }
-    }
 }
 
 /// Open the store the URL names; `mem:` would be a store private to this
@@ -550,8 +250,8 @@ fn main() -> ExitCode {
     let result = match command {
         Cmd::Completions { shell } => generated(Some(shell)),
         Cmd::Man => generated(None),
-        Cmd::Lock(cmd) => open_store(&store).and_then(|s| lock(s, &policy, cmd)),
-        Cmd::Queue(cmd) => open_store(&store).and_then(|s| queue(s, &policy, cmd)),
+        Cmd::Lock(cmd) => open_store(&store).and_then(|s| lock::lock(s, &policy, cmd)),
+        Cmd::Queue(cmd) => open_store(&store).and_then(|s| queue::queue(s, &policy, cmd)),
         Cmd::Run(args) => open_store(&store)
             .and_then(|s| client_for(s, &policy, None, None))
             .and_then(|c| run::run(c, args)),

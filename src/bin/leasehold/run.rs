@@ -7,11 +7,12 @@
 //! SIGINT (the signal goes to the whole tree, SIGKILL after `--grace`), and
 //! when leasehold itself is SIGKILLed (the supervisor kills the tree at once).
 
-use crate::contain::{self, Mode, Spec, StartError};
+use crate::contain::{self, Contained, Mode, Spec, StartError};
+use crate::lock::held_message;
 use crate::out::{ms, note, parse_duration};
-use crate::{held_message, CliResult, Fail, EXIT_ERROR, EXIT_LOST};
+use crate::{CliResult, Fail, EXIT_ERROR, EXIT_LOST};
 use clap::Args;
-use leasehold::{Client, LeaseOptions};
+use leasehold::{Client, LeaseGuard, LeaseOptions};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
@@ -100,6 +101,17 @@ pub fn run(client: Client, args: RunArgs) -> CliResult {
         child.mode.describe(),
         child.pid()
     ));
+    supervise(&mut child, guard, &lost, &args)
+}
+
+/// Wait for CMD while the lease holds: forward signals to its tree, stop
+/// it on a loss (exit 76), release the lease when it ends.
+fn supervise(
+    child: &mut Contained,
+    guard: LeaseGuard,
+    lost: &AtomicBool,
+    args: &RunArgs,
+) -> CliResult {
     let poll = Duration::from_millis((ms(args.ttl) / 20).clamp(5, 100));
     loop {
         if let Some(code) = child.try_wait() {

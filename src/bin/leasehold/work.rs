@@ -12,7 +12,7 @@ use crate::out::{self, emit, note, parse_duration};
 use crate::run::{install_signal_handlers, SIGNAL};
 use crate::{CliResult, Fail};
 use clap::Args;
-use leasehold::{ClaimedJob, Client, JobOutcome, JobState, WorkOptions};
+use leasehold::{ClaimedJob, Client, JobOutcome, JobRecord, JobState, WorkOptions};
 use serde_json::json;
 use std::io::{IsTerminal, Write};
 use std::os::fd::AsFd;
@@ -145,6 +145,40 @@ fn progress(client: &Client, queue: &str) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
+/// What the loop's outcomes add up to: one JSON line each, the progress
+/// bar, and the first failure to write stdout.
+struct Tally {
+    bar: Option<indicatif::ProgressBar>,
+    done: AtomicU64,
+    emit_failed: Mutex<Option<std::io::Error>>,
+}
+
+impl Tally {
+    fn record(&self, job: &JobRecord, outcome: JobOutcome) {
+        let name = match outcome {
+            JobOutcome::Done => "done",
+            JobOutcome::Failed(state) => state.as_str(),
+            JobOutcome::Abandoned(_) => "abandoned",
+            JobOutcome::Lost => "lost",
+        };
+        let line = json!({"id": job.id.0, "attempt": job.attempts, "outcome": name});
+        if let Err(e) = emit(&line) {
+            // Keep working (the jobs are recorded in the store), but report
+            // the lost output when the loop ends.
+            if let Ok(mut slot) = self.emit_failed.lock() {
+                slot.get_or_insert(e);
+            }
+        }
+        let n = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(bar) = &self.bar {
+            if n > bar.length().unwrap_or(0) {
+                bar.set_length(n);
+            }
+            bar.set_position(n);
+        }
+    }
+}
+
 pub fn work(client: Client, args: WorkArgs) -> CliResult {
     install_signal_handlers();
     let queue = client.queue(&args.queue)?;
@@ -158,19 +192,21 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
         shutdown_grace: args.grace + Duration::from_secs(2),
         ..WorkOptions::default()
     };
-    // SIGTERM/SIGINT: stop claiming; the running jobs' trees get the signal.
-    let watcher_done = AtomicBool::new(false);
-    let emit_failed: Mutex<Option<std::io::Error>> = Mutex::new(None);
-    let done = AtomicU64::new(0);
     let started = Instant::now();
-    let bar = if args.drain {
-        progress(&client, &args.queue)
-    } else {
-        None
+    let tally = Tally {
+        bar: if args.drain {
+            progress(&client, &args.queue)
+        } else {
+            None
+        },
+        done: AtomicU64::new(0),
+        emit_failed: Mutex::new(None),
     };
-    if let (Some(bar), Ok(mut slot)) = (&bar, out::PROGRESS.lock()) {
+    if let (Some(bar), Ok(mut slot)) = (&tally.bar, out::PROGRESS.lock()) {
         *slot = Some(bar.clone());
     }
+    // SIGTERM/SIGINT: stop claiming; the running jobs' trees get the signal.
+    let watcher_done = AtomicBool::new(false);
     let report = std::thread::scope(|s| {
         s.spawn(|| {
             while !watcher_done.load(Ordering::SeqCst) {
@@ -184,34 +220,12 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
             &opts,
             &STOPPING,
             |job| handle(job, &args),
-            |job, outcome| {
-                let name = match outcome {
-                    JobOutcome::Done => "done",
-                    JobOutcome::Failed(state) => state.as_str(),
-                    JobOutcome::Abandoned(_) => "abandoned",
-                    JobOutcome::Lost => "lost",
-                };
-                let line = json!({"id": job.id.0, "attempt": job.attempts, "outcome": name});
-                if let Err(e) = emit(&line) {
-                    // Keep working (the jobs are recorded in the store), but
-                    // report the lost output when the loop ends.
-                    if let Ok(mut slot) = emit_failed.lock() {
-                        slot.get_or_insert(e);
-                    }
-                }
-                let n = done.fetch_add(1, Ordering::SeqCst) + 1;
-                if let Some(bar) = &bar {
-                    if n > bar.length().unwrap_or(0) {
-                        bar.set_length(n);
-                    }
-                    bar.set_position(n);
-                }
-            },
+            |job, outcome| tally.record(job, outcome),
         );
         watcher_done.store(true, Ordering::SeqCst);
         report
     });
-    if let Some(bar) = bar {
+    if let Some(bar) = &tally.bar {
         bar.finish_and_clear();
     }
     let report = report?;
@@ -222,7 +236,7 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
             args.queue, report.completed, report.failed, report.lost
         ));
     }
-    match emit_failed.into_inner().ok().flatten() {
+    match tally.emit_failed.into_inner().ok().flatten() {
         Some(e) => Err(Fail::from(e)),
         None => Ok(0),
     }

@@ -176,49 +176,57 @@ pub fn spawn(spec: Spec<'_>) -> Result<Contained, StartError> {
     let spawned = c.spawn();
     drop((ctl_r, rep_w));
     let supervisor = spawned.map_err(|e| other("starting the supervisor", e))?;
-    let mut report = String::new();
-    let read = File::from(rep_r).read_to_string(&mut report);
     let mut contained = Contained {
         supervisor,
         control: Some(File::from(ctl_w)),
         mode: Mode::Auto,
         stop_sent: None,
     };
-    if let Err(e) = read {
-        contained.kill_now();
-        return Err(other("reading the supervisor's report", e));
-    }
-    let mut lines = report.lines();
-    match lines.next().and_then(|l| l.split_once(' ')) {
-        Some(("ok", mode)) => contained.mode = Mode::parse(mode).unwrap_or(Mode::Auto),
-        Some(("err", message)) => {
-            let _ = contained.supervisor.wait();
-            return Err(StartError::Other(message.to_owned()));
-        }
-        _ => {
-            let status = contained.wait();
-            return Err(StartError::Other(format!(
-                "the supervisor exited with status {status} before starting {:?}",
-                spec.cmd[0]
-            )));
-        }
-    }
-    if let Some(errno) = lines
-        .next()
-        .and_then(|l| l.strip_prefix("exec "))
-        .and_then(|n| n.parse::<i32>().ok())
-    {
-        let code = contained.wait();
-        let e = std::io::Error::from_raw_os_error(errno);
-        return Err(StartError::Exec {
-            code,
-            message: format!("cannot run {:?}: {e}", spec.cmd[0]),
-        });
-    }
+    contained.read_report(File::from(rep_r), &spec.cmd[0])?;
     Ok(contained)
 }
 
 impl Contained {
+    /// Read the supervisor's report until its end of file (CMD executed):
+    /// the mode it contains CMD in, or why CMD did not start.
+    fn read_report(&mut self, mut pipe: File, cmd: &str) -> Result<(), StartError> {
+        let mut report = String::new();
+        if let Err(e) = pipe.read_to_string(&mut report) {
+            self.kill_now();
+            return Err(StartError::Other(format!(
+                "reading the supervisor's report: {e}"
+            )));
+        }
+        let mut lines = report.lines();
+        match lines.next().and_then(|l| l.split_once(' ')) {
+            Some(("ok", mode)) => self.mode = Mode::parse(mode).unwrap_or(Mode::Auto),
+            Some(("err", message)) => {
+                let _ = self.supervisor.wait();
+                return Err(StartError::Other(message.to_owned()));
+            }
+            _ => {
+                let status = self.wait();
+                return Err(StartError::Other(format!(
+                    "the supervisor exited with status {status} before starting {:?}",
+                    cmd
+                )));
+            }
+        }
+        if let Some(errno) = lines
+            .next()
+            .and_then(|l| l.strip_prefix("exec "))
+            .and_then(|n| n.parse::<i32>().ok())
+        {
+            let code = self.wait();
+            let e = std::io::Error::from_raw_os_error(errno);
+            return Err(StartError::Exec {
+                code,
+                message: format!("cannot run {:?}: {e}", cmd),
+            });
+        }
+        Ok(())
+    }
+
     fn send(&mut self, line: &str) {
         if let Some(c) = self.control.as_mut() {
             let _ = c.write_all(line.as_bytes());

@@ -113,26 +113,8 @@ pub fn supervisor_main(args: Vec<OsString>) -> ! {
         .iter()
         .map(|a| CString::new(a.clone().into_vec()).unwrap_or_default())
         .collect();
-    let blocked = sigset(&BLOCKED);
-    // SAFETY: blocking signals of our own (single-threaded) process.
-    unsafe {
-        libc::sigprocmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut());
-    }
     let grace = Duration::from_millis(grace_ms);
-    let mode = match mode {
-        Mode::Subreaper => Mode::Subreaper,
-        Mode::Namespace => match enter_namespace() {
-            Ok(()) => Mode::Namespace,
-            Err(e) => die(
-                report,
-                &format!("cannot create a PID namespace ({e}); use --contain subreaper or auto"),
-            ),
-        },
-        Mode::Auto => match enter_namespace() {
-            Ok(()) => Mode::Namespace,
-            Err(_) => Mode::Subreaper,
-        },
-    };
+    let mode = enter(mode, report);
     let ok = format!("ok {}\n", mode.name());
     // SAFETY: writing a buffer we own to a descriptor we own.
     unsafe {
@@ -167,6 +149,30 @@ pub fn supervisor_main(args: Vec<OsString>) -> ! {
             release_stdin();
             std::process::exit(wait_for(init));
         }
+    }
+}
+
+/// Block the signals the supervisor reads from a signalfd, and enter the
+/// containment `mode` asks for (auto: a namespace if the kernel allows).
+fn enter(mode: Mode, report: RawFd) -> Mode {
+    let blocked = sigset(&BLOCKED);
+    // SAFETY: blocking signals of our own (single-threaded) process.
+    unsafe {
+        libc::sigprocmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut());
+    }
+    match mode {
+        Mode::Subreaper => Mode::Subreaper,
+        Mode::Namespace => match enter_namespace() {
+            Ok(()) => Mode::Namespace,
+            Err(e) => die(
+                report,
+                &format!("cannot create a PID namespace ({e}); use --contain subreaper or auto"),
+            ),
+        },
+        Mode::Auto => match enter_namespace() {
+            Ok(()) => Mode::Namespace,
+            Err(_) => Mode::Subreaper,
+        },
     }
 }
 

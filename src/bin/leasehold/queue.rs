@@ -1,0 +1,164 @@
+//! `leasehold queue ...`: push, inspect and manage jobs (`queue work` is
+//! in `work.rs`); every command prints JSON lines.
+
+use crate::out::{self, emit, parse_duration, Times};
+use crate::{client_for, work, CliResult, Fail, PolicyArgs, EXIT_ERROR};
+use clap::Subcommand;
+use leasehold::{Client, JobId, JobSpec, JobState, Store};
+use serde_json::{json, Value};
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+#[derive(Subcommand)]
+pub enum QueueCmd {
+    /// Add a job (payload from --payload or stdin).
+    Push {
+        queue: String,
+        #[arg(long)]
+        payload: Option<String>,
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Not claimable before this long from now.
+        #[arg(long, value_parser = parse_duration, conflicts_with = "at")]
+        delay: Option<Duration>,
+        /// Not claimable before this wall-clock time (RFC 3339, e.g. 2026-12-24T18:00:00Z).
+        #[arg(long, value_parser = parse_time)]
+        at: Option<SystemTime>,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        max_attempts: u32,
+        /// Deduplicate: return the live job with this key instead.
+        #[arg(long)]
+        unique: Option<String>,
+    },
+    /// Claim jobs and run CMD for each (payload on stdin).
+    Work(work::WorkArgs),
+    /// Jobs per state.
+    Stats { queue: String },
+    /// Jobs, one JSON line each (payload size and a short preview).
+    List {
+        queue: String,
+        #[arg(long, value_parser = parse_state)]
+        state: Option<JobState>,
+        /// Only jobs with an id greater than this (for paging).
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        limit: u64,
+    },
+    /// One job, with its whole payload (text when UTF-8, else base64).
+    Get { id: u64 },
+    /// Cancel a job (a running one is asked to stop at its next heartbeat).
+    Cancel { id: u64 },
+    /// Make a dead or cancelled job ready again.
+    Retry { id: u64 },
+    /// Delete finished jobs older than a duration.
+    Purge {
+        queue: String,
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Duration,
+    },
+}
+
+fn parse_state(text: &str) -> Result<JobState, String> {
+    JobState::parse(text).map_err(|_| {
+        format!("{text:?} is not one of ready, scheduled, running, done, dead, cancelled")
+    })
+}
+
+fn parse_time(text: &str) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339_weak(text.trim())
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time ({e}), e.g. 2026-12-24T18:00:00Z"))
+}
+
+/// A wall-clock time as store time, through the store's now.
+fn store_time(client: &Client, at: SystemTime) -> Result<u64, Fail> {
+    let now_ms = client.store_now_ms()?;
+    Ok(match at.duration_since(SystemTime::now()) {
+        Ok(ahead) => now_ms.saturating_add(out::ms(ahead)),
+        Err(behind) => now_ms.saturating_sub(out::ms(behind.duration())),
+    })
+}
+
+fn read_payload(payload: Option<String>) -> Result<Vec<u8>, Fail> {
+    match payload {
+        Some(p) => Ok(p.into_bytes()),
+        None => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| Fail(EXIT_ERROR, format!("reading the payload from stdin: {e}")))?;
+            Ok(buf)
+        }
+    }
+}
+
+pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliResult {
+    let client = client_for(store, policy, None, None)?;
+    let lines = match cmd {
+        QueueCmd::Work(args) => return work::work(client, args),
+        QueueCmd::Push {
+            queue,
+            payload,
+            priority,
+            delay,
+            at,
+            max_attempts,
+            unique,
+        } => {
+            let run_at_ms = at.map(|at| store_time(&client, at)).transpose()?;
+            let spec = JobSpec {
+                payload: read_payload(payload)?,
+                priority,
+                delay_ms: delay.map_or(0, out::ms),
+                run_at_ms,
+                max_attempts,
+                unique_key: unique,
+            };
+            let pushed = client.queue(&queue)?.push(&spec)?;
+            vec![json!({"id": pushed.id.0, "created": pushed.created})]
+        }
+        QueueCmd::Stats { queue } => {
+            let c = client.queue(&queue)?.stats()?;
+            let states = JobState::ALL.map(|s| (s.as_str().to_owned(), json!(c.get(s))));
+            vec![Value::Object(states.into_iter().collect())]
+        }
+        QueueCmd::List {
+            queue,
+            state,
+            after,
+            limit,
+        } => {
+            let jobs = client
+                .queue(&queue)?
+                .list(state, JobId(after), limit as usize)?;
+            let t = Times::new(client.store_now_ms()?);
+            jobs.iter().map(|j| out::job_json(j, &t, false)).collect()
+        }
+        QueueCmd::Get { id } => {
+            let job = client.job(JobId(id))?;
+            let t = Times::new(client.store_now_ms()?);
+            vec![out::job_json(&job, &t, true)]
+        }
+        QueueCmd::Cancel { id } => {
+            let state = client.cancel_job(JobId(id))?;
+            vec![json!({
+                "id": id,
+                "state": state.as_str(),
+                "cancel_requested": state == JobState::Running,
+            })]
+        }
+        QueueCmd::Retry { id } => {
+            client.retry_job(JobId(id))?;
+            vec![json!({"id": id, "state": "ready"})]
+        }
+        QueueCmd::Purge { queue, older_than } => {
+            let n = client.queue(&queue)?.purge(older_than)?;
+            vec![json!({"queue": queue, "purged": n})]
+        }
+    };
+    for line in &lines {
+        emit(line)?;
+    }
+    Ok(0)
+}
