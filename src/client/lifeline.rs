@@ -44,10 +44,7 @@ struct RunningFlag(Arc<Lifeline>);
 
 impl Drop for RunningFlag {
     fn drop(&mut self) {
-        let mut st = lock(&self.0.state);
-        st.thread_running = false;
-        st.thread = None;
-        self.0.wake.notify_all();
+        self.0.disarm();
     }
 }
 
@@ -192,6 +189,49 @@ impl Lifeline {
         }
     }
 
+    /// Set the loss callback of a keep-alive about to start; false (and
+    /// nothing set) if one runs already or the grant has ended.
+    pub(crate) fn arm(&self, on_lost: OnLost) -> bool {
+        let mut st = lock(&self.state);
+        if st.thread_running || st.life.end().is_some() {
+            return false;
+        }
+        st.thread_running = true;
+        st.on_lost = Some(on_lost);
+        true
+    }
+
+    /// The keep-alive's next step at `now`: the one decision both drivers
+    /// (the thread here, the tokio task) follow. A passed deadline is
+    /// declared lost here (the callback runs), and a due renewal is marked
+    /// sent.
+    pub(crate) fn step(&self, now: u64) -> Step {
+        let mut st = lock(&self.state);
+        if st.life.end().is_some() {
+            return Step::Stop;
+        }
+        if let Some(reason) = self.check_deadline(&mut st, now) {
+            self.report_loss(st, reason);
+            return Step::Stop;
+        }
+        if st.life.renewal_due(now) {
+            st.life.renewal_sent(now);
+            return Step::Renew {
+                sent_at: now,
+                deadline: st.life.deadline(),
+            };
+        }
+        Step::SleepUntil(st.life.poll_timeout().unwrap_or(now))
+    }
+
+    /// The keep-alive driver ended (by any path).
+    pub(crate) fn disarm(&self) {
+        let mut st = lock(&self.state);
+        st.thread_running = false;
+        st.thread = None;
+        self.wake.notify_all();
+    }
+
     /// Start the thread that renews when the machine says, until the grant
     /// ends; `on_lost` is called once if it is lost.
     pub(crate) fn spawn_keep_alive(
@@ -200,13 +240,8 @@ impl Lifeline {
         mut renew: RenewFn,
         on_lost: OnLost,
     ) -> Result<()> {
-        {
-            let mut st = lock(&self.state);
-            if st.thread_running || st.life.end().is_some() {
-                return Ok(());
-            }
-            st.thread_running = true;
-            st.on_lost = Some(on_lost);
+        if !self.arm(on_lost) {
+            return Ok(());
         }
         let me = Arc::clone(self);
         let spawned = thread::Builder::new()
@@ -218,9 +253,8 @@ impl Lifeline {
                 drop(flag);
             });
         if let Err(e) = spawned {
-            let mut st = lock(&self.state);
-            st.thread_running = false;
-            st.on_lost = None;
+            lock(&self.state).on_lost = None;
+            self.disarm();
             return Err(Error::store(
                 "starting the keep-alive thread",
                 e.to_string(),
@@ -231,27 +265,41 @@ impl Lifeline {
 
     fn keep_alive_loop(&self, clock: &dyn Clock, renew: &mut RenewFn) {
         loop {
-            let mut st = lock(&self.state);
-            let (sent_at, deadline) = loop {
-                if st.life.end().is_some() {
-                    return;
+            let now = clock.now_ms();
+            match self.step(now) {
+                Step::Stop => return,
+                Step::Renew { sent_at, deadline } => {
+                    let outcome = renew(deadline);
+                    self.record(sent_at, clock.now_ms(), &outcome);
                 }
-                let now = clock.now_ms();
-                if let Some(reason) = self.check_deadline(&mut st, now) {
-                    self.report_loss(st, reason);
-                    return;
+                Step::SleepUntil(until) => {
+                    let st = lock(&self.state);
+                    // Checked under the lock `finish` takes: its wake-up
+                    // cannot slip between the step and the nap.
+                    if st.life.end().is_none() {
+                        let nap =
+                            std::time::Duration::from_millis(until.saturating_sub(now).max(1));
+                        drop(crate::sync::nap(&self.wake, &self.state, st, nap));
+                    }
                 }
-                if st.life.renewal_due(now) {
-                    st.life.renewal_sent(now);
-                    break (now, st.life.deadline());
-                }
-                let until = st.life.poll_timeout().unwrap_or(now);
-                let nap = std::time::Duration::from_millis(until.saturating_sub(now).max(1));
-                st = crate::sync::nap(&self.wake, &self.state, st, nap);
-            };
-            drop(st);
-            let outcome = renew(deadline);
-            self.record(sent_at, clock.now_ms(), &outcome);
+            }
         }
     }
+}
+
+/// What a keep-alive does next ([`Lifeline::step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The grant ended (finished or lost): stop.
+    Stop,
+    /// Renew now, retrying no later than `deadline`; record the outcome
+    /// with `sent_at`.
+    Renew {
+        /// When the renewal was sent (local ms).
+        sent_at: u64,
+        /// The local deadline.
+        deadline: u64,
+    },
+    /// Nothing to do before this local instant.
+    SleepUntil(u64),
 }

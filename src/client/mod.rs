@@ -315,9 +315,9 @@ impl Client {
             drift: self.inner.drift,
             keep_alive: true,
             seed: self.jitter(u64::MAX),
+            busy_ms: ms_of(self.inner.busy_timeout),
         };
         let started = self.local_now_ms();
-        let busy_ms = ms_of(self.inner.busy_timeout);
         let store = &self.inner.store;
         let mut machine = HolderMachine::new(cfg, started);
         loop {
@@ -326,16 +326,7 @@ impl Client {
                 match action {
                     HolderAction::Send(HolderRequest::Acquire) => {
                         let reply = self.try_acquire_once(key, ttl_ms, opts.limit);
-                        let now = self.local_now_ms();
-                        if let Err(e) = &reply {
-                            if e.is_transient() && now.saturating_sub(started) >= busy_ms {
-                                return Err(Error::Busy {
-                                    waited_ms: now - started,
-                                    last: Box::new(e.clone()),
-                                });
-                            }
-                        }
-                        machine.handle_reply(now, HolderReply::Acquired(reply));
+                        machine.handle_reply(self.local_now_ms(), HolderReply::Acquired(reply));
                     }
                     HolderAction::Event(HolderEvent::Granted { token, renewed }) => {
                         let life = machine.lifetime().cloned().ok_or_else(|| {

@@ -36,6 +36,7 @@ fn holder(wait_ms: u64, keep_alive: bool) -> HolderConfig {
         drift: DRIFT,
         keep_alive,
         seed: 7,
+        busy_ms: 1_000,
     }
 }
 
@@ -237,5 +238,36 @@ fn release_sends_one_release_and_reports_it() {
         actions(&mut m)[..],
         [HolderAction::Event(HolderEvent::Released)]
     ));
+    assert!(m.is_done());
+}
+
+#[test]
+fn transient_errors_are_retried_until_the_busy_timeout_then_reported_busy() {
+    let mut m = HolderMachine::new(holder(0, true), 0);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    let transient = || Error::transient("acquiring", "database is locked");
+    let mut now = 0;
+    let mut tries = 1;
+    loop {
+        m.handle_reply(now, HolderReply::Acquired(Err(transient())));
+        let acts = actions(&mut m);
+        if let Some(HolderAction::Event(HolderEvent::Failed(e))) = acts.first() {
+            match e {
+                Error::Busy { waited_ms, last } => {
+                    assert!(*waited_ms >= 1_000, "gave up after {waited_ms} ms");
+                    assert!(last.is_transient());
+                }
+                other => panic!("expected Busy, got {other:?}"),
+            }
+            break;
+        }
+        assert!(acts.is_empty(), "{acts:?}");
+        now = m.poll_timeout().expect("a retry is scheduled");
+        m.handle_timeout(now);
+        assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+        tries += 1;
+        assert!(now <= 1_300, "still retrying at {now}");
+    }
+    assert!(tries > 5, "only {tries} tries in the busy timeout");
     assert!(m.is_done());
 }

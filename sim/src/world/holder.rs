@@ -87,6 +87,7 @@ impl Sim<'_> {
             drift: self.drift,
             keep_alive: !greedy,
             seed,
+            busy_ms: u64::MAX,
         };
         let breakage = leasehold::client::machine::Breakage {
             deadline_from_reply: self.plan.canary == Some(Canary::DeadlineFromReply),

@@ -10,7 +10,8 @@
 //! # Transitions
 //! acquire sent → granted (Held) | held (retry after backoff, until the
 //! wait runs out: gave up) | transient or ambiguous (retry: a grant that
-//! did commit is found again, as a renewal with the same token) | error
+//! did commit is found again, as a renewal with the same token; transient
+//! errors until the busy timeout, then failed with `Busy`) | error
 //! (failed). Held: renewals on the lifetime's schedule; a refused renewal
 //! or the local deadline is a loss; release → released.
 //!
@@ -38,6 +39,9 @@ pub struct HolderConfig {
     pub keep_alive: bool,
     /// Seed of the jitter (backoff, renewal schedule).
     pub seed: u64,
+    /// How long transient store errors are retried, from the start,
+    /// before acquiring fails with [`Error::Busy`] (`u64::MAX`: forever).
+    pub busy_ms: u64,
 }
 
 /// A request the driver sends to the store for the machine.
@@ -306,6 +310,15 @@ impl HolderMachine {
                 self.phase = Phase::Done;
                 self.out
                     .push_back(HolderAction::Event(HolderEvent::GaveUp(e)));
+            }
+            Err(e) if e.is_transient() && now.saturating_sub(started) >= self.cfg.busy_ms => {
+                self.phase = Phase::Done;
+                let busy = Error::Busy {
+                    waited_ms: now.saturating_sub(started),
+                    last: Box::new(e),
+                };
+                self.out
+                    .push_back(HolderAction::Event(HolderEvent::Failed(busy)));
             }
             // Held (with time left to wait), or no answer (transient, or an
             // ambiguous commit: acquiring again finds a grant that did
