@@ -72,6 +72,8 @@ mod error;
 mod fork;
 pub mod store;
 mod sync;
+#[cfg(all(feature = "tokio", not(loom)))]
+pub mod tokio;
 
 pub use client::{
     fit_reason, random_holder_id, ClaimedJob, Client, ClientBuilder, JobOutcome, LeaseGuard,

@@ -7,7 +7,6 @@ use super::machine::Lifetime;
 use super::Client;
 use crate::core;
 use crate::error::{Error, LostReason, Result, Target};
-use crate::sync::lock;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +42,7 @@ impl LeaseGuard {
         renewed: bool,
         life: Lifetime,
     ) -> Self {
-        lock(&client.inner.held).insert(key.to_owned());
+        client.mark_held(key, true);
         let target = Target::Lease {
             key: key.to_owned(),
             token,
@@ -104,25 +103,7 @@ impl LeaseGuard {
     }
 
     fn renew_fn(&self) -> RenewFn {
-        let client = self.client.clone();
-        let key = self.key.clone();
-        let (token, ttl_ms) = (self.token, self.ttl_ms);
-        #[cfg(loom)]
-        let naive = loom_canary::naive();
-        Box::new(move |deadline| {
-            let id = client.inner.holder.id;
-            #[cfg(loom)]
-            if naive {
-                let holder = client.inner.holder.clone();
-                client.run(|tx| core::lease::acquire(tx, &key, &holder, ttl_ms, 1))?;
-                return Ok(false);
-            }
-            client
-                .run_until(Some(deadline), |tx| {
-                    core::lease::renew(tx, &key, id, token, ttl_ms)
-                })
-                .map(|_| false)
-        })
+        lease_renewer(&self.client, &self.key, self.token, self.ttl_ms)
     }
 
     /// Renew now, extending the local deadline.
@@ -160,7 +141,7 @@ impl LeaseGuard {
         if self.life.fork.is_origin_strict() {
             self.life.finish();
             self.life.join();
-            lock(&self.client.inner.held).remove(&self.key);
+            self.client.mark_held(&self.key, false);
         }
         (self.key.clone(), self.token)
     }
@@ -191,7 +172,7 @@ impl LeaseGuard {
         let released = self
             .client
             .run(|tx| core::lease::release(tx, &self.key, id, self.token));
-        lock(&self.client.inner.held).remove(&self.key);
+        self.client.mark_held(&self.key, false);
         released
     }
 }
@@ -201,7 +182,30 @@ impl Drop for LeaseGuard {
         // In a forked child, do nothing: the lease is the parent's.
         if self.life.fork.is_origin_strict() {
             let _ = self.release_inner();
-            lock(&self.client.inner.held).remove(&self.key);
+            self.client.mark_held(&self.key, false);
         }
     }
+}
+
+/// The renewal of one grant, for a keep-alive (thread or task) or a
+/// renewal by hand: retried no later than the deadline it is given.
+pub(crate) fn lease_renewer(client: &Client, key: &str, token: u64, ttl_ms: u64) -> RenewFn {
+    let client = client.clone();
+    let key = key.to_owned();
+    #[cfg(loom)]
+    let naive = loom_canary::naive();
+    Box::new(move |deadline| {
+        let id = client.inner.holder.id;
+        #[cfg(loom)]
+        if naive {
+            let holder = client.inner.holder.clone();
+            client.run(|tx| core::lease::acquire(tx, &key, &holder, ttl_ms, 1))?;
+            return Ok(false);
+        }
+        client
+            .run_until(Some(deadline), |tx| {
+                core::lease::renew(tx, &key, id, token, ttl_ms)
+            })
+            .map(|_| false)
+    })
 }

@@ -113,7 +113,7 @@ impl ClaimedJob {
         self.life.lost()
     }
 
-    fn by_hand(&self, what: &str) -> Result<()> {
+    pub(crate) fn by_hand(&self, what: &str) -> Result<()> {
         if self.managed {
             return Err(Error::invalid(
                 "job",
@@ -126,7 +126,7 @@ impl ClaimedJob {
         Ok(())
     }
 
-    fn renew_fn(&self) -> RenewFn {
+    pub(crate) fn renew_fn(&self) -> RenewFn {
         let client = self.client.clone();
         let (id, token, lease_ms) = (self.job.id, self.token, self.lease_ms);
         #[cfg(loom)]
@@ -191,16 +191,11 @@ impl ClaimedJob {
         Ok(())
     }
 
-    fn settle<R>(&self, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
-        self.by_hand("settle")?;
-        self.begin_settle()?;
-        self.client.run(f)
-    }
-
     /// Mark the job done (Q2: only with the current, unexpired claim).
     pub fn complete(&self) -> Result<()> {
-        let holder = self.client.inner.holder.id;
-        self.settle(|tx| core::job::complete(tx, self.job.id, holder, self.token))
+        self.by_hand("settle")?;
+        self.begin_settle()?;
+        self.complete_txn()
     }
 
     /// Report the attempt failed; returns the job's new state (scheduled
@@ -211,16 +206,42 @@ impl ClaimedJob {
     /// shorter reason ([`super::fit_reason`] makes one).
     pub fn fail(&self, reason: &str) -> Result<JobState> {
         core::check_text("reason", reason)?;
-        let holder = self.client.inner.holder.id;
-        let policy = self.client.inner.policy;
-        self.settle(|tx| core::job::fail(tx, self.job.id, holder, self.token, reason, &policy))
+        self.by_hand("settle")?;
+        self.begin_settle()?;
+        self.fail_txn(reason)
     }
 
     /// Give the job back without an outcome: ready again at once, its
     /// attempt still counted (see [`core::job::abandon`]).
     pub fn abandon(&self) -> Result<JobState> {
+        self.by_hand("settle")?;
+        self.begin_settle()?;
+        self.abandon_txn()
+    }
+
+    /// The transaction of [`ClaimedJob::complete`], once settling began.
+    pub(crate) fn complete_txn(&self) -> Result<()> {
         let holder = self.client.inner.holder.id;
-        self.settle(|tx| core::job::abandon(tx, self.job.id, holder, self.token, true))
+        let (id, token) = (self.job.id, self.token);
+        self.client
+            .run(|tx| core::job::complete(tx, id, holder, token))
+    }
+
+    /// The transaction of [`ClaimedJob::fail`], once settling began.
+    pub(crate) fn fail_txn(&self, reason: &str) -> Result<JobState> {
+        let holder = self.client.inner.holder.id;
+        let policy = self.client.inner.policy;
+        let (id, token) = (self.job.id, self.token);
+        self.client
+            .run(|tx| core::job::fail(tx, id, holder, token, reason, &policy))
+    }
+
+    /// The transaction of [`ClaimedJob::abandon`], once settling began.
+    pub(crate) fn abandon_txn(&self) -> Result<JobState> {
+        let holder = self.client.inner.holder.id;
+        let (id, token) = (self.job.id, self.token);
+        self.client
+            .run(|tx| core::job::abandon(tx, id, holder, token, true))
     }
 }
 

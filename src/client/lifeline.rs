@@ -27,6 +27,9 @@ pub(crate) struct Lifeline {
     pub(crate) target: Target,
     state: Mutex<LineState>,
     wake: Condvar,
+    /// Wakes a keep-alive task (the tokio driver) as `wake` wakes the thread.
+    #[cfg(all(feature = "tokio", not(loom)))]
+    pub(crate) notify: ::tokio::sync::Notify,
     pub(crate) fork: ForkGuard,
 }
 
@@ -34,6 +37,9 @@ struct LineState {
     life: Lifetime,
     cancel_requested: bool,
     thread_running: bool,
+    /// The keep-alive is a task its owner awaits: [`Lifeline::join`] must
+    /// not block a thread the task may need.
+    task: bool,
     thread: Option<thread::ThreadId>,
     on_lost: Option<OnLost>,
 }
@@ -56,10 +62,13 @@ impl Lifeline {
                 life,
                 cancel_requested: false,
                 thread_running: false,
+                task: false,
                 thread: None,
                 on_lost: None,
             }),
             wake: Condvar::new(),
+            #[cfg(all(feature = "tokio", not(loom)))]
+            notify: ::tokio::sync::Notify::new(),
             fork: ForkGuard::new(),
         })
     }
@@ -157,7 +166,7 @@ impl Lifeline {
 
     fn report_loss(&self, mut st: MutexGuard<'_, LineState>, reason: LostReason) {
         let callback = st.on_lost.take();
-        self.wake.notify_all();
+        self.notify_all();
         drop(st);
         if let Some(callback) = callback {
             callback(self.lost_error(reason));
@@ -170,15 +179,22 @@ impl Lifeline {
         let mut st = lock(&self.state);
         let was_live = st.life.finish();
         st.on_lost = None;
-        self.wake.notify_all();
+        self.notify_all();
         was_live
     }
 
-    /// Wait until the keep-alive thread has exited (unless called from it).
+    fn notify_all(&self) {
+        self.wake.notify_all();
+        #[cfg(all(feature = "tokio", not(loom)))]
+        self.notify.notify_one();
+    }
+
+    /// Wait until the keep-alive thread has exited (unless called from it;
+    /// a keep-alive task is awaited by its owner instead).
     pub(crate) fn join(&self) {
         let me = thread::current().id();
         let mut st = lock(&self.state);
-        if st.thread == Some(me) {
+        if st.thread == Some(me) || st.task {
             return;
         }
         while st.thread_running {
@@ -189,14 +205,16 @@ impl Lifeline {
         }
     }
 
-    /// Set the loss callback of a keep-alive about to start; false (and
-    /// nothing set) if one runs already or the grant has ended.
-    pub(crate) fn arm(&self, on_lost: OnLost) -> bool {
+    /// Set the loss callback of a keep-alive about to start (`task`: a
+    /// tokio task, awaited by its owner); false (and nothing set) if one
+    /// runs already or the grant has ended.
+    pub(crate) fn arm(&self, on_lost: OnLost, task: bool) -> bool {
         let mut st = lock(&self.state);
         if st.thread_running || st.life.end().is_some() {
             return false;
         }
         st.thread_running = true;
+        st.task = task;
         st.on_lost = Some(on_lost);
         true
     }
@@ -229,7 +247,7 @@ impl Lifeline {
         let mut st = lock(&self.state);
         st.thread_running = false;
         st.thread = None;
-        self.wake.notify_all();
+        self.notify_all();
     }
 
     /// Start the thread that renews when the machine says, until the grant
@@ -240,7 +258,7 @@ impl Lifeline {
         mut renew: RenewFn,
         on_lost: OnLost,
     ) -> Result<()> {
-        if !self.arm(on_lost) {
+        if !self.arm(on_lost, false) {
             return Ok(());
         }
         let me = Arc::clone(self);

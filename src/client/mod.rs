@@ -16,11 +16,12 @@
 //! the local deadline: the instant the request was *sent*, plus the TTL,
 //! minus the drift allowance ([`crate::core::local_deadline_ms`]).
 
-mod guard;
-mod job;
-mod lifeline;
+pub(crate) mod guard;
+pub(crate) mod job;
+pub(crate) mod lifeline;
 pub mod machine;
 mod queue;
+pub(crate) mod session;
 mod worker;
 
 pub use guard::LeaseGuard;
@@ -305,21 +306,10 @@ impl Client {
     /// client waits like any other contender (two guards never share one
     /// grant). Transient store errors are retried until the busy timeout.
     pub fn acquire(&self, key: &str, opts: LeaseOptions) -> Result<LeaseGuard> {
-        self.inner.fork.check()?;
-        core::check_key("key", key)?;
-        let ttl_ms = ms_of(opts.ttl);
-        let cfg = HolderConfig {
-            ttl_ms,
-            limit: opts.limit,
-            wait_ms: ms_of(opts.wait),
-            drift: self.inner.drift,
-            keep_alive: true,
-            seed: self.jitter(u64::MAX),
-            busy_ms: ms_of(self.inner.busy_timeout),
-        };
-        let started = self.local_now_ms();
+        let cfg = self.holder_config(key, &opts)?;
+        let ttl_ms = cfg.ttl_ms;
         let store = &self.inner.store;
-        let mut machine = HolderMachine::new(cfg, started);
+        let mut machine = HolderMachine::new(cfg, self.local_now_ms());
         loop {
             let epoch = store.epoch(Wake::LeaseFreed);
             while let Some(action) = machine.poll_action() {
@@ -355,9 +345,51 @@ impl Client {
         }
     }
 
+    /// The holder machine's configuration for acquiring `key` with `opts`
+    /// (checked: same process, a valid key).
+    pub(crate) fn holder_config(&self, key: &str, opts: &LeaseOptions) -> Result<HolderConfig> {
+        self.inner.fork.check()?;
+        core::check_key("key", key)?;
+        Ok(HolderConfig {
+            ttl_ms: ms_of(opts.ttl),
+            limit: opts.limit,
+            wait_ms: ms_of(opts.wait),
+            drift: self.inner.drift,
+            keep_alive: true,
+            seed: self.jitter(u64::MAX),
+            busy_ms: ms_of(self.inner.busy_timeout),
+        })
+    }
+
+    /// Record that a guard of this client holds `key` (`false`: it no
+    /// longer does).
+    pub(crate) fn mark_held(&self, key: &str, held: bool) {
+        let mut set = lock(&self.inner.held);
+        if held {
+            set.insert(key.to_owned());
+        } else {
+            set.remove(key);
+        }
+    }
+
+    /// The local clock deadlines are kept on.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Fail with [`Error::Forked`] in a forked child.
+    pub(crate) fn check_fork(&self) -> Result<()> {
+        self.inner.fork.check()
+    }
+
     /// One acquire transaction, or the refusal a second guard of this
     /// client meets while one holds the key.
-    fn try_acquire_once(&self, key: &str, ttl_ms: u64, limit: u32) -> Result<core::Grant> {
+    pub(crate) fn try_acquire_once(
+        &self,
+        key: &str,
+        ttl_ms: u64,
+        limit: u32,
+    ) -> Result<core::Grant> {
         if lock(&self.inner.held).contains(key) {
             let info = self.inspect(key)?;
             return Err(Error::Held {

@@ -6,16 +6,15 @@
 //! the machine's.
 
 use super::job::ClaimedJob;
-use super::machine::{
-    JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
-};
+use super::machine::JobOutcome;
 use super::queue::Queue;
+use super::session::{Next, Session};
 use super::{ms_of, Client};
 use crate::core::{self, JobId, JobRecord};
 use crate::error::Result;
-use crate::store::{StoreExt, Wake};
+use crate::store::Wake;
 use crate::sync::{lock, Condvar, Mutex};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,7 +78,7 @@ pub struct WorkReport {
 }
 
 impl WorkReport {
-    fn count(&mut self, outcome: JobOutcome) {
+    pub(crate) fn count(&mut self, outcome: JobOutcome) {
         match outcome {
             JobOutcome::Done => self.completed += 1,
             JobOutcome::Failed(_) => self.failed += 1,
@@ -232,46 +231,20 @@ fn waker_thread(client: &Client, shared: &Shared) {
 }
 
 struct Driver<'a> {
-    queue: &'a Queue,
     opts: &'a WorkOptions,
     shared: &'a Shared,
-    machine: WorkerMachine,
-    /// Jobs held, as claimed (for the handler and the observer).
-    records: HashMap<JobId, JobRecord>,
-    handles: HashMap<JobId, Arc<ClaimedJob>>,
-    report: WorkReport,
+    session: Session,
     stopping: bool,
 }
 
 impl<'a> Driver<'a> {
     fn new(queue: &'a Queue, opts: &'a WorkOptions, shared: &'a Shared) -> Self {
-        let client = &queue.client;
-        let cfg = WorkerConfig {
-            lease_ms: ms_of(opts.lease),
-            concurrency: opts.concurrency.clamp(1, 1024),
-            prefetch: opts.prefetch,
-            batch_max: opts.batch.clamp(1, core::MAX_BATCH),
-            flush_delay_ms: ms_of(opts.flush_delay),
-            idle_max_ms: ms_of(opts.idle_poll).max(1),
-            heartbeat_ms: opts.heartbeat.map_or(0, ms_of),
-            drain: opts.drain,
-            drift: client.inner.drift,
-            seed: client.jitter(u64::MAX),
-        };
         Driver {
-            queue,
             opts,
             shared,
-            machine: WorkerMachine::new(cfg, client.local_now_ms()),
-            records: HashMap::new(),
-            handles: HashMap::new(),
-            report: WorkReport::default(),
+            session: Session::new(&queue.client, &queue.name, opts),
             stopping: false,
         }
-    }
-
-    fn now(&self) -> u64 {
-        self.queue.client.local_now_ms()
     }
 
     fn run(
@@ -280,118 +253,47 @@ impl<'a> Driver<'a> {
         observe: &(impl Fn(&JobRecord, JobOutcome) + Sync),
     ) -> Result<WorkReport> {
         loop {
-            let now = self.now();
+            let now = self.session.now();
+            let machine = &mut self.session.machine;
             // The stop flag first: a handler that finished because of the
             // same shutdown must not free a slot for a queued job.
             if !self.stopping && stop.load(Ordering::SeqCst) {
                 self.stopping = true;
                 let grace = ms_of(self.opts.shutdown_grace);
-                self.machine.shutdown(now, now.saturating_add(grace));
+                machine.shutdown(now, now.saturating_add(grace));
             }
             let (done, woke) = std::mem::take(&mut *lock(&self.shared.inbox));
             for (id, result) in done {
-                self.machine.handler_done(now, id, result);
+                machine.handler_done(now, id, result);
             }
             if woke {
-                self.machine.wake(now);
+                machine.wake(now);
             }
-            self.machine.handle_timeout(now);
-            if let Some(end) = self.act(observe) {
-                return end;
+            machine.handle_timeout(now);
+            while let Some(next) = self.session.next(observe) {
+                match next {
+                    Next::Send(request) => {
+                        let reply = self.session.exec().run(request);
+                        self.session.reply(reply);
+                    }
+                    Next::Start(job) => {
+                        lock(&self.shared.pool).0.push_back(job);
+                        self.shared.pool_cv.notify_one();
+                    }
+                    // The handler sees its handle turn invalid.
+                    Next::Stop(_) => {}
+                    Next::End(end) => return end,
+                }
             }
             self.wait();
-        }
-    }
-
-    /// Do what the machine asks; `Some` once the loop is over.
-    fn act(
-        &mut self,
-        observe: &(impl Fn(&JobRecord, JobOutcome) + Sync),
-    ) -> Option<Result<WorkReport>> {
-        while let Some(action) = self.machine.poll_action() {
-            match action {
-                WorkerAction::Send(request) => {
-                    let reply = self.execute(request);
-                    let now = self.now();
-                    self.machine.handle_reply(now, reply);
-                }
-                WorkerAction::Start(record) => self.start(record),
-                WorkerAction::Stop { id, why } => {
-                    if let Some(job) = self.handles.get(&id) {
-                        match why {
-                            StopWhy::Lost(reason) => job.life.mark_lost(reason),
-                            StopWhy::Cancelled => job.life.set_cancel(),
-                            StopWhy::Shutdown => {
-                                job.life.finish();
-                            }
-                        }
-                    }
-                }
-                WorkerAction::Renewed { id, deadline } => {
-                    if let Some(job) = self.handles.get(&id) {
-                        job.life.extend_to(deadline);
-                    }
-                }
-                WorkerAction::Settled { id, outcome } => {
-                    self.report.count(outcome);
-                    self.handles.remove(&id);
-                    if let Some(record) = self.records.remove(&id) {
-                        observe(&record, outcome);
-                    }
-                }
-                WorkerAction::Finished => return Some(Ok(self.report)),
-                WorkerAction::Failed(e) => return Some(Err(e)),
-            }
-        }
-        None
-    }
-
-    fn start(&mut self, record: JobRecord) {
-        let id = record.id;
-        let deadline = self.machine.deadline(id).unwrap_or(0);
-        let client = self.queue.client.clone();
-        let lease_ms = ms_of(self.opts.lease);
-        let job = Arc::new(ClaimedJob::managed(client, record, lease_ms, deadline));
-        self.handles.insert(id, job.clone());
-        lock(&self.shared.pool).0.push_back(job);
-        self.shared.pool_cv.notify_one();
-    }
-
-    /// One store transaction for the machine (one attempt: the machine
-    /// decides what a transient error means).
-    fn execute(&mut self, request: WorkerRequest) -> WorkerReply {
-        let client = &self.queue.client;
-        let (name, holder) = (&*self.queue.name, client.inner.holder.id);
-        let policy = client.inner.policy;
-        let lease_ms = ms_of(self.opts.lease);
-        let store = client.store();
-        match request {
-            WorkerRequest::Claim { max } => {
-                let r = store.txn(|tx| core::job::claim(tx, name, holder, lease_ms, max, &policy));
-                if let Ok(jobs) = &r {
-                    for job in jobs {
-                        self.records.insert(job.id, job.clone());
-                    }
-                }
-                WorkerReply::Claimed(r)
-            }
-            WorkerRequest::Heartbeat { claims } => WorkerReply::Heartbeated(
-                store.txn(|tx| core::job::heartbeat_many(tx, holder, &claims, lease_ms)),
-            ),
-            WorkerRequest::Settle { settles } => WorkerReply::Settled(
-                store.txn(|tx| core::job::settle_many(tx, holder, &settles, &policy)),
-            ),
-            WorkerRequest::DrainCheck => {
-                WorkerReply::Drained(store.txn(|tx| core::job::drained(tx, name, &policy)))
-            }
         }
     }
 
     /// Sleep until the machine's next timeout or a handler result, at most
     /// 50 ms (the stop flag is polled).
     fn wait(&self) {
-        let now = self.now();
-        let until = self.machine.poll_timeout().unwrap_or(u64::MAX);
+        let now = self.session.now();
+        let until = self.session.machine.poll_timeout().unwrap_or(u64::MAX);
         let ms = until.saturating_sub(now).clamp(0, 50);
         if ms == 0 {
             return;

@@ -1,0 +1,303 @@
+//! [`LeaseGuard`]: a held lease whose keep-alive is a tokio task, and that
+//! task ([`keep_alive`]), shared with claimed jobs.
+//!
+//! The task follows [`Lifeline::step`], the decision the sync keep-alive
+//! thread follows too: sleep until the next renewal or the deadline, renew
+//! on the blocking pool, record the answer. At the local deadline it
+//! declares the loss even while a renewal is in flight, then waits for
+//! that renewal to return before it ends, so that a release that awaited
+//! the task never races a renewal.
+
+use super::{nap, CancellationToken, Client};
+use crate::client::guard::lease_renewer;
+use crate::client::lifeline::{Lifeline, OnLost, RenewFn, Step};
+use crate::client::machine::Lifetime;
+use crate::clock::Clock;
+use crate::error::{Error, LostReason, Result, Target};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// Start the keep-alive task of `line` (none if one runs or the grant
+/// has ended); `on_lost` runs once if the grant is lost.
+pub(crate) fn keep_alive(
+    line: &Arc<Lifeline>,
+    clock: Arc<dyn Clock>,
+    renew: RenewFn,
+    on_lost: OnLost,
+) -> Option<JoinHandle<()>> {
+    if !line.arm(on_lost, true) {
+        return None;
+    }
+    Some(tokio::spawn(run_keep_alive(line.clone(), clock, renew)))
+}
+
+/// Marks the keep-alive ended however the task ends (returned, aborted,
+/// dropped with its runtime).
+struct Disarm(Arc<Lifeline>);
+
+impl Drop for Disarm {
+    fn drop(&mut self) {
+        self.0.disarm();
+    }
+}
+
+async fn run_keep_alive(line: Arc<Lifeline>, clock: Arc<dyn Clock>, renew: RenewFn) {
+    let _disarm = Disarm(line.clone());
+    let mut renew = Some(renew);
+    loop {
+        let now = clock.now_ms();
+        match line.step(now) {
+            Step::Stop => return,
+            Step::SleepUntil(until) => {
+                tokio::select! {
+                    _ = nap(until.saturating_sub(now)) => {}
+                    _ = line.notify.notified() => {}
+                }
+            }
+            Step::Renew { sent_at, deadline } => {
+                let outcome = match renew.take() {
+                    Some(f) => {
+                        let (f, outcome) = renew_before(&line, &*clock, f, deadline).await;
+                        renew = f;
+                        outcome
+                    }
+                    None => Err(Error::store("renewing", "an earlier renewal panicked")),
+                };
+                line.record(sent_at, clock.now_ms(), &outcome);
+            }
+        }
+    }
+}
+
+/// One renewal on the blocking pool; at `deadline` the loss is declared
+/// (the step function does it) while the renewal is still awaited.
+async fn renew_before(
+    line: &Lifeline,
+    clock: &dyn Clock,
+    mut f: RenewFn,
+    deadline: u64,
+) -> (Option<RenewFn>, Result<bool>) {
+    let mut call = tokio::task::spawn_blocking(move || {
+        let outcome = f(deadline);
+        (f, outcome)
+    });
+    let joined = tokio::select! {
+        joined = &mut call => joined,
+        _ = nap(deadline.saturating_sub(clock.now_ms())) => {
+            line.step(clock.now_ms());
+            call.await
+        }
+    };
+    match joined {
+        Ok((f, outcome)) => (Some(f), outcome),
+        Err(e) => (None, Err(Error::store("renewing", e.to_string()))),
+    }
+}
+
+/// A held lease (async). Valid while [`LeaseGuard::is_valid`]; its
+/// keep-alive task renews it about every third of the TTL from the
+/// acquire on. [`LeaseGuard::release`] it when done; a guard dropped
+/// unreleased is released by a task in the background.
+pub struct LeaseGuard {
+    client: Client,
+    key: String,
+    token: u64,
+    ttl_ms: u64,
+    renewed: bool,
+    life: Arc<Lifeline>,
+    lost: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    /// Released or detached: nothing left for drop.
+    done: bool,
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("tokio::LeaseGuard")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("ttl_ms", &self.ttl_ms)
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    /// The guard of a grant the acquiring machine started `life` for, its
+    /// keep-alive running.
+    pub(crate) fn start(
+        client: &Client,
+        key: &str,
+        token: u64,
+        ttl_ms: u64,
+        renewed: bool,
+        life: Lifetime,
+    ) -> LeaseGuard {
+        client.sync.mark_held(key, true);
+        let target = Target::Lease {
+            key: key.to_owned(),
+            token,
+        };
+        let line = Lifeline::new(target, life);
+        let lost = CancellationToken::new();
+        let on_lost = {
+            let lost = lost.clone();
+            Box::new(move |_| lost.cancel())
+        };
+        let renew = lease_renewer(&client.sync, key, token, ttl_ms);
+        let task = keep_alive(&line, client.sync.clock().clone(), renew, on_lost);
+        LeaseGuard {
+            client: client.clone(),
+            key: key.to_owned(),
+            token,
+            ttl_ms,
+            renewed,
+            life: line,
+            lost,
+            task,
+            done: false,
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token: pass it to whatever the lease protects.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Whether the acquire extended this holder's own grant (same token);
+    /// see [`crate::LeaseGuard::renewed`].
+    pub fn renewed(&self) -> bool {
+        self.renewed
+    }
+
+    /// The TTL renewals use.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+
+    /// Whether the holder may act now (same process, not released or lost,
+    /// before the local deadline). Check it before every protected action.
+    pub fn is_valid(&self) -> bool {
+        self.life.is_valid(self.client.local_now_ms())
+    }
+
+    /// Time left before the local deadline (zero if not valid).
+    pub fn remaining(&self) -> Duration {
+        let now = self.client.local_now_ms();
+        if !self.life.is_valid(now) {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(self.life.deadline().saturating_sub(now))
+    }
+
+    /// The loss seen so far, if any.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.life.lost()
+    }
+
+    /// Resolves when the lease is lost (a refused renewal, or the local
+    /// deadline reached while renewals failed), with the reason; never
+    /// while the lease holds.
+    pub async fn lost(&self) -> LostReason {
+        self.lost.cancelled().await;
+        self.life.lost().unwrap_or(LostReason::LocalDeadline)
+    }
+
+    /// A token cancelled when the lease is lost: give it to the work the
+    /// lease protects, which `select!`s on `cancelled()`. Cancelling it
+    /// yourself touches only your copy.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.lost.child_token()
+    }
+
+    /// Renew now (besides the keep-alive's schedule).
+    pub async fn renew(&self) -> Result<()> {
+        self.life.check_usable(false)?;
+        let sent_at = self.client.local_now_ms();
+        let renew = lease_renewer(&self.client.sync, &self.key, self.token, self.ttl_ms);
+        let deadline = self.life.deadline();
+        let outcome = super::blocking(move || {
+            let mut renew = renew;
+            renew(deadline)
+        })
+        .await;
+        self.life
+            .record(sent_at, self.client.local_now_ms(), &outcome);
+        outcome.map(drop)
+    }
+
+    /// Stop the keep-alive, wait for it to end, then release the lease.
+    pub async fn release(mut self) -> Result<()> {
+        let usable = self.life.check_usable(true);
+        if let Err(e @ Error::Forked { .. }) = usable {
+            return Err(e);
+        }
+        self.done = true;
+        let live = self.life.finish();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        let result = match usable {
+            Ok(()) if live => {
+                let (key, token) = (self.key.clone(), self.token);
+                self.client.call(move |c| c.release(&key, token)).await
+            }
+            // Lost or ended already: nothing to release.
+            _ => Ok(()),
+        };
+        self.client.sync.mark_held(&self.key, false);
+        result
+    }
+
+    /// Stop managing the lease without releasing it (it stays held until
+    /// its TTL runs out); returns the key and the token.
+    pub async fn detach(mut self) -> (String, u64) {
+        self.done = true;
+        if self.life.fork.is_origin_strict() {
+            self.life.finish();
+            if let Some(task) = self.task.take() {
+                let _ = task.await;
+            }
+            self.client.sync.mark_held(&self.key, false);
+        }
+        (self.key.clone(), self.token)
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        // In a forked child, do nothing: the lease is the parent's.
+        if self.done || !self.life.fork.is_origin_strict() {
+            return;
+        }
+        let live = self.life.check_usable(true).is_ok() && self.life.finish();
+        let (client, key, token) = (self.client.clone(), self.key.clone(), self.token);
+        let task = self.task.take();
+        let release = async move {
+            if let Some(task) = task {
+                let _ = task.await;
+            }
+            if live {
+                let k = key.clone();
+                let _ = client.call(move |c| c.release(&k, token)).await;
+            }
+            client.sync.mark_held(&key, false);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn(release)),
+            // No runtime (dropped outside one): the task is gone with its
+            // runtime already; release here.
+            Err(_) => {
+                if live {
+                    let _ = self.client.sync.release(&self.key, token);
+                }
+                self.client.sync.mark_held(&self.key, false);
+            }
+        }
+    }
+}

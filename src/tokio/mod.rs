@@ -1,0 +1,290 @@
+//! The async API (cargo feature `tokio`): the same leases, jobs and worker
+//! loop as the sync [`crate::Client`], as futures and tokio tasks.
+//!
+//! # Design
+//! Nothing here decides anything. The timing rules are the client
+//! machines' ([`crate::client::machine`]): [`Client::acquire`] drives a
+//! `HolderMachine`, a guard's keep-alive task follows the same step
+//! function as the sync keep-alive thread, and [`Queue::work`] drives the
+//! same `WorkerMachine` as [`crate::Queue::work`]. The stores are blocking,
+//! so every store transaction runs on tokio's blocking pool
+//! (`spawn_blocking`); a slow store never stalls the runtime's threads.
+//!
+//! - **Waiting parks no thread per waiter.** A waiting acquire sleeps on a
+//!   tokio timer until the machine's next retry, or until the store
+//!   announces a release. Those announcements come from one watcher per
+//!   client and event (a blocking-pool thread in `Store::wait_epoch`,
+//!   alive while someone listens), however many tasks wait.
+//! - **A guard's keep-alive is a task.** It renews on the machine's
+//!   schedule; at the local deadline it declares the lease lost even while
+//!   a renewal is still in flight. The loss is a future
+//!   ([`LeaseGuard::lost`]) and a [`CancellationToken`]
+//!   ([`LeaseGuard::cancellation`]) that work can `select!` on.
+//!   [`LeaseGuard::release`] awaits the end of the keep-alive before it
+//!   releases, so a renewal never outlives the release.
+//! - **The worker's handlers are tasks.** A handler's future is dropped
+//!   (cancelled) when its claim is lost, its job is cancelled or shutdown's
+//!   grace runs out; see [`Queue::work`].
+//!
+//! # Example
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> leasehold::Result<()> {
+//! use leasehold::{tokio::Client, JobSpec, LeaseOptions, MemStore, WorkOptions};
+//! use std::time::Duration;
+//!
+//! let client = Client::new(leasehold::Client::new(MemStore::new()));
+//! let guard = client.acquire("nightly-report", LeaseOptions::new(Duration::from_secs(10))).await?;
+//! assert!(guard.is_valid());
+//! guard.release().await?;
+//!
+//! let queue = client.queue("emails")?;
+//! queue.push(&JobSpec::new(b"hello".to_vec())).await?;
+//! let opts = WorkOptions { drain: true, concurrency: 4, ..WorkOptions::default() };
+//! let report = queue
+//!     .work(&opts, std::future::pending(), |job| async move {
+//!         assert_eq!(job.payload(), b"hello");
+//!         Ok(())
+//!     })
+//!     .await?;
+//! assert_eq!(report.completed, 1);
+//! # Ok(())
+//! # }
+//! ```
+
+mod guard;
+mod job;
+mod queue;
+mod worker;
+
+pub use guard::LeaseGuard;
+pub use job::ClaimedJob;
+pub use queue::Queue;
+pub use tokio_util::sync::CancellationToken;
+
+use crate::client::machine::{
+    HolderAction, HolderEvent, HolderMachine, HolderReply, HolderRequest,
+};
+use crate::core::{lease::LeaseInfo, JobId, JobRecord, JobState};
+use crate::error::{Error, Result};
+use crate::store::{Store, Wake};
+use crate::sync::{lock, Mutex};
+use crate::LeaseOptions;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// An async handle on a store with one holder identity, made from a sync
+/// [`crate::Client`] (its builder sets the store, holder, clock, drift and
+/// policy). Cheap to clone; clones share the identity.
+#[derive(Clone)]
+pub struct Client {
+    sync: crate::Client,
+    wakes: Arc<Wakes>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("tokio::Client").field(&self.sync).finish()
+    }
+}
+
+/// Run a blocking store call on tokio's blocking pool. A panic in it
+/// resumes in the caller.
+pub(crate) async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down; nothing will poll us further.
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Sleep `ms` milliseconds of local time (at least one).
+pub(crate) async fn nap(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms.max(1))).await;
+}
+
+impl Client {
+    /// The async face of `client`.
+    pub fn new(client: crate::Client) -> Client {
+        let store = client.store().clone();
+        Client {
+            sync: client,
+            wakes: Arc::new(Wakes {
+                store,
+                senders: Mutex::new([None, None]),
+            }),
+        }
+    }
+
+    /// The sync client underneath (same identity and store).
+    pub fn sync(&self) -> &crate::Client {
+        &self.sync
+    }
+
+    /// This client's holder identity.
+    pub fn holder(&self) -> &crate::Holder {
+        self.sync.holder()
+    }
+
+    pub(crate) fn local_now_ms(&self) -> u64 {
+        self.sync.local_now_ms()
+    }
+
+    /// Run `f` with the sync client on the blocking pool.
+    pub(crate) async fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&crate::Client) -> R + Send + 'static,
+    ) -> R {
+        let sync = self.sync.clone();
+        blocking(move || f(&sync)).await
+    }
+
+    /// Try once to acquire `key`; [`Error::Held`] if it is taken.
+    pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<LeaseGuard> {
+        self.acquire(key, LeaseOptions::new(ttl)).await
+    }
+
+    /// Acquire `key`, waiting up to `opts.wait` without holding a thread:
+    /// the holder machine's jittered backoff on a timer, cut short when
+    /// the store sees a release. The guard's keep-alive task starts at
+    /// once. Semantics as [`crate::Client::acquire`].
+    pub async fn acquire(&self, key: &str, opts: LeaseOptions) -> Result<LeaseGuard> {
+        let cfg = self.sync.holder_config(key, &opts)?;
+        let (ttl_ms, limit) = (cfg.ttl_ms, cfg.limit);
+        // Listen before the first attempt, so a release right after it is
+        // not missed (a try-once acquire has nothing to wait for).
+        let mut released = (cfg.wait_ms > 0).then(|| self.wakes.subscribe(Wake::LeaseFreed));
+        let mut machine = HolderMachine::new(cfg, self.local_now_ms());
+        loop {
+            while let Some(action) = machine.poll_action() {
+                match action {
+                    HolderAction::Send(HolderRequest::Acquire) => {
+                        let key = key.to_owned();
+                        let reply = self
+                            .call(move |c| c.try_acquire_once(&key, ttl_ms, limit))
+                            .await;
+                        machine.handle_reply(self.local_now_ms(), HolderReply::Acquired(reply));
+                    }
+                    HolderAction::Event(HolderEvent::Granted { token, renewed }) => {
+                        let life = machine.lifetime().cloned().ok_or_else(|| {
+                            Error::store("acquiring", "granted without a lifetime")
+                        })?;
+                        return Ok(LeaseGuard::start(self, key, token, ttl_ms, renewed, life));
+                    }
+                    HolderAction::Event(HolderEvent::GaveUp(e) | HolderEvent::Failed(e)) => {
+                        return Err(e)
+                    }
+                    HolderAction::Event(_) | HolderAction::Send(_) => {}
+                }
+            }
+            let now = self.local_now_ms();
+            let until = machine.poll_timeout().unwrap_or(now);
+            let woke = match &mut released {
+                Some(rx) => tokio::select! {
+                    _ = nap(until.saturating_sub(now)) => false,
+                    changed = rx.changed() => changed.is_ok(),
+                },
+                None => {
+                    nap(until.saturating_sub(now)).await;
+                    false
+                }
+            };
+            let now = self.local_now_ms();
+            if woke {
+                machine.handle_wake(now);
+            } else {
+                machine.handle_timeout(now);
+            }
+        }
+    }
+
+    /// The store's clock now (ms).
+    pub async fn store_now_ms(&self) -> Result<u64> {
+        self.call(|c| c.store_now_ms()).await
+    }
+
+    /// Live holders of `key` and its token counter.
+    pub async fn inspect(&self, key: &str) -> Result<LeaseInfo> {
+        let key = key.to_owned();
+        self.call(move |c| c.inspect(&key)).await
+    }
+
+    /// One job by id, as of the store's clock.
+    pub async fn job(&self, id: JobId) -> Result<JobRecord> {
+        self.call(move |c| c.job(id)).await
+    }
+
+    /// Cancel a job by id (see [`crate::Client::cancel_job`]).
+    pub async fn cancel_job(&self, id: JobId) -> Result<JobState> {
+        self.call(move |c| c.cancel_job(id)).await
+    }
+
+    /// Make a dead or cancelled job ready again, by id.
+    pub async fn retry_job(&self, id: JobId) -> Result<()> {
+        self.call(move |c| c.retry_job(id)).await
+    }
+
+    /// A handle on queue `name`.
+    pub fn queue(&self, name: &str) -> Result<Queue> {
+        Ok(Queue {
+            client: self.clone(),
+            sync: self.sync.queue(name)?,
+        })
+    }
+
+    /// A receiver that changes whenever the store announces `wake`.
+    pub(crate) fn subscribe(&self, wake: Wake) -> watch::Receiver<u64> {
+        self.wakes.subscribe(wake)
+    }
+}
+
+/// The store's announcements (a release, a job made ready) for every task
+/// of one client: one watcher per event on the blocking pool, started by
+/// the first listener and gone when the last one is.
+struct Wakes {
+    store: Arc<dyn Store>,
+    senders: Mutex<[Option<watch::Sender<u64>>; 2]>,
+}
+
+impl Wakes {
+    fn subscribe(self: &Arc<Self>, wake: Wake) -> watch::Receiver<u64> {
+        let mut senders = lock(&self.senders);
+        if let Some(tx) = &senders[wake.index()] {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(self.store.epoch(wake));
+        senders[wake.index()] = Some(tx);
+        let me = Arc::clone(self);
+        drop(tokio::task::spawn_blocking(move || me.watch(wake)));
+        rx
+    }
+
+    /// The watcher: wait for the store's epoch to move, tell the
+    /// listeners; stop (under the lock a new listener takes) once none is
+    /// left.
+    fn watch(&self, wake: Wake) {
+        loop {
+            let epoch = {
+                let mut senders = lock(&self.senders);
+                match &senders[wake.index()] {
+                    Some(tx) if tx.receiver_count() > 0 => *tx.borrow(),
+                    _ => {
+                        senders[wake.index()] = None;
+                        return;
+                    }
+                }
+            };
+            if self
+                .store
+                .wait_epoch(wake, epoch, Duration::from_millis(100))
+            {
+                let now = self.store.epoch(wake);
+                if let Some(tx) = &lock(&self.senders)[wake.index()] {
+                    tx.send_replace(now);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! [`Queue`] (async): push, claim by hand, inspect and manage a queue; the
+//! worker loop is in `worker.rs`.
+
+use super::{ClaimedJob, Client};
+use crate::core::{EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, StateCounts};
+use crate::error::Result;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A handle on one queue (async).
+#[derive(Clone, Debug)]
+pub struct Queue {
+    pub(crate) client: Client,
+    pub(crate) sync: crate::Queue,
+}
+
+impl Queue {
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        self.sync.name()
+    }
+
+    /// The client behind this handle.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Run `f` with the sync queue on the blocking pool.
+    async fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&crate::Queue) -> R + Send + 'static,
+    ) -> R {
+        let queue = self.sync.clone();
+        super::blocking(move || f(&queue)).await
+    }
+
+    /// Enqueue a job.
+    pub async fn push(&self, spec: &JobSpec) -> Result<EnqueueOutcome> {
+        let spec = spec.clone();
+        self.call(move |q| q.push(&spec)).await
+    }
+
+    /// Claim the next ready job, if any, under a lease of `lease`.
+    pub async fn claim(&self, lease: Duration) -> Result<Option<ClaimedJob>> {
+        Ok(self.claim_batch(1, lease).await?.into_iter().next())
+    }
+
+    /// Claim up to `max` ready jobs in one transaction.
+    pub async fn claim_batch(&self, max: usize, lease: Duration) -> Result<Vec<ClaimedJob>> {
+        let jobs = self.call(move |q| q.claim_batch(max, lease)).await?;
+        Ok(jobs
+            .into_iter()
+            .map(|job| ClaimedJob::new(&self.client, Arc::new(job)))
+            .collect())
+    }
+
+    /// Jobs per state.
+    pub async fn stats(&self) -> Result<StateCounts> {
+        self.call(|q| q.stats()).await
+    }
+
+    /// Up to `limit` jobs after id `after`, optionally only in `state`.
+    pub async fn list(
+        &self,
+        state: Option<JobState>,
+        after: JobId,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>> {
+        self.call(move |q| q.list(state, after, limit)).await
+    }
+
+    /// One job by id.
+    pub async fn get(&self, id: JobId) -> Result<JobRecord> {
+        self.call(move |q| q.get(id)).await
+    }
+
+    /// Cancel a job (see [`crate::Client::cancel_job`]).
+    pub async fn cancel(&self, id: JobId) -> Result<JobState> {
+        self.call(move |q| q.cancel(id)).await
+    }
+
+    /// Retry a dead or cancelled job.
+    pub async fn retry(&self, id: JobId) -> Result<()> {
+        self.call(move |q| q.retry(id)).await
+    }
+
+    /// Delete terminal jobs that finished at least `older_than` ago.
+    pub async fn purge(&self, older_than: Duration) -> Result<u64> {
+        self.call(move |q| q.purge(older_than)).await
+    }
+}

@@ -1,0 +1,196 @@
+//! The async worker loop: a thin driver of the same `WorkerMachine` as the
+//! sync loop (through the shared `Session`). The loop's task runs the
+//! machine and sends its requests to the blocking pool one at a time; each
+//! handler is a task of its own, cancelled (its future dropped) when the
+//! machine stops its job; the store's "job ready" announcements arrive
+//! through the client's watcher.
+
+use super::{blocking, nap, ClaimedJob, Queue};
+use crate::client::machine::JobOutcome;
+use crate::client::session::{Next, Session};
+use crate::client::{ms_of, WorkOptions, WorkReport};
+use crate::core::{JobId, JobRecord};
+use crate::error::Result;
+use crate::store::Wake;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+type Done = (JobId, std::result::Result<(), String>);
+
+impl Queue {
+    /// Claim and run jobs until `shutdown` resolves (or, with
+    /// `opts.drain`, until the queue is drained), up to `opts.concurrency`
+    /// handlers at once, each a task. The handler's `Ok` completes its
+    /// job, `Err(reason)` fails it (a reason the store would refuse is cut:
+    /// [`crate::fit_reason`]); a panicking handler fails its job. Claims,
+    /// renewals and outcomes are batched as in [`crate::Queue::work`].
+    ///
+    /// A handler's future is dropped, and its token
+    /// ([`ClaimedJob::cancellation`]) cancelled, when its claim is lost or
+    /// its job cancelled. After `shutdown`: no more claims; running
+    /// handlers have `opts.shutdown_grace` to finish, then their futures
+    /// are dropped and their jobs given back (retried by another worker).
+    /// Returns once every handler task has ended.
+    pub async fn work<F, Fut>(
+        &self,
+        opts: &WorkOptions,
+        shutdown: impl Future<Output = ()> + Send,
+        handler: F,
+    ) -> Result<WorkReport>
+    where
+        F: Fn(ClaimedJob) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), String>> + Send + 'static,
+    {
+        self.work_with(opts, shutdown, handler, |_, _| {}).await
+    }
+
+    /// [`Queue::work`], calling `observe` with each job's outcome once it
+    /// is recorded (or known lost).
+    pub async fn work_with<F, Fut>(
+        &self,
+        opts: &WorkOptions,
+        shutdown: impl Future<Output = ()> + Send,
+        handler: F,
+        observe: impl Fn(&JobRecord, JobOutcome) + Send + Sync,
+    ) -> Result<WorkReport>
+    where
+        F: Fn(ClaimedJob) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), String>> + Send + 'static,
+    {
+        self.client.sync.check_fork()?;
+        let mut driver = Driver {
+            queue: self,
+            session: Session::new(&self.client.sync, &self.sync.name, opts),
+            handler: Arc::new(handler),
+            running: HashMap::new(),
+            tasks: JoinSet::new(),
+            done: mpsc::unbounded_channel(),
+        };
+        let end = driver.run(opts, shutdown, &observe).await;
+        // Normally every handler has reported; after a store error some
+        // may run still: stop them and wait.
+        for job in driver.running.values() {
+            job.stop();
+        }
+        while driver.tasks.join_next().await.is_some() {}
+        end
+    }
+}
+
+struct Driver<'q, F> {
+    queue: &'q Queue,
+    session: Session,
+    handler: Arc<F>,
+    /// Handles of the jobs whose handler runs, to stop them.
+    running: HashMap<JobId, ClaimedJob>,
+    tasks: JoinSet<()>,
+    done: (mpsc::UnboundedSender<Done>, mpsc::UnboundedReceiver<Done>),
+}
+
+impl<F, Fut> Driver<'_, F>
+where
+    F: Fn(ClaimedJob) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = std::result::Result<(), String>> + Send + 'static,
+{
+    async fn run(
+        &mut self,
+        opts: &WorkOptions,
+        shutdown: impl Future<Output = ()> + Send,
+        observe: &(dyn Fn(&JobRecord, JobOutcome) + Send + Sync),
+    ) -> Result<WorkReport> {
+        let mut ready = self.queue.client.subscribe(Wake::JobReady);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut stopping = false;
+        loop {
+            let now = self.session.now();
+            while let Ok((id, result)) = self.done.1.try_recv() {
+                self.handler_done(now, id, result);
+            }
+            self.session.machine.handle_timeout(now);
+            while let Some(next) = self.session.next(observe) {
+                match next {
+                    Next::Send(request) => {
+                        let exec = self.session.exec().clone();
+                        let reply = blocking(move || exec.run(request)).await;
+                        self.session.reply(reply);
+                    }
+                    Next::Start(job) => self.start(ClaimedJob::new(&self.queue.client, job)),
+                    Next::Stop(id) => {
+                        if let Some(job) = self.running.get(&id) {
+                            job.stop();
+                        }
+                    }
+                    Next::End(end) => return end,
+                }
+            }
+            let now = self.session.now();
+            let until = self.session.machine.poll_timeout().unwrap_or(u64::MAX);
+            if until <= now {
+                continue;
+            }
+            // At most a minute: nothing is lost by looking again.
+            let nap_ms = (until - now).min(60_000);
+            tokio::select! {
+                _ = nap(nap_ms) => {}
+                Some((id, result)) = self.done.1.recv() => {
+                    self.handler_done(self.session.now(), id, result);
+                }
+                changed = ready.changed() => {
+                    if changed.is_ok() {
+                        self.session.machine.wake(self.session.now());
+                    } else {
+                        ready = self.queue.client.subscribe(Wake::JobReady);
+                    }
+                }
+                _ = &mut shutdown, if !stopping => {
+                    stopping = true;
+                    let now = self.session.now();
+                    let grace = ms_of(opts.shutdown_grace);
+                    self.session.machine.shutdown(now, now.saturating_add(grace));
+                }
+            }
+        }
+    }
+
+    fn handler_done(&mut self, now: u64, id: JobId, result: std::result::Result<(), String>) {
+        self.running.remove(&id);
+        self.session.machine.handler_done(now, id, result);
+    }
+
+    /// Run the handler on `job` in a task of its own; its result (or its
+    /// panic, or its cancellation) comes back on the channel.
+    fn start(&mut self, job: ClaimedJob) {
+        let id = job.id();
+        self.running.insert(id, job.clone());
+        let handler = self.handler.clone();
+        let done = self.done.0.clone();
+        self.tasks.spawn(async move {
+            let stop = job.cancellation();
+            let mut run = tokio::spawn(handler(job));
+            let result = tokio::select! {
+                joined = &mut run => match joined {
+                    Ok(result) => result,
+                    Err(e) if e.is_panic() => Err(format!("the handler panicked: {}", panic_text(e.into_panic()))),
+                    Err(_) => Err("the handler task was cancelled".to_owned()),
+                },
+                _ = stop.cancelled() => {
+                    run.abort();
+                    let _ = run.await;
+                    Err("the handler was stopped: its claim was lost, its job cancelled, or the worker shut down".to_owned())
+                }
+            };
+            let _ = done.send((id, result));
+        });
+    }
+}
+
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
