@@ -16,8 +16,8 @@
 //!
 //! After the criterion rows (only under `cargo bench`, and unless
 //! `LEASEHOLD_BENCH_COST=0`), a cost table: per job, the server's CPU (all
-//! PostgreSQL processes of the machine, exited backends included), the
-//! client's CPU, and round trips (counted by a loopback proxy that sees
+//! PostgreSQL processes of the machine, exited backends included, and the
+//! benchmark's own backends alone), the client's CPU, and round trips (counted by a loopback proxy that sees
 //! every request and reply, in a second pass so its own CPU stays out of
 //! the first). Run only the table: `cargo bench --bench postgres -- none`.
 //!
@@ -422,6 +422,20 @@ fn server_cpu_ms() -> u64 {
         .sum()
 }
 
+/// CPU (ms) of the backends of this benchmark's connections (they stay
+/// open between passes: the store's pool and the baseline's workers).
+fn backends_cpu_ms(admin: &mut postgres::Client) -> u64 {
+    admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&APP],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| cpu_ms(&r.get::<_, i32>(0).to_string()))
+        .sum()
+}
+
 /// A loopback proxy in front of the server that counts round trips: a
 /// request that follows a reply (or opens a connection) starts one.
 struct Proxy {
@@ -612,16 +626,16 @@ const COSTS: [Workload; 7] = [
 
 /// The counters of one side of a measurement.
 struct Counters {
-    at: Instant,
     server_cpu_ms: u64,
+    backends_cpu_ms: u64,
     client_cpu_ms: u64,
     round_trips: u64,
 }
 
-fn counters(proxy: &Proxy) -> Counters {
+fn counters(admin: &mut postgres::Client, proxy: &Proxy) -> Counters {
     Counters {
-        at: Instant::now(),
         server_cpu_ms: server_cpu_ms(),
+        backends_cpu_ms: backends_cpu_ms(admin),
         client_cpu_ms: cpu_ms("self"),
         round_trips: proxy.round_trips.load(Ordering::SeqCst),
     }
@@ -630,23 +644,27 @@ fn counters(proxy: &Proxy) -> Counters {
 /// Measure one workload: a warm-up, a direct pass (time and CPU)
 /// and a pass through the counting proxy (round trips).
 fn cost_row(url: &str, proxy: &Proxy, w: &Workload) {
+    let mut admin = postgres::Client::connect(url, postgres::NoTls).unwrap();
     let proxied = proxy.url(url);
-    let pass = |url: &str| {
+    let mut pass = |url: &str| {
         (w.push)(url, w.jobs / 8);
         (w.drain)(url, w.jobs / 8);
         (w.push)(url, w.jobs);
-        let before = counters(proxy);
+        let before = counters(&mut admin, proxy);
+        let start = Instant::now();
         (w.drain)(url, w.jobs);
-        (before, counters(proxy))
+        let elapsed = start.elapsed();
+        (before, counters(&mut admin, proxy), elapsed)
     };
-    let (b, a) = pass(url);
-    let (pb, pa) = pass(&proxied);
+    let (b, a, elapsed) = pass(url);
+    let (pb, pa, _) = pass(&proxied);
     let per = |d: u64| d as f64 * 1000.0 / w.jobs as f64;
     println!(
-        "cost {:<24} {:>6.0} jobs/s | server CPU {:>6.1} µs/job | client CPU {:>6.1} µs/job | round trips {:>5.3}/job",
+        "cost {:<24} {:>6.0} jobs/s | server CPU {:>6.1} µs/job (its backends {:>6.1}) | client CPU {:>6.1} µs/job | round trips {:>5.3}/job",
         w.label,
-        w.jobs as f64 / (a.at - b.at).as_secs_f64(),
+        w.jobs as f64 / elapsed.as_secs_f64(),
         per(a.server_cpu_ms.saturating_sub(b.server_cpu_ms)),
+        per(a.backends_cpu_ms.saturating_sub(b.backends_cpu_ms)),
         per(a.client_cpu_ms.saturating_sub(b.client_cpu_ms)),
         (pa.round_trips - pb.round_trips) as f64 / w.jobs as f64,
     );
