@@ -4,14 +4,15 @@
 //! first grants and claims raced by many threads and handles, a backend
 //! terminated under a worker holding a claim, a connection lost inside a
 //! transaction (nothing applied, transient) and during COMMIT (ambiguous),
-//! LISTEN/NOTIFY wake-ups, and a real fork.
+//! LISTEN/NOTIFY wake-ups, a real fork, and the round trips of a batch
+//! (counted by a proxy: the same for 1 job as for 64).
 
 #![allow(clippy::disallowed_methods)] // real time, real threads
 
 #[path = "support/pg.rs"]
 mod pg;
 
-use leasehold::core::{self};
+use leasehold::core::{self, job::Settle};
 use leasehold::store::postgres::SCHEMA_VERSION;
 use leasehold::{
     Client, Error, Holder, HolderId, JobSpec, JobState, LostReason, ManualClock, PostgresOptions,
@@ -205,6 +206,68 @@ fn newer_foreign_and_misnamed_schemas_are_refused_and_left_untouched() {
         )),
         Err(Error::Invalid { .. })
     ));
+}
+
+/// A batch costs a fixed number of round trips, whatever its size: BEGIN
+/// with the clock, one read (the queue's scans, or every job of the batch
+/// at once), the writes with COMMIT.
+#[test]
+fn a_batch_costs_three_round_trips_whatever_its_size() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("trips");
+    let proxy = pg::RoundTrips::start();
+    let opts = PostgresOptions {
+        max_connections: 1,
+        ..PostgresOptions::default()
+    };
+    let store = PostgresStore::open_with(&proxy.url(&schema), opts).unwrap();
+    let (policy, holder) = (QueuePolicy::default(), HolderId(7));
+    let trips = |f: &mut dyn FnMut()| {
+        let before = proxy.count();
+        f();
+        proxy.count() - before
+    };
+    for n in [1usize, 64] {
+        store
+            .txn(|tx| {
+                for i in 0..n {
+                    core::job::enqueue(tx, "q", &JobSpec::new(vec![i as u8]), &policy)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let mut jobs = Vec::new();
+        let claim = trips(&mut || {
+            jobs = store
+                .txn(|tx| core::job::claim(tx, "q", holder, 60_000, n, &policy))
+                .unwrap();
+        });
+        assert_eq!(jobs.len(), n);
+        let claims: Vec<_> = jobs.iter().map(|j| (j.id, j.last_token)).collect();
+        let beat = trips(&mut || {
+            let replies = store
+                .txn(|tx| core::job::heartbeat_many(tx, holder, &claims, 60_000))
+                .unwrap();
+            assert!(replies.iter().all(Result::is_ok));
+        });
+        let settles: Vec<_> = claims
+            .iter()
+            .map(|&(id, token)| (id, token, Settle::Complete))
+            .collect();
+        let settle = trips(&mut || {
+            let states = store
+                .txn(|tx| core::job::settle_many(tx, holder, &settles, &policy))
+                .unwrap();
+            assert!(states.iter().all(|s| matches!(s, Ok(JobState::Done))));
+        });
+        assert_eq!(
+            (claim, beat, settle),
+            (3, 3, 3),
+            "round trips of a claim, a heartbeat round and a settle of {n} jobs"
+        );
+    }
 }
 
 #[test]

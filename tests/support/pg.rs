@@ -89,3 +89,87 @@ impl Drop for Schema {
         }
     }
 }
+
+/// A loopback proxy in front of the test server that counts round trips:
+/// a request that follows a reply (or opens a connection) starts one.
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)] // real sockets and threads
+pub struct RoundTrips {
+    port: u16,
+    count: std::sync::Arc<AtomicU64>,
+}
+
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
+impl RoundTrips {
+    pub fn start() -> RoundTrips {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::AtomicU8;
+        use std::sync::Arc;
+        let config: postgres::Config = url().expect("LEASEHOLD_TEST_PG").parse().unwrap();
+        let host = match &config.get_hosts()[0] {
+            postgres::config::Host::Tcp(h) => h.clone(),
+            other => panic!("the round-trip proxy needs a TCP server, not {other:?}"),
+        };
+        let server = format!("{host}:{}", config.get_ports().first().unwrap_or(&5432));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let count = Arc::new(AtomicU64::new(0));
+        let counter = count.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(upstream) = TcpStream::connect(&server) else {
+                    continue;
+                };
+                // 0: the last bytes went to the server; 1: to the client.
+                let last = Arc::new(AtomicU8::new(1));
+                let pipe = |mut from: TcpStream, mut to: TcpStream, dir: u8| {
+                    let (last, counter) = (last.clone(), counter.clone());
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = from.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            // Marked before forwarding, so the next request
+                            // (sent only after this reply) sees it.
+                            if last.swap(dir, Ordering::SeqCst) != dir && dir == 0 {
+                                counter.fetch_add(1, Ordering::SeqCst);
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                pipe(
+                    client.try_clone().unwrap(),
+                    upstream.try_clone().unwrap(),
+                    0,
+                );
+                pipe(upstream, client, 1);
+            }
+        });
+        RoundTrips { port, count }
+    }
+
+    /// Round trips so far (every connection through the proxy).
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// `schema`'s URL, through the proxy.
+    pub fn url(&self, schema: &Schema) -> String {
+        let config: postgres::Config = url().expect("LEASEHOLD_TEST_PG").parse().unwrap();
+        let user = config.get_user().unwrap_or("postgres");
+        let db = config.get_dbname().unwrap_or("postgres");
+        let password = config
+            .get_password()
+            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+            .unwrap_or_default();
+        format!(
+            "postgres://{user}{password}@127.0.0.1:{}/{db}?schema={}",
+            self.port, schema.0
+        )
+    }
+}

@@ -7,6 +7,7 @@ use postgres::{Client, Statement};
 pub(super) struct Statements {
     pub lease_get: Statement,
     pub job_get: Statement,
+    pub jobs_get: Statement,
     pub next_id: Statement,
     pub live_unique: Statement,
     pub scan_maintenance: Statement,
@@ -46,6 +47,11 @@ impl Statements {
         Ok(Statements {
             lease_get: p("SELECT last_token, tokens, holders, labels, expires, lease_limit FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
             job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
+            // Locked in id order, so two batches that share jobs never
+            // deadlock (the lock is taken above the sort).
+            jobs_get: p(format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+            ))?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
             live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
             scan_maintenance: p(format!(

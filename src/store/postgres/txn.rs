@@ -356,12 +356,28 @@ impl JobTxn for PgTxn<'_> {
         Ok(self.jobs.get(&id).map(|c| c.record.clone()))
     }
 
+    /// One round trip for every job not read yet (none if all were).
     fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
-        let mut jobs = Vec::with_capacity(ids.len());
-        for &id in ids {
-            jobs.extend(self.job(id)?);
+        let mut missing = Vec::new();
+        for id in ids {
+            if !self.jobs.contains_key(id) && !self.deleted.contains(id) {
+                missing.push(i64_of("id", id.0)?);
+            }
         }
-        Ok(jobs)
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let rows = self.query(
+                &format!("reading {} jobs", missing.len()),
+                |st| &st.jobs_get,
+                &[&missing],
+            )?;
+            self.absorb(&rows, &mut Vec::new())?;
+        }
+        Ok(ids
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(|c| c.record.clone()))
+            .collect())
     }
 
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
