@@ -14,8 +14,8 @@
 //! rules. The `work_loop` rows run `Queue::work` instead of bare claim and
 //! complete.
 //!
-//! After the criterion rows (only under `cargo bench`, and unless
-//! `LEASEHOLD_BENCH_COST=0`), a cost table: per job, the server's CPU (all
+//! After the criterion rows (only under `cargo bench`; `LEASEHOLD_BENCH_COST=0`
+//! leaves it out, `=TEXT` keeps the rows whose name holds TEXT), a cost table: per job, the server's CPU (all
 //! PostgreSQL processes of the machine, exited backends included, and the
 //! benchmark's own backends alone), the client's CPU, and round trips (counted by a loopback proxy that sees
 //! every request and reply, in a second pass so its own CPU stays out of
@@ -671,7 +671,8 @@ fn cost_row(url: &str, proxy: &Proxy, w: &Workload) {
 }
 
 fn costs(url: &str) {
-    if std::env::var("LEASEHOLD_BENCH_COST").is_ok_and(|v| v == "0") {
+    let only = std::env::var("LEASEHOLD_BENCH_COST").unwrap_or_default();
+    if only == "0" {
         return;
     }
     let Some(addr) = server_addr(url) else {
@@ -680,7 +681,7 @@ fn costs(url: &str) {
     };
     let proxy = Proxy::start(addr);
     println!("\ncost table (CPU from /proc: every PostgreSQL process, and this one; round trips through a counting proxy):");
-    for w in &COSTS {
+    for w in COSTS.iter().filter(|w| w.label.contains(&only)) {
         cost_row(url, &proxy, w);
     }
 }

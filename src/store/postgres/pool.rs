@@ -92,6 +92,17 @@ impl Pool {
                 Stage::Work,
             )
         })?;
+        if super::txn::update_form() == super::sql::UpdateForm::Execute {
+            client
+                .batch_execute(&super::sql::prepare_update(&self.cfg.schema))
+                .map_err(|e| {
+                    pg_err(
+                        format!("preparing statements on {}", self.cfg.shown),
+                        e,
+                        Stage::Work,
+                    )
+                })?;
+        }
         Ok(Conn { client, st })
     }
 

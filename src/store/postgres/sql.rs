@@ -1,7 +1,8 @@
 //! Literal SQL: the writes of a transaction rendered as text, so that all
 //! of them and the COMMIT travel in one simple-query round trip.
 
-use crate::core::{JobRecord, LeaseRecord};
+use super::statements::COLUMNS;
+use crate::core::{JobId, JobRecord, JobState, LeaseRecord};
 use crate::error::{Error, Result};
 use crate::store::{holder_bytes, i64_of};
 
@@ -154,6 +155,74 @@ impl Sql {
         Ok(self)
     }
 
+    /// An array literal (`'{a,b}'`) of `items`, each written by `each`,
+    /// with a cast to `ty` when asked.
+    fn array<T>(
+        &mut self,
+        items: &[T],
+        ty: Option<&str>,
+        mut each: impl FnMut(&mut String, &T) -> Result<()>,
+    ) -> Result<&mut Self> {
+        self.0.push_str("'{");
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                self.0.push(',');
+            }
+            each(&mut self.0, item)?;
+        }
+        self.0.push_str("}'");
+        if let Some(ty) = ty {
+            self.raw("::").raw(ty);
+        }
+        Ok(self)
+    }
+
+    /// The fields of `jobs` that can change, as one array literal per
+    /// column of [`UPDATE_FIELDS`] (typed when `cast`).
+    fn job_arrays(&mut self, jobs: &[&JobRecord], cast: bool) -> Result<&mut Self> {
+        use std::fmt::Write;
+        type Each<'f> = &'f dyn Fn(&mut String, &&JobRecord) -> Result<()>;
+        let int = |out: &mut String, field, v: Option<u64>| -> Result<()> {
+            match v {
+                Some(v) => write!(out, "{}", i64_of(field, v)?).map_err(fmt_err),
+                None => {
+                    out.push_str("NULL");
+                    Ok(())
+                }
+            }
+        };
+        let columns: [Each<'_>; 14] = [
+            &|o, j| int(o, "id", Some(j.id.0)),
+            &|o, j| write!(o, "{}", j.priority).map_err(fmt_err),
+            &|o, j| int(o, "run_at", Some(j.run_at_ms)),
+            &|o, j| int(o, "max_attempts", Some(j.max_attempts.into())),
+            &|o, j| int(o, "attempts", Some(j.attempts.into())),
+            &|o, j| int(o, "expiries", Some(j.expiries.into())),
+            &|o, j| int(o, "token", Some(j.last_token)),
+            &|o, j| write!(o, "{}", j.state.code()).map_err(fmt_err),
+            &|o, j| {
+                match j.claim {
+                    Some(c) => array_bytes(o, &holder_bytes(c.holder)),
+                    None => o.push_str("NULL"),
+                }
+                Ok(())
+            },
+            &|o, j| int(o, "token", j.claim.map(|c| c.token)),
+            &|o, j| int(o, "lease_until", j.claim.map(|c| c.lease_until_ms)),
+            &|o, j| {
+                o.push(if j.cancel_requested { 't' } else { 'f' });
+                Ok(())
+            },
+            &|o, j| array_text(o, "last_error", j.last_error.as_deref()),
+            &|o, j| int(o, "finished_at", j.finished_at_ms),
+        ];
+        for (i, (each, ty)) in columns.iter().zip(UPDATE_ARRAY_TYPES).enumerate() {
+            self.raw(if i == 0 { "" } else { ", " })
+                .array(jobs, cast.then_some(ty), each)?;
+        }
+        Ok(self)
+    }
+
     /// A lease record's columns after its key: last token and slot arrays.
     pub(super) fn lease(&mut self, r: &LeaseRecord) -> Result<&mut Self> {
         self.int("token", r.last_token)?.raw(", ARRAY[");
@@ -183,12 +252,156 @@ impl Sql {
 /// The columns [`Sql::job_changes`] writes.
 const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at";
 
-/// One UPDATE for `jobs` (rows read in this transaction): by key for one
-/// row (it plans fastest), else one statement joining a VALUES list.
-pub(super) fn render_updates(sql: &mut Sql, schema: &str, jobs: &[&JobRecord]) -> Result<()> {
-    match jobs {
-        [] => Ok(()),
-        [one] => {
+/// The assignments of an UPDATE from a row source `u` of [`UPDATE_FIELDS`].
+const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at";
+
+/// The types of [`UPDATE_FIELDS`], as arrays.
+pub(super) const UPDATE_ARRAY_TYPES: [&str; 14] = [
+    "int8[]", "int4[]", "int8[]", "int8[]", "int8[]", "int8[]", "int8[]", "int2[]", "bytea[]",
+    "int8[]", "int8[]", "bool[]", "text[]", "int8[]",
+];
+
+/// The name of the per-session prepared UPDATE (`PREPARE`, SQL level).
+pub(super) const PREPARED_UPDATE: &str = "leasehold_jobs_update";
+
+/// The `PREPARE` of [`PREPARED_UPDATE`] for the quoted `schema`.
+pub(super) fn prepare_update(schema: &str) -> String {
+    let params: Vec<String> = (1..=14).map(|i| format!("${i}")).collect();
+    format!(
+        "PREPARE {PREPARED_UPDATE}({}) AS UPDATE {schema}.jobs AS j SET {SET_FROM_U} FROM unnest({}) AS u({UPDATE_FIELDS}) WHERE j.id = u.id",
+        UPDATE_ARRAY_TYPES.join(", "),
+        params.join(", ")
+    )
+}
+
+/// The protocol-level prepared UPDATE of [`UpdateForm::Bind`] (`{s}`: the schema).
+pub(super) fn bound_update() -> String {
+    let params: Vec<String> = UPDATE_ARRAY_TYPES
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| format!("${}::{ty}", i + 1))
+        .collect();
+    format!(
+        "UPDATE {{s}}.jobs AS j SET {SET_FROM_U} FROM unnest({}) AS u({UPDATE_FIELDS}) WHERE j.id = u.id",
+        params.join(", ")
+    )
+}
+
+/// How a batch of job updates is written (an experiment: measured, then
+/// one is kept).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum UpdateForm {
+    /// `UPDATE ... FROM (VALUES (...), ...)` in the commit script.
+    Values,
+    /// `UPDATE ... FROM unnest('{...}'::int8[], ...)` in the commit script.
+    Unnest,
+    /// `EXECUTE` of a statement the session `PREPARE`d, with array
+    /// literals, in the commit script.
+    Execute,
+    /// A protocol-level prepared statement with binary array parameters,
+    /// in its own round trip before the commit script.
+    Bind,
+}
+
+/// A pending job write of a transaction.
+pub(super) struct JobWrite<'a> {
+    pub record: &'a JobRecord,
+    /// The row exists (an UPDATE), else it is inserted.
+    pub in_db: bool,
+    /// Its state in the database (as read or last written).
+    pub db_state: Option<JobState>,
+}
+
+/// The UPDATE groups of `writes`, in the order they must run: one group,
+/// unless a row enters the live range of the unique-key index (a retried
+/// job taking its key back) while others leave it (jobs becoming terminal);
+/// then the leaving rows first, since the order of one multi-row UPDATE is
+/// unspecified and the index is checked row by row.
+pub(super) fn update_groups<'a>(writes: &[JobWrite<'a>]) -> Vec<Vec<&'a JobRecord>> {
+    let updates = writes.iter().filter(|w| w.in_db);
+    let entering = updates.clone().any(|w| {
+        w.record.unique_key.is_some()
+            && !w.record.state.is_terminal()
+            && w.db_state.is_some_and(JobState::is_terminal)
+    });
+    let rows: Vec<&JobRecord> = updates.map(|w| w.record).collect();
+    if !entering {
+        return if rows.is_empty() { vec![] } else { vec![rows] };
+    }
+    let (leaving, staying) = rows.into_iter().partition(|job| job.state.is_terminal());
+    vec![leaving, staying]
+}
+
+/// Render the job writes of a flush: the deletes, the updates (see
+/// [`update_groups`]; with [`UpdateForm::Bind`] they are left to the
+/// caller), then the inserts. Returns whether anything was rendered.
+pub(super) fn render_job_writes(
+    sql: &mut Sql,
+    schema: &str,
+    deleted: &[JobId],
+    writes: &[JobWrite<'_>],
+    form: UpdateForm,
+) -> Result<bool> {
+    let start = sql.0.len();
+    if !deleted.is_empty() {
+        sql.raw("DELETE FROM ")
+            .raw(schema)
+            .raw(".jobs WHERE id IN (");
+        for (i, id) in deleted.iter().enumerate() {
+            sql.raw(if i == 0 { "" } else { ", " }).int("id", id.0)?;
+        }
+        sql.raw(");\n");
+    }
+    if form != UpdateForm::Bind {
+        for group in update_groups(writes) {
+            render_updates(sql, schema, &group, form)?;
+        }
+    }
+    let mut inserts = writes.iter().filter(|w| !w.in_db).peekable();
+    if inserts.peek().is_some() {
+        sql.raw("INSERT INTO ")
+            .raw(schema)
+            .raw(".jobs (")
+            .raw(COLUMNS)
+            .raw(") VALUES ");
+        for (i, w) in inserts.enumerate() {
+            sql.raw(if i == 0 { "" } else { ",\n" }).job_row(w.record)?;
+        }
+        sql.raw(";\n");
+    }
+    Ok(sql.0.len() > start)
+}
+
+/// One UPDATE for `jobs` (rows read in this transaction), in `form`.
+fn render_updates(
+    sql: &mut Sql,
+    schema: &str,
+    jobs: &[&JobRecord],
+    form: UpdateForm,
+) -> Result<()> {
+    match (jobs, form) {
+        ([], _) | (_, UpdateForm::Bind) => Ok(()),
+        (_, UpdateForm::Unnest) => {
+            sql.raw("UPDATE ")
+                .raw(schema)
+                .raw(".jobs AS j SET ")
+                .raw(SET_FROM_U)
+                .raw(" FROM unnest(")
+                .job_arrays(jobs, true)?
+                .raw(") AS u(")
+                .raw(UPDATE_FIELDS)
+                .raw(") WHERE j.id = u.id;\n");
+            Ok(())
+        }
+        (_, UpdateForm::Execute) => {
+            sql.raw("EXECUTE ")
+                .raw(PREPARED_UPDATE)
+                .raw("(")
+                .job_arrays(jobs, false)?
+                .raw(");\n");
+            Ok(())
+        }
+        ([one], UpdateForm::Values) => {
             sql.raw("UPDATE ")
                 .raw(schema)
                 .raw(".jobs SET (")
@@ -200,8 +413,12 @@ pub(super) fn render_updates(sql: &mut Sql, schema: &str, jobs: &[&JobRecord]) -
                 .raw(";\n");
             Ok(())
         }
-        many => {
-            sql.raw("UPDATE ").raw(schema).raw(".jobs AS j SET priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at FROM (VALUES ");
+        (many, UpdateForm::Values) => {
+            sql.raw("UPDATE ")
+                .raw(schema)
+                .raw(".jobs AS j SET ")
+                .raw(SET_FROM_U)
+                .raw(" FROM (VALUES ");
             for (i, c) in many.iter().enumerate() {
                 sql.raw(if i == 0 { "" } else { ",\n" });
                 sql.job_changes(c)?;
@@ -212,4 +429,44 @@ pub(super) fn render_updates(sql: &mut Sql, schema: &str, jobs: &[&JobRecord]) -
             Ok(())
         }
     }
+}
+
+fn fmt_err(_: std::fmt::Error) -> Error {
+    Error::store("rendering SQL", "formatting failed")
+}
+
+/// A bytea element of an array literal: `"\\x..."` (the array parser
+/// takes one backslash away; bytea's input reads the hex).
+fn array_bytes(out: &mut String, bytes: &[u8]) {
+    use std::fmt::Write;
+    out.push_str("\"\\\\x");
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push('"');
+}
+
+/// A text element of an array literal, always quoted (so that `NULL` and
+/// blanks stay text): `"` and `\` escaped for the array parser, `'`
+/// doubled for the SQL literal around it. A NUL is refused.
+fn array_text(out: &mut String, field: &'static str, text: Option<&str>) -> Result<()> {
+    let Some(text) = text else {
+        out.push_str("NULL");
+        return Ok(());
+    };
+    if text.contains('\0') {
+        return Err(Error::invalid(field, "contains a NUL byte"));
+    }
+    out.reserve(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => out.push('\\'),
+            '\'' => out.push('\''),
+            _ => {}
+        }
+        out.push(c);
+    }
+    out.push('"');
+    Ok(())
 }
