@@ -270,6 +270,54 @@ fn a_batch_costs_three_round_trips_whatever_its_size() {
     }
 }
 
+/// A batch's writes carry text and bytes inside array literals: hostile
+/// reasons come back exactly as given.
+#[test]
+fn a_settled_batch_keeps_hostile_reasons_exactly() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("reasons");
+    let store = schema.open(PostgresOptions::default());
+    let (policy, holder) = (QueuePolicy::default(), HolderId(3));
+    let reasons = [
+        r#"it's "quoted", with {braces} and a \ backslash"#,
+        "NULL",
+        "",
+        " spaced ",
+        r"ünïcødé ✓ \x00ff",
+        "line\nbreak\ttab",
+    ];
+    store
+        .txn(|tx| {
+            for _ in reasons {
+                core::job::enqueue(tx, "q", &JobSpec::new("p"), &policy)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let jobs = store
+        .txn(|tx| core::job::claim(tx, "q", holder, 60_000, reasons.len(), &policy))
+        .unwrap();
+    let settles: Vec<_> = jobs
+        .iter()
+        .zip(reasons)
+        .map(|(j, r)| (j.id, j.last_token, Settle::Fail(r.to_owned())))
+        .collect();
+    let states = store
+        .txn(|tx| core::job::settle_many(tx, holder, &settles, &policy))
+        .unwrap();
+    assert!(
+        states.iter().all(|s| matches!(s, Ok(JobState::Scheduled))),
+        "{states:?}"
+    );
+    for (job, reason) in jobs.iter().zip(reasons) {
+        let got = store.txn(|tx| core::job::get(tx, job.id, &policy)).unwrap();
+        assert_eq!(got.last_error.as_deref(), Some(reason));
+        assert_eq!(got.claim, None);
+    }
+}
+
 #[test]
 fn first_grants_of_a_new_key_raced_by_16_threads_grant_once() {
     if !pg::enabled() {

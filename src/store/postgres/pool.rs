@@ -3,6 +3,7 @@
 //! handle each take a connection for the length of a transaction).
 
 use super::error::{pg_err, Stage};
+use super::sql::prepare_update;
 use super::statements::Statements;
 use crate::error::{Error, Result};
 use crate::sync::{lock, Condvar, Mutex};
@@ -83,26 +84,21 @@ impl Pool {
         Ok(client)
     }
 
-    /// Prepare the statements of a configured session.
+    /// Prepare the statements of a configured session (after the schema
+    /// exists): the reads, and the UPDATE of the commit scripts.
     pub fn prepare(&self, mut client: Client) -> Result<Conn> {
-        let st = Statements::prepare(&mut client, &self.cfg.schema).map_err(|e| {
-            pg_err(
-                format!("preparing statements on {}", self.cfg.shown),
-                e,
-                Stage::Work,
-            )
-        })?;
-        if super::txn::update_form() == super::sql::UpdateForm::Execute {
-            client
-                .batch_execute(&super::sql::prepare_update(&self.cfg.schema))
-                .map_err(|e| {
-                    pg_err(
-                        format!("preparing statements on {}", self.cfg.shown),
-                        e,
-                        Stage::Work,
-                    )
-                })?;
-        }
+        let st = Statements::prepare(&mut client, &self.cfg.schema)
+            .and_then(|st| {
+                client.batch_execute(&prepare_update(&self.cfg.schema))?;
+                Ok(st)
+            })
+            .map_err(|e| {
+                pg_err(
+                    format!("preparing statements on {}", self.cfg.shown),
+                    e,
+                    Stage::Work,
+                )
+            })?;
         Ok(Conn { client, st })
     }
 

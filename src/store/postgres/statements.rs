@@ -8,7 +8,6 @@ pub(super) struct Statements {
     pub lease_get: Statement,
     pub job_get: Statement,
     pub jobs_get: Statement,
-    pub jobs_update: Statement,
     pub next_id: Statement,
     pub live_unique: Statement,
     pub scan_maintenance: Statement,
@@ -50,7 +49,6 @@ impl Statements {
             job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
             // Locked in id order, so two batches that share jobs never
             // deadlock (the lock is taken above the sort).
-            jobs_update: p(super::sql::bound_update())?,
             jobs_get: p(format!(
                 "SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE"
             ))?,

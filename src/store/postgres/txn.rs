@@ -4,7 +4,7 @@
 
 use super::error::{pg_err, Stage};
 use super::pool::Conn;
-use super::sql::{render_job_writes, update_groups, JobWrite, Sql, UpdateForm};
+use super::sql::{render_job_writes, JobWrite, Sql};
 use super::statements::Statements;
 use crate::core::{
     Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, LeaseSlot, Pending,
@@ -111,9 +111,8 @@ impl<'c> PgTxn<'c> {
             woke: [false; 2],
         }
     }
-    /// Render the pending job writes into `sql` (running the updates
-    /// first when they are bound, not rendered); returns whether there were
-    /// any.
+    /// Render the pending job writes into `sql`; returns whether there
+    /// were any.
     fn render_jobs(&mut self, sql: &mut Sql, schema: &str) -> Result<bool> {
         let writes: Vec<JobWrite<'_>> = self
             .pending
@@ -125,16 +124,7 @@ impl<'c> PgTxn<'c> {
                 db_state: c.db_state,
             })
             .collect();
-        let form = update_form();
-        let mut bound = false;
-        if form == UpdateForm::Bind {
-            for group in update_groups(&writes) {
-                bind_updates(self.conn, &group)?;
-                bound = true;
-            }
-        }
-        let rendered = render_job_writes(sql, schema, &self.deleted, &writes, form)?;
-        Ok(rendered || bound)
+        render_job_writes(sql, schema, &self.deleted, &writes)
     }
 
     /// Mark every pending job write as done.
@@ -470,80 +460,4 @@ impl JobTxn for PgTxn<'_> {
         )?;
         rows.iter().map(job_from_row).collect()
     }
-}
-
-/// The form of batch updates (an experiment: `LEASEHOLD_PG_UPDATE_FORM`
-/// = values, unnest, execute or bind).
-pub(super) fn update_form() -> UpdateForm {
-    static FORM: std::sync::OnceLock<UpdateForm> = std::sync::OnceLock::new();
-    *FORM.get_or_init(
-        || match std::env::var("LEASEHOLD_PG_UPDATE_FORM").as_deref() {
-            Ok("unnest") => UpdateForm::Unnest,
-            Ok("execute") => UpdateForm::Execute,
-            Ok("bind") => UpdateForm::Bind,
-            _ => UpdateForm::Values,
-        },
-    )
-}
-
-/// Run one UPDATE of `jobs` as the prepared statement with array
-/// parameters (its own round trip).
-fn bind_updates(conn: &mut Conn, jobs: &[&JobRecord]) -> Result<()> {
-    let i = |field, v: u64| i64_of(field, v);
-    let mut ids = Vec::new();
-    let mut run_at = Vec::new();
-    let mut max_attempts = Vec::new();
-    let mut attempts = Vec::new();
-    let mut expiries = Vec::new();
-    let mut tokens = Vec::new();
-    let mut claim_tokens = Vec::new();
-    let mut lease_until = Vec::new();
-    let mut finished = Vec::new();
-    for j in jobs {
-        ids.push(i("id", j.id.0)?);
-        run_at.push(i("run_at", j.run_at_ms)?);
-        max_attempts.push(i64::from(j.max_attempts));
-        attempts.push(i64::from(j.attempts));
-        expiries.push(i64::from(j.expiries));
-        tokens.push(i("token", j.last_token)?);
-        claim_tokens.push(j.claim.map(|c| i("token", c.token)).transpose()?);
-        lease_until.push(
-            j.claim
-                .map(|c| i("lease_until", c.lease_until_ms))
-                .transpose()?,
-        );
-        finished.push(j.finished_at_ms.map(|v| i("finished_at", v)).transpose()?);
-    }
-    let priority: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
-    let state: Vec<i16> = jobs.iter().map(|j| i16::from(j.state.code())).collect();
-    let holders: Vec<Option<Vec<u8>>> = jobs
-        .iter()
-        .map(|j| {
-            j.claim
-                .map(|c| crate::store::holder_bytes(c.holder).to_vec())
-        })
-        .collect();
-    let cancel: Vec<bool> = jobs.iter().map(|j| j.cancel_requested).collect();
-    let errors: Vec<Option<&str>> = jobs.iter().map(|j| j.last_error.as_deref()).collect();
-    let params: [&(dyn ToSql + Sync); 14] = [
-        &ids,
-        &priority,
-        &run_at,
-        &max_attempts,
-        &attempts,
-        &expiries,
-        &tokens,
-        &state,
-        &holders,
-        &claim_tokens,
-        &lease_until,
-        &cancel,
-        &errors,
-        &finished,
-    ];
-    let Conn { client, st } = conn;
-    client
-        .execute(&st.jobs_update, &params)
-        .map_err(|e| pg_err("writing jobs", e, Stage::Work))?;
-    Ok(())
 }
