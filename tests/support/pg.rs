@@ -173,3 +173,50 @@ impl RoundTrips {
         )
     }
 }
+
+/// The CA that signed the test server's certificate (`.ci/run` makes it and
+/// sets `LEASEHOLD_TEST_PG_TLS_CA`), or `None` after printing why the TLS
+/// tests skip. A second CA that signed nothing the server presents lies
+/// beside it, as `untrusted-ca.pem`.
+pub fn tls_ca() -> Option<std::path::PathBuf> {
+    url()?;
+    match std::env::var("LEASEHOLD_TEST_PG_TLS_CA") {
+        Ok(path) if !path.is_empty() => Some(path.into()),
+        _ => {
+            static SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SHOWN.swap(true, Ordering::SeqCst) {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: the PostgreSQL TLS tests of this binary: LEASEHOLD_TEST_PG_TLS_CA is not set; \
+                     run the TLS step of .ci/run (it makes a CA and a server certificate, turns ssl on \
+                     and prints the variable)"
+                );
+            }
+            None
+        }
+    }
+}
+
+/// A URL for the test server at `host` (its address still the test URL's,
+/// by `hostaddr`), with `params`; the schema of `schema`.
+pub fn url_as_host(host: &str, schema: &Schema, params: &str) -> String {
+    let config: postgres::Config = url().expect("LEASEHOLD_TEST_PG").parse().unwrap();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let addr = match &config.get_hosts()[0] {
+        postgres::config::Host::Tcp(h) => {
+            use std::net::ToSocketAddrs;
+            let mut addrs = (h.as_str(), port)
+                .to_socket_addrs()
+                .expect("resolve the test host");
+            addrs.next().expect("an address of the test host").ip()
+        }
+        other => panic!("the TLS tests need a TCP server, not {other:?}"),
+    };
+    let user = config.get_user().unwrap_or("postgres");
+    let db = config.get_dbname().unwrap_or("postgres");
+    format!(
+        "postgres://{user}@{host}:{port}/{db}?hostaddr={addr}&schema={}&{params}",
+        schema.0
+    )
+}

@@ -1,6 +1,7 @@
 //! What a driver error means: transient, ambiguous or permanent, and a
 //! message that names its cause.
 
+use super::tls::{hint, tls_failure};
 use crate::error::{Error, StoreFailure};
 use postgres::error::SqlState;
 
@@ -37,7 +38,10 @@ pub(super) fn pg_err(context: impl Into<String>, e: postgres::Error, stage: Stag
     });
     // No code: the connection failed (closed, I/O) or the client refused
     // a value before sending it (not transient).
+    // A TLS handshake refused (a certificate not trusted, not for this
+    // host) is not a lost connection: retrying cannot help.
     let connection_lost = code.is_none()
+        && tls_failure(&e).is_none()
         && (e.is_closed()
             || std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()));
     let transient = transient_code || connection_lost;
@@ -62,8 +66,9 @@ pub(super) fn pg_err(context: impl Into<String>, e: postgres::Error, stage: Stag
 }
 
 /// The driver's error, shown with what it hides: the SQLSTATE of a server
-/// error, or the cause (connection refused, timed out) of a generic
-/// "error connecting to server". It stays the source of the store error.
+/// error, the cause (connection refused, timed out) of a generic "error
+/// connecting to server", or what a refused certificate means. It stays
+/// the source of the store error.
 #[derive(Debug)]
 struct PgError(postgres::Error);
 
@@ -72,7 +77,13 @@ impl std::fmt::Display for PgError {
         match self.0.as_db_error() {
             Some(db) => write!(f, "{} (SQLSTATE {})", db.message(), db.code().code()),
             None => match std::error::Error::source(&self.0) {
-                Some(cause) => write!(f, "{}: {cause}", self.0),
+                Some(cause) => {
+                    write!(f, "{}: {cause}", self.0)?;
+                    match tls_failure(&self.0).and_then(hint) {
+                        Some(hint) => write!(f, " ({hint})"),
+                        None => Ok(()),
+                    }
+                }
                 None => write!(f, "{}", self.0),
             },
         }

@@ -15,20 +15,28 @@
 //!   first grant of the same key fails that insert (unique violation,
 //!   retried) instead of granting twice. Job scans take their rows
 //!   `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each
-//!   other and never see the same job; a single job is read `FOR UPDATE`.
-//!   Transactions run at READ COMMITTED: every decision is made on rows the
-//!   transaction has locked, so it cannot be based on a stale read.
-//! - **Few round trips.** Reads are cached in the transaction (a scanned
-//!   row is not read again). Writes wait for the commit and travel with it:
-//!   one script of literal statements ending in `COMMIT`, one round trip
-//!   (a batch of claims is one `UPDATE ... FROM (VALUES ...)`). A queue's
-//!   expired and due scans travel together, with the ready scan of a claim
-//!   the rules announced ([`Txn::will_claim`]). So a claim is three round
-//!   trips (BEGIN with the clock; the scans; the writes with COMMIT), and so
-//!   is a complete (BEGIN; the job's row; the writes with COMMIT). A pending
-//!   write is flushed before any query that could see it. Literals are
-//!   rendered with `standard_conforming_strings` on: text quoted with its
-//!   quotes doubled, bytes in hex, numbers by Rust.
+//!   other and never see the same job; a single job is read `FOR UPDATE`,
+//!   and the jobs of a batch (a heartbeat round, a settle) all at once,
+//!   `WHERE id = ANY(...) ORDER BY id FOR UPDATE` (locked in id order, so
+//!   two batches never deadlock). Transactions run at READ COMMITTED:
+//!   every decision is made on rows the transaction has locked, so it
+//!   cannot be based on a stale read.
+//! - **A fixed number of round trips, whatever the batch.** Reads are
+//!   cached in the transaction (a row is read once). A queue's expired,
+//!   due and ready scans travel together ([`JobTxn::pending`](crate::core::JobTxn::pending)). Writes wait
+//!   for the commit and travel with it: one script ending in `COMMIT`, one
+//!   round trip, with one statement per kind of write (a DELETE, an INSERT,
+//!   and the updates as one `EXECUTE` of an `UPDATE ... FROM unnest(...)`
+//!   each session prepared, its arrays written as literals). So a claim of
+//!   1 or 64 jobs is three round trips (BEGIN with the clock; the scans;
+//!   the writes with COMMIT), and so is a heartbeat round or a settle
+//!   (BEGIN; the jobs' rows; the writes with COMMIT). The one exception to
+//!   one UPDATE: a row that takes a unique key back (a retried job) while
+//!   another gives it up (a job becoming terminal) is written after it, in
+//!   a second statement, since the unique index is checked row by row. A
+//!   pending write is flushed before any query that could see it. Literals
+//!   are rendered with `standard_conforming_strings` on: text quoted with
+//!   its quotes doubled, bytes in hex, numbers by Rust.
 //! - **Indexes match the scans**: one partial index per job state, ordered
 //!   as the scan orders, so claim cost does not grow with finished jobs.
 //! - **Wake-ups**: a transaction that frees a lease slot or makes a job
@@ -47,7 +55,8 @@
 //!   transient error) and `idle_in_transaction_session_timeout` (a process
 //!   paused in the middle of a transaction loses its session and its locks).
 //! - **Connections**: a small pool per store handle (threads sharing a
-//!   handle each get a connection). Used in a forked child the store returns
+//!   handle each get a connection), over TLS when the URL asks
+//!   (`sslmode`, `sslrootcert`: see the `tls` module; rustls, no OpenSSL). Used in a forked child the store returns
 //!   [`Error::Forked`]; dropped there, it leaks its connections instead of
 //!   closing the parent's sockets.
 //! - **Versioned migrations** in their own schema (default `leasehold`),
@@ -61,6 +70,7 @@ mod migrate;
 mod pool;
 mod sql;
 mod statements;
+mod tls;
 mod txn;
 
 pub use migrate::SCHEMA_VERSION;
@@ -77,6 +87,7 @@ use pool::{Checkout, Conn, Connector, Pool, PoolConfig};
 use postgres::{Config, SimpleQueryMessage};
 use std::sync::Arc;
 use std::time::Duration;
+use tls::{SslMode, TlsParams};
 use txn::PgTxn;
 
 /// The longest schema name: the notification channel
@@ -129,11 +140,13 @@ impl std::fmt::Debug for PostgresOptions {
     }
 }
 
-/// Split leasehold's own parameters (`schema`, `pool_size`) off a
-/// `postgres://` URL; the rest goes to the driver.
-fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<String> {
+/// Split leasehold's own parameters (`schema`, `pool_size`) and the TLS
+/// ones (`sslmode`, `sslrootcert`) off a `postgres://` URL; the rest goes
+/// to the driver.
+fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<(String, TlsParams)> {
+    let mut tls = TlsParams::default();
     let Some((base, query)) = url.split_once('?') else {
-        return Ok(url.to_owned());
+        return Ok((url.to_owned(), tls));
     };
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -149,14 +162,36 @@ fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<String> {
                         Error::invalid("store", format!("pool_size={value:?}: expected 1..=1024"))
                     })?;
             }
+            "sslmode" => tls.mode = Some(SslMode::parse(value)?),
+            "sslrootcert" => tls.root_cert = Some(percent_decode("sslrootcert", value)?.into()),
             _ => rest.push(pair),
         }
     }
-    Ok(if rest.is_empty() {
+    let driver_url = if rest.is_empty() {
         base.to_owned()
     } else {
         format!("{base}?{}", rest.join("&"))
-    })
+    };
+    Ok((driver_url, tls))
+}
+
+/// A URL parameter's value with its `%XX` escapes decoded.
+fn percent_decode(field: &'static str, value: &str) -> Result<String> {
+    let bad = || Error::invalid(field, format!("{value:?}: a bad %-escape or not UTF-8"));
+    let mut bytes = Vec::with_capacity(value.len());
+    let mut rest = value.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        if b != b'%' {
+            bytes.push(b);
+            continue;
+        }
+        let hex = rest.get(..2).ok_or_else(bad)?;
+        let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+        bytes.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+        rest = &rest[2..];
+    }
+    String::from_utf8(bytes).map_err(|_| bad())
 }
 
 /// Check a schema name: lowercase letters, digits and `_`, not starting
@@ -200,7 +235,7 @@ impl std::fmt::Debug for PostgresStore {
 }
 
 /// The connection settings without the password, for messages.
-fn describe_config(config: &Config, schema: &str) -> String {
+fn describe_config(config: &Config, schema: &str, tls: &TlsParams) -> String {
     use postgres::config::Host;
     let hosts: Vec<String> = config
         .get_hosts()
@@ -211,8 +246,12 @@ fn describe_config(config: &Config, schema: &str) -> String {
             Host::Unix(path) => format!("{}:{p}", path.display()),
         })
         .collect();
+    let sslmode = tls
+        .mode
+        .map(|m| format!(", sslmode={}", m.as_str()))
+        .unwrap_or_default();
     format!(
-        "postgres://{}@{}/{} (schema {schema})",
+        "postgres://{}@{}/{} (schema {schema}{sslmode})",
         config.get_user().unwrap_or(""),
         hosts.join(","),
         config.get_dbname().unwrap_or("")
@@ -225,15 +264,16 @@ fn ms_setting(d: Duration) -> String {
 
 impl PostgresStore {
     /// Connect to `url` (`postgres://user@host:port/db?schema=NAME&pool_size=N`,
-    /// plus any parameter the driver knows) with default options, creating
-    /// or migrating the schema.
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full` and
+    /// `sslrootcert=PATH` for TLS, plus any parameter the driver knows) with
+    /// default options, creating or migrating the schema.
     pub fn open(url: &str) -> Result<Self> {
         Self::open_with(url, PostgresOptions::default())
     }
 
     /// [`PostgresStore::open`] with options.
     pub fn open_with(url: &str, mut opts: PostgresOptions) -> Result<Self> {
-        let driver_url = split_url(url, &mut opts)?;
+        let (driver_url, tls_params) = split_url(url, &mut opts)?;
         check_schema_name(&opts.schema)?;
         if opts.max_connections == 0 {
             return Err(Error::invalid("max_connections", "must be at least 1"));
@@ -247,10 +287,11 @@ impl PostgresStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
+        let tls = tls::configure(&tls_params, &mut config)?;
         let schema = format!("\"{}\"", opts.schema);
         let pool = Pool::new(PoolConfig {
-            shown: describe_config(&config, &opts.schema),
-            connector: Connector { config },
+            shown: describe_config(&config, &opts.schema, &tls_params),
+            connector: Connector { config, tls },
             session_setup: format!(
                 "SET lock_timeout = '{}'; SET idle_in_transaction_session_timeout = '{}';
                  SET standard_conforming_strings = on",

@@ -9,17 +9,23 @@ use crate::error::{Error, Result};
 use crate::sync::{lock, Condvar, Mutex};
 use postgres::{Client, Config, NoTls};
 use std::time::Duration;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
-/// How to reach the server: the driver's settings.
+/// How to reach the server: the driver's settings, and the TLS connector
+/// when the URL asks for TLS.
 #[derive(Clone)]
 pub(super) struct Connector {
     pub config: Config,
+    pub tls: Option<MakeRustlsConnect>,
 }
 
 impl Connector {
     /// A new session (no setup).
     pub fn connect(&self) -> std::result::Result<Client, postgres::Error> {
-        self.config.connect(NoTls)
+        match &self.tls {
+            None => self.config.connect(NoTls),
+            Some(tls) => self.config.connect(tls.clone()),
+        }
     }
 }
 
