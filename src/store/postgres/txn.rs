@@ -27,6 +27,8 @@ struct CachedJob {
     db_state: Option<JobState>,
 }
 
+/// One transaction of a [`super::PostgresStore`]: the rows it locked, its
+/// pending writes and the wake-ups it causes.
 pub(super) struct PgTxn<'c> {
     conn: &'c mut Conn,
     /// The quoted schema name.
@@ -41,7 +43,7 @@ pub(super) struct PgTxn<'c> {
     woke: [bool; 2],
 }
 
-/// A job from a row of [`COLUMNS`]; a state code no state has is an error
+/// A job from a row of [`COLUMNS`](super::statements::COLUMNS); a state code no state has is an error
 /// naming the row (never guessed).
 fn job_from_row(r: &Row) -> Result<JobRecord> {
     let (mut job, code) = decode_job(r).map_err(|e| pg_err("decoding a job", e, Stage::Work))?;
@@ -111,6 +113,7 @@ impl<'c> PgTxn<'c> {
             woke: [false; 2],
         }
     }
+
     /// Render the pending job writes into `sql`; returns whether there
     /// were any.
     fn render_jobs(&mut self, sql: &mut Sql, schema: &str) -> Result<bool> {
