@@ -6,26 +6,45 @@
 //! ceiling of this server: two single-row autocommit UPDATEs per job (a claim
 //! and a complete can commit no faster than that).
 //!
-//! The `work_loop` rows run `Queue::work` instead of bare claim and complete.
+//! The `store_batch64` rows are the store-level batch path a worker loop
+//! builds on: `core::job::claim` of 64 and one `settle_many` of 64, two
+//! transactions per 64 jobs. The `skip_locked` rows are the hand-written
+//! baseline beside them: a `FOR UPDATE SKIP LOCKED` claim and a fenced
+//! complete, two autocommit statements per job (or per batch of 64), no
+//! rules. The `work_loop` rows run `Queue::work` instead of bare claim and
+//! complete.
+//!
+//! After the criterion rows (only under `cargo bench`; `LEASEHOLD_BENCH_COST=0`
+//! leaves it out, `=TEXT` keeps the rows whose name holds TEXT), a cost table: per job, the server's CPU (all
+//! PostgreSQL processes of the machine, exited backends included, and the
+//! benchmark's own backends alone), the client's CPU, and round trips (counted by a loopback proxy that sees
+//! every request and reply, in a second pass so its own CPU stays out of
+//! the first). Run only the table: `cargo bench --bench postgres -- none`.
 //!
 //! Needs `LEASEHOLD_TEST_PG` (a URL, e.g. postgres://postgres@127.0.0.1/test);
 //! without it the benchmark prints a notice and measures nothing.
 //! Run: `LEASEHOLD_TEST_PG=... cargo bench --bench postgres` (results: BENCHMARKS.md).
 
-#![allow(clippy::disallowed_methods)] // benchmarks use real threads and time
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // real threads, time and sockets
 
 #[path = "support/harness.rs"]
 mod harness;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use leasehold::core::{self, job::Settle};
 use leasehold::{
-    Client, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, Store, WorkOptions,
+    Client, HolderId, JobState, PostgresOptions, PostgresStore, QueuePolicy, SqliteOptions,
+    SqliteStore, Store, StoreExt, WorkOptions,
 };
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SCHEMA: &str = "leasehold_bench";
+/// The application_name of every benchmark connection (to find its backends).
+const APP: &str = "leasehold_bench";
 
 fn pg_url() -> Option<String> {
     std::env::var("LEASEHOLD_TEST_PG")
@@ -48,9 +67,8 @@ fn postgres(url: &str) -> Arc<dyn Store> {
         max_connections: 32,
         ..PostgresOptions::default()
     };
-    Arc::new(
-        PostgresStore::open_with(&with_params(url, &format!("schema={SCHEMA}")), opts).unwrap(),
-    )
+    let params = format!("schema={SCHEMA}&application_name={APP}");
+    Arc::new(PostgresStore::open_with(&with_params(url, &params), opts).unwrap())
 }
 
 /// `threads` workers running the worker loop (`Queue::work`: keep-alive,
@@ -82,6 +100,188 @@ fn timed_work(store: &Arc<dyn Store>, queue: &str, iters: u64, threads: usize) -
     start.elapsed()
 }
 
+/// Run `f` again while it fails with a transient error.
+fn retrying<R>(mut f: impl FnMut() -> leasehold::Result<R>) -> R {
+    for _ in 0..1_000 {
+        match f() {
+            Ok(r) => return r,
+            Err(e) if e.is_transient() => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("still transient after 1000 tries");
+}
+
+/// One worker of the store-level batch path: claim up to `batch` jobs in
+/// one transaction, settle them all (complete) in another, until the queue
+/// is empty. Returns the jobs completed.
+fn drain_store_batch(store: &dyn Store, queue: &str, holder: HolderId, batch: usize) -> u64 {
+    let policy = QueuePolicy::default();
+    let lease_ms = harness::QUEUE_LEASE.as_millis() as u64;
+    let mut done = 0;
+    loop {
+        let jobs = retrying(|| {
+            store.txn(|tx| core::job::claim(tx, queue, holder, lease_ms, batch, &policy))
+        });
+        if jobs.is_empty() {
+            return done;
+        }
+        let settles: Vec<_> = jobs
+            .iter()
+            .map(|j| (j.id, j.last_token, Settle::Complete))
+            .collect();
+        let states =
+            retrying(|| store.txn(|tx| core::job::settle_many(tx, holder, &settles, &policy)));
+        assert!(states.iter().all(|s| matches!(s, Ok(JobState::Done))));
+        done += jobs.len() as u64;
+    }
+}
+
+/// `threads` workers drain `iters` jobs through the store-level batch path.
+fn store_batch(
+    store: &Arc<dyn Store>,
+    queue: &str,
+    iters: u64,
+    threads: usize,
+    batch: usize,
+) -> Duration {
+    harness::push_jobs_batched(store, queue, iters, 256);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = store.clone();
+            let queue = queue.to_owned();
+            let holder = HolderId(t as u128 + 1);
+            std::thread::spawn(move || drain_store_batch(&*store, &queue, holder, batch))
+        })
+        .collect();
+    let done: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(done, iters);
+    start.elapsed()
+}
+
+/// The hand-written baseline: `threads` connections each claim up to
+/// `batch` jobs with one autocommit `UPDATE ... WHERE id IN (SELECT ...
+/// FOR UPDATE SKIP LOCKED) RETURNING` and complete them with one fenced
+/// autocommit UPDATE, until the table has no ready row.
+fn skip_locked(url: &str, iters: u64, threads: usize, batch: i64) -> Duration {
+    table_push(url, iters);
+    let workers = table_workers(url, threads);
+    let start = Instant::now();
+    let workers = table_drain_with(workers, iters, batch);
+    let elapsed = start.elapsed();
+    table_workers_back(url, workers);
+    elapsed
+}
+
+/// One connection of the hand-written baseline, its statements prepared.
+struct TableWorker {
+    c: postgres::Client,
+    claim: postgres::Statement,
+    complete_one: postgres::Statement,
+    complete_many: postgres::Statement,
+}
+
+impl TableWorker {
+    fn new(url: &str) -> TableWorker {
+        let url = with_params(url, &format!("application_name={APP}"));
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let claim = c
+            .prepare(&format!(
+                "UPDATE {SCHEMA}_ceiling.jobs SET state = 1, token = token + 1
+                 WHERE id IN (SELECT id FROM {SCHEMA}_ceiling.jobs WHERE state = 0
+                              ORDER BY priority DESC, run_at, id LIMIT $1 FOR UPDATE SKIP LOCKED)
+                 RETURNING id, token"
+            ))
+            .unwrap();
+        let complete_one = c
+            .prepare(&format!(
+                "UPDATE {SCHEMA}_ceiling.jobs SET state = 2 WHERE id = $1 AND token = $2 AND state = 1"
+            ))
+            .unwrap();
+        let complete_many = c
+            .prepare(&format!(
+                "UPDATE {SCHEMA}_ceiling.jobs AS j SET state = 2
+                 FROM unnest($1::int8[], $2::int8[]) AS u(id, token)
+                 WHERE j.id = u.id AND j.token = u.token AND j.state = 1"
+            ))
+            .unwrap();
+        TableWorker {
+            c,
+            claim,
+            complete_one,
+            complete_many,
+        }
+    }
+
+    /// Claim and complete until no row is ready; returns the jobs done.
+    fn drain(&mut self, batch: i64) -> u64 {
+        let mut done = 0;
+        loop {
+            let rows = self.c.query(&self.claim, &[&batch]).unwrap();
+            if rows.is_empty() {
+                return done;
+            }
+            let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+            let tokens: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
+            let n = if let [id] = ids[..] {
+                let params: [&(dyn postgres::types::ToSql + Sync); 2] = [&id, &tokens[0]];
+                self.c.execute(&self.complete_one, &params).unwrap()
+            } else {
+                self.c
+                    .execute(&self.complete_many, &[&ids, &tokens])
+                    .unwrap()
+            };
+            assert_eq!(n, ids.len() as u64, "every claimed job completed");
+            done += n;
+        }
+    }
+}
+
+type TableWorkers = Vec<(String, TableWorker)>;
+static TABLE_WORKERS: std::sync::Mutex<TableWorkers> = std::sync::Mutex::new(Vec::new());
+
+/// `n` connected baseline workers for `url` (kept between calls, so
+/// connecting is never measured).
+fn table_workers(url: &str, n: usize) -> Vec<TableWorker> {
+    let mut kept = TABLE_WORKERS.lock().unwrap();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        match kept.iter().position(|(u, _)| u == url) {
+            Some(i) => out.push(kept.swap_remove(i).1),
+            None => out.push(TableWorker::new(url)),
+        }
+    }
+    out
+}
+
+fn table_workers_back(url: &str, workers: Vec<TableWorker>) {
+    let mut kept = TABLE_WORKERS.lock().unwrap();
+    kept.extend(workers.into_iter().map(|w| (url.to_owned(), w)));
+}
+
+/// Each worker drains on its own thread; the jobs they did add up to `jobs`.
+fn table_drain_with(workers: Vec<TableWorker>, jobs: u64, batch: i64) -> Vec<TableWorker> {
+    let handles: Vec<_> = workers
+        .into_iter()
+        .map(|mut w| {
+            std::thread::spawn(move || {
+                let n = w.drain(batch);
+                (w, n)
+            })
+        })
+        .collect();
+    let mut done = 0;
+    let mut back = Vec::new();
+    for h in handles {
+        let (w, n) = h.join().unwrap();
+        done += n;
+        back.push(w);
+    }
+    assert_eq!(done, jobs);
+    back
+}
+
 /// The server's ceiling: `threads` connections each run two single-row
 /// autocommit UPDATEs per job (two commits, one round trip each).
 fn commit_ceiling(url: &str, iters: u64, threads: usize) -> Duration {
@@ -111,20 +311,22 @@ fn commit_ceiling(url: &str, iters: u64, threads: usize) -> Duration {
     start.elapsed()
 }
 
-fn workers(c: &mut Criterion) {
-    let Some(url) = pg_url() else {
-        eprintln!("SKIPPED: LEASEHOLD_TEST_PG is not set; the postgres benchmarks need a server");
-        return;
-    };
+fn setup(url: &str) {
     admin(
-        &url,
+        url,
         &format!(
             "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; DROP SCHEMA IF EXISTS {SCHEMA}_ceiling CASCADE;
              CREATE SCHEMA {SCHEMA}_ceiling;
              CREATE TABLE {SCHEMA}_ceiling.rows (id int PRIMARY KEY, n int8 NOT NULL);
-             INSERT INTO {SCHEMA}_ceiling.rows SELECT g, 0 FROM generate_series(0, 63) g;"
+             INSERT INTO {SCHEMA}_ceiling.rows SELECT g, 0 FROM generate_series(0, 63) g;
+             CREATE TABLE {SCHEMA}_ceiling.jobs (id bigserial PRIMARY KEY, state int2 NOT NULL,
+                 token int8 NOT NULL, priority int4 NOT NULL, run_at int8 NOT NULL);
+             CREATE INDEX ON {SCHEMA}_ceiling.jobs (priority DESC, run_at, id) WHERE state = 0;"
         ),
     );
+}
+
+fn workers(c: &mut Criterion, url: &str) {
     let mut g = c.benchmark_group("postgres_claim_complete");
     g.throughput(Throughput::Elements(1));
     g.sample_size(10);
@@ -132,10 +334,21 @@ fn workers(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3));
     for t in [1usize, 8] {
         g.bench_with_input(BenchmarkId::new("commit_ceiling", t), &t, |b, &t| {
-            b.iter_custom(|n| commit_ceiling(&url, n, t))
+            b.iter_custom(|n| commit_ceiling(url, n, t))
+        });
+        g.bench_with_input(BenchmarkId::new("skip_locked", t), &t, |b, &t| {
+            b.iter_custom(|n| skip_locked(url, n, t, 1))
+        });
+        g.bench_with_input(BenchmarkId::new("skip_locked_batch64", t), &t, |b, &t| {
+            b.iter_custom(|n| skip_locked(url, n, t, 64))
         });
     }
-    let store = postgres(&url);
+    let store = postgres(url);
+    for t in [1usize, 8] {
+        g.bench_with_input(BenchmarkId::new("store_batch64", t), &t, |b, &t| {
+            b.iter_custom(|n| store_batch(&store, "sb", n, t, 64))
+        });
+    }
     for t in [1usize, 2, 4, 8, 16] {
         g.bench_with_input(BenchmarkId::new("postgres/threads", t), &t, |b, &t| {
             b.iter_custom(|n| harness::timed_drain(&store, "q", n, t, 1))
@@ -149,7 +362,7 @@ fn workers(c: &mut Criterion) {
     g.bench_function("postgres/work_loop/8", |b| {
         b.iter_custom(|n| timed_work(&store, "w", n, 8))
     });
-    let nosync = postgres(&with_params(&url, "options=-c%20synchronous_commit%3Doff"));
+    let nosync = postgres(&with_params(url, "options=-c%20synchronous_commit%3Doff"));
     g.bench_function("postgres_async_commit/threads/8", |b| {
         b.iter_custom(|n| harness::timed_drain(&nosync, "async", n, 8, 1))
     });
@@ -168,14 +381,325 @@ fn workers(c: &mut Criterion) {
     });
     g.finish();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- The cost table ----
+
+/// CPU time (ms) of a process and of its children it has reaped, from
+/// `/proc/PID/stat` (0 if it is gone): the postmaster's reaped children
+/// are the backends that exited during a measurement.
+fn cpu_ms(pid: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // After the command name (which may hold spaces): fields 3.., so utime,
+    // stime, cutime and cstime (fields 14 to 17) are the 12th to 15th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+    f.iter().sum::<u64>() * 1000 / hz.max(1)
+}
+
+/// CPU (ms) of every PostgreSQL process of this machine.
+fn server_cpu_ms() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(|pid| cpu_ms(&pid))
+        .sum()
+}
+
+/// CPU (ms) of the backends of this benchmark's connections (they stay
+/// open between passes: the store's pool and the baseline's workers).
+fn backends_cpu_ms(admin: &mut postgres::Client) -> u64 {
+    admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&APP],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| cpu_ms(&r.get::<_, i32>(0).to_string()))
+        .sum()
+}
+
+/// A loopback proxy in front of the server that counts round trips: a
+/// request that follows a reply (or opens a connection) starts one.
+struct Proxy {
+    port: u16,
+    round_trips: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    fn start(server: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let round_trips = Arc::new(AtomicU64::new(0));
+        let counter = round_trips.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(upstream) = TcpStream::connect(&server) else {
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
+                // 0: the last bytes went to the server; 1: to the client.
+                let last = Arc::new(AtomicU8::new(1));
+                let pipe = |mut from: TcpStream, mut to: TcpStream, dir: u8| {
+                    let (last, counter) = (last.clone(), counter.clone());
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = from.read(&mut buf) {
+                            if n == 0 {
+                                break;
+                            }
+                            if last.swap(dir, Ordering::SeqCst) != dir && dir == 0 {
+                                counter.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                pipe(
+                    client.try_clone().unwrap(),
+                    upstream.try_clone().unwrap(),
+                    0,
+                );
+                pipe(upstream, client, 1);
+            }
+        });
+        Proxy { port, round_trips }
+    }
+
+    /// `url` with its host and port replaced by the proxy's.
+    fn url(&self, url: &str) -> String {
+        let config: postgres::Config = url.parse().unwrap();
+        let user = config.get_user().unwrap_or("postgres");
+        let db = config.get_dbname().unwrap_or("postgres");
+        let password = config
+            .get_password()
+            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+            .unwrap_or_default();
+        format!("postgres://{user}{password}@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+/// The server's `host:port` of `url` (TCP only).
+fn server_addr(url: &str) -> Option<String> {
+    let config: postgres::Config = url.parse().ok()?;
+    let host = match config.get_hosts().first()? {
+        postgres::config::Host::Tcp(h) => h.clone(),
+        _ => return None,
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    Some(format!("{host}:{port}"))
+}
+
+/// A workload of the cost table: `push(url, jobs)` sets up `jobs` jobs
+/// (not measured), `drain(url, jobs)` works them all off.
+struct Workload {
+    label: &'static str,
+    jobs: u64,
+    push: fn(&str, u64),
+    drain: fn(&str, u64),
+}
+
+/// One store handle per URL, kept, so a warm-up warms its pool.
+fn cached_store(url: &str) -> Arc<dyn Store> {
+    type Stores = Vec<(String, Arc<dyn Store>)>;
+    static STORES: std::sync::Mutex<Stores> = std::sync::Mutex::new(Vec::new());
+    let mut stores = STORES.lock().unwrap();
+    if let Some((_, store)) = stores.iter().find(|(u, _)| u == url) {
+        return store.clone();
+    }
+    let store = postgres(url);
+    stores.push((url.to_owned(), store.clone()));
+    store
+}
+
+/// `threads` threads run `work(thread)` and the jobs they did add up to `jobs`.
+fn on_threads(jobs: u64, threads: usize, work: impl Fn(usize) -> u64 + Send + Sync + 'static) {
+    let work = Arc::new(work);
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let work = work.clone();
+            std::thread::spawn(move || work(t))
+        })
+        .collect();
+    let done: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(done, jobs);
+}
+
+fn store_drain(url: &str, jobs: u64, threads: usize, batch: usize) {
+    let store = cached_store(url);
+    on_threads(jobs, threads, move |t| {
+        drain_store_batch(&*store, "cost", HolderId(t as u128 + 1), batch)
+    });
+}
+
+fn client_drain(url: &str, jobs: u64, threads: usize) {
+    let store = cached_store(url);
+    on_threads(jobs, threads, move |_| {
+        harness::drain(store.clone(), "cost", 1)
+    });
+}
+
+fn store_push(url: &str, jobs: u64) {
+    harness::push_jobs_batched(&cached_store(url), "cost", jobs, 256);
+}
+
+fn table_push(url: &str, jobs: u64) {
     admin(
-        &url,
-        &format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; DROP SCHEMA IF EXISTS {SCHEMA}_ceiling CASCADE;"),
+        url,
+        &format!(
+            "TRUNCATE {SCHEMA}_ceiling.jobs;
+             INSERT INTO {SCHEMA}_ceiling.jobs (state, token, priority, run_at)
+             SELECT 0, 0, 0, g FROM generate_series(1, {jobs}) g;"
+        ),
     );
+}
+
+fn table_drain(url: &str, jobs: u64, threads: usize, batch: i64) {
+    let workers = table_drain_with(table_workers(url, threads), jobs, batch);
+    table_workers_back(url, workers);
+}
+
+const COSTS: [Workload; 7] = [
+    Workload {
+        label: "store_batch64/1",
+        jobs: 8192,
+        push: store_push,
+        drain: |u, n| store_drain(u, n, 1, 64),
+    },
+    Workload {
+        label: "store_batch64/8",
+        jobs: 16384,
+        push: store_push,
+        drain: |u, n| store_drain(u, n, 8, 64),
+    },
+    Workload {
+        label: "store_batch1/8",
+        jobs: 2048,
+        push: store_push,
+        drain: |u, n| store_drain(u, n, 8, 1),
+    },
+    Workload {
+        label: "skip_locked_batch64/8",
+        jobs: 16384,
+        push: table_push,
+        drain: |u, n| table_drain(u, n, 8, 64),
+    },
+    Workload {
+        label: "skip_locked/1",
+        jobs: 2048,
+        push: table_push,
+        drain: |u, n| table_drain(u, n, 1, 1),
+    },
+    Workload {
+        label: "skip_locked/8",
+        jobs: 4096,
+        push: table_push,
+        drain: |u, n| table_drain(u, n, 8, 1),
+    },
+    Workload {
+        label: "client claim+complete/8",
+        jobs: 2048,
+        push: store_push,
+        drain: |u, n| client_drain(u, n, 8),
+    },
+];
+
+/// The counters of one side of a measurement.
+struct Counters {
+    server_cpu_ms: u64,
+    backends_cpu_ms: u64,
+    client_cpu_ms: u64,
+    round_trips: u64,
+}
+
+fn counters(admin: &mut postgres::Client, proxy: &Proxy) -> Counters {
+    Counters {
+        server_cpu_ms: server_cpu_ms(),
+        backends_cpu_ms: backends_cpu_ms(admin),
+        client_cpu_ms: cpu_ms("self"),
+        round_trips: proxy.round_trips.load(Ordering::SeqCst),
+    }
+}
+
+/// Measure one workload: a warm-up, a direct pass (time and CPU)
+/// and a pass through the counting proxy (round trips).
+fn cost_row(url: &str, proxy: &Proxy, w: &Workload) {
+    let mut admin = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let proxied = proxy.url(url);
+    let mut pass = |url: &str| {
+        (w.push)(url, w.jobs / 8);
+        (w.drain)(url, w.jobs / 8);
+        (w.push)(url, w.jobs);
+        let before = counters(&mut admin, proxy);
+        let start = Instant::now();
+        (w.drain)(url, w.jobs);
+        let elapsed = start.elapsed();
+        (before, counters(&mut admin, proxy), elapsed)
+    };
+    let (b, a, elapsed) = pass(url);
+    let (pb, pa, _) = pass(&proxied);
+    let per = |d: u64| d as f64 * 1000.0 / w.jobs as f64;
+    println!(
+        "cost {:<24} {:>6.0} jobs/s | server CPU {:>6.1} µs/job (its backends {:>6.1}) | client CPU {:>6.1} µs/job | round trips {:>5.3}/job",
+        w.label,
+        w.jobs as f64 / elapsed.as_secs_f64(),
+        per(a.server_cpu_ms.saturating_sub(b.server_cpu_ms)),
+        per(a.backends_cpu_ms.saturating_sub(b.backends_cpu_ms)),
+        per(a.client_cpu_ms.saturating_sub(b.client_cpu_ms)),
+        (pa.round_trips - pb.round_trips) as f64 / w.jobs as f64,
+    );
+}
+
+fn costs(url: &str) {
+    let only = std::env::var("LEASEHOLD_BENCH_COST").unwrap_or_default();
+    if only == "0" {
+        return;
+    }
+    let Some(addr) = server_addr(url) else {
+        eprintln!("cost table skipped: the server is not reached over TCP");
+        return;
+    };
+    let proxy = Proxy::start(addr);
+    println!("\ncost table (CPU from /proc: every PostgreSQL process, and this one; round trips through a counting proxy):");
+    for w in COSTS.iter().filter(|w| w.label.contains(&only)) {
+        cost_row(url, &proxy, w);
+    }
 }
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();
-    workers(&mut c);
+    let Some(url) = pg_url() else {
+        eprintln!("SKIPPED: LEASEHOLD_TEST_PG is not set; the postgres benchmarks need a server");
+        return;
+    };
+    setup(&url);
+    workers(&mut c, &url);
     c.final_summary();
+    if std::env::args().any(|a| a == "--bench") {
+        costs(&url);
+    }
+    admin(
+        &url,
+        &format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; DROP SCHEMA IF EXISTS {SCHEMA}_ceiling CASCADE;"),
+    );
 }

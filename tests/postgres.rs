@@ -4,18 +4,19 @@
 //! first grants and claims raced by many threads and handles, a backend
 //! terminated under a worker holding a claim, a connection lost inside a
 //! transaction (nothing applied, transient) and during COMMIT (ambiguous),
-//! LISTEN/NOTIFY wake-ups, and a real fork.
+//! LISTEN/NOTIFY wake-ups, a real fork, and the round trips of a batch
+//! (counted by a proxy: the same for 1 job as for 64).
 
 #![allow(clippy::disallowed_methods)] // real time, real threads
 
 #[path = "support/pg.rs"]
 mod pg;
 
-use leasehold::core::{self};
+use leasehold::core::{self, job::Settle};
 use leasehold::store::postgres::SCHEMA_VERSION;
 use leasehold::{
     Client, Error, Holder, HolderId, JobSpec, JobState, LostReason, ManualClock, PostgresOptions,
-    PostgresStore, QueuePolicy, Store, StoreExt, Wake,
+    PostgresStore, QueuePolicy, Store, StoreExt, StoreFailure, Wake,
 };
 use pg::{admin, admin_batch, Schema};
 use std::collections::BTreeMap;
@@ -205,6 +206,116 @@ fn newer_foreign_and_misnamed_schemas_are_refused_and_left_untouched() {
         )),
         Err(Error::Invalid { .. })
     ));
+}
+
+/// A batch costs a fixed number of round trips, whatever its size: BEGIN
+/// with the clock, one read (the queue's scans, or every job of the batch
+/// at once), the writes with COMMIT.
+#[test]
+fn a_batch_costs_three_round_trips_whatever_its_size() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("trips");
+    let proxy = pg::RoundTrips::start();
+    let opts = PostgresOptions {
+        max_connections: 1,
+        ..PostgresOptions::default()
+    };
+    let store = PostgresStore::open_with(&proxy.url(&schema), opts).unwrap();
+    let (policy, holder) = (QueuePolicy::default(), HolderId(7));
+    let trips = |f: &mut dyn FnMut()| {
+        let before = proxy.count();
+        f();
+        proxy.count() - before
+    };
+    for n in [1usize, 64] {
+        store
+            .txn(|tx| {
+                for i in 0..n {
+                    core::job::enqueue(tx, "q", &JobSpec::new(vec![i as u8]), &policy)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let mut jobs = Vec::new();
+        let claim = trips(&mut || {
+            jobs = store
+                .txn(|tx| core::job::claim(tx, "q", holder, 60_000, n, &policy))
+                .unwrap();
+        });
+        assert_eq!(jobs.len(), n);
+        let claims: Vec<_> = jobs.iter().map(|j| (j.id, j.last_token)).collect();
+        let beat = trips(&mut || {
+            let replies = store
+                .txn(|tx| core::job::heartbeat_many(tx, holder, &claims, 60_000))
+                .unwrap();
+            assert!(replies.iter().all(Result::is_ok));
+        });
+        let settles: Vec<_> = claims
+            .iter()
+            .map(|&(id, token)| (id, token, Settle::Complete))
+            .collect();
+        let settle = trips(&mut || {
+            let states = store
+                .txn(|tx| core::job::settle_many(tx, holder, &settles, &policy))
+                .unwrap();
+            assert!(states.iter().all(|s| matches!(s, Ok(JobState::Done))));
+        });
+        assert_eq!(
+            (claim, beat, settle),
+            (3, 3, 3),
+            "round trips of a claim, a heartbeat round and a settle of {n} jobs"
+        );
+    }
+}
+
+/// A batch's writes carry text and bytes inside array literals: hostile
+/// reasons come back exactly as given.
+#[test]
+fn a_settled_batch_keeps_hostile_reasons_exactly() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("reasons");
+    let store = schema.open(PostgresOptions::default());
+    let (policy, holder) = (QueuePolicy::default(), HolderId(3));
+    let reasons = [
+        r#"it's "quoted", with {braces} and a \ backslash"#,
+        "NULL",
+        "",
+        " spaced ",
+        r"ünïcødé ✓ \x00ff",
+        "line\nbreak\ttab",
+    ];
+    store
+        .txn(|tx| {
+            for _ in reasons {
+                core::job::enqueue(tx, "q", &JobSpec::new("p"), &policy)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let jobs = store
+        .txn(|tx| core::job::claim(tx, "q", holder, 60_000, reasons.len(), &policy))
+        .unwrap();
+    let settles: Vec<_> = jobs
+        .iter()
+        .zip(reasons)
+        .map(|(j, r)| (j.id, j.last_token, Settle::Fail(r.to_owned())))
+        .collect();
+    let states = store
+        .txn(|tx| core::job::settle_many(tx, holder, &settles, &policy))
+        .unwrap();
+    assert!(
+        states.iter().all(|s| matches!(s, Ok(JobState::Scheduled))),
+        "{states:?}"
+    );
+    for (job, reason) in jobs.iter().zip(reasons) {
+        let got = store.txn(|tx| core::job::get(tx, job.id, &policy)).unwrap();
+        assert_eq!(got.last_error.as_deref(), Some(reason));
+        assert_eq!(got.claim, None);
+    }
 }
 
 #[test]
@@ -486,4 +597,172 @@ fn a_forked_child_gets_forked_and_leaves_the_parents_connection_alone() {
     // The parent's pooled connection still works, and the lease is intact.
     let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
     assert_eq!((info.holders.len(), info.last_token), (1, 1));
+}
+
+// ---- TLS (`sslmode`, `sslrootcert`), against the certificate .ci/run installs ----
+
+/// How many sessions the server has for `app`, and whether all are encrypted.
+fn sessions_of(app: &str) -> (i64, bool) {
+    let rows = admin(&format!(
+        "SELECT count(*), coalesce(bool_and(s.ssl), false)
+           FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = '{app}'"
+    ));
+    (rows[0].get(0), rows[0].get(1))
+}
+
+/// Open `url` (with an application_name of its own), run a transaction,
+/// and report its sessions as [`sessions_of`] does.
+fn open_and_look(url: &str, tag: &str) -> Result<(i64, bool), Error> {
+    let app = format!("lh_tls_{tag}_{}", std::process::id());
+    let store = PostgresStore::open(&format!("{url}&application_name={app}"))?;
+    store.txn(|tx| core::lease::inspect(tx, "k"))?;
+    Ok(sessions_of(&app))
+}
+
+#[test]
+fn sslmode_require_and_prefer_encrypt_every_session_and_no_sslmode_stays_plain() {
+    if pg::tls_ca().is_none() {
+        return;
+    }
+    let schema = Schema::new("tls");
+    for (params, tag, encrypted) in [
+        ("sslmode=require", "require", true),
+        ("sslmode=prefer", "prefer", true),
+        ("sslmode=disable", "disable", false),
+        ("", "none", false),
+    ] {
+        let url = format!("{}&{params}", schema.url());
+        assert_eq!(
+            open_and_look(&url, tag).unwrap(),
+            (1, encrypted),
+            "{params:?}: one pooled session, encrypted or not"
+        );
+    }
+    let shown = PostgresStore::open(&format!("{}&sslmode=require", schema.url()))
+        .unwrap()
+        .describe();
+    assert!(shown.contains("sslmode=require"), "{shown}");
+}
+
+#[test]
+fn verify_full_and_verify_ca_with_the_right_ca_connect_by_address_and_by_name() {
+    let Some(ca) = pg::tls_ca() else { return };
+    let schema = Schema::new("tlsok");
+    let root = format!("sslrootcert={}", ca.display());
+    for mode in ["verify-full", "verify-ca"] {
+        let params = format!("sslmode={mode}&{root}");
+        let by_address = format!("{}&{params}", schema.url());
+        assert_eq!(
+            open_and_look(&by_address, "addr").unwrap(),
+            (1, true),
+            "{mode}"
+        );
+        let by_name = pg::url_as_host("localhost", &schema, &params);
+        assert_eq!(
+            open_and_look(&by_name, "name").unwrap(),
+            (1, true),
+            "{mode}"
+        );
+    }
+}
+
+/// A store error that is permanent (retrying cannot help) and names `cause`.
+fn assert_refused(result: Result<(i64, bool), Error>, cause: &str, what: &str) {
+    match result {
+        Err(e @ Error::Store { failure, .. }) => {
+            assert_eq!(failure, StoreFailure::Permanent, "{what}: {e}");
+            let text = e.to_string();
+            assert!(text.contains(cause), "{what}: {text}");
+        }
+        other => panic!("{what}: expected a refused handshake, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_server_certificate_from_an_untrusted_ca_is_refused_naming_the_cause() {
+    let Some(ca) = pg::tls_ca() else { return };
+    let untrusted = ca.with_file_name("untrusted-ca.pem");
+    assert!(
+        untrusted.exists(),
+        "{} (made by .ci/run)",
+        untrusted.display()
+    );
+    let schema = Schema::new("tlsca");
+    // `require` with a root certificate checks the chain too (as libpq).
+    for mode in ["verify-full", "verify-ca", "require"] {
+        let url = format!(
+            "{}&sslmode={mode}&sslrootcert={}",
+            schema.url(),
+            untrusted.display()
+        );
+        assert_refused(
+            open_and_look(&url, "untrusted"),
+            "not signed by a CA in sslrootcert",
+            mode,
+        );
+    }
+}
+
+#[test]
+fn a_host_the_certificate_does_not_name_is_refused_under_verify_full_only() {
+    let Some(ca) = pg::tls_ca() else { return };
+    let schema = Schema::new("tlshost");
+    let root = format!("sslrootcert={}", ca.display());
+    let full = pg::url_as_host(
+        "wrong-host.invalid",
+        &schema,
+        &format!("sslmode=verify-full&{root}"),
+    );
+    assert_refused(
+        open_and_look(&full, "wronghost"),
+        "does not name the host",
+        "verify-full",
+    );
+    let chain = pg::url_as_host(
+        "wrong-host.invalid",
+        &schema,
+        &format!("sslmode=verify-ca&{root}"),
+    );
+    assert_eq!(
+        open_and_look(&chain, "wrongca").unwrap(),
+        (1, true),
+        "verify-ca"
+    );
+}
+
+/// Needs no server: every one is refused before connecting.
+#[test]
+fn tls_parameters_that_cannot_work_are_refused_before_connecting() {
+    let base = "postgres://postgres@127.0.0.1:1/nowhere?schema=x";
+    let not_pem = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    for (params, field, says) in [
+        ("sslmode=bogus", "sslmode", "verify-full"),
+        ("sslmode=verify-full", "sslrootcert", "needs sslrootcert"),
+        ("sslmode=verify-ca", "sslrootcert", "needs sslrootcert"),
+        (
+            "sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+            "sslrootcert",
+            "/nonexistent/ca.pem",
+        ),
+        (
+            &format!("sslmode=verify-full&sslrootcert={not_pem}"),
+            "sslrootcert",
+            "no PEM certificate",
+        ),
+        ("sslrootcert=/etc/ca.pem", "sslrootcert", "no sslmode"),
+        (
+            "sslmode=disable&sslrootcert=/etc/ca.pem",
+            "sslrootcert",
+            "sslmode=disable",
+        ),
+        ("sslmode=require&sslrootcert=%zz", "sslrootcert", "%-escape"),
+    ] {
+        match PostgresStore::open(&format!("{base}&{params}")) {
+            Err(Error::Invalid { field: f, reason }) => {
+                assert_eq!(f, field, "{params}: {reason}");
+                assert!(reason.contains(says), "{params}: {reason}");
+            }
+            other => panic!("{params}: expected an invalid {field}, got {other:?}"),
+        }
+    }
 }

@@ -1,0 +1,163 @@
+//! Versioned migrations in their own schema, applied under a
+//! transaction-scoped advisory lock so that many processes may start at
+//! once. A schema from a newer version, or one that holds other objects and
+//! no leasehold marker, is refused and left untouched.
+
+use super::error::{pg_err, Stage};
+use crate::error::{Error, Result};
+use postgres::{Client, Transaction};
+
+/// Schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// First key of the advisory lock held while migrating ("LSHD").
+const ADVISORY_CLASS: i32 = 0x4C53_4844;
+
+/// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
+/// to `i + 1`. `{s}` is the quoted schema name.
+const MIGRATIONS: [&str; 2] = [
+    "
+CREATE TABLE {s}.leases (
+    key text PRIMARY KEY,
+    last_token int8 NOT NULL,
+    tokens int8[] NOT NULL,
+    holders bytea[] NOT NULL,
+    labels text[] NOT NULL,
+    expires int8[] NOT NULL
+);
+CREATE SEQUENCE {s}.job_ids AS int8 MINVALUE 1;
+CREATE TABLE {s}.jobs (
+    id int8 PRIMARY KEY,
+    queue text NOT NULL,
+    payload bytea NOT NULL,
+    priority int4 NOT NULL,
+    run_at int8 NOT NULL,
+    created_at int8 NOT NULL,
+    max_attempts int8 NOT NULL,
+    attempts int8 NOT NULL,
+    expiries int8 NOT NULL,
+    last_token int8 NOT NULL,
+    state int2 NOT NULL,
+    claim_holder bytea,
+    claim_token int8,
+    lease_until int8,
+    cancel_requested bool NOT NULL,
+    last_error text,
+    unique_key text,
+    finished_at int8
+);
+CREATE INDEX jobs_ready ON {s}.jobs (queue, priority DESC, run_at, id) WHERE state = 0;
+CREATE INDEX jobs_scheduled ON {s}.jobs (queue, run_at, id) WHERE state = 1;
+CREATE INDEX jobs_running ON {s}.jobs (queue, lease_until, id) WHERE state = 2;
+CREATE INDEX jobs_finished ON {s}.jobs (queue, finished_at, id, state) WHERE state >= 3;
+CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
+    WHERE state <= 2 AND unique_key IS NOT NULL;
+",
+    // v2: a counting lease's limit belongs to the key (0: not recorded);
+    // retries waiting out their backoff, for the drain rule.
+    "ALTER TABLE {s}.leases ADD COLUMN lease_limit int4 NOT NULL DEFAULT 0;
+ CREATE INDEX jobs_retrying ON {s}.jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
+];
+
+/// The schema being migrated, for the statements and the messages.
+pub(super) struct Target<'a> {
+    /// Its name, unquoted.
+    pub name: &'a str,
+    /// Its name, quoted.
+    pub quoted: &'a str,
+    /// The server, for messages.
+    pub shown: &'a str,
+}
+
+impl Target<'_> {
+    fn context(&self) -> String {
+        format!("migrating schema {} on {}", self.name, self.shown)
+    }
+
+    fn fail(&self, e: postgres::Error) -> Error {
+        pg_err(self.context(), e, Stage::Work)
+    }
+}
+
+/// Create or upgrade the schema, once, whoever else starts at the same time.
+pub(super) fn migrate(client: &mut Client, to: &Target<'_>) -> Result<()> {
+    let mut tx = client.transaction().map_err(|e| to.fail(e))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&ADVISORY_CLASS, &to.name],
+    )
+    .map_err(|e| to.fail(e))?;
+    let version = current_version(&mut tx, to)?;
+    if version > SCHEMA_VERSION {
+        return Err(Error::store(
+            to.context(),
+            format!("written by a newer leasehold (schema version {version}; this build knows up to {SCHEMA_VERSION}); left untouched"),
+        ));
+    }
+    if version == 0 {
+        tx.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {s};
+             CREATE TABLE {s}.leasehold_meta (name text PRIMARY KEY, value text NOT NULL);
+             INSERT INTO {s}.leasehold_meta VALUES ('schema_version', '0');",
+            s = to.quoted
+        ))
+        .map_err(|e| to.fail(e))?;
+    }
+    for (from, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(version).unwrap_or(0))
+    {
+        tx.batch_execute(&sql.replace("{s}", to.quoted))
+            .map_err(|e| to.fail(e))?;
+        tx.execute(
+            &format!(
+                "UPDATE {}.leasehold_meta SET value = $1 WHERE name = 'schema_version'",
+                to.quoted
+            ),
+            &[&(from as i64 + 1).to_string()],
+        )
+        .map_err(|e| to.fail(e))?;
+    }
+    tx.commit().map_err(|e| to.fail(e))
+}
+
+/// The schema's version: 0 when it does not exist or is empty; an error
+/// when it holds other objects and no leasehold marker, or a marker
+/// without a valid version.
+fn current_version(tx: &mut Transaction<'_>, to: &Target<'_>) -> Result<i64> {
+    let row = tx
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL,
+                    (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE n.nspname = $2)",
+            &[&format!("{}.leasehold_meta", to.quoted), &to.name],
+        )
+        .map_err(|e| to.fail(e))?;
+    let (has_meta, objects): (bool, i64) = (row.get(0), row.get(1));
+    if has_meta {
+        let v: Option<String> = tx
+            .query_opt(
+                &format!(
+                    "SELECT value FROM {}.leasehold_meta WHERE name = 'schema_version'",
+                    to.quoted
+                ),
+                &[],
+            )
+            .map_err(|e| to.fail(e))?
+            .map(|r| r.get(0));
+        v.and_then(|v| v.parse().ok()).ok_or_else(|| {
+            Error::store(
+                to.context(),
+                "leasehold_meta has no valid schema_version; left untouched",
+            )
+        })
+    } else if objects > 0 {
+        Err(Error::store(
+            to.context(),
+            format!("schema {} holds {objects} objects but is not a leasehold schema; left untouched (choose another with ?schema=NAME)", to.name),
+        ))
+    } else {
+        Ok(0)
+    }
+}

@@ -1,0 +1,445 @@
+//! The PostgreSQL store: leases and jobs shared by many machines.
+//!
+//! # Design
+//! - **Time is the database's.** Each transaction reads `clock_timestamp()`
+//!   once, in the same round trip as its `BEGIN`, and the rules compare and
+//!   compute every expiry with that instant, so machines whose clocks
+//!   disagree still agree on who holds what. A handle never hands out a
+//!   time below one it handed out before. (A holder's own validity deadline
+//!   still runs on its local monotonic clock, in the client layer.) The
+//!   server's clock should be slewed, not stepped: a step forward ends
+//!   leases early on the store's clock (holders still stop at their local
+//!   deadline and stale tokens are fenced), a step back lengthens them.
+//! - **Row locks serialize the rules.** A lease row is read `FOR UPDATE`;
+//!   a key nobody has held yet is inserted at commit, and a concurrent
+//!   first grant of the same key fails that insert (unique violation,
+//!   retried) instead of granting twice. Job scans take their rows
+//!   `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each
+//!   other and never see the same job; a single job is read `FOR UPDATE`,
+//!   and the jobs of a batch (a heartbeat round, a settle) all at once,
+//!   `WHERE id = ANY(...) ORDER BY id FOR UPDATE` (locked in id order, so
+//!   two batches never deadlock). Transactions run at READ COMMITTED:
+//!   every decision is made on rows the transaction has locked, so it
+//!   cannot be based on a stale read.
+//! - **A fixed number of round trips, whatever the batch.** Reads are
+//!   cached in the transaction (a row is read once). A queue's expired,
+//!   due and ready scans travel together ([`JobTxn::pending`](crate::core::JobTxn::pending)). Writes wait
+//!   for the commit and travel with it: one script ending in `COMMIT`, one
+//!   round trip, with one statement per kind of write (a DELETE, an INSERT,
+//!   and the updates as one `EXECUTE` of an `UPDATE ... FROM unnest(...)`
+//!   each session prepared, its arrays written as literals). So a claim of
+//!   1 or 64 jobs is three round trips (BEGIN with the clock; the scans;
+//!   the writes with COMMIT), and so is a heartbeat round or a settle
+//!   (BEGIN; the jobs' rows; the writes with COMMIT). The one exception to
+//!   one UPDATE: a row that takes a unique key back (a retried job) while
+//!   another gives it up (a job becoming terminal) is written after it, in
+//!   a second statement, since the unique index is checked row by row. A
+//!   pending write is flushed before any query that could see it. Literals
+//!   are rendered with `standard_conforming_strings` on: text quoted with
+//!   its quotes doubled, bytes in hex, numbers by Rust.
+//! - **Indexes match the scans**: one partial index per job state, ordered
+//!   as the scan orders, so claim cost does not grow with finished jobs.
+//! - **Wake-ups**: a transaction that frees a lease slot or makes a job
+//!   ready sends `pg_notify` on the schema's channel; a listener thread per
+//!   store handle (started on the first wait, with its own connection)
+//!   wakes blocked acquirers and idle workers. Polling stays the fallback.
+//! - **Errors**: serialization failures, deadlocks, lock timeouts, unique
+//!   violations (two first grants of one key) and lost connections are
+//!   transient; the client retries them with jittered backoff up to its
+//!   deadline. If the session is lost while the COMMIT script is in flight,
+//!   the error is ambiguous: the caller cannot know whether it happened (a
+//!   claim that did is recovered when its lease expires). An error the
+//!   server reports on a live session means nothing was committed. A broken
+//!   connection is discarded and replaced on next use.
+//! - **Sessions** set `lock_timeout` (a wait on a row lock ends as a
+//!   transient error) and `idle_in_transaction_session_timeout` (a process
+//!   paused in the middle of a transaction loses its session and its locks).
+//! - **Connections**: a small pool per store handle (threads sharing a
+//!   handle each get a connection), over TLS when the URL asks
+//!   (`sslmode`, `sslrootcert`: see the `tls` module; rustls, no OpenSSL). Used in a forked child the store returns
+//!   [`Error::Forked`]; dropped there, it leaks its connections instead of
+//!   closing the parent's sockets.
+//! - **Versioned migrations** in their own schema (default `leasehold`),
+//!   applied under a transaction-scoped advisory lock, so many processes may
+//!   start at once. A schema from a newer version, or a schema that holds
+//!   other tables and no leasehold marker, is refused and left untouched.
+
+mod error;
+mod listen;
+mod migrate;
+mod pool;
+mod sql;
+mod statements;
+mod tls;
+mod txn;
+
+pub use migrate::SCHEMA_VERSION;
+
+use crate::clock::Clock;
+use crate::core::Txn;
+use crate::error::{Error, Result};
+use crate::fork::ForkGuard;
+use crate::store::{Store, Wake};
+use crate::sync::{AtomicU64, Ordering};
+use error::{pg_err, Stage};
+use listen::Listener;
+use pool::{Checkout, Conn, Connector, Pool, PoolConfig};
+use postgres::{Config, SimpleQueryMessage};
+use std::sync::Arc;
+use std::time::Duration;
+use tls::{SslMode, TlsParams};
+use txn::PgTxn;
+
+/// The longest schema name: the notification channel
+/// (`leasehold_<schema>`) must fit PostgreSQL's 63-byte identifiers.
+const MAX_SCHEMA_BYTES: usize = 48;
+
+/// Options of [`PostgresStore::open_with`]. The URL's `schema=` and
+/// `pool_size=` parameters, when present, override `schema` and
+/// `max_connections`.
+#[derive(Clone)]
+pub struct PostgresOptions {
+    /// The schema holding leasehold's tables (created if missing).
+    pub schema: String,
+    /// Connections this handle opens at most (threads sharing the handle
+    /// each take one for the length of a transaction).
+    pub max_connections: usize,
+    /// How long a thread waits for a free connection before a transient error.
+    pub pool_wait: Duration,
+    /// `lock_timeout` of every session: a row-lock wait longer than this
+    /// ends as a transient error.
+    pub lock_timeout: Duration,
+    /// `idle_in_transaction_session_timeout`: a client that stalls inside a
+    /// transaction (a paused process) loses its session and its locks.
+    pub idle_in_transaction_timeout: Duration,
+    /// Replaces the database clock (tests use a manual clock for exact
+    /// boundaries). `None`: `clock_timestamp()` of the server.
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            schema: "leasehold".to_owned(),
+            max_connections: 16,
+            pool_wait: Duration::from_secs(5),
+            lock_timeout: Duration::from_secs(2),
+            idle_in_transaction_timeout: Duration::from_secs(10),
+            clock: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("schema", &self.schema)
+            .field("max_connections", &self.max_connections)
+            .field("clock", &self.clock.as_ref().map(|_| "injected"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Split leasehold's own parameters (`schema`, `pool_size`) and the TLS
+/// ones (`sslmode`, `sslrootcert`) off a `postgres://` URL; the rest goes
+/// to the driver.
+fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<(String, TlsParams)> {
+    let mut tls = TlsParams::default();
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), tls));
+    };
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "schema" => opts.schema = value.to_owned(),
+            "pool_size" => {
+                opts.max_connections = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| (1..=1024).contains(&n))
+                    .ok_or_else(|| {
+                        Error::invalid("store", format!("pool_size={value:?}: expected 1..=1024"))
+                    })?;
+            }
+            "sslmode" => tls.mode = Some(SslMode::parse(value)?),
+            "sslrootcert" => tls.root_cert = Some(percent_decode("sslrootcert", value)?.into()),
+            _ => rest.push(pair),
+        }
+    }
+    let driver_url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((driver_url, tls))
+}
+
+/// A URL parameter's value with its `%XX` escapes decoded.
+fn percent_decode(field: &'static str, value: &str) -> Result<String> {
+    let bad = || Error::invalid(field, format!("{value:?}: a bad %-escape or not UTF-8"));
+    let mut bytes = Vec::with_capacity(value.len());
+    let mut rest = value.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        if b != b'%' {
+            bytes.push(b);
+            continue;
+        }
+        let hex = rest.get(..2).ok_or_else(bad)?;
+        let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+        bytes.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+        rest = &rest[2..];
+    }
+    String::from_utf8(bytes).map_err(|_| bad())
+}
+
+/// Check a schema name: lowercase letters, digits and `_`, not starting
+/// with a digit, at most [`MAX_SCHEMA_BYTES`].
+fn check_schema_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_SCHEMA_BYTES
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "schema",
+            format!("{name:?}: use 1 to {MAX_SCHEMA_BYTES} lowercase letters, digits or _, not starting with a digit"),
+        ))
+    }
+}
+
+/// The PostgreSQL [`Store`].
+pub struct PostgresStore {
+    /// The connections (and how to open one).
+    pool: Pool,
+    /// The notification channel of the schema.
+    channel: String,
+    opts: PostgresOptions,
+    fork: ForkGuard,
+    /// Highest store time this handle handed out.
+    high_water_ms: AtomicU64,
+    listener: Arc<Listener>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.pool.cfg.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection settings without the password, for messages.
+fn describe_config(config: &Config, schema: &str, tls: &TlsParams) -> String {
+    use postgres::config::Host;
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .zip(config.get_ports().iter().chain(std::iter::repeat(&5432u16)))
+        .map(|(h, p)| match h {
+            Host::Tcp(name) => format!("{name}:{p}"),
+            Host::Unix(path) => format!("{}:{p}", path.display()),
+        })
+        .collect();
+    let sslmode = tls
+        .mode
+        .map(|m| format!(", sslmode={}", m.as_str()))
+        .unwrap_or_default();
+    format!(
+        "postgres://{}@{}/{} (schema {schema}{sslmode})",
+        config.get_user().unwrap_or(""),
+        hosts.join(","),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+fn ms_setting(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
+}
+
+impl PostgresStore {
+    /// Connect to `url` (`postgres://user@host:port/db?schema=NAME&pool_size=N`,
+    /// `sslmode=disable|prefer|require|verify-ca|verify-full` and
+    /// `sslrootcert=PATH` for TLS, plus any parameter the driver knows) with
+    /// default options, creating or migrating the schema.
+    pub fn open(url: &str) -> Result<Self> {
+        Self::open_with(url, PostgresOptions::default())
+    }
+
+    /// [`PostgresStore::open`] with options.
+    pub fn open_with(url: &str, mut opts: PostgresOptions) -> Result<Self> {
+        let (driver_url, tls_params) = split_url(url, &mut opts)?;
+        check_schema_name(&opts.schema)?;
+        if opts.max_connections == 0 {
+            return Err(Error::invalid("max_connections", "must be at least 1"));
+        }
+        let mut config: Config = driver_url.parse().map_err(|e: postgres::Error| {
+            Error::invalid("store", format!("not a PostgreSQL URL: {e}"))
+        })?;
+        if config.get_application_name().is_none() {
+            config.application_name("leasehold");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        let tls = tls::configure(&tls_params, &mut config)?;
+        let schema = format!("\"{}\"", opts.schema);
+        let pool = Pool::new(PoolConfig {
+            shown: describe_config(&config, &opts.schema, &tls_params),
+            connector: Connector { config, tls },
+            session_setup: format!(
+                "SET lock_timeout = '{}'; SET idle_in_transaction_session_timeout = '{}';
+                 SET standard_conforming_strings = on",
+                ms_setting(opts.lock_timeout),
+                ms_setting(opts.idle_in_transaction_timeout)
+            ),
+            schema,
+            max_connections: opts.max_connections,
+            wait: opts.pool_wait,
+        });
+        let store = PostgresStore {
+            channel: format!("leasehold_{}", opts.schema),
+            pool,
+            opts,
+            fork: ForkGuard::new(),
+            high_water_ms: AtomicU64::new(0),
+            listener: Arc::new(Listener::default()),
+        };
+        let mut client = store.pool.connect_raw()?;
+        let target = migrate::Target {
+            name: &store.opts.schema,
+            quoted: &store.pool.cfg.schema,
+            shown: &store.pool.cfg.shown,
+        };
+        migrate::migrate(&mut client, &target)?;
+        store.pool.adopt(store.pool.prepare(client)?);
+        Ok(store)
+    }
+
+    /// The schema's name (unquoted).
+    pub fn schema(&self) -> &str {
+        &self.opts.schema
+    }
+
+    /// BEGIN and read the clock in one round trip.
+    fn begin(&self, conn: &mut Conn) -> Result<u64> {
+        let fail = |e: postgres::Error| {
+            pg_err(
+                format!("beginning a transaction on {}", self.pool.cfg.shown),
+                e,
+                Stage::Work,
+            )
+        };
+        let now = match &self.opts.clock {
+            Some(clock) => {
+                conn.client.batch_execute("BEGIN").map_err(fail)?;
+                clock.now_ms()
+            }
+            None => {
+                let msgs = conn
+                    .client
+                    .simple_query(
+                        "BEGIN; SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
+                    )
+                    .map_err(fail)?;
+                msgs.iter()
+                    .find_map(|m| match m {
+                        SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<u64>().ok()),
+                        _ => None,
+                    })
+                    .ok_or_else(|| {
+                        Error::store(
+                            format!("reading the clock of {}", self.pool.cfg.shown),
+                            "clock_timestamp() returned no usable value",
+                        )
+                    })?
+            }
+        };
+        let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
+        Ok(now.max(prev))
+    }
+
+    fn run(&self, conn: &mut Conn, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
+        let now_ms = self.begin(conn).inspect_err(|_| {
+            // Never hand a session with an open (aborted) transaction back
+            // to the pool.
+            let _ = conn.client.batch_execute("ROLLBACK");
+        })?;
+        let mut tx = PgTxn::new(&mut *conn, &self.pool.cfg.schema, now_ms);
+        let script = f(&mut tx).and_then(|()| tx.commit_script(&self.channel));
+        match script {
+            // The writes and COMMIT in one round trip.
+            Ok(script) => conn.client.batch_execute(&script).map_err(|e| {
+                let e = pg_err(
+                    format!("committing to {}", self.pool.cfg.shown),
+                    e,
+                    Stage::Commit,
+                );
+                if !e.is_ambiguous() {
+                    let _ = conn.client.batch_execute("ROLLBACK");
+                }
+                e
+            }),
+            Err(e) => {
+                let _ = conn.client.batch_execute("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        self.listener.stop();
+        let idle = self.pool.take_idle();
+        if self.fork.is_origin_strict() {
+            drop(idle);
+        } else {
+            // A forked child must not close (or talk on) its parent's sockets.
+            std::mem::forget(idle);
+        }
+    }
+}
+
+impl Store for PostgresStore {
+    fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
+        self.fork.check()?;
+        let mut out = Checkout {
+            pool: &self.pool,
+            conn: Some(self.pool.checkout()?),
+        };
+        let result = match out.conn.as_mut() {
+            Some(conn) => self.run(conn, f),
+            None => Err(Error::store("running a transaction", "no connection")),
+        };
+        if let Some(mut conn) = out.conn.take() {
+            // After a store error, keep the connection only if it still works.
+            let broken = matches!(result, Err(Error::Store { .. }))
+                && conn.client.is_valid(Duration::from_secs(1)).is_err();
+            self.pool.checkin(conn, broken);
+        }
+        result
+    }
+
+    fn describe(&self) -> String {
+        self.pool.cfg.shown.clone()
+    }
+
+    fn epoch(&self, wake: Wake) -> u64 {
+        self.listener.epoch(wake)
+    }
+
+    /// The listener (and its connection) starts with the first wait, so a
+    /// handle that never waits never opens it.
+    fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
+        if self.fork.is_origin() {
+            self.listener.start(&self.pool.cfg.connector, &self.channel);
+        }
+        self.listener.wait(wake, epoch, timeout)
+    }
+}

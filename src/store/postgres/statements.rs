@@ -1,0 +1,86 @@
+//! The statements every connection prepares once: the reads of a
+//! transaction (lease rows, job rows, the indexed job scans).
+
+use postgres::{Client, Statement};
+
+/// Every statement, prepared once per connection.
+pub(super) struct Statements {
+    pub lease_get: Statement,
+    pub job_get: Statement,
+    pub jobs_get: Statement,
+    pub next_id: Statement,
+    pub live_unique: Statement,
+    pub scan_maintenance: Statement,
+    pub scan_maintenance_ready: Statement,
+    pub scan_finished: Statement,
+    pub scan_retrying: Statement,
+    pub counts: Statement,
+    pub list: Statement,
+}
+
+/// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
+pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
+
+impl Statements {
+    pub(super) fn prepare(
+        client: &mut Client,
+        s: &str,
+    ) -> std::result::Result<Statements, postgres::Error> {
+        let mut p = |sql: String| client.prepare(&sql.replace("{s}", s));
+        // The job scans, each on the partial index ordered as it orders;
+        // the maintenance statements combine them ($1 queue, $2 now, $3
+        // limit, $4 the ready limit).
+        let expired = format!(
+            "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 2 AND lease_until <= $2
+             ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+        );
+        let due = format!(
+            "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
+             ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+        );
+        let ready = |limit: &str| {
+            format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
+                 ORDER BY priority DESC, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            )
+        };
+        Ok(Statements {
+            lease_get: p("SELECT last_token, tokens, holders, labels, expires, lease_limit FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
+            job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
+            // Locked in id order, so two batches that share jobs never
+            // deadlock (the lock is taken above the sort).
+            jobs_get: p(format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+            ))?,
+            next_id: p("SELECT nextval('{s}.job_ids')".into())?,
+            live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
+            scan_maintenance: p(format!(
+                "WITH e AS ({expired}), d AS ({due}) SELECT * FROM e UNION ALL SELECT * FROM d"
+            ))?,
+            scan_maintenance_ready: p(format!(
+                "WITH e AS ({expired}), d AS ({due}), r AS ({})
+                 SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r",
+                ready("$4")
+            ))?,
+            scan_finished: p(
+                "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND finished_at <= $2
+                 ORDER BY finished_at, id LIMIT $3 FOR UPDATE SKIP LOCKED".into(),
+            )?,
+            scan_retrying: p(
+                "SELECT id FROM {s}.jobs WHERE queue = $1 AND state = 1 AND attempts > 0
+                 ORDER BY run_at, id LIMIT $2".into(),
+            )?,
+            counts: p("SELECT
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 0),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 1),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 2),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 3),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 4),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 5)".into())?,
+            list: p(format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND id > $2 AND ($3::int2 < 0 OR state = $3::int2)
+                 ORDER BY id LIMIT $4"
+            ))?,
+        })
+    }
+}

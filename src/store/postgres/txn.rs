@@ -1,0 +1,466 @@
+//! [`PgTxn`]: one transaction on one pooled connection. Rows it reads are
+//! locked and cached (read once); its writes wait for the commit (or for a
+//! query that could see them) and travel as literal SQL in one round trip.
+
+use super::error::{pg_err, Stage};
+use super::pool::Conn;
+use super::sql::{render_job_writes, JobWrite, Sql};
+use super::statements::Statements;
+use crate::core::{
+    Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, LeaseSlot, Pending,
+    StateCounts, Txn,
+};
+use crate::error::{Error, Result};
+use crate::store::{holder_from, i64_of, u64_of, LeaseCache, Wake};
+use crate::Holder;
+use postgres::types::ToSql;
+use postgres::{Row, Statement};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A job row locked (or created) in this transaction.
+struct CachedJob {
+    record: JobRecord,
+    /// The row exists in the database (else it is inserted at flush).
+    in_db: bool,
+    /// State as last written to the database (or read).
+    db_state: Option<JobState>,
+}
+
+/// One transaction of a [`super::PostgresStore`]: the rows it locked, its
+/// pending writes and the wake-ups it causes.
+pub(super) struct PgTxn<'c> {
+    conn: &'c mut Conn,
+    /// The quoted schema name.
+    schema: &'c str,
+    now_ms: u64,
+    leases: LeaseCache,
+    jobs: HashMap<JobId, CachedJob>,
+    /// Jobs written since the last flush, in order.
+    pending: Vec<JobId>,
+    deleted: Vec<JobId>,
+    /// The [`Wake`] events this transaction causes.
+    woke: [bool; 2],
+}
+
+/// A job from a row of [`COLUMNS`](super::statements::COLUMNS); a state code no state has is an error
+/// naming the row (never guessed).
+fn job_from_row(r: &Row) -> Result<JobRecord> {
+    let (mut job, code) = decode_job(r).map_err(|e| pg_err("decoding a job", e, Stage::Work))?;
+    job.state = JobState::from_code(i64::from(code)).ok_or_else(|| {
+        Error::store(
+            format!("reading job {}", job.id),
+            format!("state code {code} is unknown to this build (written by a newer leasehold?)"),
+        )
+    })?;
+    Ok(job)
+}
+
+/// The row's fields, and its state code (the state is set by the caller).
+fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error> {
+    let state_code: i16 = r.try_get(10)?;
+    let state = JobState::Ready;
+    let claim = match (
+        r.try_get::<_, Option<Vec<u8>>>(11)?,
+        r.try_get::<_, Option<i64>>(12)?,
+        r.try_get::<_, Option<i64>>(13)?,
+    ) {
+        (Some(h), Some(t), Some(u)) => Some(Claim {
+            holder: holder_from(&h),
+            token: u64_of(t),
+            lease_until_ms: u64_of(u),
+        }),
+        _ => None,
+    };
+    let u32_of = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+    let payload: Vec<u8> = r.try_get(2)?;
+    let job = JobRecord {
+        id: JobId(u64_of(r.try_get(0)?)),
+        queue: Arc::from(r.try_get::<_, &str>(1)?),
+        payload: Arc::from(payload),
+        priority: r.try_get(3)?,
+        run_at_ms: u64_of(r.try_get(4)?),
+        created_at_ms: u64_of(r.try_get(5)?),
+        max_attempts: u32_of(r.try_get(6)?),
+        attempts: u32_of(r.try_get(7)?),
+        expiries: u32_of(r.try_get(8)?),
+        last_token: u64_of(r.try_get(9)?),
+        state,
+        claim,
+        cancel_requested: r.try_get(14)?,
+        last_error: r.try_get::<_, Option<&str>>(15)?.map(Arc::from),
+        unique_key: r.try_get::<_, Option<&str>>(16)?.map(Arc::from),
+        finished_at_ms: r.try_get::<_, Option<i64>>(17)?.map(u64_of),
+    };
+    Ok((job, state_code))
+}
+
+fn ctx_key(what: &str, key: &str) -> String {
+    format!("{what} lease {key:?}")
+}
+
+impl<'c> PgTxn<'c> {
+    /// A transaction on `conn`, begun at `now_ms`.
+    pub fn new(conn: &'c mut Conn, schema: &'c str, now_ms: u64) -> Self {
+        PgTxn {
+            conn,
+            schema,
+            now_ms,
+            leases: LeaseCache::default(),
+            jobs: HashMap::new(),
+            pending: Vec::new(),
+            deleted: Vec::new(),
+            woke: [false; 2],
+        }
+    }
+
+    /// Render the pending job writes into `sql`; returns whether there
+    /// were any.
+    fn render_jobs(&mut self, sql: &mut Sql, schema: &str) -> Result<bool> {
+        let writes: Vec<JobWrite<'_>> = self
+            .pending
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|c| JobWrite {
+                record: &c.record,
+                in_db: c.in_db,
+                db_state: c.db_state,
+            })
+            .collect();
+        render_job_writes(sql, schema, &self.deleted, &writes)
+    }
+
+    /// Mark every pending job write as done.
+    fn jobs_flushed(&mut self) {
+        self.deleted.clear();
+        for id in std::mem::take(&mut self.pending) {
+            if let Some(c) = self.jobs.get_mut(&id) {
+                c.in_db = true;
+                c.db_state = Some(c.record.state);
+            }
+        }
+    }
+
+    /// Send the pending job writes before a query that could see them.
+    fn flush_jobs(&mut self) -> Result<()> {
+        let mut sql = Sql(String::new());
+        let schema = self.schema;
+        if !self.render_jobs(&mut sql, schema)? {
+            return Ok(());
+        }
+        self.conn
+            .client
+            .batch_execute(&sql.0)
+            .map_err(|e| pg_err("writing jobs", e, Stage::Work))?;
+        self.jobs_flushed();
+        Ok(())
+    }
+
+    /// Everything this transaction changed, the notifications and COMMIT,
+    /// as one script.
+    pub fn commit_script(&mut self, channel: &str) -> Result<String> {
+        let mut sql = Sql(String::with_capacity(512));
+        let schema = self.schema;
+        self.render_jobs(&mut sql, schema)?;
+        for c in self.leases.changed() {
+            if c.original.is_some() {
+                sql.raw("UPDATE ")
+                    .raw(schema)
+                    .raw(".leases SET (last_token, tokens, holders, labels, expires, lease_limit) = (")
+                    .lease(&c.record)?
+                    .raw(") WHERE key = ")
+                    .text("key", &c.key)?
+                    .raw(";\n");
+            } else {
+                sql.raw("INSERT INTO ")
+                    .raw(schema)
+                    .raw(".leases (key, last_token, tokens, holders, labels, expires, lease_limit) VALUES (")
+                    .text("key", &c.key)?
+                    .raw(", ")
+                    .lease(&c.record)?
+                    .raw(");\n");
+            }
+        }
+        for wake in [Wake::LeaseFreed, Wake::JobReady] {
+            if self.woke[wake as usize] {
+                sql.raw("SELECT pg_notify(")
+                    .text("channel", channel)?
+                    .raw(&format!(", '{}');\n", wake as u8));
+            }
+        }
+        sql.raw("COMMIT");
+        Ok(sql.0)
+    }
+
+    fn load_lease(&mut self, key: &str) -> Result<Option<LeaseRecord>> {
+        let row = self
+            .conn
+            .client
+            .query_opt(&self.conn.st.lease_get, &[&key])
+            .map_err(|e| pg_err(ctx_key("reading", key), e, Stage::Work))?;
+        let Some(row) = row else { return Ok(None) };
+        let decode = || -> std::result::Result<LeaseRecord, postgres::Error> {
+            let tokens: Vec<i64> = row.try_get(1)?;
+            let holders: Vec<Vec<u8>> = row.try_get(2)?;
+            let labels: Vec<Option<String>> = row.try_get(3)?;
+            let expires: Vec<i64> = row.try_get(4)?;
+            let slots = tokens
+                .iter()
+                .zip(&holders)
+                .zip(labels)
+                .zip(&expires)
+                .map(|(((&t, h), label), &e)| LeaseSlot {
+                    token: u64_of(t),
+                    holder: Holder {
+                        id: holder_from(h),
+                        label: label.map(|l| Arc::from(l.as_str())),
+                    },
+                    expires_at_ms: u64_of(e),
+                })
+                .collect();
+            Ok(LeaseRecord {
+                last_token: u64_of(row.try_get(0)?),
+                limit: u32::try_from(row.try_get::<_, i32>(5)?).unwrap_or(0),
+                slots,
+            })
+        };
+        decode()
+            .map(Some)
+            .map_err(|e| pg_err(ctx_key("decoding", key), e, Stage::Work))
+    }
+
+    /// Cache rows a locking query returned; their ids are appended to `out`.
+    fn absorb(&mut self, rows: &[Row], out: &mut Vec<JobId>) -> Result<()> {
+        for row in rows {
+            let job = job_from_row(row)?;
+            out.push(job.id);
+            let state = job.state;
+            self.jobs.insert(
+                job.id,
+                CachedJob {
+                    record: job,
+                    in_db: true,
+                    db_state: Some(state),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn query(
+        &mut self,
+        what: &str,
+        stmt: fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let Conn { client, st } = &mut *self.conn;
+        client
+            .query(stmt(st), params)
+            .map_err(|e| pg_err(what.to_owned(), e, Stage::Work))
+    }
+}
+
+impl Txn for PgTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
+        if !self.leases.contains(key) {
+            let loaded = self.load_lease(key)?;
+            if !self.leases.add(key, loaded, create) {
+                return Ok(None);
+            }
+        }
+        Ok(self.leases.get_mut(key))
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
+        Ok(self)
+    }
+}
+
+impl JobTxn for PgTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    fn next_job_id(&mut self) -> Result<JobId> {
+        let row = self
+            .conn
+            .client
+            .query_one(&self.conn.st.next_id, &[])
+            .map_err(|e| pg_err("allocating a job id", e, Stage::Work))?;
+        Ok(JobId(u64_of(row.get(0))))
+    }
+
+    fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
+        if let Some(c) = self.jobs.get(&id) {
+            return Ok(Some(c.record.clone()));
+        }
+        if self.deleted.contains(&id) {
+            return Ok(None);
+        }
+        let rows = self.query(
+            &format!("reading job {id}"),
+            |st| &st.job_get,
+            &[&i64_of("id", id.0)?],
+        )?;
+        let mut ids = Vec::new();
+        self.absorb(&rows, &mut ids)?;
+        Ok(self.jobs.get(&id).map(|c| c.record.clone()))
+    }
+
+    /// One round trip for every job not read yet (none if all were).
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
+        let mut missing = Vec::new();
+        for id in ids {
+            if !self.jobs.contains_key(id) && !self.deleted.contains(id) {
+                missing.push(i64_of("id", id.0)?);
+            }
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let rows = self.query(
+                &format!("reading {} jobs", missing.len()),
+                |st| &st.jobs_get,
+                &[&missing],
+            )?;
+            self.absorb(&rows, &mut Vec::new())?;
+        }
+        Ok(ids
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(|c| c.record.clone()))
+            .collect())
+    }
+
+    fn put_job(&mut self, job: &JobRecord) -> Result<()> {
+        // A job deleted earlier in this transaction stays deleted: its new
+        // record is inserted after the DELETE (deletes render first).
+        let entry = self.jobs.entry(job.id).or_insert_with(|| CachedJob {
+            record: job.clone(),
+            in_db: false,
+            db_state: None,
+        });
+        entry.record.clone_from(job);
+        if !self.pending.contains(&job.id) {
+            self.pending.push(job.id);
+        }
+        Ok(())
+    }
+
+    fn delete_job(&mut self, id: JobId) -> Result<()> {
+        self.pending.retain(|&p| p != id);
+        match self.jobs.remove(&id) {
+            Some(c) if !c.in_db => {}
+            _ => self.deleted.push(id),
+        }
+        Ok(())
+    }
+
+    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>> {
+        self.flush_jobs()?;
+        let rows = self.query(
+            &format!("looking up unique key {unique_key:?} in queue {queue:?}"),
+            |st| &st.live_unique,
+            &[&queue, &unique_key],
+        )?;
+        Ok(rows.first().map(|r| JobId(u64_of(r.get(0)))))
+    }
+
+    /// One round trip: the expired, due and (when asked) ready scans of
+    /// the queue together, each locking its rows `FOR UPDATE SKIP LOCKED`.
+    fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
+        self.flush_jobs()?;
+        let what = format!("reading queue {queue:?}");
+        let at = i64_of("now", now_ms)?;
+        let n = i64::try_from(chunk).unwrap_or(i64::MAX);
+        let rows = if ready > 0 {
+            let max = i64::try_from(ready).unwrap_or(i64::MAX);
+            self.query(
+                &what,
+                |st| &st.scan_maintenance_ready,
+                &[&queue, &at, &n, &max],
+            )?
+        } else {
+            self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?
+        };
+        let mut ids = Vec::new();
+        self.absorb(&rows, &mut ids)?;
+        let mut read = Pending::default();
+        for id in ids {
+            let job = self.jobs[&id].record.clone();
+            match job.state {
+                JobState::Running => read.expired.push(job),
+                JobState::Scheduled => read.due.push(job),
+                _ => read.ready.push(job),
+            }
+        }
+        Ok(read)
+    }
+
+    fn scan(
+        &mut self,
+        queue: &str,
+        query: JobQuery,
+        limit: usize,
+        out: &mut Vec<JobId>,
+    ) -> Result<()> {
+        self.flush_jobs()?;
+        let what = format!("scanning queue {queue:?}");
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match query {
+            JobQuery::FinishedBy { cutoff_ms } => {
+                let at = i64_of("cutoff", cutoff_ms)?;
+                self.query(&what, |st| &st.scan_finished, &[&queue, &at, &n])?
+            }
+            JobQuery::Retrying => self.query(&what, |st| &st.scan_retrying, &[&queue, &n])?,
+        };
+        out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
+        Ok(())
+    }
+
+    fn counts(&mut self, queue: &str) -> Result<StateCounts> {
+        self.flush_jobs()?;
+        let rows = self.query(
+            &format!("counting queue {queue:?}"),
+            |st| &st.counts,
+            &[&queue],
+        )?;
+        let mut counts = StateCounts::default();
+        if let Some(row) = rows.first() {
+            for (i, state) in JobState::ALL.into_iter().enumerate() {
+                counts.add(state, row.get::<_, i64>(i));
+            }
+        }
+        Ok(counts)
+    }
+
+    fn list(
+        &mut self,
+        queue: &str,
+        state: Option<JobState>,
+        after: JobId,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>> {
+        self.flush_jobs()?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = i64_of("after", after.0)?;
+        let state = state.map_or(-1i16, |s| i16::from(s.code()));
+        let rows = self.query(
+            &format!("listing queue {queue:?}"),
+            |st| &st.list,
+            &[&queue, &after, &state, &limit],
+        )?;
+        rows.iter().map(job_from_row).collect()
+    }
+}
