@@ -237,3 +237,26 @@ fn busy_heal_phases_are_not_false_liveness_violations() {
         );
     }
 }
+
+/// Found once slow handlers were simulated (tokio tests saw it first): a
+/// handler stopped for a lost claim runs on and reports after its job was
+/// claimed again by the same worker. Keyed by job alone, its late outcome
+/// settled the new claim (B1) and its validity check passed for the new
+/// claim (L3); handler results and checks now carry the claim's token.
+#[test]
+fn a_late_handler_of_an_old_claim_does_not_touch_the_new_claim() {
+    for (scenario, seed) in [
+        (Scenario::Queue, 193),
+        (Scenario::Queue, 815),
+        (Scenario::Mixed, 549),
+        (Scenario::Mixed, 1_116),
+    ] {
+        let r = world::run(&Plan::generate(seed, scenario, None));
+        assert!(
+            r.violation.is_none(),
+            "seed {seed} {}: {:?}",
+            scenario.name(),
+            r.violation
+        );
+    }
+}

@@ -119,7 +119,8 @@ pub fn fit_reason(reason: &str) -> std::borrow::Cow<'_, str> {
     ))
 }
 
-type Done = (JobId, std::result::Result<(), String>);
+/// A handler's result: the job, its claim's token, the outcome.
+type Done = (JobId, u64, std::result::Result<(), String>);
 
 /// What the driver, the handler threads and the waker share.
 struct Shared {
@@ -213,7 +214,7 @@ fn handler_thread(
                 .unwrap_or_default();
             Err(format!("the handler panicked: {text}"))
         });
-        lock(&shared.inbox).0.push((job.id(), result));
+        lock(&shared.inbox).0.push((job.id(), job.token(), result));
         shared.inbox_cv.notify_all();
     }
 }
@@ -263,8 +264,8 @@ impl<'a> Driver<'a> {
                 machine.shutdown(now, now.saturating_add(grace));
             }
             let (done, woke) = std::mem::take(&mut *lock(&self.shared.inbox));
-            for (id, result) in done {
-                machine.handler_done(now, id, result);
+            for (id, token, result) in done {
+                machine.handler_done(now, id, token, result);
             }
             if woke {
                 machine.wake(now);

@@ -13,8 +13,8 @@
 //! - **Waiting parks no thread per waiter.** A waiting acquire sleeps on a
 //!   tokio timer until the machine's next retry, or until the store
 //!   announces a release. Those announcements come from one watcher per
-//!   client and event (a blocking-pool thread in `Store::wait_epoch`,
-//!   alive while someone listens), however many tasks wait.
+//!   store handle and event (a blocking-pool thread in `Store::wait_epoch`,
+//!   alive while someone listens), however many tasks and clients wait.
 //! - **A guard's keep-alive is a task.** It renews on the machine's
 //!   schedule; at the local deadline it declares the lease lost even while
 //!   a renewal is still in flight. The loss is a future
@@ -108,13 +108,10 @@ pub(crate) async fn nap(ms: u64) {
 impl Client {
     /// The async face of `client`.
     pub fn new(client: crate::Client) -> Client {
-        let store = client.store().clone();
+        let wakes = Wakes::of(client.store());
         Client {
             sync: client,
-            wakes: Arc::new(Wakes {
-                store,
-                senders: Mutex::new([None, None]),
-            }),
+            wakes,
         }
     }
 
@@ -241,14 +238,39 @@ impl Client {
 }
 
 /// The store's announcements (a release, a job made ready) for every task
-/// of one client: one watcher per event on the blocking pool, started by
-/// the first listener and gone when the last one is.
+/// of every client on one store handle: one watcher per event on the
+/// blocking pool, started by the first listener and gone when the last
+/// one is.
 struct Wakes {
     store: Arc<dyn Store>,
     senders: Mutex<[Option<watch::Sender<u64>>; 2]>,
 }
 
+/// The announcements of each store handle in use, by its address.
+static ALL_WAKES: std::sync::Mutex<Vec<(usize, std::sync::Weak<Wakes>)>> =
+    std::sync::Mutex::new(Vec::new());
+
 impl Wakes {
+    /// The announcements of `store`, shared by the clients that use it.
+    fn of(store: &Arc<dyn Store>) -> Arc<Wakes> {
+        let addr = Arc::as_ptr(store).cast::<()>() as usize;
+        let mut all = lock(&ALL_WAKES);
+        all.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(wakes) = all
+            .iter()
+            .find(|(a, _)| *a == addr)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return wakes;
+        }
+        let wakes = Arc::new(Wakes {
+            store: store.clone(),
+            senders: Mutex::new([None, None]),
+        });
+        all.push((addr, Arc::downgrade(&wakes)));
+        wakes
+    }
+
     fn subscribe(self: &Arc<Self>, wake: Wake) -> watch::Receiver<u64> {
         let mut senders = lock(&self.senders);
         if let Some(tx) = &senders[wake.index()] {

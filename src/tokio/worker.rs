@@ -18,7 +18,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-type Done = (JobId, std::result::Result<(), String>);
+/// A handler's result: the job, its claim's token, the outcome.
+type Done = (JobId, u64, std::result::Result<(), String>);
 
 impl Queue {
     /// Claim and run jobs until `shutdown` resolves (or, with
@@ -106,8 +107,8 @@ where
         let mut stopping = false;
         loop {
             let now = self.session.now();
-            while let Ok((id, result)) = self.done.1.try_recv() {
-                self.handler_done(now, id, result);
+            while let Ok((id, token, result)) = self.done.1.try_recv() {
+                self.handler_done(now, id, token, result);
             }
             self.session.machine.handle_timeout(now);
             while let Some(next) = self.session.next(observe) {
@@ -135,8 +136,8 @@ where
             let nap_ms = (until - now).min(60_000);
             tokio::select! {
                 _ = nap(nap_ms) => {}
-                Some((id, result)) = self.done.1.recv() => {
-                    self.handler_done(self.session.now(), id, result);
+                Some((id, token, result)) = self.done.1.recv() => {
+                    self.handler_done(self.session.now(), id, token, result);
                 }
                 changed = ready.changed() => {
                     if changed.is_ok() {
@@ -155,15 +156,23 @@ where
         }
     }
 
-    fn handler_done(&mut self, now: u64, id: JobId, result: std::result::Result<(), String>) {
-        self.running.remove(&id);
-        self.session.machine.handler_done(now, id, result);
+    fn handler_done(
+        &mut self,
+        now: u64,
+        id: JobId,
+        token: u64,
+        result: std::result::Result<(), String>,
+    ) {
+        if self.running.get(&id).is_some_and(|job| job.token() == token) {
+            self.running.remove(&id);
+        }
+        self.session.machine.handler_done(now, id, token, result);
     }
 
     /// Run the handler on `job` in a task of its own; its result (or its
     /// panic, or its cancellation) comes back on the channel.
     fn start(&mut self, job: ClaimedJob) {
-        let id = job.id();
+        let (id, token) = (job.id(), job.token());
         self.running.insert(id, job.clone());
         let handler = self.handler.clone();
         let done = self.done.0.clone();
@@ -182,7 +191,7 @@ where
                     Err("the handler was stopped: its claim was lost, its job cancelled, or the worker shut down".to_owned())
                 }
             };
-            let _ = done.send((id, result));
+            let _ = done.send((id, token, result));
         });
     }
 }

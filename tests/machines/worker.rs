@@ -116,7 +116,7 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
         "room for one more"
     );
     m.handle_reply(2, WorkerReply::Claimed(Ok(vec![])));
-    m.handler_done(3, JobId(1), Ok(()));
+    m.handler_done(3, JobId(1), 1, Ok(()));
     assert_eq!(
         started(&drain(&mut m)),
         [3],
@@ -127,10 +127,10 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
 #[test]
 fn outcomes_are_batched_until_full_delayed_or_idle() {
     let (mut m, _) = claimed(worker(4, 0, 3), &[1, 2, 3, 4]);
-    m.handler_done(10, JobId(1), Ok(()));
+    m.handler_done(10, JobId(1), 1, Ok(()));
     assert!(settles(&drain(&mut m)).is_empty(), "waits for others");
-    m.handler_done(11, JobId(2), Err("boom".into()));
-    m.handler_done(12, JobId(3), Ok(()));
+    m.handler_done(11, JobId(2), 1, Err("boom".into()));
+    m.handler_done(12, JobId(3), 1, Ok(()));
     let sent = settles(&drain(&mut m));
     let [batch] = &sent[..] else {
         panic!("one batch when full: {sent:?}");
@@ -156,11 +156,11 @@ fn outcomes_are_batched_until_full_delayed_or_idle() {
         ]
     );
     // The last one: nothing else runs, so it goes at once.
-    m.handler_done(20, JobId(4), Ok(()));
+    m.handler_done(20, JobId(4), 1, Ok(()));
     assert_eq!(settles(&drain(&mut m)).len(), 1);
 
     let (mut m, _) = claimed(worker(2, 0, 64), &[1, 2]);
-    m.handler_done(30, JobId(1), Ok(()));
+    m.handler_done(30, JobId(1), 1, Ok(()));
     assert!(settles(&drain(&mut m)).is_empty());
     m.handle_timeout(34);
     assert!(
@@ -174,7 +174,7 @@ fn outcomes_are_batched_until_full_delayed_or_idle() {
 #[test]
 fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
     let (mut m, _) = claimed(worker(2, 1, 64), &[1, 2, 3]);
-    m.handler_done(5, JobId(1), Ok(()));
+    m.handler_done(5, JobId(1), 1, Ok(()));
     let _ = drain(&mut m);
     // The outcome of job 1 is sent after the flush delay; its reply waits.
     m.handle_timeout(10);
@@ -218,7 +218,7 @@ fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
 #[test]
 fn a_passed_deadline_stops_the_handler_and_its_late_outcome_is_dropped() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
-    assert!(m.is_valid(JobId(1), 2_969));
+    assert!(m.is_valid(JobId(1), 1, 2_969));
     m.handle_timeout(2_970);
     let a = drain(&mut m);
     assert!(a.iter().any(|a| matches!(
@@ -229,7 +229,7 @@ fn a_passed_deadline_stops_the_handler_and_its_late_outcome_is_dropped() {
         }
     )));
     assert_eq!(settled(&a), [(1, JobOutcome::Lost)]);
-    m.handler_done(2_980, JobId(1), Ok(()));
+    m.handler_done(2_980, JobId(1), 1, Ok(()));
     assert!(requests(&drain(&mut m))
         .iter()
         .all(|r| !matches!(r, WorkerRequest::Settle { .. })));
@@ -337,7 +337,7 @@ fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
     );
     m.handle_reply(11, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
     let _ = drain(&mut m);
-    assert!(m.is_valid(JobId(1), 999), "the running handler may finish");
+    assert!(m.is_valid(JobId(1), 1, 999), "the running handler may finish");
     m.handle_timeout(1_000);
     let a = drain(&mut m);
     assert!(a.iter().any(|a| matches!(
@@ -362,7 +362,7 @@ fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
 #[test]
 fn a_transient_settle_is_resent_and_an_ambiguous_one_is_left_to_the_store() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
-    m.handler_done(5, JobId(1), Ok(()));
+    m.handler_done(5, JobId(1), 1, Ok(()));
     let first = settles(&drain(&mut m));
     assert_eq!(first.len(), 1);
     m.handle_reply(
@@ -383,7 +383,7 @@ fn a_transient_settle_is_resent_and_an_ambiguous_one_is_left_to_the_store() {
 #[test]
 fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[7]);
-    m.handler_done(5, JobId(7), Err("boom".into()));
+    m.handler_done(5, JobId(7), 1, Err("boom".into()));
     let _ = drain(&mut m);
     // Retried at once and claimed again by us, before the settle reply.
     m.handle_timeout(6);
@@ -393,10 +393,11 @@ fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
     m.handle_reply(8, WorkerReply::Settled(Ok(vec![Ok(JobState::Scheduled)])));
     let _ = drain(&mut m);
     assert!(
-        m.is_valid(JobId(7), 9),
+        m.is_valid(JobId(7), 2, 9),
         "the new claim is still held and running"
     );
-    m.handler_done(10, JobId(7), Ok(()));
+    assert!(!m.is_valid(JobId(7), 1, 9), "not for the old claim's handler");
+    m.handler_done(10, JobId(7), 2, Ok(()));
     let sent = requests(&drain(&mut m));
     assert!(
         sent.iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles == &vec![(JobId(7), 2, Settle::Complete)])),
@@ -414,4 +415,38 @@ fn a_store_error_that_retrying_cannot_fix_ends_the_loop() {
     );
     assert!(matches!(drain(&mut m)[..], [WorkerAction::Failed(_)]));
     assert!(m.is_finished());
+}
+
+/// A handler stopped for a loss runs on (a thread cannot be interrupted)
+/// and reports after the job was claimed again by this worker: its
+/// outcome belongs to the old claim and is ignored; the new claim's
+/// handler decides. (The tokio tests and the simulator found it.)
+#[test]
+fn a_late_outcome_of_an_old_claim_is_ignored() {
+    let (mut m, _) = claimed(worker(1, 0, 64), &[7]);
+    let deadline = m.deadline(JobId(7)).unwrap();
+    m.handle_timeout(deadline);
+    let acts = drain(&mut m);
+    assert_eq!(settled(&acts), [(7, JobOutcome::Lost)]);
+    m.handle_timeout(deadline + 1);
+    let _ = drain(&mut m);
+    m.handle_reply(deadline + 2, WorkerReply::Claimed(Ok(vec![job(7, 2)])));
+    assert_eq!(started(&drain(&mut m)), [7]);
+    assert!(!m.is_valid(JobId(7), 1, deadline + 3));
+    assert!(m.is_valid(JobId(7), 2, deadline + 3));
+    m.handler_done(deadline + 3, JobId(7), 1, Ok(()));
+    m.handle_timeout(deadline + 10);
+    let sent = requests(&drain(&mut m));
+    assert!(
+        !sent.iter().any(|r| matches!(r, WorkerRequest::Settle { .. })),
+        "the old handler's outcome was sent: {sent:?}"
+    );
+    assert!(m.is_valid(JobId(7), 2, deadline + 10), "the new claim still runs");
+    m.handler_done(deadline + 11, JobId(7), 2, Err("boom".into()));
+    m.handle_timeout(deadline + 20);
+    let sent = requests(&drain(&mut m));
+    assert!(
+        sent.iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles == &vec![(JobId(7), 2, Settle::Fail("boom".into()))])),
+        "{sent:?}"
+    );
 }

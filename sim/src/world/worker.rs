@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
 struct Handler {
-    token: u64,
     work_end: u64,
     fails: bool,
 }
@@ -26,7 +25,11 @@ struct Handler {
 #[derive(Debug, Clone)]
 pub(super) struct WorkerState {
     machine: WorkerMachine,
-    handlers: BTreeMap<JobId, Handler>,
+    /// Running handlers by job and claim token. A handler the machine
+    /// stopped for a loss or a shutdown runs on to its end and reports
+    /// late, as a handler thread that cannot be interrupted does (by then
+    /// the job may be claimed again, by this worker too).
+    handlers: BTreeMap<(JobId, u64), Handler>,
     draining: bool,
 }
 
@@ -103,22 +106,21 @@ impl Sim<'_> {
     fn finish_handlers(&mut self, p: usize, local: u64) {
         let forked = self.procs[p].forked_child;
         let fork_ok = !forked || self.plan.canary == Some(Canary::ForkReusesHandle);
-        let due: Vec<(JobId, Handler)> = self
+        let due: Vec<((JobId, u64), Handler)> = self
             .worker(p)
             .handlers
             .iter()
             .filter(|(_, h)| h.work_end <= local)
-            .map(|(id, h)| (*id, h.clone()))
+            .map(|(k, h)| (*k, h.clone()))
             .collect();
-        for (id, h) in due {
-            self.worker(p).handlers.remove(&id);
-            let valid = fork_ok && self.worker(p).machine.is_valid(id, local);
+        for ((id, token), h) in due {
+            self.worker(p).handlers.remove(&(id, token));
+            let valid = fork_ok && self.worker(p).machine.is_valid(id, token, local);
             if !h.fails && valid {
                 let owner = self.owner(p);
-                let c = self.oracle.effect(self.now, id.0, owner, h.token);
+                let c = self.oracle.effect(self.now, id.0, owner, token);
                 self.note(Line::Note(format!(
-                    "p{p} performs job {id}'s effect with token {}",
-                    h.token
+                    "p{p} performs job {id}'s effect with token {token}"
                 )));
                 if let Err(v) = c {
                     return self.fail(v);
@@ -126,14 +128,14 @@ impl Sim<'_> {
             }
             if valid && !forked {
                 let owner = self.owner(p);
-                self.oracle.handler_reported(owner, id.0, h.token, !h.fails);
+                self.oracle.handler_reported(owner, id.0, token, !h.fails);
             }
             let result = if h.fails {
                 Err("handler failed".to_owned())
             } else {
                 Ok(())
             };
-            self.worker(p).machine.handler_done(local, id, result);
+            self.worker(p).machine.handler_done(local, id, token, result);
         }
     }
 
@@ -210,31 +212,43 @@ impl Sim<'_> {
             "p{p}.{gen} worker machine starts job {} (token {token})",
             record.id
         )));
+        // One handler in ten is slow: it runs past its claim's lease, so
+        // a renewal that fails meanwhile loses the claim while it runs.
         let work_max = self.plan.work_max_ms.max(1);
+        let lease = self.plan.lease_ms;
         let rng = &mut self.procs[p].rng;
+        let work_ms = if rng.random_bool(0.1) {
+            rng.random_range(lease..=4 * lease)
+        } else {
+            rng.random_range(1..=work_max)
+        };
         let handler = Handler {
-            token,
-            work_end: local + rng.random_range(1..=work_max),
+            work_end: local + work_ms,
             fails: rng.random_range(0..1_000_000) < self.plan.fail_ppm,
         };
-        self.worker(p).handlers.insert(record.id, handler);
+        self.worker(p).handlers.insert((record.id, token), handler);
     }
 
-    /// The machine stops a handler; a cancelled one reports failure at once.
+    /// The machine stops a handler: a cancelled one reports failure at
+    /// once; one stopped for a loss or a shutdown runs on and reports late.
     fn stop_handler(&mut self, p: usize, local: u64, id: JobId, why: StopWhy) {
         let gen = self.procs[p].gen;
         self.note(Line::Note(format!(
             "p{p}.{gen} worker machine stops job {id}: {why:?}"
         )));
-        let gone = self.worker(p).handlers.remove(&id);
-        if let (Some(h), StopWhy::Cancelled) = (gone, why) {
+        if why != StopWhy::Cancelled {
+            return;
+        }
+        let running = self.worker(p).handlers.keys().rev().find(|(j, _)| *j == id).copied();
+        if let Some((_, token)) = running {
+            self.worker(p).handlers.remove(&(id, token));
             let owner = self.owner(p);
             if !self.procs[p].forked_child {
-                self.oracle.handler_reported(owner, id.0, h.token, false);
+                self.oracle.handler_reported(owner, id.0, token, false);
             }
             self.worker(p)
                 .machine
-                .handler_done(local, id, Err("cancelled".into()));
+                .handler_done(local, id, token, Err("cancelled".into()));
         }
     }
 

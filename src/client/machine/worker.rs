@@ -309,11 +309,12 @@ impl WorkerMachine {
         self.jobs.get(&id).map(|h| h.life.deadline())
     }
 
-    /// Whether `id`'s handler may act at `now`.
-    pub fn is_valid(&self, id: JobId, now: u64) -> bool {
+    /// Whether the handler of `id`'s claim `token` may act at `now` (a
+    /// handler of an older claim of the same job may not).
+    pub fn is_valid(&self, id: JobId, token: u64, now: u64) -> bool {
         self.jobs
             .get(&id)
-            .is_some_and(|h| h.running && h.life.is_valid(now))
+            .is_some_and(|h| h.token == token && h.running && h.life.is_valid(now))
     }
 
     pub(super) fn may_claim(&self) -> bool {
@@ -399,12 +400,24 @@ impl WorkerMachine {
         self.flush_at = Some(now);
     }
 
-    /// The handler of `id` finished at `now`: `Ok` completes the job,
-    /// `Err(reason)` fails it (a reason too long for the store is cut,
-    /// [`crate::client::fit_reason`]). Ignored for a job no longer held.
-    pub fn handler_done(&mut self, now: u64, id: JobId, result: std::result::Result<(), String>) {
+    /// The handler of `id`'s claim `token` finished at `now`: `Ok`
+    /// completes the job, `Err(reason)` fails it (a reason too long for
+    /// the store is cut, [`crate::client::fit_reason`]). Ignored for a
+    /// claim no longer held: a handler stopped for a loss may report long
+    /// after, when the job is claimed again (by this worker, too).
+    pub fn handler_done(
+        &mut self,
+        now: u64,
+        id: JobId,
+        token: u64,
+        result: std::result::Result<(), String>,
+    ) {
         self.expire(now);
-        if !self.jobs.get(&id).is_some_and(|h| h.running) {
+        if !self
+            .jobs
+            .get(&id)
+            .is_some_and(|h| h.running && h.token == token)
+        {
             return;
         }
         self.running -= 1;

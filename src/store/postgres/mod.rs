@@ -272,7 +272,22 @@ impl PostgresStore {
     }
 
     /// [`PostgresStore::open`] with options.
-    pub fn open_with(url: &str, mut opts: PostgresOptions) -> Result<Self> {
+    ///
+    /// The driver blocks on a runtime of its own, which panics on a thread
+    /// that drives a tokio runtime: opened inside async code, the store
+    /// connects on a thread of its own (and is then used through
+    /// [`crate::tokio`], which keeps its calls off the async threads).
+    pub fn open_with(url: &str, opts: PostgresOptions) -> Result<Self> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Self::open_here(url, opts);
+        }
+        std::thread::scope(|s| match s.spawn(|| Self::open_here(url, opts)).join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        })
+    }
+
+    fn open_here(url: &str, mut opts: PostgresOptions) -> Result<Self> {
         let (driver_url, tls_params) = split_url(url, &mut opts)?;
         check_schema_name(&opts.schema)?;
         if opts.max_connections == 0 {
@@ -398,7 +413,16 @@ impl Drop for PostgresStore {
         self.listener.stop();
         let idle = self.pool.take_idle();
         if self.fork.is_origin_strict() {
-            drop(idle);
+            // Closing a session blocks on the driver's own runtime, which
+            // panics on a thread that drives a tokio runtime (a store
+            // dropped inside async code): close them on a thread of their
+            // own.
+            if !idle.is_empty() {
+                let closing = std::thread::Builder::new()
+                    .name("leasehold-pg-close".to_owned())
+                    .spawn(move || drop(idle));
+                drop(closing);
+            }
         } else {
             // A forked child must not close (or talk on) its parent's sockets.
             std::mem::forget(idle);

@@ -1,0 +1,131 @@
+//! The async API on every store: acquire and wait, the loss future, the
+//! worker with concurrency, cancellation, shutdown, and the races between
+//! shutdown and claims and between a loss and a completion (`cases.rs`).
+
+#![cfg(not(loom))]
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests read real time and sleep
+
+#[path = "../support/pg.rs"]
+mod pg;
+
+mod cases;
+
+use leasehold::Store;
+use std::sync::Arc;
+
+/// A fresh store and whatever it lives in (dropped after it).
+pub struct Fresh {
+    pub store: Arc<dyn Store>,
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+/// A fresh directory, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(tag: &str) -> TempDir {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "leasehold-tokio-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    TempDir(dir)
+}
+
+/// Generates one `#[test]` per case for a store factory; `$guard` says
+/// whether the store is there (PostgreSQL prints why it skips).
+macro_rules! tokio_cases {
+    ($guard:expr, $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let run: fn() -> bool = $guard;
+                if run() {
+                    $crate::cases::$case(&$make);
+                }
+            }
+        )*
+    };
+    ($guard:expr, $make:expr) => {
+        tokio_cases!($guard, $make;
+            acquire_waits_without_a_thread_per_waiter,
+            a_waiting_acquire_is_woken_by_a_release,
+            the_loss_is_a_future_and_a_cancelled_token,
+            release_awaits_the_keep_alive,
+            a_dropped_guard_is_released_in_the_background,
+            worker_runs_handlers_concurrently_and_completes_every_job,
+            a_cancelled_job_drops_its_handler_future,
+            a_lost_claim_drops_its_handler_future,
+            shutdown_lets_handlers_finish_then_gives_jobs_back,
+            shutdown_racing_claims_loses_no_job,
+            a_loss_racing_a_completion_is_reported_as_what_the_store_kept,
+            a_panicking_handler_fails_its_job,
+            claimed_by_hand_with_a_keep_alive_task,
+        );
+    };
+}
+
+mod mem {
+    use super::Fresh;
+    tokio_cases!(|| true, || Fresh {
+        store: std::sync::Arc::new(leasehold::MemStore::new()),
+        _keep: Box::new(()),
+    });
+}
+
+mod sqlite {
+    use super::{temp_dir, Fresh};
+    tokio_cases!(|| true, || {
+        let dir = temp_dir("sqlite");
+        let store = leasehold::SqliteStore::open(dir.0.join("lh.db")).unwrap();
+        Fresh {
+            store: std::sync::Arc::new(store),
+            _keep: Box::new(dir),
+        }
+    });
+}
+
+mod postgres {
+    use super::{pg, Fresh};
+    tokio_cases!(pg::enabled, || {
+        let schema = pg::Schema::new("tokio");
+        let store = schema.open(leasehold::PostgresOptions::default());
+        Fresh {
+            store: std::sync::Arc::new(store),
+            _keep: Box::new(schema),
+        }
+    });
+}
+
+/// A PostgreSQL store dropped inside async code (the end of a
+/// `#[tokio::main]`): its sessions are closed without blocking a runtime
+/// thread (the driver's own close would panic there).
+#[test]
+fn a_postgres_store_dropped_inside_a_runtime_closes_quietly() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = pg::Schema::new("tokiodrop");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = schema.open(leasehold::PostgresOptions::default());
+        let client = leasehold::tokio::Client::new(leasehold::Client::new(store));
+        let guard = client
+            .acquire("k", leasehold::LeaseOptions::new(std::time::Duration::from_secs(5)))
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        drop(client);
+    });
+}
