@@ -289,3 +289,84 @@ fn version_1_records_are_read_and_upgraded() {
         1
     );
 }
+
+/// The boot-clock rule: an instant handed out less than the persistence
+/// interval (1 s) after the last persisted high water is still below store
+/// time after a reboot.
+#[test]
+fn store_time_after_a_reboot_is_above_every_instant_handed_out() {
+    let d = Dir::new("reboot-interval");
+    let clock = ManualClock::new(90_000_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "boot-a")).unwrap();
+    assert_eq!(store.txn(|tx| Ok(tx.now_ms())).unwrap(), 90_000_000);
+    clock.advance(999);
+    assert_eq!(acquire(&store, "k", 1, 100).unwrap(), 1);
+    let last = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert_eq!(last, 90_000_999);
+    drop(store);
+    let clock = ManualClock::new(3);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "boot-b")).unwrap();
+    let first = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert!(
+        first > last,
+        "store time went back across the reboot: {last} -> {first}"
+    );
+}
+
+/// A fresh directory opened with default options runs on the boot-time
+/// clock (not the wall clock, not a per-process monotonic clock).
+#[test]
+fn default_store_time_is_the_machines_boot_clock() {
+    let d = Dir::new("bootclock");
+    let store = FileStore::open(d.leases()).unwrap();
+    let boot_ms = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid, writable timespec.
+        assert_eq!(
+            unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) },
+            0
+        );
+        ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+    };
+    let before = boot_ms();
+    let now = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    let after = boot_ms();
+    assert!(
+        now + 2_000 >= before && now <= after + 2_000,
+        "store time {now} ms, boot clock {before}..{after} ms"
+    );
+}
+
+/// A directory on NFS is refused, naming the filesystem and the directory,
+/// and nothing is created (neither the directory nor anything in it);
+/// `allow_network_fs` opens it anyway.
+#[test]
+fn a_network_filesystem_is_refused_unless_allowed() {
+    let d = Dir::new("nfs");
+    let nfs = FileOptions {
+        statfs_magic: Some(0x6969),
+        ..FileOptions::default()
+    };
+    let e = FileStore::open_with(d.leases(), nfs.clone()).unwrap_err();
+    assert!(matches!(e, Error::Store { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("NFS"), "names the filesystem: {text}");
+    assert!(
+        text.contains(&d.leases().display().to_string()),
+        "names the directory: {text}"
+    );
+    assert!(!d.leases().exists(), "the directory was created");
+    std::fs::create_dir(d.leases()).unwrap();
+    assert!(FileStore::open_with(d.leases(), nfs.clone()).is_err());
+    let created: Vec<_> = std::fs::read_dir(d.leases()).unwrap().collect();
+    assert!(created.is_empty(), "created {created:?}");
+    let allowed = FileOptions {
+        allow_network_fs: true,
+        ..nfs
+    };
+    let store = FileStore::open_with(d.leases(), allowed).unwrap();
+    assert_eq!(acquire(&store, "k", 1, 1_000).unwrap(), 1);
+}
