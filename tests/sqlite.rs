@@ -1,7 +1,8 @@
 //! SQLite-specific behaviour: WAL in effect, claim scans served by their
 //! index in order (no sort), foreign/newer/corrupt files refused and left
-//! untouched, store time continuous across reboots, a real fork, and group
-//! commit (atomic per transaction, visible on return).
+//! untouched, store time continuous across reboots and on the machine's
+//! boot clock, a network filesystem refused, a real fork, and group commit
+//! (atomic per transaction, visible on return).
 
 #![allow(clippy::disallowed_methods)] // real threads in the group commit test
 

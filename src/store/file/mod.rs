@@ -13,13 +13,53 @@
 //! the gap takes no disk space). Each slot is a header (magic, sequence
 //! number, length, checksum) and a short text record: a version line, the
 //! key (hex), the key's token counter, one line per holder slot. A write
-//! goes to the slot that does not hold the current record, with the next
-//! sequence number; a reader takes the valid slot with the highest sequence.
-//! A write torn by a crash leaves the other slot, the previous record, in
-//! force: no rename, no directory fsync, and one `fdatasync` per write in
-//! durable mode (none otherwise). If neither slot is valid the file is
+//! carries the next sequence number; a reader takes the valid slot with the
+//! highest sequence. A write never goes to the slot whose record must stay
+//! in force if it is torn (below), so a crash leaves that record: no
+//! rename, no directory fsync. If neither slot is valid the file is
 //! reported as corrupt, naming it, and left as it is: silently resetting it
 //! would lose the token counter and break fencing (L2).
+//!
+//! # Durability
+//! Not durable (`FileOptions::durable` false): no `fdatasync`; each write
+//! goes to the slot that does not hold the current record. A commit
+//! survives the process (the page cache has it), not the machine.
+//!
+//! Durable (the default): a commit survives a power loss, except a commit
+//! that only drops holder slots (a release, or expired slots pruned),
+//! which is not synced: one `fdatasync` per acquire + release pair, not
+//! two. The argument:
+//! - **A forgotten release only delays the key's expiry.** After a power
+//!   loss the record may still show the releaser as a holder; every holder
+//!   died with the machine (the store is one machine's: network
+//!   filesystems are refused), and the slot runs out at the TTL of its
+//!   last renewal, in store time that continues above every instant used
+//!   before the reboot (Clock, below). L4 allows exactly that.
+//! - **A forgotten grant would hand its token out twice** after the reboot
+//!   (L2, and the token may already fence something outside): a grant is
+//!   synced before it returns.
+//! - **Renewals stay synced.** By the power-loss argument alone a renewal
+//!   could be forgotten too (its holder dies with the machine). But an
+//!   unsynced record may be overwritten in place (next paragraph), and a
+//!   process killed in the middle of that write takes the unsynced record
+//!   with it while every other process lives on: a live holder's renewal
+//!   lost that way would let its lease run out while it still holds it
+//!   (L1, L3). A release lost that way only keeps its slot until the TTL.
+//!
+//! Which slot a write goes to keeps the newest record known to be on disk
+//! in force. After each `fdatasync` the writer records, in a durable
+//! watermark (16 bytes before slot 1, with a checksum; written, not synced),
+//! the sequence number the sync put on disk, before the transaction
+//! returns. A write goes to the slot that does not hold that record: after
+//! a grant, the release goes to the other slot; the next grant overwrites
+//! the release in place, leaving the synced grant before it in force. If
+//! neither slot holds the watermark's record (a new or upgraded file, a
+//! lost watermark), the writer syncs first. So a slot being written, torn
+//! or lost in a crash, only ever holds a record that is not needed: a run
+//! of unsynced releases, or a write whose transaction never returned
+//! success (a failed `fdatasync` or watermark write is reported as
+//! ambiguous). `tests/file_store.rs` checks every torn and lost image of a
+//! run of grants, renewals and releases.
 //!
 //! # Clock
 //! As for SQLite: the machine's boot-time clock plus an offset kept in the
@@ -38,10 +78,6 @@
 //! Leases only (counting leases included). Jobs need the ordered indexes of
 //! a database: every job operation answers a clear error pointing to
 //! `sqlite:`.
-//!
-//! Durability: durable mode survives power loss after each commit;
-//! otherwise a commit survives the process (the page cache has it), not the
-//! machine.
 //!
 //! Directories on NFS, SMB/CIFS or FUSE are refused unless
 //! `FileOptions::allow_network_fs`: `flock` there is not reliable between
@@ -66,6 +102,7 @@ use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::boottime::{current_boot, StoreClock};
 use crate::store::{Epochs, Store};
+use crate::sync::{AtomicU64, Ordering};
 use clock::ClockFile;
 use slots::Locked;
 use std::path::{Path, PathBuf};
@@ -110,6 +147,8 @@ pub struct FileStore {
     fork: ForkGuard,
     /// Wake-ups for this process's waiters (a release wakes an acquire).
     epochs: Epochs,
+    /// `fdatasync`s of record files by this handle.
+    record_syncs: AtomicU64,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -199,6 +238,7 @@ impl FileStore {
             clock_file,
             fork: ForkGuard::new(),
             epochs: Epochs::default(),
+            record_syncs: AtomicU64::new(0),
         })
     }
 
@@ -210,6 +250,13 @@ impl FileStore {
     /// The record file of `key`.
     pub fn record_path(&self, key: &str) -> PathBuf {
         self.dir.join(format!("{}.lease", encode_key(key)))
+    }
+
+    /// `fdatasync`s of record files issued by this handle (the clock
+    /// file's are not counted).
+    #[doc(hidden)]
+    pub fn record_syncs(&self) -> u64 {
+        self.record_syncs.load(Ordering::Relaxed)
     }
 }
 
@@ -268,7 +315,7 @@ impl Store for FileStore {
         f(&mut tx)?;
         // Commit: write each changed record, then close (dropping the locks).
         for k in tx.keys.iter().filter(|k| k.changed()) {
-            k.write(self.durable)?;
+            k.write(self.durable, &self.record_syncs)?;
         }
         let woke = tx.woke;
         drop(tx);

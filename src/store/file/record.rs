@@ -132,35 +132,39 @@ pub(super) fn parse(text: &str, key: &str) -> std::result::Result<LeaseRecord, S
             .and_then(|t| t.parse().ok())
             .ok_or("bad limit line")?
     };
-    let mut slots = Vec::new();
-    for line in lines {
-        let f: Vec<&str> = line.split(' ').collect();
-        let [tag, token, holder, expires, label] = f[..] else {
-            return Err(format!("bad line {line:?}"));
-        };
-        if tag != "slot" {
-            return Err(format!("bad line {line:?}"));
-        }
-        let label = match label {
-            "-" => None,
-            h => Some(Arc::from(
-                String::from_utf8(unhex(h).ok_or("bad label")?)
-                    .map_err(|_| "bad label")?
-                    .as_str(),
-            )),
-        };
-        slots.push(LeaseSlot {
-            token: token.parse().map_err(|_| "bad token")?,
-            holder: Holder {
-                id: HolderId::parse(holder).map_err(|_| "bad holder")?,
-                label,
-            },
-            expires_at_ms: expires.parse().map_err(|_| "bad expiry")?,
-        });
-    }
+    let slots = lines
+        .map(parse_slot)
+        .collect::<std::result::Result<Vec<_>, String>>()?;
     Ok(LeaseRecord {
         last_token,
         limit,
         slots,
+    })
+}
+
+/// One `slot TOKEN HOLDER EXPIRES LABEL` line.
+fn parse_slot(line: &str) -> std::result::Result<LeaseSlot, String> {
+    let f: Vec<&str> = line.split(' ').collect();
+    let [tag, token, holder, expires, label] = f[..] else {
+        return Err(format!("bad line {line:?}"));
+    };
+    if tag != "slot" {
+        return Err(format!("bad line {line:?}"));
+    }
+    let label = match label {
+        "-" => None,
+        h => Some(Arc::from(
+            String::from_utf8(unhex(h).ok_or("bad label")?)
+                .map_err(|_| "bad label")?
+                .as_str(),
+        )),
+    };
+    Ok(LeaseSlot {
+        token: token.parse().map_err(|_| "bad token")?,
+        holder: Holder {
+            id: HolderId::parse(holder).map_err(|_| "bad holder")?,
+            label,
+        },
+        expires_at_ms: expires.parse().map_err(|_| "bad expiry")?,
     })
 }

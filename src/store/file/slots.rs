@@ -1,5 +1,7 @@
 //! The record file on disk: two checksummed slots with a sequence number,
-//! the `flock` that makes the file its key's lock, and the writes.
+//! the durable watermark, the `flock` that makes the file its key's lock,
+//! and the writes (which slot, and when to `fdatasync`: see the module
+//! docs of [`super`]).
 
 // This module's job is file I/O (clippy.toml keeps it out of the core).
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
@@ -7,7 +9,8 @@
 use super::io_err;
 use super::record::{parse, render};
 use crate::core::LeaseRecord;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreFailure};
+use crate::sync::{AtomicU64, Ordering};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -17,8 +20,12 @@ pub(super) const SLOT_BYTES: u64 = 16 << 20;
 /// Slot header: magic, sequence number, payload length, payload checksum.
 const HEADER_BYTES: usize = 4 + 8 + 4 + 8;
 const SLOT_MAGIC: &[u8; 4] = b"LHS1";
+/// The durable watermark: the sequence number of the newest record known
+/// to be on disk, and its checksum, in the last bytes before slot 1.
+const WATERMARK_BYTES: u64 = 16;
+const WATERMARK_AT: u64 = SLOT_BYTES - WATERMARK_BYTES;
 /// Longest record a slot holds.
-const RECORD_MAX: u64 = SLOT_BYTES - HEADER_BYTES as u64;
+const RECORD_MAX: u64 = WATERMARK_AT - HEADER_BYTES as u64;
 
 /// What one slot holds: its sequence number and record (or why the
 /// record could not be read).
@@ -64,6 +71,18 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize>
     Ok(done)
 }
 
+/// The durable watermark, if one was written and is whole.
+fn read_watermark(file: &File) -> std::io::Result<Option<u64>> {
+    let mut bytes = [0u8; WATERMARK_BYTES as usize];
+    if read_full(file, &mut bytes, WATERMARK_AT)? < bytes.len() {
+        return Ok(None);
+    }
+    let (seq, sum) = bytes.split_at(8);
+    let whole = u64::from_le_bytes(sum.try_into().unwrap_or_default()) == checksum_bytes(seq);
+    let seq = u64::from_le_bytes(seq.try_into().unwrap_or_default());
+    Ok((whole && seq > 0).then_some(seq))
+}
+
 pub(super) fn checksum_bytes(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xCBF2_9CE4_8422_2325_u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
@@ -107,6 +126,10 @@ pub(super) struct Locked {
     file: File,
     /// The slot holding the current record and its sequence number.
     current: Option<(u64, u64)>,
+    /// The sequence number of each slot's valid record.
+    seqs: [Option<u64>; 2],
+    /// The durable watermark (see [`Locked::plan`]).
+    durable_seq: Option<u64>,
     pub original: Option<LeaseRecord>,
     pub record: LeaseRecord,
 }
@@ -136,10 +159,14 @@ impl Locked {
         let reading = || format!("reading {}", path.display());
         let mut best: Option<(u64, u64, LeaseRecord)> = None;
         let mut broken = None;
+        let mut seqs = [None; 2];
         for slot in 0..2 {
             match read_slot(&file, slot, key).map_err(io_err(reading))? {
-                Some((seq, Ok(rec))) if best.as_ref().is_none_or(|b| seq > b.1) => {
-                    best = Some((slot, seq, rec));
+                Some((seq, Ok(rec))) => {
+                    seqs[slot as usize] = Some(seq);
+                    if best.as_ref().is_none_or(|b| seq > b.1) {
+                        best = Some((slot, seq, rec));
+                    }
                 }
                 Some((_, Err(why))) => broken = Some(why),
                 _ => {}
@@ -161,11 +188,14 @@ impl Locked {
             Some((slot, seq, rec)) => (Some((slot, seq)), Some(rec)),
             None => (None, None),
         };
+        let durable_seq = read_watermark(&file).map_err(io_err(reading))?;
         Ok(Some(Locked {
             key: key.to_owned(),
             path,
             file,
             current,
+            seqs,
+            durable_seq,
             record: original.clone().unwrap_or_default(),
             original,
         }))
@@ -176,18 +206,67 @@ impl Locked {
         self.original.as_ref() != Some(&self.record)
     }
 
-    /// Write the record into the slot that does not hold the current one
-    /// (`fdatasync` if `durable`).
-    pub fn write(&self, durable: bool) -> Result<()> {
-        use std::os::unix::fs::FileExt;
-        let (slot, seq) = match self.current {
-            Some((slot, seq)) => (1 - slot, seq + 1),
-            None => (0, 1),
+    /// Whether the new record must be on disk before the transaction
+    /// returns: unless all it does is drop holder slots (a release,
+    /// expired slots pruned), which a power loss may forget (module docs).
+    fn must_sync(&self) -> bool {
+        let Some(original) = &self.original else {
+            return true;
         };
+        let only_drops = self.record.last_token == original.last_token
+            && self.record.limit == original.limit
+            && self.record.slots.iter().all(|s| original.slots.contains(s));
+        !only_drops
+    }
+
+    /// Where the new record goes, and whether the file must be synced
+    /// first. Not durable: the slot that does not hold the current record.
+    /// Durable: the slot that does not hold the newest record known to be
+    /// on disk (the watermark's), so that record stays in force whatever a
+    /// power loss or a torn write does to the slot written; when neither
+    /// slot holds it (no watermark yet, or a stale one), sync first, which
+    /// puts the current record on disk, and write the other slot.
+    fn plan(&self, durable: bool) -> (u64, bool) {
+        let Some((current, _)) = self.current else {
+            return (0, false);
+        };
+        if !durable {
+            return (1 - current, false);
+        }
+        let on_disk = self
+            .durable_seq
+            .and_then(|d| (0..2u64).find(|&s| self.seqs[s as usize] == Some(d)));
+        match on_disk {
+            Some(slot) => (1 - slot, false),
+            None => (1 - current, true),
+        }
+    }
+
+    /// `fdatasync` the file, counted in `syncs`.
+    fn sync(&self, syncs: &AtomicU64) -> std::io::Result<()> {
+        syncs.fetch_add(1, Ordering::Relaxed);
+        self.file.sync_data()
+    }
+
+    /// Record that the record `seq` is on disk (not synced itself: a lost
+    /// or torn watermark only makes the next writer sync first).
+    fn write_watermark(&self, seq: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = [0u8; WATERMARK_BYTES as usize];
+        bytes[..8].copy_from_slice(&seq.to_le_bytes());
+        let sum = checksum_bytes(&bytes[..8]);
+        bytes[8..].copy_from_slice(&sum.to_le_bytes());
+        self.file.write_all_at(&bytes, WATERMARK_AT)
+    }
+
+    /// The slot image of the record with sequence number `seq`.
+    fn encode(&self, seq: u64) -> Result<Vec<u8>> {
         let payload = render(&self.key, &self.record).into_bytes();
-        let writing = || format!("writing {}", self.path.display());
         if payload.len() as u64 > RECORD_MAX {
-            return Err(Error::store(writing(), "record larger than a slot"));
+            return Err(Error::store(
+                format!("writing {}", self.path.display()),
+                "record larger than a slot",
+            ));
         }
         let mut buf = Vec::with_capacity(HEADER_BYTES + payload.len());
         buf.extend_from_slice(SLOT_MAGIC);
@@ -195,11 +274,34 @@ impl Locked {
         buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         buf.extend_from_slice(&checksum_bytes(&payload).to_le_bytes());
         buf.extend_from_slice(&payload);
+        Ok(buf)
+    }
+
+    /// Write the record (see [`Locked::plan`] and [`Locked::must_sync`]);
+    /// `fdatasync`s are counted in `syncs`.
+    pub fn write(&self, durable: bool, syncs: &AtomicU64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (slot, sync_first) = self.plan(durable);
+        let seq = self.current.map_or(1, |(_, seq)| seq + 1);
+        debug_assert!(self
+            .current
+            .is_none_or(|(cur, _)| !sync_first || slot != cur));
+        let buf = self.encode(seq)?;
+        let writing = || format!("writing {}", self.path.display());
+        if let (true, Some((_, current_seq))) = (sync_first, self.current) {
+            self.sync(syncs)
+                .and_then(|()| self.write_watermark(current_seq))
+                .map_err(io_err(writing))?;
+        }
         self.file
             .write_all_at(&buf, slot * SLOT_BYTES)
             .map_err(io_err(writing))?;
-        if durable {
-            self.file.sync_data().map_err(io_err(writing))?;
+        if durable && self.must_sync() {
+            // The record is in place for every reader now: if it cannot be
+            // confirmed on disk, nobody can tell the caller what happened.
+            self.sync(syncs)
+                .and_then(|()| self.write_watermark(seq))
+                .map_err(|e| io_err(writing)(e).with_failure(StoreFailure::Ambiguous))?;
         }
         Ok(())
     }
