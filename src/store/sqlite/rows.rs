@@ -72,7 +72,7 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
     })
 }
 
-/// The indexed reads: expired, due and ready jobs (for [`JobTxn::pending`]),
+/// The indexed reads: expired, due and ready jobs (for [`JobTxn::pending`](crate::core::JobTxn::pending)),
 /// then the retrying and finished scans. Each has its state as a literal
 /// so SQLite picks the matching partial index, whose order is exactly the
 /// ORDER BY, and streams rows in that order; the time bound is checked on
