@@ -128,8 +128,6 @@ pub(super) struct Locked {
     current: Option<(u64, u64)>,
     /// The sequence number of each slot's valid record.
     seqs: [Option<u64>; 2],
-    /// The durable watermark (see [`Locked::plan`]).
-    durable_seq: Option<u64>,
     pub original: Option<LeaseRecord>,
     pub record: LeaseRecord,
 }
@@ -188,14 +186,12 @@ impl Locked {
             Some((slot, seq, rec)) => (Some((slot, seq)), Some(rec)),
             None => (None, None),
         };
-        let durable_seq = read_watermark(&file).map_err(io_err(reading))?;
         Ok(Some(Locked {
             key: key.to_owned(),
             path,
             file,
             current,
             seqs,
-            durable_seq,
             record: original.clone().unwrap_or_default(),
             original,
         }))
@@ -226,20 +222,19 @@ impl Locked {
     /// power loss or a torn write does to the slot written; when neither
     /// slot holds it (no watermark yet, or a stale one), sync first, which
     /// puts the current record on disk, and write the other slot.
-    fn plan(&self, durable: bool) -> (u64, bool) {
+    fn plan(&self, durable: bool) -> std::io::Result<(u64, bool)> {
         let Some((current, _)) = self.current else {
-            return (0, false);
+            return Ok((0, false));
         };
         if !durable {
-            return (1 - current, false);
+            return Ok((1 - current, false));
         }
-        let on_disk = self
-            .durable_seq
+        let on_disk = read_watermark(&self.file)?
             .and_then(|d| (0..2u64).find(|&s| self.seqs[s as usize] == Some(d)));
-        match on_disk {
+        Ok(match on_disk {
             Some(slot) => (1 - slot, false),
             None => (1 - current, true),
-        }
+        })
     }
 
     /// `fdatasync` the file, counted in `syncs`.
@@ -281,13 +276,13 @@ impl Locked {
     /// `fdatasync`s are counted in `syncs`.
     pub fn write(&self, durable: bool, syncs: &AtomicU64) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let (slot, sync_first) = self.plan(durable);
+        let writing = || format!("writing {}", self.path.display());
+        let (slot, sync_first) = self.plan(durable).map_err(io_err(writing))?;
         let seq = self.current.map_or(1, |(_, seq)| seq + 1);
         debug_assert!(self
             .current
             .is_none_or(|(cur, _)| !sync_first || slot != cur));
         let buf = self.encode(seq)?;
-        let writing = || format!("writing {}", self.path.display());
         if let (true, Some((_, current_seq))) = (sync_first, self.current) {
             self.sync(syncs)
                 .and_then(|()| self.write_watermark(current_seq))
