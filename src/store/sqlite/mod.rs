@@ -5,12 +5,13 @@
 //! - **One connection per store handle**, behind a mutex: threads of a
 //!   process share it safely (no unsynchronized shared session), and SQLite
 //!   serializes writers across processes anyway.
-//! - **Group commit** (a protocol of its own, which the loom models check): threads that arrive while a transaction runs join
-//!   it, each in its own savepoint (a failing one undoes only itself), and
-//!   the last one commits for all, so one COMMIT (one WAL append; one fsync
-//!   with FULL) carries up to 64 transactions. Each member reads the clock
-//!   when its turn comes and returns only after the COMMIT that carries it.
-//!   A lone caller pays nothing for this.
+//! - **Group commit** (a protocol of its own, which the loom models
+//!   check): threads that arrive while a transaction runs join it, each in
+//!   its own savepoint (a failing one undoes only itself), and the last one
+//!   commits for all, so one COMMIT (one WAL append; one fsync with FULL)
+//!   carries up to 64 transactions. Each member reads the clock when its
+//!   turn comes and returns only after the COMMIT that carries it. A lone
+//!   caller pays nothing for this.
 //! - **Every transaction begins with `BEGIN IMMEDIATE`**, so a transaction
 //!   that will write takes the write lock before it reads: no deferred read
 //!   that later upgrades (the source of the double claims and BUSY storms in
@@ -29,14 +30,14 @@
 //!   same for every process on the machine and immune to wall-clock steps.
 //!   The database stores the boot id, an offset and a high water, which a
 //!   transaction writes (in its own commit) when its instant is more than a
-//!   second above the high water its handle last wrote. On the first open
-//!   after a reboot the offset is moved so that store time continues above
-//!   the high water plus that second (the rule shared with the file store):
-//!   above every instant a committed transaction used before the reboot
-//!   (holders died with the old boot, so their leases simply run out). So
-//!   store time never goes backwards for anything the database kept; with
-//!   `synchronous=NORMAL` a power loss may drop the last transactions, and
-//!   their instants with them, never half of one.
+//!   second above the high water its handle last knew to be stored. On the
+//!   first open after a reboot the offset is moved so that store time
+//!   continues above the high water plus that second (the rule shared with
+//!   the file store): above every instant a committed transaction used
+//!   before the reboot (holders died with the old boot, so their leases
+//!   simply run out). So store time never goes backwards for anything the
+//!   database kept; with `synchronous=NORMAL` a power loss may drop the last
+//!   transactions, and their instants with them, never half of one.
 //! - **Fork**: the store remembers its process. Used in a forked child it
 //!   returns [`Error::Forked`]; dropped there, it leaks the connection
 //!   instead of closing the parent's file descriptors and locks.
