@@ -74,8 +74,9 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
 
 /// The indexed reads: expired, due and ready jobs (for
 /// [`JobTxn::pending`](crate::core::JobTxn::pending)), then the retrying
-/// and finished scans. Each has its state as a literal so SQLite picks the matching partial index, whose order is exactly the
-/// ORDER BY, and streams rows in that order; the time bound is checked on
+/// and finished scans. Each has its state as a literal so SQLite picks the
+/// matching partial index, whose order is exactly the ORDER BY, and
+/// streams rows in that order; the time bound is checked on
 /// each row (`bound` column) and reading stops at the first row past it. A
 /// bound parameter in the SQL would make SQLite (built with STAT4)
 /// re-prepare the statement on every call as `now` changes. `{queue}` is
