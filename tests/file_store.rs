@@ -606,3 +606,31 @@ fn skipped_syncs_never_lose_a_token_or_the_record() {
         "releases skip the sync"
     );
 }
+
+/// A record longer than one read (a counting lease with many labelled
+/// holders) round-trips through both slots and a reopen.
+#[test]
+fn long_records_round_trip() {
+    let d = Dir::new("long");
+    let clock = ManualClock::new(1_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "b")).unwrap();
+    let label = "l".repeat(60);
+    for h in 1..=100u128 {
+        let holder = Holder::with_label(HolderId(h), &label).unwrap();
+        store
+            .txn(|tx| core::lease::acquire(tx, "k", &holder, 60_000, 100))
+            .unwrap();
+    }
+    assert!(std::fs::read(store.record_path("k")).unwrap().len() > 16 << 20);
+    store
+        .txn(|tx| core::lease::release(tx, "k", HolderId(7), 7))
+        .unwrap();
+    drop(store);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "b")).unwrap();
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!((info.last_token, info.holders.len()), (100, 99));
+    assert!(info
+        .holders
+        .iter()
+        .all(|h| h.holder.label.as_deref() == Some(&label[..])));
+}

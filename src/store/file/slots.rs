@@ -31,26 +31,43 @@ const RECORD_MAX: u64 = WATERMARK_AT - HEADER_BYTES as u64;
 /// record could not be read).
 type SlotRead = (u64, std::result::Result<LeaseRecord, String>);
 
+/// How much of a slot one read takes (header and a short record at once).
+const SLOT_READ_BYTES: usize = 4096;
+
 /// The record of one slot, if the slot holds a valid one.
 fn read_slot(file: &File, slot: u64, key: &str) -> std::io::Result<Option<SlotRead>> {
-    let mut header = [0u8; HEADER_BYTES];
     let base = slot * SLOT_BYTES;
-    let n = read_full(file, &mut header, base)?;
-    if n < HEADER_BYTES || &header[..4] != SLOT_MAGIC {
+    let mut buf = vec![0u8; SLOT_READ_BYTES];
+    let n = read_full(file, &mut buf, base)?;
+    if n < HEADER_BYTES || &buf[..4] != SLOT_MAGIC {
         return Ok(None);
     }
-    let seq = u64::from_le_bytes(header[4..12].try_into().unwrap_or_default());
-    let len = u32::from_le_bytes(header[12..16].try_into().unwrap_or_default()) as usize;
-    let sum = u64::from_le_bytes(header[16..24].try_into().unwrap_or_default());
+    let seq = u64::from_le_bytes(buf[4..12].try_into().unwrap_or_default());
+    let len = u32::from_le_bytes(buf[12..16].try_into().unwrap_or_default()) as usize;
+    let sum = u64::from_le_bytes(buf[16..24].try_into().unwrap_or_default());
     if len as u64 > RECORD_MAX {
         return Ok(None);
     }
-    let mut payload = vec![0u8; len];
-    let got = read_full(file, &mut payload, base + HEADER_BYTES as u64)?;
-    if got < len || checksum_bytes(&payload) != sum {
+    let end = HEADER_BYTES + len;
+    if end > SLOT_READ_BYTES {
+        // A long record: read the rest.
+        buf.resize(end, 0);
+        let rest = read_full(
+            file,
+            &mut buf[SLOT_READ_BYTES..],
+            base + SLOT_READ_BYTES as u64,
+        )?;
+        if SLOT_READ_BYTES + rest < end {
+            return Ok(None); // torn or never completed
+        }
+    } else if n < end {
         return Ok(None); // torn or never completed
     }
-    let parsed = std::str::from_utf8(&payload)
+    let payload = &buf[HEADER_BYTES..end];
+    if checksum_bytes(payload) != sum {
+        return Ok(None); // torn or never completed
+    }
+    let parsed = std::str::from_utf8(payload)
         .map_err(|_| "record is not text".to_owned())
         .and_then(|text| parse(text, key));
     Ok(Some((seq, parsed)))
@@ -170,8 +187,7 @@ impl Locked {
                 _ => {}
             }
         }
-        let len = file.metadata().map_err(io_err(reading))?.len();
-        if best.is_none() && len > 0 {
+        if best.is_none() && file.metadata().map_err(io_err(reading))?.len() > 0 {
             let why =
                 broken.unwrap_or_else(|| "no valid record slot (corrupt or truncated)".into());
             return Err(Error::store(
