@@ -1,7 +1,7 @@
 //! File store benchmarks: acquire+release pairs/s on one contended key,
-//! durable (one fdatasync per write) and not, with 1 to 8 threads and with 1,
-//! 2 and 4 processes; in the same run, the baseline of a plain flock(2)
-//! lock/unlock of one file.
+//! durable (one fdatasync per pair: the grant is synced, the release not)
+//! and not, with 1 to 8 threads and with 1, 2 and 4 processes; in the same
+//! run, the baseline of a plain flock(2) lock/unlock of one file.
 //!
 //! Run: `cargo bench --bench file` (results: BENCHMARKS.md).
 

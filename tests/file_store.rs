@@ -1,7 +1,12 @@
 //! File-store specifics: keys never escape the directory, a torn write
 //! falls back to the previous record, corrupt and truncated records are
-//! reported (naming the file) and left alone, store time survives a reboot,
-//! jobs are refused clearly, and a forked child cannot use the store.
+//! reported (naming the file) and left alone, store time survives a reboot
+//! and runs on the machine's boot clock, jobs are refused clearly, a forked
+//! child cannot use the store, a network filesystem is refused, and durable
+//! mode syncs once per acquire + release pair without a crash ever losing
+//! a token or the record.
+
+#![allow(clippy::disallowed_types)] // the tests read and write record files
 
 use leasehold::core;
 use leasehold::store::file::encode_key;
@@ -131,7 +136,9 @@ fn corrupt_and_truncated_records_are_reported_and_left_alone() {
     let path = store.record_path("k");
     let good = std::fs::read(&path).unwrap();
     for bad in [
-        good[..good.len() / 2].to_vec(),
+        // The record cut short (the file also holds the durable watermark
+        // further on, so cut inside the record itself).
+        good[..64].to_vec(),
         good.iter()
             .map(|&b| if b == b'1' { b'2' } else { b })
             .collect(),
@@ -288,4 +295,342 @@ fn version_1_records_are_read_and_upgraded() {
         store.txn(|tx| core::lease::inspect(tx, "k")).unwrap().limit,
         1
     );
+}
+
+/// The boot-clock rule: an instant handed out less than the persistence
+/// interval (1 s) after the last persisted high water is still below store
+/// time after a reboot.
+#[test]
+fn store_time_after_a_reboot_is_above_every_instant_handed_out() {
+    let d = Dir::new("reboot-interval");
+    let clock = ManualClock::new(90_000_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "boot-a")).unwrap();
+    assert_eq!(store.txn(|tx| Ok(tx.now_ms())).unwrap(), 90_000_000);
+    clock.advance(999);
+    assert_eq!(acquire(&store, "k", 1, 100).unwrap(), 1);
+    let last = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert_eq!(last, 90_000_999);
+    drop(store);
+    let clock = ManualClock::new(3);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "boot-b")).unwrap();
+    let first = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert!(
+        first > last,
+        "store time went back across the reboot: {last} -> {first}"
+    );
+}
+
+/// A fresh directory opened with default options runs on the boot-time
+/// clock (not the wall clock, not a per-process monotonic clock).
+#[test]
+fn default_store_time_is_the_machines_boot_clock() {
+    let d = Dir::new("bootclock");
+    let store = FileStore::open(d.leases()).unwrap();
+    let boot_ms = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid, writable timespec.
+        assert_eq!(
+            unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) },
+            0
+        );
+        ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+    };
+    let before = boot_ms();
+    let now = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    let after = boot_ms();
+    assert!(
+        now + 2_000 >= before && now <= after + 2_000,
+        "store time {now} ms, boot clock {before}..{after} ms"
+    );
+}
+
+/// A directory on NFS is refused, naming the filesystem and the directory,
+/// and nothing is created (neither the directory nor anything in it);
+/// `allow_network_fs` opens it anyway.
+#[test]
+fn a_network_filesystem_is_refused_unless_allowed() {
+    let d = Dir::new("nfs");
+    let nfs = FileOptions {
+        statfs_magic: Some(0x6969),
+        ..FileOptions::default()
+    };
+    let e = FileStore::open_with(d.leases(), nfs.clone()).unwrap_err();
+    assert!(matches!(e, Error::Store { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("NFS"), "names the filesystem: {text}");
+    assert!(
+        text.contains(&d.leases().display().to_string()),
+        "names the directory: {text}"
+    );
+    assert!(!d.leases().exists(), "the directory was created");
+    std::fs::create_dir(d.leases()).unwrap();
+    assert!(FileStore::open_with(d.leases(), nfs.clone()).is_err());
+    let created: Vec<_> = std::fs::read_dir(d.leases()).unwrap().collect();
+    assert!(created.is_empty(), "created {created:?}");
+    let allowed = FileOptions {
+        allow_network_fs: true,
+        ..nfs
+    };
+    let store = FileStore::open_with(d.leases(), allowed).unwrap();
+    assert_eq!(acquire(&store, "k", 1, 1_000).unwrap(), 1);
+}
+
+/// Durable mode syncs grants and renewals, not releases: an acquire +
+/// release pair costs one `fdatasync`.
+#[test]
+fn durable_acquire_and_release_sync_once_per_pair() {
+    let d = Dir::new("syncs");
+    let clock = ManualClock::new(1_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "b")).unwrap();
+    let holder = Holder::new(HolderId(1));
+    for pair in 1..=5 {
+        let g = store
+            .txn(|tx| core::lease::acquire(tx, "k", &holder, 10_000, 1))
+            .unwrap();
+        assert_eq!(store.record_syncs(), pair, "the grant is synced");
+        store
+            .txn(|tx| core::lease::release(tx, "k", HolderId(1), g.token))
+            .unwrap();
+        assert_eq!(store.record_syncs(), pair, "the release is not");
+    }
+    let g = store
+        .txn(|tx| core::lease::acquire(tx, "k", &holder, 10_000, 1))
+        .unwrap();
+    clock.advance(10);
+    store
+        .txn(|tx| core::lease::renew(tx, "k", HolderId(1), g.token, 10_000))
+        .unwrap();
+    assert_eq!(store.record_syncs(), 7, "a renewal is synced");
+    // Not durable: no syncs at all.
+    let fast = FileStore::open_with(
+        d.0.join("fast"),
+        FileOptions {
+            durable: false,
+            ..opts(&clock, "b")
+        },
+    )
+    .unwrap();
+    let g = fast
+        .txn(|tx| core::lease::acquire(tx, "k", &holder, 10_000, 1))
+        .unwrap();
+    fast.txn(|tx| core::lease::release(tx, "k", HolderId(1), g.token))
+        .unwrap();
+    assert_eq!(fast.record_syncs(), 0);
+}
+
+/// The parts of a record file a write touches: slot 0, the durable
+/// watermark (the 16 bytes before slot 1), slot 1.
+const REGIONS: [(u64, usize); 3] = [(0, 4096), ((16 << 20) - 16, 16), (16 << 20, 4096)];
+
+type Image = [Vec<u8>; 3];
+
+fn read_image(path: &std::path::Path) -> Image {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).unwrap();
+    REGIONS.map(|(at, len)| {
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match f.read_at(&mut buf[done..], at + done as u64).unwrap() {
+                0 => break,
+                n => done += n,
+            }
+        }
+        buf
+    })
+}
+
+/// A region as a crash may leave it: 0 the old bytes, 1 the new, 2 the
+/// new then the old (torn), 3 the old then the new (torn), torn inside the
+/// slot header's checksum or the watermark's sequence number.
+fn mixed(old: &[u8], new: &[u8], how: usize) -> Vec<u8> {
+    let half = if old.len() == 16 { 4 } else { 20 };
+    match how {
+        0 => old.to_vec(),
+        1 => new.to_vec(),
+        2 => [&new[..half], &old[half..]].concat(),
+        _ => [&old[..half], &new[half..]].concat(),
+    }
+}
+
+/// Every image a crash between `old` and `new` may leave on disk, each
+/// region independently.
+fn crash_images(old: &Image, new: &Image) -> Vec<Image> {
+    let mut out = Vec::new();
+    for n in 0..64 {
+        let how = [n % 4, n / 4 % 4, n / 16];
+        out.push([0, 1, 2].map(|r| mixed(&old[r], &new[r], how[r])));
+    }
+    out
+}
+
+/// The record file `image` opens as a valid record whose token counter is
+/// at least `tokens_out` (every token handed out), and the next grant is
+/// above it.
+fn recovers(d: &Dir, image: &Image, tokens_out: u64, what: &str) {
+    recovers_if(d, image, tokens_out, true, what)
+}
+
+/// As [`recovers`]; unless `written` (no write had completed yet), the
+/// file may also read as corrupt (reported, never reset).
+fn recovers_if(d: &Dir, image: &Image, tokens_out: u64, written: bool, what: &str) {
+    use std::os::unix::fs::FileExt;
+    let dir = d.0.join("recovered");
+    let _ = std::fs::remove_dir_all(&dir);
+    let clock = ManualClock::new(1_000);
+    let reader = FileOptions {
+        durable: false,
+        ..opts(&clock, "after")
+    };
+    let store = FileStore::open_with(&dir, reader).unwrap();
+    let f = std::fs::File::create(store.record_path("k")).unwrap();
+    for ((at, _), bytes) in REGIONS.iter().zip(image) {
+        f.write_all_at(bytes, *at).unwrap();
+    }
+    drop(f);
+    let info = match store.txn(|tx| core::lease::inspect(tx, "k")) {
+        Ok(info) => info,
+        Err(e) if !written && e.to_string().contains("no valid record slot") => return,
+        Err(e) => panic!("{what}: {e}"),
+    };
+    assert!(
+        info.last_token >= tokens_out,
+        "{what}: token counter {} below {tokens_out} handed out",
+        info.last_token
+    );
+    clock.advance(1_000_000);
+    let next = acquire(&store, "k", 99, 100).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(next > tokens_out, "{what}: token {next} handed out again");
+}
+
+/// Crash consistency of durable mode's skipped syncs: in and after every
+/// step of a run of grants, renewals and releases (a counting lease, two
+/// holders), every image a power loss may leave (each region as of the
+/// last `fdatasync`, as written since, or torn between) and every image a
+/// process killed in the middle of the step's write may leave reads back
+/// as a valid record (once a first write completed) that has every token
+/// handed out before.
+#[test]
+fn skipped_syncs_never_lose_a_token_or_the_record() {
+    let d = Dir::new("crash");
+    let clock = ManualClock::new(1_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "b")).unwrap();
+    let path = store.record_path("k");
+    let (a, b) = (Holder::new(HolderId(1)), Holder::new(HolderId(2)));
+    let blank: Image = REGIONS.map(|(_, len)| vec![0u8; len]);
+    let (mut on_disk, mut tokens_out) = (blank.clone(), 0);
+    let mut held = [0u64; 2];
+    let steps = [
+        "acquire a",
+        "acquire b",
+        "renew a",
+        "release b",
+        "release a",
+        "acquire b",
+        "renew b",
+        "release b",
+        "acquire a",
+        "acquire b",
+        "release a",
+        "release b",
+        "acquire a",
+        "release a",
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        let before = if i == 0 {
+            blank.clone()
+        } else {
+            read_image(&path)
+        };
+        let syncs = store.record_syncs();
+        clock.advance(5);
+        let (who, h) = if step.ends_with('a') {
+            (0, &a)
+        } else {
+            (1, &b)
+        };
+        let granted = match &step[..step.len() - 2] {
+            "acquire" => {
+                let g = store.txn(|tx| core::lease::acquire(tx, "k", h, 60_000, 2));
+                held[who] = g.unwrap().token;
+                true
+            }
+            "renew" => {
+                let t = held[who];
+                store
+                    .txn(|tx| core::lease::renew(tx, "k", h.id, t, 60_000))
+                    .unwrap();
+                true
+            }
+            _ => {
+                let t = held[who];
+                store
+                    .txn(|tx| core::lease::release(tx, "k", h.id, t))
+                    .unwrap();
+                false
+            }
+        };
+        let after = read_image(&path);
+        let synced = store.record_syncs() - syncs;
+        // Synced before writing (no watermark to trust yet).
+        let synced_first = synced > u64::from(granted);
+        // Killed in the middle of this step's writes, or the power lost
+        // before its fdatasync returned: nothing of it was handed out yet.
+        for (n, image) in crash_images(&before, &after).iter().enumerate() {
+            let what = format!("kill in step {i} ({step}), image {n}");
+            recovers_if(&d, image, tokens_out, i > 0, &what);
+        }
+        let was_on_disk = if synced_first { &before } else { &on_disk };
+        for (n, image) in crash_images(was_on_disk, &after).iter().enumerate() {
+            let what = format!("power loss in step {i} ({step}), image {n}");
+            recovers_if(&d, image, tokens_out, i > 0, &what);
+        }
+        if granted {
+            on_disk = after.clone();
+        } else if synced_first {
+            on_disk = before.clone();
+        }
+        tokens_out = tokens_out.max(held[0]).max(held[1]);
+        // Power lost after this step: each region as on disk, as written
+        // since, or torn between.
+        for (n, image) in crash_images(&on_disk, &after).iter().enumerate() {
+            let what = format!("power loss after step {i} ({step}), image {n}");
+            recovers(&d, image, tokens_out, &what);
+        }
+    }
+    assert!(
+        store.record_syncs() < steps.len() as u64,
+        "releases skip the sync"
+    );
+}
+
+/// A record longer than one read (a counting lease with many labelled
+/// holders) round-trips through both slots and a reopen.
+#[test]
+fn long_records_round_trip() {
+    let d = Dir::new("long");
+    let clock = ManualClock::new(1_000);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "b")).unwrap();
+    let label = "l".repeat(60);
+    for h in 1..=100u128 {
+        let holder = Holder::with_label(HolderId(h), &label).unwrap();
+        store
+            .txn(|tx| core::lease::acquire(tx, "k", &holder, 60_000, 100))
+            .unwrap();
+    }
+    assert!(std::fs::read(store.record_path("k")).unwrap().len() > 16 << 20);
+    store
+        .txn(|tx| core::lease::release(tx, "k", HolderId(7), 7))
+        .unwrap();
+    drop(store);
+    let store = FileStore::open_with(d.leases(), opts(&clock, "b")).unwrap();
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!((info.last_token, info.holders.len()), (100, 99));
+    assert!(info
+        .holders
+        .iter()
+        .all(|h| h.holder.label.as_deref() == Some(&label[..])));
 }

@@ -11,7 +11,14 @@
 //! - the keep-alive thread racing release: after release no renewal revives
 //!   the lease and the thread always stops (broken: release that does not
 //!   wait for the thread, with a renewal that re-acquires);
-//! - a heartbeat racing complete: the claim is never revived.
+//! - a heartbeat racing complete: the claim is never revived;
+//! - group commit (the SQLite store's protocol, over a fake connection
+//!   that records what each COMMIT carried): a joiner and the committer
+//!   are committed together and neither returns before that COMMIT
+//!   (broken: a member that returns before its group's COMMIT); a failing
+//!   or panicking member is undone alone while the other commits (broken:
+//!   an undo that rolls back the whole group); a failed COMMIT is reported
+//!   to every member of its group (broken: to the committer only).
 #![cfg(loom)]
 
 use leasehold::client::loom_canary;
@@ -351,4 +358,243 @@ fn heartbeat_model_rejects_a_read_then_write_heartbeat() {
     let rejected = loom_rejects(3, heartbeat_model(true));
     loom_canary::NAIVE_KEEP_ALIVE.with(|c| c.set(false));
     assert!(rejected);
+}
+
+// ------------------------------------------------------- group commit models
+
+use leasehold::store::sqlite::group::{Canary, GroupCommit, GroupConn};
+
+/// What the fake database committed: the writes each COMMIT carried.
+type CommitLog = Arc<Mutex<Vec<Vec<u64>>>>;
+
+/// A fake connection: a transaction is a list of writes, a savepoint a
+/// mark in it; COMMIT appends the list to the log (or fails, as told).
+struct FakeConn {
+    tx: Option<Vec<u64>>,
+    mark: Option<usize>,
+    commits_to_fail: u32,
+    log: CommitLog,
+}
+
+fn fake_err(what: &str) -> Error {
+    Error::store("fake connection", what.to_owned())
+}
+
+impl FakeConn {
+    fn write(&mut self, value: u64) -> leasehold::Result<()> {
+        let tx = self
+            .tx
+            .as_mut()
+            .ok_or_else(|| fake_err("write outside a transaction"))?;
+        tx.push(value);
+        Ok(())
+    }
+}
+
+impl GroupConn for FakeConn {
+    fn begin(&mut self) -> leasehold::Result<()> {
+        self.tx = Some(Vec::new());
+        self.mark = None;
+        Ok(())
+    }
+    fn savepoint(&mut self) -> leasehold::Result<()> {
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| fake_err("savepoint outside a transaction"))?;
+        self.mark = Some(tx.len());
+        Ok(())
+    }
+    fn release(&mut self) -> leasehold::Result<()> {
+        self.mark
+            .take()
+            .map(|_| ())
+            .ok_or_else(|| fake_err("no savepoint"))
+    }
+    fn rollback_to(&mut self) -> leasehold::Result<()> {
+        let (Some(tx), Some(mark)) = (self.tx.as_mut(), self.mark.take()) else {
+            return Err(fake_err("no savepoint"));
+        };
+        tx.truncate(mark);
+        Ok(())
+    }
+    fn rollback(&mut self) {
+        self.tx = None;
+        self.mark = None;
+    }
+    fn commit(&mut self) -> leasehold::Result<()> {
+        let tx = self
+            .tx
+            .take()
+            .ok_or_else(|| fake_err("no transaction is active"))?;
+        if self.commits_to_fail > 0 {
+            self.commits_to_fail -= 1;
+            self.tx = Some(tx);
+            return Err(fake_err("disk I/O error").with_failure(leasehold::StoreFailure::Ambiguous));
+        }
+        self.log.lock().unwrap().push(tx);
+        Ok(())
+    }
+}
+
+type Group = GroupCommit<FakeConn, ()>;
+
+fn group(canary: Canary, commits_to_fail: u32) -> (Arc<Group>, CommitLog) {
+    let log: CommitLog = Arc::new(Mutex::new(Vec::new()));
+    let conn = FakeConn {
+        tx: None,
+        mark: None,
+        commits_to_fail,
+        log: log.clone(),
+    };
+    (Arc::new(GroupCommit::new(conn).with_canary(canary)), log)
+}
+
+/// How a member behaves: commits its two writes, fails after them, or
+/// panics after them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fate {
+    Commit,
+    Fail,
+    Panic,
+}
+
+/// Member `m` writes `2m` and `2m + 1`, then meets its fate. Returns
+/// whether its call succeeded, and checks on return that a success is
+/// already committed.
+fn member(group: &Group, log: &CommitLog, m: u64, fate: Fate) -> bool {
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        group.run(
+            |c: &mut FakeConn| {
+                c.write(2 * m)?;
+                c.write(2 * m + 1)?;
+                match fate {
+                    Fate::Commit => Ok(()),
+                    Fate::Fail => Err(Error::invalid("test", "fails on purpose")),
+                    Fate::Panic => panic!("panics on purpose"),
+                }
+            },
+            |()| {},
+        )
+    }));
+    let ok = matches!(run, Ok(Ok(())));
+    if ok {
+        assert_eq!(
+            commits_of(log, m),
+            1,
+            "member {m} returned success before (or without) a COMMIT that carries it"
+        );
+    }
+    assert_eq!(run.is_err(), fate == Fate::Panic, "member {m}: {fate:?}");
+    ok
+}
+
+/// How many COMMITs carried member `m`'s writes; each that did carried
+/// both of them.
+fn commits_of(log: &CommitLog, m: u64) -> usize {
+    let log = log.lock().unwrap();
+    let mut n = 0;
+    for tx in log.iter() {
+        let (a, b) = (tx.contains(&(2 * m)), tx.contains(&(2 * m + 1)));
+        assert_eq!(a, b, "member {m} half committed: {tx:?}");
+        n += usize::from(a);
+    }
+    n
+}
+
+/// Some explored interleaving had both members in one COMMIT (the join).
+static JOINED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn note_join(log: &CommitLog) {
+    if log.lock().unwrap().iter().any(|tx| tx.len() == 4) {
+        JOINED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Members 0 (this thread) and 1 (another), with the fates given; the
+/// fake's first `commits_to_fail` COMMITs fail. Every member that returned
+/// success was committed (exactly once, both writes) before it returned;
+/// every member that failed was never committed.
+fn group_model(
+    canary: Canary,
+    fates: [Fate; 2],
+    commits_to_fail: u32,
+) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        let (g, log) = group(canary, commits_to_fail);
+        let other = {
+            let (g, log) = (g.clone(), log.clone());
+            thread::spawn(move || member(&g, &log, 1, fates[1]))
+        };
+        let ok0 = member(&g, &log, 0, fates[0]);
+        let ok1 = other.join().unwrap();
+        for (m, (ok, fate)) in [(ok0, fates[0]), (ok1, fates[1])].into_iter().enumerate() {
+            let m = m as u64;
+            assert_eq!(commits_of(&log, m), usize::from(ok), "member {m} ok={ok}");
+            if commits_to_fail == 0 {
+                assert_eq!(ok, fate == Fate::Commit, "member {m} ({fate:?})");
+            }
+        }
+        note_join(&log);
+    }
+}
+
+fn quiet<R>(f: impl FnOnce() -> R) -> R {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let out = f();
+    std::panic::set_hook(hook);
+    out
+}
+
+/// (a) A joiner and the committer: both members' writes are committed
+/// (together, when the second joined the first's group), and neither call
+/// returns before that COMMIT.
+#[test]
+fn group_commit_members_return_after_the_commit_that_carries_them() {
+    JOINED.store(false, std::sync::atomic::Ordering::SeqCst);
+    check(3, group_model(Canary::None, [Fate::Commit; 2], 0));
+    assert!(
+        JOINED.load(std::sync::atomic::Ordering::SeqCst),
+        "no explored interleaving joined a group"
+    );
+}
+
+#[test]
+fn group_commit_model_rejects_a_member_returning_before_the_commit() {
+    assert!(loom_rejects(
+        3,
+        group_model(Canary::ReturnBeforeCommit, [Fate::Commit; 2], 0)
+    ));
+}
+
+/// (b) A failing or panicking member is undone alone; the other member's
+/// writes commit.
+#[test]
+fn group_commit_undoes_a_failing_member_alone() {
+    check(3, group_model(Canary::None, [Fate::Commit, Fate::Fail], 0));
+    quiet(|| check(3, group_model(Canary::None, [Fate::Commit, Fate::Panic], 0)));
+}
+
+#[test]
+fn group_commit_model_rejects_an_undo_that_rolls_back_the_group() {
+    assert!(loom_rejects(
+        3,
+        group_model(Canary::UndoWholeGroup, [Fate::Commit, Fate::Fail], 0)
+    ));
+}
+
+/// (c) A failed COMMIT is reported to every member of its group (and a
+/// member reported committed was).
+#[test]
+fn group_commit_reports_a_failed_commit_to_every_member() {
+    check(3, group_model(Canary::None, [Fate::Commit; 2], 1));
+}
+
+#[test]
+fn group_commit_model_rejects_a_failure_told_to_the_committer_only() {
+    assert!(loom_rejects(
+        3,
+        group_model(Canary::FailureToCommitterOnly, [Fate::Commit; 2], 1)
+    ));
 }

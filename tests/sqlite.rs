@@ -1,7 +1,8 @@
 //! SQLite-specific behaviour: WAL in effect, claim scans served by their
 //! index in order (no sort), foreign/newer/corrupt files refused and left
-//! untouched, store time continuous across reboots, a real fork, and group
-//! commit (atomic per transaction, visible on return).
+//! untouched, store time continuous across reboots and on the machine's
+//! boot clock, a network filesystem refused, a real fork, and group commit
+//! (atomic per transaction, visible on return).
 
 #![allow(clippy::disallowed_methods)] // real threads in the group commit test
 
@@ -383,4 +384,140 @@ fn a_version_1_database_is_upgraded_in_place() {
         .txn(|tx| core::job::stats(tx, "q", &QueuePolicy::default()))
         .unwrap();
     assert_eq!(counts.get(JobState::Ready), 1);
+}
+
+/// The boot-clock rule: an instant handed out less than the persistence
+/// interval (1 s) after the last persisted high water is still below store
+/// time after a reboot.
+#[test]
+fn store_time_after_a_reboot_is_above_every_instant_handed_out() {
+    let d = Dir::new("reboot-interval");
+    let clock = ManualClock::new(50_000_000);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "boot-a")).unwrap();
+    // This one persists the high water (50_000_000)...
+    assert_eq!(store.txn(|tx| Ok(tx.now_ms())).unwrap(), 50_000_000);
+    // ...this one, 999 ms later, does not need to.
+    clock.advance(999);
+    let h = Holder::new(HolderId(1));
+    let g = store
+        .txn(|tx| core::lease::acquire(tx, "k", &h, 100, 1))
+        .unwrap();
+    let last = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert_eq!(last, 50_000_999);
+    drop(store);
+    let clock = ManualClock::new(5);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "boot-b")).unwrap();
+    let first = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    assert!(
+        first > last,
+        "store time went back across the reboot: {last} -> {first}"
+    );
+    // The grant made just before the reboot survived it.
+    let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
+    assert_eq!(info.last_token, g.token);
+}
+
+fn boot_clock_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid, writable timespec.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) },
+        0
+    );
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+fn uptime_ms() -> u64 {
+    let text = std::fs::read_to_string("/proc/uptime").unwrap();
+    let secs: f64 = text.split_whitespace().next().unwrap().parse().unwrap();
+    (secs * 1000.0) as u64
+}
+
+/// `BootClock` is the machine's boot-time clock: it agrees with
+/// `/proc/uptime` (which counts from boot, suspend included).
+#[test]
+fn boot_clock_agrees_with_proc_uptime() {
+    use leasehold::Clock;
+    let before = uptime_ms();
+    let now = leasehold::BootClock.now_ms();
+    let after = uptime_ms();
+    // /proc/uptime has 10 ms resolution.
+    assert!(
+        now + 20 >= before && now <= after + 20,
+        "BootClock {now} ms, /proc/uptime {before}..{after} ms"
+    );
+}
+
+/// A fresh database opened with default options runs on the boot-time
+/// clock (not the wall clock, not a per-process monotonic clock).
+#[test]
+fn default_store_time_is_the_machines_boot_clock() {
+    let d = Dir::new("bootclock");
+    let store = SqliteStore::open(d.db()).unwrap();
+    let before = boot_clock_ms();
+    let now = store.txn(|tx| Ok(tx.now_ms())).unwrap();
+    let after = boot_clock_ms();
+    assert!(
+        now + 2_000 >= before && now <= after + 2_000,
+        "store time {now} ms, boot clock {before}..{after} ms"
+    );
+}
+
+/// statfs magic numbers map to the network filesystems they name; local
+/// ones to none.
+#[test]
+fn statfs_magic_numbers_name_network_filesystems() {
+    use leasehold::store::network_fs_name;
+    for (magic, name) in [
+        (0x6969, "NFS"),
+        (0x517B, "SMB"),
+        (0xFF53_4D42, "CIFS"),
+        (0xFE53_4D42, "SMB2"),
+        (0x6573_5546, "FUSE"),
+        (0x0102_1997, "9P"),
+        // A 32-bit target's f_type, sign-extended.
+        (0xFF53_4D42_u32 as i32 as i64, "CIFS"),
+    ] {
+        assert_eq!(network_fs_name(magic), Some(name), "{magic:#x}");
+    }
+    // ext4, tmpfs, btrfs, xfs.
+    for magic in [0xEF53, 0x0102_1994, 0x9123_683E, 0x5846_5342] {
+        assert_eq!(network_fs_name(magic), None, "{magic:#x}");
+    }
+}
+
+/// A database on NFS is refused, naming the filesystem and the directory,
+/// and nothing is created; `allow_network_fs` opens it anyway.
+#[test]
+fn a_network_filesystem_is_refused_unless_allowed() {
+    let d = Dir::new("nfs");
+    let nfs = SqliteOptions {
+        statfs_magic: Some(0x6969),
+        ..SqliteOptions::default()
+    };
+    let e = SqliteStore::open_with(d.db(), nfs.clone()).unwrap_err();
+    assert!(matches!(e, Error::Store { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("NFS"), "names the filesystem: {text}");
+    assert!(
+        text.contains(&d.0.display().to_string()),
+        "names the directory: {text}"
+    );
+    let created: Vec<_> = std::fs::read_dir(&d.0).unwrap().collect();
+    assert!(created.is_empty(), "created {created:?}");
+    let allowed = SqliteOptions {
+        allow_network_fs: true,
+        ..nfs
+    };
+    let store = SqliteStore::open_with(d.db(), allowed).unwrap();
+    assert_eq!(
+        store
+            .txn(|tx| core::lease::inspect(tx, "k"))
+            .unwrap()
+            .last_token,
+        0
+    );
 }

@@ -4,6 +4,7 @@
 //! all-or-nothing (S1). They never decide whether a lease is held or a job
 //! is claimable.
 
+pub(crate) mod boottime;
 pub mod file;
 pub mod mem;
 #[cfg(all(feature = "postgres", not(loom)))]
@@ -207,8 +208,19 @@ const NETWORK_FS: &[(i64, &str)] = &[
     (0x0102_1997, "9P"),
 ];
 
-/// The network filesystem `dir` is on, if any.
-pub fn network_fs(dir: &Path) -> Option<&'static str> {
+/// The network filesystem a statfs magic number (`f_type`) names, if any.
+/// Magic numbers are 32 bits: a sign-extended `f_type` (32-bit targets)
+/// names the same filesystem.
+pub fn network_fs_name(magic: i64) -> Option<&'static str> {
+    let magic = magic & 0xFFFF_FFFF;
+    NETWORK_FS
+        .iter()
+        .find(|(m, _)| *m == magic)
+        .map(|&(_, name)| name)
+}
+
+/// The statfs magic number of the filesystem `dir` is on.
+fn statfs_magic(dir: &Path) -> Option<i64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: zeroed statfs is a valid out-parameter; `c` is NUL-terminated.
@@ -218,11 +230,20 @@ pub fn network_fs(dir: &Path) -> Option<&'static str> {
         return None;
     }
     #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
-    let kind = st.f_type as i64;
-    NETWORK_FS
-        .iter()
-        .find(|(magic, _)| *magic == kind)
-        .map(|&(_, name)| name)
+    Some(st.f_type as i64)
+}
+
+/// The network filesystem `dir` is on, if any.
+pub fn network_fs(dir: &Path) -> Option<&'static str> {
+    statfs_magic(dir).and_then(network_fs_name)
+}
+
+/// The network filesystem a store's directory is on: from `injected` (a
+/// test's statfs magic) if set, else from the kernel.
+pub(crate) fn dir_network_fs(dir: &Path, injected: Option<i64>) -> Option<&'static str> {
+    injected
+        .or_else(|| statfs_magic(dir))
+        .and_then(network_fs_name)
 }
 
 /// A database integer for `v`, or an error naming `field` if it does not fit.

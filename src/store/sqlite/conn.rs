@@ -1,0 +1,133 @@
+//! The connection: error mapping, the busy handler, and the
+//! [`GroupConn`] actions in SQL.
+
+use super::group::GroupConn;
+use crate::error::{Error, Result, StoreFailure};
+use rusqlite::Connection;
+use std::time::Duration;
+
+pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Map a SQLite error to a typed store error naming what was being done;
+/// the driver's error is kept as the source. Busy and locked are transient.
+pub(super) fn sql_err(context: impl FnOnce() -> String, e: rusqlite::Error) -> Error {
+    let failure = if is_busy(&e) {
+        StoreFailure::Transient
+    } else {
+        StoreFailure::Permanent
+    };
+    let context = match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => format!("{} (not a SQLite database)", context()),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => {
+            format!("{} (the database is corrupt)", context())
+        }
+        _ => context(),
+    };
+    Error::from_source(context, failure, e)
+}
+
+thread_local! {
+    /// When the current wait for SQLite's write lock began, and how long it
+    /// may last (set per transaction by the thread that holds the store).
+    static BUSY: std::cell::Cell<(Option<std::time::Instant>, Duration)> =
+        const { std::cell::Cell::new((None, Duration::from_secs(5))) };
+}
+
+/// Give this thread's next waits for the write lock `limit`.
+pub(super) fn arm_busy(limit: Duration) {
+    BUSY.with(|b| b.set((None, limit)));
+}
+
+/// SQLite's busy handler: short jittered sleeps (50 µs growing to 2 ms)
+/// instead of SQLite's default of 1 ms and up, so that processes sharing a
+/// database hand the write lock over quickly; gives up (SQLITE_BUSY, which
+/// the client retries up to its own deadline) after the store's busy timeout.
+// Real time is this adapter's business (clippy.toml keeps it out of the core).
+#[allow(clippy::disallowed_methods)]
+pub(super) fn busy_wait(count: i32) -> bool {
+    BUSY.with(|b| {
+        let (start, limit) = b.get();
+        let now = std::time::Instant::now();
+        let start = match (count, start) {
+            (0, _) | (_, None) => now,
+            (_, Some(s)) => s,
+        };
+        b.set((Some(start), limit));
+        if now.duration_since(start) >= limit {
+            return false;
+        }
+        let step = u32::try_from(count.clamp(0, 24) / 4).unwrap_or(0);
+        let base_us = (50u64 << step).min(2000);
+        let seed = start.elapsed().as_nanos() as u64 ^ (count as u64).rotate_left(32);
+        let jitter = crate::core::mix64(seed) % (base_us / 2 + 1);
+        std::thread::sleep(Duration::from_micros(base_us / 2 + jitter));
+        true
+    })
+}
+
+/// Run a parameterless statement from the statement cache (BEGIN, COMMIT
+/// and ROLLBACK would otherwise be parsed again for every transaction).
+pub(super) fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
+/// The store's connection, as group commit drives it.
+pub(super) struct SqlConn {
+    pub conn: Connection,
+    /// The database, for messages.
+    pub shown: String,
+    pub busy_timeout: Duration,
+}
+
+impl GroupConn for SqlConn {
+    fn begin(&mut self) -> Result<()> {
+        arm_busy(self.busy_timeout);
+        if !self.conn.is_autocommit() {
+            // A transaction that failed to end left its BEGIN open.
+            let _ = exec_cached(&self.conn, "ROLLBACK");
+        }
+        exec_cached(&self.conn, "BEGIN IMMEDIATE")
+            .map_err(|e| sql_err(|| format!("beginning a transaction on {}", self.shown), e))
+    }
+
+    fn savepoint(&mut self) -> Result<()> {
+        arm_busy(self.busy_timeout);
+        exec_cached(&self.conn, "SAVEPOINT member")
+            .map_err(|e| sql_err(|| "joining a group commit".into(), e))
+    }
+
+    fn release(&mut self) -> Result<()> {
+        exec_cached(&self.conn, "RELEASE member")
+            .map_err(|e| sql_err(|| "leaving a group commit".into(), e))
+    }
+
+    fn rollback_to(&mut self) -> Result<()> {
+        exec_cached(&self.conn, "ROLLBACK TO member")
+            .and_then(|()| exec_cached(&self.conn, "RELEASE member"))
+            .map_err(|e| sql_err(|| "undoing one member of a group commit".into(), e))
+    }
+
+    fn rollback(&mut self) {
+        let _ = exec_cached(&self.conn, "ROLLBACK");
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        arm_busy(self.busy_timeout);
+        exec_cached(&self.conn, "COMMIT").map_err(|e| {
+            let busy = is_busy(&e);
+            let e = sql_err(|| format!("committing to {}", self.shown), e);
+            if busy {
+                e
+            } else {
+                // An I/O error during COMMIT may or may not have left the
+                // transaction in the WAL: the callers cannot know.
+                e.with_failure(StoreFailure::Ambiguous)
+            }
+        })
+    }
+}

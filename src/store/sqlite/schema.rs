@@ -1,0 +1,183 @@
+//! The schema: migrations, the checks that refuse foreign and newer
+//! databases, and the clock state kept in `leasehold_meta`.
+
+use super::conn::sql_err;
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::store::boottime::{self, Saved, StoreClock};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::sync::Arc;
+
+/// Schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+/// `PRAGMA application_id` of leasehold databases ("LSHD").
+pub const APPLICATION_ID: i64 = 0x4C53_4844;
+
+const SCHEMA_V1: &str = "
+CREATE TABLE leasehold_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE leases (key TEXT PRIMARY KEY, last_token INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE lease_slots (
+    key TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    holder BLOB NOT NULL,
+    label TEXT,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (key, token)
+) WITHOUT ROWID;
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    priority INTEGER NOT NULL,
+    run_at INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    expiries INTEGER NOT NULL,
+    last_token INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    claim_holder BLOB,
+    claim_token INTEGER,
+    lease_until INTEGER,
+    cancel_requested INTEGER NOT NULL,
+    last_error TEXT,
+    unique_key TEXT,
+    finished_at INTEGER
+);
+CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0;
+CREATE INDEX jobs_scheduled ON jobs (queue, run_at, id) WHERE state = 1;
+CREATE INDEX jobs_running ON jobs (queue, lease_until, id) WHERE state = 2;
+CREATE INDEX jobs_finished ON jobs (queue, finished_at, id, state) WHERE state >= 3;
+CREATE INDEX jobs_unique ON jobs (queue, unique_key) WHERE state <= 2 AND unique_key IS NOT NULL;
+INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
+";
+
+/// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
+/// version `i` to `i + 1`, inside the one transaction that also sets
+/// `user_version`, so a database is always at exactly one version.
+const MIGRATIONS: [&str; 2] = [
+    SCHEMA_V1,
+    // v2: a counting lease's limit belongs to the key (0: not recorded);
+    // retries waiting out their backoff, for the drain rule.
+    "ALTER TABLE leases ADD COLUMN lease_limit INTEGER NOT NULL DEFAULT 0;
+     CREATE INDEX jobs_retrying ON jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
+];
+
+/// Create the schema in a new database; refuse foreign or newer ones.
+pub(super) fn check_schema(conn: &Connection, shown: &str) -> Result<()> {
+    let ctx = || format!("reading the schema of {shown}");
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| sql_err(ctx, e))?;
+    let app: i64 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| sql_err(ctx, e))?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .map_err(|e| sql_err(ctx, e))?;
+    if app != APPLICATION_ID && (tables > 0 || version != 0) {
+        return Err(Error::store(
+            format!("opening {shown}"),
+            format!("not a leasehold database (application_id {app:#x}, {tables} schema objects); left untouched"),
+        ));
+    }
+    if version > SCHEMA_VERSION {
+        return Err(Error::store(
+            format!("opening {shown}"),
+            format!("written by a newer leasehold (schema version {version}; this build knows up to {SCHEMA_VERSION}); left untouched"),
+        ));
+    }
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    migrate(conn, shown)
+}
+
+/// Create or upgrade the schema once, even if many processes race: the
+/// version is read again under the write lock.
+fn migrate(conn: &Connection, shown: &str) -> Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| sql_err(|| format!("migrating the schema of {shown}"), e))?;
+    let result = (|| {
+        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        for sql in MIGRATIONS.iter().skip(usize::try_from(v).unwrap_or(0)) {
+            conn.execute_batch(sql)?;
+        }
+        if v < SCHEMA_VERSION {
+            conn.execute_batch(&format!(
+                "PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={SCHEMA_VERSION};"
+            ))?;
+        }
+        Ok(())
+    })();
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn.execute_batch(end);
+    result
+        .and(ended)
+        .map_err(|e: rusqlite::Error| sql_err(|| format!("migrating the schema of {shown}"), e))
+}
+
+/// The clock state kept in `leasehold_meta`, if the database has any.
+fn read_saved(conn: &Connection) -> rusqlite::Result<Option<Saved>> {
+    let get = |name: &str| -> rusqlite::Result<Option<String>> {
+        conn.query_row(
+            "SELECT value FROM leasehold_meta WHERE name = ?1",
+            [name],
+            |r| r.get(0),
+        )
+        .optional()
+    };
+    let boot_id = get("boot_id")?;
+    let high = get("high_water_ms")?;
+    if boot_id.is_none() && high.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Saved {
+        boot_id: boot_id.unwrap_or_default(),
+        offset_ms: get("clock_offset_ms")?
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        high_water_ms: high.and_then(|s| s.parse().ok()).unwrap_or(0),
+    }))
+}
+
+/// Settle this handle's store clock on `boot` ([`boottime`]'s rule),
+/// storing a new offset when the boot changed.
+pub(super) fn open_clock(
+    conn: &Connection,
+    clock: Arc<dyn Clock>,
+    boot: &str,
+    shown: &str,
+) -> Result<StoreClock> {
+    let ctx = || format!("reading the clock state of {shown}");
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| sql_err(ctx, e))?;
+    let result = (|| -> rusqlite::Result<(i64, u64)> {
+        let saved = read_saved(conn)?;
+        let (offset, store) = boottime::rebase(saved.as_ref(), boot, clock.now_ms());
+        if store {
+            let set = "INSERT INTO leasehold_meta (name, value) VALUES (?1, ?2)
+                       ON CONFLICT(name) DO UPDATE SET value = excluded.value";
+            conn.execute(set, params!["boot_id", boot])?;
+            conn.execute(set, params!["clock_offset_ms", offset.to_string()])?;
+        }
+        Ok((offset, saved.map_or(0, |s| s.high_water_ms)))
+    })();
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn.execute_batch(end);
+    let (offset, high) = result.map_err(|e| sql_err(ctx, e))?;
+    ended.map_err(|e| sql_err(ctx, e))?;
+    Ok(StoreClock::new(clock, offset, high))
+}
+
+/// Record the clock's high water (kept if a higher one is stored).
+pub(super) fn write_high_water(conn: &Connection, now_ms: u64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO leasehold_meta (name, value) VALUES ('high_water_ms', ?1)
+         ON CONFLICT(name) DO UPDATE SET value = excluded.value
+         WHERE CAST(value AS INTEGER) < CAST(excluded.value AS INTEGER)",
+    )
+    .and_then(|mut s| s.execute([now_ms.to_string()]))
+    .map(|_| ())
+    .map_err(|e| sql_err(|| "recording the clock".to_owned(), e))
+}

@@ -1,0 +1,456 @@
+//! The transaction: lease and job reads and writes on the connection.
+
+use super::conn::sql_err;
+use super::rows::{
+    job_from_row, job_from_row_at, sql_quote, state_of, JobRow, JOB_COLUMNS, SCAN_SQL,
+};
+use crate::core::{
+    JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, LeaseSlot, Pending, StateCounts,
+    Txn, Wake,
+};
+use crate::error::{Error, Result};
+use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
+use crate::Holder;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use std::sync::Arc;
+
+pub(super) struct SqlTxn<'c> {
+    conn: &'c Connection,
+    now_ms: u64,
+    leases: LeaseCache,
+    /// Jobs read in this transaction: writing one back updates only the
+    /// columns that can change (never the payload).
+    loaded: Vec<JobId>,
+    /// The [`Wake`] events this member raised (delivered with its group).
+    woke: [bool; 2],
+}
+
+impl<'c> SqlTxn<'c> {
+    /// A transaction's reads and writes on `conn`, at store time `now_ms`.
+    pub(super) fn new(conn: &'c Connection, now_ms: u64) -> Self {
+        SqlTxn {
+            conn,
+            now_ms,
+            leases: LeaseCache::default(),
+            loaded: Vec::new(),
+            woke: [false; 2],
+        }
+    }
+
+    /// Write back what changed; the wake-ups raised.
+    pub(super) fn finish(mut self) -> Result<[bool; 2]> {
+        self.flush()?;
+        Ok(self.woke)
+    }
+}
+
+fn ctx_key(what: &str, key: &str) -> String {
+    format!("{what} lease {key:?}")
+}
+
+impl SqlTxn<'_> {
+    fn err<'a>(&self, what: &'a str) -> impl FnOnce(rusqlite::Error) -> Error + 'a {
+        move |e| sql_err(|| what.to_owned(), e)
+    }
+
+    fn load_lease(&self, key: &str) -> Result<Option<LeaseRecord>> {
+        let head: Option<(i64, i64)> = self
+            .conn
+            .prepare_cached("SELECT last_token, lease_limit FROM leases WHERE key = ?1")
+            .and_then(|mut s| {
+                s.query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
+        let Some((last, limit)) = head else {
+            return Ok(None);
+        };
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT token, holder, label, expires_at FROM lease_slots WHERE key = ?1 ORDER BY token",
+            )
+            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
+        let slots = stmt
+            .query_map([key], |r| {
+                let label: Option<String> = r.get(2)?;
+                Ok(LeaseSlot {
+                    token: u64_of(r.get(0)?),
+                    holder: Holder {
+                        id: holder_from(&r.get::<_, Vec<u8>>(1)?),
+                        label: label.map(|l| Arc::from(l.as_str())),
+                    },
+                    expires_at_ms: u64_of(r.get(3)?),
+                })
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
+        Ok(Some(LeaseRecord {
+            last_token: u64_of(last),
+            limit: u32::try_from(limit).unwrap_or(0),
+            slots,
+        }))
+    }
+
+    /// Write back every lease record this transaction changed.
+    fn flush(&mut self) -> Result<()> {
+        for c in self.leases.changed() {
+            let key = c.key.as_str();
+            let fail = |e| sql_err(|| ctx_key("writing", key), e);
+            let last = i64_of("token", c.record.last_token)?;
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO leases (key, last_token, lease_limit) VALUES (?1, ?2, ?3)
+                     ON CONFLICT(key) DO UPDATE SET last_token = excluded.last_token,
+                                                    lease_limit = excluded.lease_limit",
+                )
+                .and_then(|mut s| s.execute(params![key, last, c.record.limit]))
+                .map_err(fail)?;
+            self.conn
+                .prepare_cached("DELETE FROM lease_slots WHERE key = ?1")
+                .and_then(|mut s| s.execute([key]))
+                .map_err(fail)?;
+            let mut insert = self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO lease_slots (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(fail)?;
+            for s in &c.record.slots {
+                insert
+                    .execute(params![
+                        key,
+                        i64_of("token", s.token)?,
+                        &holder_bytes(s.holder.id)[..],
+                        s.holder.label.as_deref(),
+                        i64_of("expires_at", s.expires_at_ms)?,
+                    ])
+                    .map_err(fail)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SqlTxn<'_> {
+    /// Write back a job read in this transaction: only what can change.
+    fn update_job(&mut self, job: &JobRecord) -> Result<()> {
+        let JobRow {
+            id,
+            run_at,
+            last_token,
+            holder,
+            token,
+            until,
+            finished,
+            ..
+        } = JobRow::of(job)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET priority = ?2, run_at = ?3, max_attempts = ?4, attempts = ?5,
+                   expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
+                   claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
+                   last_error = ?13, finished_at = ?14
+                 WHERE id = ?1",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    id,
+                    job.priority,
+                    run_at,
+                    job.max_attempts,
+                    job.attempts,
+                    job.expiries,
+                    last_token,
+                    i64::from(job.state.code()),
+                    holder,
+                    token,
+                    until,
+                    i64::from(job.cancel_requested),
+                    job.last_error.as_deref(),
+                    finished,
+                ])
+            })
+            .map(|_| ())
+            .map_err(|e| sql_err(|| format!("writing job {}", job.id), e))
+    }
+}
+
+impl Txn for SqlTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
+        if !self.leases.contains(key) {
+            let loaded = self.load_lease(key)?;
+            if !self.leases.add(key, loaded, create) {
+                return Ok(None);
+            }
+        }
+        Ok(self.leases.get_mut(key))
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
+        Ok(self)
+    }
+}
+
+impl SqlTxn<'_> {
+    /// Run one of [`SCAN_SQL`] with its literals, calling `row` for each
+    /// row up to the first whose bound column is past `bound`.
+    fn scan_rows(
+        &self,
+        sql: &str,
+        queue: &str,
+        limit: usize,
+        bound: u64,
+        mut row: impl FnMut(&Row<'_>) -> rusqlite::Result<()>,
+    ) -> Result<()> {
+        if limit == 0 {
+            return Ok(());
+        }
+        let fail = |e| sql_err(|| format!("scanning queue {queue:?}"), e);
+        let sql = sql
+            .replacen("{cols}", JOB_COLUMNS, 1)
+            .replacen("{limit}", &limit.to_string(), 1)
+            .replacen("{queue}", &sql_quote(queue), 1);
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
+        let mut rows = stmt.query([]).map_err(fail)?;
+        while let Some(r) = rows.next().map_err(fail)? {
+            let at: Option<i64> = r.get(0).map_err(fail)?;
+            if u64_of(at.unwrap_or(0)) > bound {
+                break;
+            }
+            row(r).map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` whole jobs from one of the pending reads.
+    fn read_jobs(
+        &mut self,
+        sql: &str,
+        queue: &str,
+        limit: usize,
+        bound: u64,
+    ) -> Result<Vec<JobRecord>> {
+        let mut jobs = Vec::new();
+        self.scan_rows(sql, queue, limit, bound, |r| {
+            jobs.push(job_from_row_at(r, 1)?);
+            Ok(())
+        })?;
+        for job in &jobs {
+            if !self.loaded.contains(&job.id) {
+                self.loaded.push(job.id);
+            }
+        }
+        Ok(jobs)
+    }
+}
+
+impl JobTxn for SqlTxn<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
+        Ok(Pending {
+            expired: self.read_jobs(SCAN_SQL[0], queue, chunk, now_ms)?,
+            due: self.read_jobs(SCAN_SQL[1], queue, chunk, now_ms)?,
+            ready: self.read_jobs(SCAN_SQL[2], queue, ready, u64::MAX)?,
+        })
+    }
+
+    fn next_job_id(&mut self) -> Result<JobId> {
+        let id: String = self
+            .conn
+            .prepare_cached(
+                "UPDATE leasehold_meta SET value = CAST(value AS INTEGER) + 1
+                 WHERE name = 'last_job_id' RETURNING value",
+            )
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .map_err(self.err("allocating a job id"))?;
+        id.parse::<u64>()
+            .map(JobId)
+            .map_err(|_| Error::store("allocating a job id", format!("corrupt counter {id:?}")))
+    }
+
+    fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+        let key = i64_of("id", id.0)?;
+        let job = self
+            .conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([key], job_from_row).optional())
+            .map_err(|e| sql_err(|| format!("reading job {id}"), e))?;
+        if job.is_some() && !self.loaded.contains(&id) {
+            self.loaded.push(id);
+        }
+        Ok(job)
+    }
+
+    fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
+        let mut jobs = Vec::with_capacity(ids.len());
+        for &id in ids {
+            jobs.extend(self.job(id)?);
+        }
+        Ok(jobs)
+    }
+
+    fn put_job(&mut self, job: &JobRecord) -> Result<()> {
+        if self.loaded.contains(&job.id) {
+            return self.update_job(job);
+        }
+        let sql = format!(
+            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+             ON CONFLICT(id) DO UPDATE SET
+               queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
+               run_at = excluded.run_at, created_at = excluded.created_at,
+               max_attempts = excluded.max_attempts, attempts = excluded.attempts,
+               expiries = excluded.expiries, last_token = excluded.last_token, state = excluded.state,
+               claim_holder = excluded.claim_holder, claim_token = excluded.claim_token,
+               lease_until = excluded.lease_until, cancel_requested = excluded.cancel_requested,
+               last_error = excluded.last_error, unique_key = excluded.unique_key,
+               finished_at = excluded.finished_at"
+        );
+        let JobRow {
+            id,
+            run_at,
+            created,
+            last_token,
+            holder,
+            token,
+            until,
+            finished,
+        } = JobRow::of(job)?;
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.execute(params![
+                    id,
+                    &*job.queue,
+                    &*job.payload,
+                    job.priority,
+                    run_at,
+                    created,
+                    job.max_attempts,
+                    job.attempts,
+                    job.expiries,
+                    last_token,
+                    i64::from(job.state.code()),
+                    holder,
+                    token,
+                    until,
+                    i64::from(job.cancel_requested),
+                    job.last_error.as_deref(),
+                    job.unique_key.as_deref(),
+                    finished,
+                ])
+            })
+            .map(|_| ())
+            .map_err(|e| sql_err(|| format!("writing job {}", job.id), e))
+    }
+
+    fn delete_job(&mut self, id: JobId) -> Result<()> {
+        let key = i64_of("id", id.0)?;
+        self.conn
+            .prepare_cached("DELETE FROM jobs WHERE id = ?1")
+            .and_then(|mut s| s.execute([key]))
+            .map(|_| ())
+            .map_err(|e| sql_err(|| format!("deleting job {id}"), e))
+    }
+
+    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>> {
+        self.conn
+            .prepare_cached(
+                "SELECT id FROM jobs WHERE queue = ?1 AND unique_key = ?2 AND state <= 2 AND unique_key IS NOT NULL LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row(params![queue, unique_key], |r| r.get::<_, i64>(0)).optional())
+            .map(|id| id.map(|i| JobId(u64_of(i))))
+            .map_err(|e| sql_err(|| format!("looking up unique key {unique_key:?} in queue {queue:?}"), e))
+    }
+
+    fn scan(
+        &mut self,
+        queue: &str,
+        query: JobQuery,
+        limit: usize,
+        out: &mut Vec<JobId>,
+    ) -> Result<()> {
+        let (sql, bound) = match query {
+            JobQuery::FinishedBy { cutoff_ms } => (SCAN_SQL[3], cutoff_ms),
+            JobQuery::Retrying => (SCAN_SQL[4], u64::MAX),
+        };
+        self.scan_rows(sql, queue, limit, bound, |r| {
+            out.push(JobId(u64_of(r.get(1)?)));
+            Ok(())
+        })
+    }
+
+    fn counts(&mut self, queue: &str) -> Result<StateCounts> {
+        // Each count reads one partial index (no index is kept just for
+        // counting: every state change would have to update it).
+        const LIVE: [&str; 3] = [
+            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 0",
+            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 1",
+            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 2",
+        ];
+        let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
+        let mut counts = StateCounts::default();
+        for (state, sql) in JobState::ALL.into_iter().zip(LIVE) {
+            let n: i64 = self
+                .conn
+                .prepare_cached(sql)
+                .and_then(|mut s| s.query_row([queue], |r| r.get(0)))
+                .map_err(fail)?;
+            counts.add(state, n);
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT state, count(*) FROM jobs INDEXED BY jobs_finished
+                 WHERE queue = ?1 AND state >= 3 GROUP BY state",
+            )
+            .map_err(fail)?;
+        let rows = stmt
+            .query_map([queue], |r| {
+                Ok((state_of(0, r.get(0)?)?, r.get::<_, i64>(1)?))
+            })
+            .map_err(fail)?;
+        for row in rows {
+            let (state, n) = row.map_err(fail)?;
+            counts.add(state, n);
+        }
+        Ok(counts)
+    }
+
+    fn list(
+        &mut self,
+        queue: &str,
+        state: Option<JobState>,
+        after: JobId,
+        limit: usize,
+    ) -> Result<Vec<JobRecord>> {
+        let fail = |e| sql_err(|| format!("listing queue {queue:?}"), e);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = i64_of("after", after.0)?;
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE queue = ?1 AND id > ?2 AND (?3 < 0 OR state = ?3) ORDER BY id LIMIT ?4"
+        );
+        let state = state.map_or(-1, |s| i64::from(s.code()));
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
+        let rows = stmt
+            .query_map(params![queue, after, state, limit], job_from_row)
+            .map_err(fail)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+    }
+}
