@@ -163,7 +163,11 @@ where
         token: u64,
         result: std::result::Result<(), String>,
     ) {
-        if self.running.get(&id).is_some_and(|job| job.token() == token) {
+        if self
+            .running
+            .get(&id)
+            .is_some_and(|job| job.token() == token)
+        {
             self.running.remove(&id);
         }
         self.session.machine.handler_done(now, id, token, result);

@@ -337,7 +337,10 @@ fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
     );
     m.handle_reply(11, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
     let _ = drain(&mut m);
-    assert!(m.is_valid(JobId(1), 1, 999), "the running handler may finish");
+    assert!(
+        m.is_valid(JobId(1), 1, 999),
+        "the running handler may finish"
+    );
     m.handle_timeout(1_000);
     let a = drain(&mut m);
     assert!(a.iter().any(|a| matches!(
@@ -396,7 +399,10 @@ fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
         m.is_valid(JobId(7), 2, 9),
         "the new claim is still held and running"
     );
-    assert!(!m.is_valid(JobId(7), 1, 9), "not for the old claim's handler");
+    assert!(
+        !m.is_valid(JobId(7), 1, 9),
+        "not for the old claim's handler"
+    );
     m.handler_done(10, JobId(7), 2, Ok(()));
     let sent = requests(&drain(&mut m));
     assert!(
@@ -438,10 +444,15 @@ fn a_late_outcome_of_an_old_claim_is_ignored() {
     m.handle_timeout(deadline + 10);
     let sent = requests(&drain(&mut m));
     assert!(
-        !sent.iter().any(|r| matches!(r, WorkerRequest::Settle { .. })),
+        !sent
+            .iter()
+            .any(|r| matches!(r, WorkerRequest::Settle { .. })),
         "the old handler's outcome was sent: {sent:?}"
     );
-    assert!(m.is_valid(JobId(7), 2, deadline + 10), "the new claim still runs");
+    assert!(
+        m.is_valid(JobId(7), 2, deadline + 10),
+        "the new claim still runs"
+    );
     m.handler_done(deadline + 11, JobId(7), 2, Err("boom".into()));
     m.handle_timeout(deadline + 20);
     let sent = requests(&drain(&mut m));

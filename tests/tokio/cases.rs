@@ -79,7 +79,11 @@ pub fn acquire_waits_without_a_thread_per_waiter(make: &Make) {
             tasks.spawn(async move {
                 let opts = LeaseOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(60));
                 let guard = c.acquire("turns", opts).await.unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
                 tokio::time::sleep(ms(2)).await;
                 inside.fetch_sub(1, Ordering::SeqCst);
                 guard.release().await.unwrap();
@@ -117,10 +121,14 @@ pub fn a_waiting_acquire_is_woken_by_a_release(make: &Make) {
         tokio::time::sleep(ms(300)).await;
         assert!(!waiter.is_finished(), "acquired a held key");
         guard.release().await.unwrap();
-        let got = within(Duration::from_secs(5), "the waiter woken by the release", waiter)
-            .await
-            .unwrap()
-            .unwrap();
+        let got = within(
+            Duration::from_secs(5),
+            "the waiter woken by the release",
+            waiter,
+        )
+        .await
+        .unwrap()
+        .unwrap();
         assert_eq!(got.token(), 2);
     });
 }
@@ -131,10 +139,7 @@ pub fn the_loss_is_a_future_and_a_cancelled_token(make: &Make) {
     let f = make();
     runtime(8).block_on(async {
         let a = client(&f);
-        let guard = a
-            .acquire("lost", LeaseOptions::new(ms(900)))
-            .await
-            .unwrap();
+        let guard = a.acquire("lost", LeaseOptions::new(ms(900))).await.unwrap();
         let token = guard.cancellation();
         assert!(guard.is_valid() && !token.is_cancelled());
         let sabotage = twin(&f, &a);
@@ -143,11 +148,17 @@ pub fn the_loss_is_a_future_and_a_cancelled_token(make: &Make) {
             .unwrap()
             .unwrap();
         let c = client(&f);
-        let other = c.acquire("lost", LeaseOptions::new(Duration::from_secs(30))).await.unwrap();
+        let other = c
+            .acquire("lost", LeaseOptions::new(Duration::from_secs(30)))
+            .await
+            .unwrap();
         assert_eq!(other.token(), 2);
         let reason = within(Duration::from_secs(3), "lost()", guard.lost()).await;
         assert!(
-            matches!(reason, leasehold::LostReason::StaleToken | leasehold::LostReason::NotHolder),
+            matches!(
+                reason,
+                leasehold::LostReason::StaleToken | leasehold::LostReason::NotHolder
+            ),
             "{reason:?}"
         );
         within(ms(100), "the cancellation token", token.cancelled()).await;
@@ -268,7 +279,9 @@ where
 fn hanging(
     started: Arc<Mutex<Vec<(JobId, u64)>>>,
     dropped: Arc<AtomicBool>,
-) -> impl Fn(ClaimedJob) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+) -> impl Fn(
+    ClaimedJob,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
        + Send
        + Sync
        + 'static {
@@ -294,12 +307,25 @@ pub fn a_cancelled_job_drops_its_handler_future(make: &Make) {
             lease: Duration::from_secs(30),
             ..WorkOptions::default()
         };
-        let (stop, worker) = spawn_worker(&c, "cancel", opts, hanging(started.clone(), dropped.clone()));
-        until(Duration::from_secs(5), "the handler started", || !started.lock().unwrap().is_empty()).await;
+        let (stop, worker) = spawn_worker(
+            &c,
+            "cancel",
+            opts,
+            hanging(started.clone(), dropped.clone()),
+        );
+        until(Duration::from_secs(5), "the handler started", || {
+            !started.lock().unwrap().is_empty()
+        })
+        .await;
         assert_eq!(c.cancel_job(ids[0]).await.unwrap(), JobState::Running);
         // Heartbeats come at least every second: the cancel is seen, the
         // future dropped.
-        until(Duration::from_secs(3), "the handler's future dropped", || dropped.load(Ordering::SeqCst)).await;
+        until(
+            Duration::from_secs(3),
+            "the handler's future dropped",
+            || dropped.load(Ordering::SeqCst),
+        )
+        .await;
         within(Duration::from_secs(3), "the job cancelled", async {
             while c.job(ids[0]).await.unwrap().state != JobState::Cancelled {
                 tokio::time::sleep(ms(10)).await;
@@ -307,7 +333,10 @@ pub fn a_cancelled_job_drops_its_handler_future(make: &Make) {
         })
         .await;
         let _ = stop.send(());
-        within(Duration::from_secs(5), "the worker stops", worker).await.unwrap().unwrap();
+        within(Duration::from_secs(5), "the worker stops", worker)
+            .await
+            .unwrap()
+            .unwrap();
     });
 }
 
@@ -323,8 +352,12 @@ pub fn a_lost_claim_drops_its_handler_future(make: &Make) {
             shutdown_grace: ms(300),
             ..WorkOptions::default()
         };
-        let (stop, worker) = spawn_worker(&c, "loss", opts, hanging(started.clone(), dropped.clone()));
-        until(Duration::from_secs(5), "the handler started", || !started.lock().unwrap().is_empty()).await;
+        let (stop, worker) =
+            spawn_worker(&c, "loss", opts, hanging(started.clone(), dropped.clone()));
+        until(Duration::from_secs(5), "the handler started", || {
+            !started.lock().unwrap().is_empty()
+        })
+        .await;
         let (id, token) = started.lock().unwrap()[0];
         assert_eq!(id, ids[0]);
         // The claim is given back behind the worker's back: its next
@@ -339,9 +372,17 @@ pub fn a_lost_claim_drops_its_handler_future(make: &Make) {
         .await
         .unwrap()
         .unwrap();
-        until(Duration::from_secs(3), "the handler's future dropped", || dropped.load(Ordering::SeqCst)).await;
+        until(
+            Duration::from_secs(3),
+            "the handler's future dropped",
+            || dropped.load(Ordering::SeqCst),
+        )
+        .await;
         let _ = stop.send(());
-        let report = within(Duration::from_secs(5), "the worker stops", worker).await.unwrap().unwrap();
+        let report = within(Duration::from_secs(5), "the worker stops", worker)
+            .await
+            .unwrap()
+            .unwrap();
         assert!(report.lost >= 1, "{report:?}");
         assert_eq!(report.completed, 0, "{report:?}");
     });
@@ -384,20 +425,37 @@ pub fn shutdown_lets_handlers_finish_then_gives_jobs_back(make: &Make) {
                 Ok(())
             }
         });
-        until(Duration::from_secs(5), "three handlers started", || started.load(Ordering::SeqCst) == 3).await;
+        until(Duration::from_secs(5), "three handlers started", || {
+            started.load(Ordering::SeqCst) == 3
+        })
+        .await;
         let t0 = Instant::now();
         let _ = stop.send(());
         tokio::time::sleep(ms(20)).await;
         stopping.notify_waiters();
-        let report = within(Duration::from_secs(5), "the worker stops", worker).await.unwrap().unwrap();
+        let report = within(Duration::from_secs(5), "the worker stops", worker)
+            .await
+            .unwrap()
+            .unwrap();
         let took = t0.elapsed();
-        assert!(took >= ms(550), "returned after {took:?}, before the grace ran out");
+        assert!(
+            took >= ms(550),
+            "returned after {took:?}, before the grace ran out"
+        );
         assert_eq!((report.completed, report.abandoned), (1, 2), "{report:?}");
-        assert_eq!(dropped.load(Ordering::SeqCst), 3, "every handler future ended");
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            3,
+            "every handler future ended"
+        );
         assert_eq!(c.job(quick).await.unwrap().state, JobState::Done);
         for id in &ids[1..] {
             let job = c.job(*id).await.unwrap();
-            assert_eq!(job.state, JobState::Ready, "given back to be retried: {job:?}");
+            assert_eq!(
+                job.state,
+                JobState::Ready,
+                "given back to be retried: {job:?}"
+            );
             assert!(job.claim.is_none());
         }
     });
@@ -433,7 +491,10 @@ pub fn shutdown_racing_claims_loses_no_job(make: &Make) {
             });
             tokio::time::sleep(ms(round * 7 % 19)).await;
             let _ = stop.send(());
-            let report = within(Duration::from_secs(10), "the worker stops", worker).await.unwrap().unwrap();
+            let report = within(Duration::from_secs(10), "the worker stops", worker)
+                .await
+                .unwrap()
+                .unwrap();
             let stats = c.queue(&queue).unwrap().stats().await.unwrap();
             assert_eq!(stats.get(JobState::Running), 0, "round {round}: {stats:?}");
             assert_eq!(
@@ -441,8 +502,16 @@ pub fn shutdown_racing_claims_loses_no_job(make: &Make) {
                 20,
                 "round {round}: {stats:?}"
             );
-            assert_eq!(report.completed, stats.get(JobState::Done), "round {round}: {report:?}");
-            assert_eq!(report.completed as usize, handled.load(Ordering::SeqCst), "round {round}");
+            assert_eq!(
+                report.completed,
+                stats.get(JobState::Done),
+                "round {round}: {report:?}"
+            );
+            assert_eq!(
+                report.completed as usize,
+                handled.load(Ordering::SeqCst),
+                "round {round}"
+            );
         }
     });
 }
@@ -553,7 +622,10 @@ pub fn a_panicking_handler_fails_its_job(make: &Make) {
         let job = q.get(ids[0]).await.unwrap();
         assert_eq!(job.state, JobState::Dead);
         let error = job.last_error.unwrap_or_default();
-        assert!(error.contains("panicked") && error.contains("boom"), "{error}");
+        assert!(
+            error.contains("panicked") && error.contains("boom"),
+            "{error}"
+        );
     });
 }
 
@@ -568,7 +640,10 @@ pub fn claimed_by_hand_with_a_keep_alive_task(make: &Make) {
         job.keep_alive().unwrap();
         tokio::time::sleep(ms(900)).await;
         assert!(job.is_valid(), "kept past three leases");
-        assert!(job.fail(&"x".repeat(5000)).await.is_err(), "a reason too long is refused");
+        assert!(
+            job.fail(&"x".repeat(5000)).await.is_err(),
+            "a reason too long is refused"
+        );
         assert!(job.is_valid(), "and the claim is untouched");
         job.complete().await.unwrap();
         assert_eq!(c.job(ids[0]).await.unwrap().state, JobState::Done);
@@ -576,7 +651,7 @@ pub fn claimed_by_hand_with_a_keep_alive_task(make: &Make) {
         assert!(job.complete().await.is_err());
         assert!(!job.is_valid());
         let second = q.claim(ms(300)).await.unwrap().expect("a job");
-        assert_eq!(second.heartbeat().await.unwrap(), false);
+        assert!(!second.heartbeat().await.unwrap(), "no cancel requested");
         assert_eq!(second.abandon().await.unwrap(), JobState::Ready);
     });
 }

@@ -122,7 +122,10 @@ fn a_postgres_store_dropped_inside_a_runtime_closes_quietly() {
         let store = schema.open(leasehold::PostgresOptions::default());
         let client = leasehold::tokio::Client::new(leasehold::Client::new(store));
         let guard = client
-            .acquire("k", leasehold::LeaseOptions::new(std::time::Duration::from_secs(5)))
+            .acquire(
+                "k",
+                leasehold::LeaseOptions::new(std::time::Duration::from_secs(5)),
+            )
             .await
             .unwrap();
         guard.release().await.unwrap();

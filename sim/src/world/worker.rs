@@ -135,7 +135,9 @@ impl Sim<'_> {
             } else {
                 Ok(())
             };
-            self.worker(p).machine.handler_done(local, id, token, result);
+            self.worker(p)
+                .machine
+                .handler_done(local, id, token, result);
         }
     }
 
@@ -239,7 +241,13 @@ impl Sim<'_> {
         if why != StopWhy::Cancelled {
             return;
         }
-        let running = self.worker(p).handlers.keys().rev().find(|(j, _)| *j == id).copied();
+        let running = self
+            .worker(p)
+            .handlers
+            .keys()
+            .rev()
+            .find(|(j, _)| *j == id)
+            .copied();
         if let Some((_, token)) = running {
             self.worker(p).handlers.remove(&(id, token));
             let owner = self.owner(p);
