@@ -1,6 +1,6 @@
 //! Jobs: the records ([`JobRecord`], [`JobState`], [`Claim`]), what to
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
-//! and the rules over them (Q1-Q5, [`rules`]: enqueue, claim, heartbeat,
+//! and the rules over them (Q1-Q5, `rules`: enqueue, claim, heartbeat,
 //! complete, fail, abandon, expire, cancel, retry, purge, stats, list).
 //!
 //! See the [module docs of `core`](super) for the state machine. Each

@@ -18,7 +18,7 @@
 //!    that COMMIT's error if it failed. A member that panicked does not
 //!    wait: it ends its part and unwinds.
 //!
-//! Everything here uses [`crate::sync`], so under `--cfg loom` the models
+//! Everything here uses `crate::sync`, so under `--cfg loom` the models
 //! explore every interleaving of it.
 
 use crate::error::{Error, Result, StoreFailure};
