@@ -70,6 +70,7 @@ pub mod clock;
 pub mod core;
 mod error;
 mod fork;
+mod observe;
 pub mod store;
 mod sync;
 #[cfg(all(feature = "tokio", not(loom)))]

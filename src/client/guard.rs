@@ -169,9 +169,9 @@ impl LeaseGuard {
             self.life.join();
         }
         let id = self.client.inner.holder.id;
-        let released = self
-            .client
-            .run(|tx| core::lease::release(tx, &self.key, id, self.token));
+        let released = self.client.run("release", |tx| {
+            core::lease::release(tx, &self.key, id, self.token)
+        });
         self.client.mark_held(&self.key, false);
         released
     }
@@ -199,11 +199,13 @@ pub(crate) fn lease_renewer(client: &Client, key: &str, token: u64, ttl_ms: u64)
         #[cfg(loom)]
         if naive {
             let holder = client.inner.holder.clone();
-            client.run(|tx| core::lease::acquire(tx, &key, &holder, ttl_ms, 1))?;
+            client.run("acquire", |tx| {
+                core::lease::acquire(tx, &key, &holder, ttl_ms, 1)
+            })?;
             return Ok(false);
         }
         client
-            .run_until(Some(deadline), |tx| {
+            .run_until("renew", Some(deadline), |tx| {
                 core::lease::renew(tx, &key, id, token, ttl_ms)
             })
             .map(|_| false)

@@ -136,15 +136,16 @@ impl ClaimedJob {
             #[cfg(loom)]
             if naive {
                 // Read, then write back in a second transaction: a lost update.
-                let mut job = client.run(|tx| core::job::get(tx, id, &QueuePolicy::default()))?;
+                let mut job =
+                    client.run("get", |tx| core::job::get(tx, id, &QueuePolicy::default()))?;
                 if let Some(c) = job.claim.as_mut() {
                     c.lease_until_ms += lease_ms;
                 }
-                client.run(|tx| tx.jobs()?.put_job(&job))?;
+                client.run("put", |tx| tx.jobs()?.put_job(&job))?;
                 return Ok(false);
             }
             client
-                .run_until(Some(deadline), |tx| {
+                .run_until("heartbeat", Some(deadline), |tx| {
                     core::job::heartbeat(tx, id, holder, token, lease_ms)
                 })
                 .map(|reply| reply.cancel_requested)
@@ -224,7 +225,7 @@ impl ClaimedJob {
         let holder = self.client.inner.holder.id;
         let (id, token) = (self.job.id, self.token);
         self.client
-            .run(|tx| core::job::complete(tx, id, holder, token))
+            .run("complete", |tx| core::job::complete(tx, id, holder, token))
     }
 
     /// The transaction of [`ClaimedJob::fail`], once settling began.
@@ -232,16 +233,18 @@ impl ClaimedJob {
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
         let (id, token) = (self.job.id, self.token);
-        self.client
-            .run(|tx| core::job::fail(tx, id, holder, token, reason, &policy))
+        self.client.run("fail", |tx| {
+            core::job::fail(tx, id, holder, token, reason, &policy)
+        })
     }
 
     /// The transaction of [`ClaimedJob::abandon`], once settling began.
     pub(crate) fn abandon_txn(&self) -> Result<JobState> {
         let holder = self.client.inner.holder.id;
         let (id, token) = (self.job.id, self.token);
-        self.client
-            .run(|tx| core::job::abandon(tx, id, holder, token, true))
+        self.client.run("abandon", |tx| {
+            core::job::abandon(tx, id, holder, token, true)
+        })
     }
 }
 

@@ -165,6 +165,7 @@ impl Lifeline {
     }
 
     fn report_loss(&self, mut st: MutexGuard<'_, LineState>, reason: LostReason) {
+        crate::observe::lost(&self.target, reason);
         let callback = st.on_lost.take();
         self.notify_all();
         drop(st);

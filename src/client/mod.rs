@@ -257,14 +257,19 @@ impl Client {
 
     /// Run `f` in a store transaction, retrying transient store errors with
     /// jittered exponential backoff until the busy timeout (S1).
-    pub(crate) fn run<R>(&self, f: impl FnMut(&mut dyn core::Txn) -> Result<R>) -> Result<R> {
-        self.run_until(None, f)
+    pub(crate) fn run<R>(
+        &self,
+        op: &'static str,
+        f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.run_until(op, None, f)
     }
 
     /// [`Client::run`], but retrying no later than `until_local_ms` on the
     /// local clock (a renewal is pointless past the local deadline).
     pub(crate) fn run_until<R>(
         &self,
+        op: &'static str,
         until_local_ms: Option<u64>,
         mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
@@ -275,7 +280,7 @@ impl Client {
             .min(until_local_ms.unwrap_or(u64::MAX));
         let mut backoff_ms = 1u64;
         loop {
-            match self.inner.store.txn(&mut f) {
+            match self.inner.store.txn_as(op, &mut f) {
                 Err(e) if e.is_transient() => {
                     let now_ms = self.local_now_ms();
                     if now_ms >= give_up_ms {
@@ -398,52 +403,54 @@ impl Client {
             });
         }
         let holder = &self.inner.holder;
-        self.inner
-            .store
-            .txn(|tx| core::lease::acquire(tx, key, holder, ttl_ms, limit))
+        self.inner.store.txn_as("acquire", |tx| {
+            core::lease::acquire(tx, key, holder, ttl_ms, limit)
+        })
     }
 
     /// The store's clock now (ms), the time its rules run on: convert a
     /// record's instants to wall-clock time from their distance to it.
     pub fn store_now_ms(&self) -> Result<u64> {
-        self.run(|tx| Ok(tx.now_ms()))
+        self.run("now", |tx| Ok(tx.now_ms()))
     }
 
     /// Live holders of `key` and its token counter.
     pub fn inspect(&self, key: &str) -> Result<LeaseInfo> {
-        self.run(|tx| core::lease::inspect(tx, key))
+        self.run("inspect", |tx| core::lease::inspect(tx, key))
     }
 
     /// Renew a lease by key and token (for callers that keep the token
     /// themselves, like the CLI). Returns the grant with its store expiry.
     pub fn renew(&self, key: &str, token: u64, ttl: Duration) -> Result<core::Grant> {
         let id = self.inner.holder.id;
-        self.run(|tx| core::lease::renew(tx, key, id, token, ms_of(ttl)))
+        self.run("renew", |tx| {
+            core::lease::renew(tx, key, id, token, ms_of(ttl))
+        })
     }
 
     /// Release a lease by key and token.
     pub fn release(&self, key: &str, token: u64) -> Result<()> {
         let id = self.inner.holder.id;
-        self.run(|tx| core::lease::release(tx, key, id, token))
+        self.run("release", |tx| core::lease::release(tx, key, id, token))
     }
 
     /// One job by id, as of the store's clock.
     pub fn job(&self, id: JobId) -> Result<JobRecord> {
         let policy = self.inner.policy;
-        self.run(|tx| core::job::get(tx, id, &policy))
+        self.run("get", |tx| core::job::get(tx, id, &policy))
     }
 
     /// Cancel a job by id; returns its state afterwards (running means a
     /// cancel was requested, seen by its worker at the next heartbeat).
     pub fn cancel_job(&self, id: JobId) -> Result<JobState> {
         let policy = self.inner.policy;
-        self.run(|tx| core::job::cancel(tx, id, &policy))
+        self.run("cancel", |tx| core::job::cancel(tx, id, &policy))
     }
 
     /// Make a dead or cancelled job ready again, by id.
     pub fn retry_job(&self, id: JobId) -> Result<()> {
         let policy = self.inner.policy;
-        self.run(|tx| core::job::retry(tx, id, &policy))
+        self.run("retry", |tx| core::job::retry(tx, id, &policy))
     }
 
     /// A handle on queue `name`.

@@ -29,8 +29,9 @@ impl Queue {
     /// Enqueue a job.
     pub fn push(&self, spec: &JobSpec) -> Result<EnqueueOutcome> {
         let policy = self.client.inner.policy;
-        self.client
-            .run(|tx| core::job::enqueue(tx, &self.name, spec, &policy))
+        self.client.run("enqueue", |tx| {
+            core::job::enqueue(tx, &self.name, spec, &policy)
+        })
     }
 
     /// Claim the next ready job, if any, under a lease of `lease`.
@@ -44,9 +45,9 @@ impl Queue {
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
         let sent_at = self.client.local_now_ms();
-        let jobs = self
-            .client
-            .run(|tx| core::job::claim(tx, &self.name, holder, lease_ms, max, &policy))?;
+        let jobs = self.client.run("claim", |tx| {
+            core::job::claim(tx, &self.name, holder, lease_ms, max, &policy)
+        })?;
         Ok(jobs
             .into_iter()
             .map(|job| ClaimedJob::claimed(self.client.clone(), job, lease_ms, sent_at))
@@ -69,7 +70,9 @@ impl Queue {
         let policy = self.client.inner.policy;
         let mut states = self
             .client
-            .run(|tx| core::job::settle_many(tx, holder, &settles, &policy))?
+            .run("settle", |tx| {
+                core::job::settle_many(tx, holder, &settles, &policy)
+            })?
             .into_iter();
         Ok(jobs
             .iter()
@@ -94,7 +97,7 @@ impl Queue {
     pub fn stats(&self) -> Result<StateCounts> {
         let policy = self.client.inner.policy;
         self.client
-            .run(|tx| core::job::stats(tx, &self.name, &policy))
+            .run("stats", |tx| core::job::stats(tx, &self.name, &policy))
     }
 
     /// Up to `limit` jobs after id `after`, optionally only in `state`.
@@ -105,8 +108,9 @@ impl Queue {
         limit: usize,
     ) -> Result<Vec<JobRecord>> {
         let policy = self.client.inner.policy;
-        self.client
-            .run(|tx| core::job::list(tx, &self.name, state, after, limit, &policy))
+        self.client.run("list", |tx| {
+            core::job::list(tx, &self.name, state, after, limit, &policy)
+        })
     }
 
     /// One job by id (see [`Client::job`]).
@@ -131,9 +135,9 @@ impl Queue {
         let policy = self.client.inner.policy;
         let mut total = 0u64;
         loop {
-            let n = self
-                .client
-                .run(|tx| core::job::purge(tx, &self.name, ms_of(older_than), CHUNK, &policy))?;
+            let n = self.client.run("purge", |tx| {
+                core::job::purge(tx, &self.name, ms_of(older_than), CHUNK, &policy)
+            })?;
             total += n as u64;
             if n < CHUNK {
                 return Ok(total);

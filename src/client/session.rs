@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::store::{Store, StoreExt};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The store side of the machine's requests: one transaction each, one
 /// attempt (the machine decides what a transient error means). Cheap to
@@ -39,18 +40,25 @@ impl Exec {
         let policy = &self.policy;
         let store = &self.store;
         match request {
-            WorkerRequest::Claim { max } => WorkerReply::Claimed(
-                store.txn(|tx| core::job::claim(tx, queue, holder, lease_ms, max, policy)),
-            ),
-            WorkerRequest::Heartbeat { claims } => WorkerReply::Heartbeated(
-                store.txn(|tx| core::job::heartbeat_many(tx, holder, &claims, lease_ms)),
-            ),
-            WorkerRequest::Settle { settles } => WorkerReply::Settled(
-                store.txn(|tx| core::job::settle_many(tx, holder, &settles, policy)),
-            ),
-            WorkerRequest::DrainCheck => {
-                WorkerReply::Drained(store.txn(|tx| core::job::drained(tx, queue, policy)))
+            WorkerRequest::Claim { max } => WorkerReply::Claimed(store.txn_as("claim", |tx| {
+                core::job::claim(tx, queue, holder, lease_ms, max, policy)
+            })),
+            WorkerRequest::Heartbeat { claims } => {
+                WorkerReply::Heartbeated(store.txn_as("heartbeat", |tx| {
+                    core::job::heartbeat_many(tx, holder, &claims, lease_ms)
+                }))
             }
+            WorkerRequest::Settle { settles } => {
+                WorkerReply::Settled(store.txn_as("settle", |tx| {
+                    core::job::settle_many(tx, holder, &settles, policy)
+                }))
+            }
+            WorkerRequest::DrainCheck => WorkerReply::Drained(
+                store.txn_as("drain_check", |tx| core::job::drained(tx, queue, policy)),
+            ),
+            WorkerRequest::Sample => WorkerReply::Sampled(
+                store.txn_as("sample", |tx| core::job::stats(tx, queue, policy)),
+            ),
         }
     }
 }
@@ -75,8 +83,9 @@ pub(crate) struct Session {
     client: Client,
     lease_ms: u64,
     exec: Exec,
-    /// Jobs held, as claimed (for the handler and the observer).
-    records: HashMap<JobId, JobRecord>,
+    /// Jobs held, as claimed (for the handler and the observer), with
+    /// the local instant of the claim's reply (for their run time).
+    records: HashMap<JobId, (JobRecord, u64)>,
     handles: HashMap<JobId, Arc<ClaimedJob>>,
     report: WorkReport,
 }
@@ -96,6 +105,7 @@ impl Session {
             drain: opts.drain,
             drift: client.inner.drift,
             seed: client.jitter(u64::MAX),
+            sample_ms: opts.sample.map_or(0, |d| ms_of(d).max(1)),
         };
         Session {
             machine: WorkerMachine::new(cfg, client.local_now_ms()),
@@ -126,12 +136,12 @@ impl Session {
 
     /// The store answered a request (at the local instant of now).
     pub(crate) fn reply(&mut self, reply: WorkerReply) {
+        let now = self.now();
         if let WorkerReply::Claimed(Ok(jobs)) = &reply {
             for job in jobs {
-                self.records.insert(job.id, job.clone());
+                self.records.insert(job.id, (job.clone(), now));
             }
         }
-        let now = self.now();
         self.machine.handle_reply(now, reply);
     }
 
@@ -163,9 +173,14 @@ impl Session {
                 WorkerAction::Settled { id, outcome } => {
                     self.report.count(outcome);
                     self.handles.remove(&id);
-                    if let Some(record) = self.records.remove(&id) {
+                    if let Some((record, claimed_at)) = self.records.remove(&id) {
+                        let ran = self.now().saturating_sub(claimed_at);
+                        crate::observe::job_ran(&self.exec.queue, Duration::from_millis(ran));
                         observe(&record, outcome);
                     }
+                }
+                WorkerAction::Sampled(counts) => {
+                    crate::observe::queue_depth(&self.exec.queue, &counts);
                 }
                 WorkerAction::Finished => return Some(Next::End(Ok(self.report))),
                 WorkerAction::Failed(e) => return Some(Next::End(Err(e))),

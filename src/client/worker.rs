@@ -45,6 +45,10 @@ pub struct WorkOptions {
     /// After `stop`: how long running handlers may finish before their jobs
     /// are given back (to be retried) and [`ClaimedJob::is_valid`] turns false.
     pub shutdown_grace: Duration,
+    /// Sample the queue's jobs per state this often for the
+    /// `leasehold_queue_jobs` gauge (`None`: never; each sample is a
+    /// transaction that counts the queue).
+    pub sample: Option<Duration>,
 }
 
 impl Default for WorkOptions {
@@ -59,6 +63,7 @@ impl Default for WorkOptions {
             flush_delay: Duration::from_millis(1),
             heartbeat: None,
             shutdown_grace: Duration::from_secs(30),
+            sample: None,
         }
     }
 }

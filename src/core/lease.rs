@@ -4,8 +4,12 @@
 //! invariants. Each operation validates, decides on a read-only view of the
 //! record, and only then mutates it.
 
-use super::{check_key, expiry_ms, Holder, HolderId, HolderInfo, Txn, Wake, MAX_LEASE_LIMIT};
+use super::{
+    check_key, expiry_ms, Event, Holder, HolderId, HolderInfo, LeaseChange, Txn, Wake,
+    MAX_LEASE_LIMIT,
+};
 use crate::error::{Error, LostReason, Result, Target};
+use std::sync::Arc;
 
 /// The stored state of one key. It is created by the first grant and never
 /// deleted, so `last_token` outlives every lease on the key (L2).
@@ -183,12 +187,20 @@ pub fn acquire(
         // Never shorten: an earlier grant's holder may rely on its expiry.
         slot.expires_at_ms = slot.expires_at_ms.max(expires_at_ms);
         slot.holder.label.clone_from(&holder.label);
-        return Ok(Grant {
+        let grant = Grant {
             token: slot.token,
             expires_at_ms: slot.expires_at_ms,
             granted_at_ms: now_ms,
             renewed: true,
-        });
+        };
+        note(
+            tx,
+            key,
+            holder.id,
+            grant.token,
+            LeaseChange::Renewed { ttl_ms },
+        );
+        return Ok(grant);
     }
     if live >= limit as usize {
         return Err(Error::Held {
@@ -200,7 +212,7 @@ pub fn acquire(
         .last_token
         .checked_add(1)
         .ok_or_else(|| Error::store(format!("acquiring {key:?}"), "token counter exhausted"))?;
-    rec.slots.retain(|s| s.is_live(now_ms));
+    let expired = prune(rec, now_ms);
     rec.last_token = token;
     rec.limit = limit;
     rec.slots.push(LeaseSlot {
@@ -208,6 +220,8 @@ pub fn acquire(
         token,
         expires_at_ms,
     });
+    note_expired(tx, key, expired);
+    note(tx, key, holder.id, token, LeaseChange::Granted { ttl_ms });
     Ok(Grant {
         token,
         expires_at_ms,
@@ -238,12 +252,47 @@ pub fn renew(
     // Never shorten: the holder's earlier local deadline relies on it.
     let slot = &mut rec.slots[i];
     slot.expires_at_ms = slot.expires_at_ms.max(expires_at_ms);
-    Ok(Grant {
+    let grant = Grant {
         token,
         expires_at_ms: slot.expires_at_ms,
         granted_at_ms: now_ms,
         renewed: true,
-    })
+    };
+    note(tx, key, holder, token, LeaseChange::Renewed { ttl_ms });
+    Ok(grant)
+}
+
+/// Remove the slots expired at `now_ms`; returns them.
+fn prune(rec: &mut LeaseRecord, now_ms: u64) -> Vec<LeaseSlot> {
+    let mut expired = Vec::new();
+    rec.slots.retain(|s| {
+        let live = s.is_live(now_ms);
+        if !live {
+            expired.push(s.clone());
+        }
+        live
+    });
+    expired
+}
+
+/// Record that `holder`'s slot `token` of `key` made the transition `change`.
+fn note(tx: &mut dyn Txn, key: &str, holder: HolderId, token: u64, change: LeaseChange) {
+    let journal = tx.journal();
+    if !journal.is_recording() {
+        return;
+    }
+    journal.note(Event::Lease {
+        key: Arc::from(key),
+        holder,
+        token,
+        change,
+    });
+}
+
+fn note_expired(tx: &mut dyn Txn, key: &str, expired: Vec<LeaseSlot>) {
+    for slot in expired {
+        note(tx, key, slot.holder.id, slot.token, LeaseChange::Expired);
+    }
 }
 
 /// Release the live slot named by `holder` and `token`.
@@ -257,8 +306,10 @@ pub fn release(tx: &mut dyn Txn, key: &str, holder: HolderId, token: u64) -> Res
         return Err(lost(key, token, rec.lost_reason(holder, token)));
     };
     rec.slots.remove(i);
-    rec.slots.retain(|s| s.is_live(now_ms));
-    tx.wake(Wake::LeaseFreed);
+    let expired = prune(rec, now_ms);
+    tx.journal().wake(Wake::LeaseFreed);
+    note_expired(tx, key, expired);
+    note(tx, key, holder, token, LeaseChange::Released);
     Ok(())
 }
 

@@ -44,21 +44,24 @@
 //! # Storage ([`Txn`], [`JobTxn`])
 //! The core asks for what it needs, on purpose: lease records by key; job
 //! records by id; one batched read of a queue's expired, due and ready jobs
-//! ([`JobTxn::pending`]); two ordered scans. It tells the store which
-//! wake-ups it causes ([`Txn::wake`]: a lease freed, a job made ready), and
-//! the store delivers them on commit. A store that keeps no jobs says so in
+//! ([`JobTxn::pending`]); two ordered scans. It records in the
+//! transaction's [`Journal`] the wake-ups it causes (a lease freed, a job
+//! made ready), which the store delivers on commit, and the transitions it
+//! makes ([`Event`]), which the store layer traces and counts on commit. A store that keeps no jobs says so in
 //! one place ([`Txn::jobs`]).
 
+pub mod event;
 pub mod job;
 pub mod lease;
 mod txn;
 
+pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
     backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec,
     JobState, QueuePolicy, StateCounts,
 };
 pub use lease::{local_deadline_ms, DriftBound, Grant, LeaseInfo, LeaseRecord, LeaseSlot};
-pub use txn::{JobQuery, JobTxn, Pending, Txn, Wake};
+pub use txn::{JobQuery, JobTxn, Journal, Pending, Txn, Wake};
 
 use crate::error::{Error, Result};
 use std::fmt;

@@ -3,14 +3,64 @@
 //!
 //! [`Txn`] is one atomic transaction over lease records; [`Txn::jobs`]
 //! opens its job side ([`JobTxn`]), or says in one place that the store
-//! keeps no jobs. The rules tell the store which wake-ups they cause
-//! ([`Txn::wake`]); the store only delivers them once the transaction
-//! commits. The job reads are indexed: a claim's whole read (a queue's
+//! keeps no jobs. The rules record the wake-ups they cause and the
+//! transitions they make in the transaction's [`Journal`]; the store only
+//! delivers them once the transaction commits. The job reads are indexed: a claim's whole read (a queue's
 //! expired, due and ready jobs) is one call, [`JobTxn::pending`], which a
 //! networked store answers in one round trip.
 
+use super::event::Event;
 use super::{JobId, JobRecord, JobState, LeaseRecord, StateCounts};
 use crate::error::Result;
+
+/// What a transaction caused, for after it commits: the wake-ups its
+/// store delivers to waiters, and the transitions it made ([`Event`]s,
+/// traced and counted by the store layer). Dropped with a transaction
+/// that does not commit.
+///
+/// Events are recorded only while [`Journal::set_recording`] is on (the
+/// store layer turns it on when someone traces or counts them), so that a
+/// transaction nobody observes allocates nothing for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Journal {
+    woke: [bool; 2],
+    recording: bool,
+    events: Vec<Event>,
+}
+
+impl Journal {
+    /// The rules caused `wake`.
+    pub fn wake(&mut self, wake: Wake) {
+        self.woke[wake.index()] = true;
+    }
+
+    /// The wake-ups caused, by [`Wake::index`].
+    pub fn woke(&self) -> [bool; 2] {
+        self.woke
+    }
+
+    /// Record events from now on (or not).
+    pub fn set_recording(&mut self, on: bool) {
+        self.recording = on;
+    }
+
+    /// Whether events are recorded: check before building one.
+    pub fn is_recording(&self) -> bool {
+        self.recording
+    }
+
+    /// The rules made this transition (dropped unless recording).
+    pub fn note(&mut self, event: Event) {
+        if self.recording {
+            self.events.push(event);
+        }
+    }
+
+    /// The transitions recorded so far, leaving none.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+}
 
 /// An event a blocked caller can wait for ([`crate::Store::wait_epoch`]),
 /// raised by the rules ([`Txn::wake`]) and delivered by the store when
@@ -80,9 +130,10 @@ pub trait Txn {
     /// there is none (it is only persisted if the transaction commits).
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>>;
 
-    /// The rules caused `wake`; the store delivers it to its waiters once
-    /// the transaction commits (never if it does not).
-    fn wake(&mut self, wake: Wake);
+    /// What this transaction caused: the rules record wake-ups and events
+    /// in it; the store delivers the wake-ups to its waiters once the
+    /// transaction commits (never if it does not).
+    fn journal(&mut self) -> &mut Journal;
 
     /// The job side of this transaction, or the error saying this store
     /// keeps no jobs (the one place a leases-only store refuses them).
@@ -94,8 +145,8 @@ pub trait JobTxn {
     /// The store's clock, read once when the transaction began (ms).
     fn now_ms(&self) -> u64;
 
-    /// See [`Txn::wake`].
-    fn wake(&mut self, wake: Wake);
+    /// See [`Txn::journal`].
+    fn journal(&mut self) -> &mut Journal;
 
     /// A fresh job id, greater than every id handed out before.
     fn next_job_id(&mut self) -> Result<JobId>;

@@ -11,7 +11,8 @@
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{
-    ClaimRank, JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, Pending, StateCounts, Txn,
+    ClaimRank, JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, Pending,
+    StateCounts, Txn,
 };
 use crate::error::Result;
 use crate::store::{Store, Wake};
@@ -205,8 +206,8 @@ impl Default for MemStore {
 struct MemTxn<'a> {
     st: &'a mut MemState,
     now_ms: u64,
-    /// The [`Wake`] events this transaction causes when it commits.
-    woke: [bool; 2],
+    /// The wake-ups and events this transaction causes when it commits.
+    journal: Journal,
 }
 
 impl Txn for MemTxn<'_> {
@@ -235,8 +236,8 @@ impl Txn for MemTxn<'_> {
         })
     }
 
-    fn wake(&mut self, wake: Wake) {
-        self.woke[wake.index()] = true;
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
@@ -249,8 +250,8 @@ impl JobTxn for MemTxn<'_> {
         self.now_ms
     }
 
-    fn wake(&mut self, wake: Wake) {
-        self.woke[wake.index()] = true;
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
@@ -386,10 +387,10 @@ impl Store for MemStore {
         let mut tx = MemTxn {
             st: &mut st,
             now_ms,
-            woke: [false; 2],
+            journal: Journal::default(),
         };
         let result = f(&mut tx);
-        let woke = tx.woke;
+        let woke = tx.journal.woke();
         if result.is_err() {
             st.rollback();
         } else {

@@ -379,12 +379,42 @@ impl Epochs {
 /// Typed convenience over [`Store::transact`].
 pub trait StoreExt: Store {
     /// Run `f` in one transaction and return its value.
-    fn txn<R>(&self, mut f: impl FnMut(&mut dyn Txn) -> Result<R>) -> Result<R> {
+    fn txn<R>(&self, f: impl FnMut(&mut dyn Txn) -> Result<R>) -> Result<R> {
+        self.txn_as("txn", f)
+    }
+
+    /// [`StoreExt::txn`], named `op` in traces and metrics: a span around
+    /// it, its latency, and (once it has committed) the transitions it
+    /// made ([`crate::core::Event`]). A transaction that does not commit
+    /// reports no transition.
+    fn txn_as<R>(
+        &self,
+        op: &'static str,
+        mut f: impl FnMut(&mut dyn Txn) -> Result<R>,
+    ) -> Result<R> {
         let mut out = None;
-        self.transact(&mut |tx| {
-            out = Some(f(tx)?);
+        if !crate::observe::active() {
+            self.transact(&mut |tx| {
+                out = Some(f(tx)?);
+                Ok(())
+            })?;
+            return out
+                .ok_or_else(|| crate::error::Error::store("running a transaction", "no result"));
+        }
+        let _span = crate::observe::txn_span(op);
+        let started = crate::observe::Started::now();
+        let mut events = Vec::new();
+        let done = self.transact(&mut |tx| {
+            tx.journal().set_recording(true);
+            let value = f(tx)?;
+            // Taken on every attempt: a retried closure replaces them.
+            events = tx.journal().take_events();
+            out = Some(value);
             Ok(())
-        })?;
+        });
+        crate::observe::transaction(op, started, done.is_ok());
+        done?;
+        crate::observe::committed(&events);
         out.ok_or_else(|| crate::error::Error::store("running a transaction", "no result"))
     }
 }

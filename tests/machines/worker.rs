@@ -15,6 +15,7 @@ fn worker(concurrency: usize, prefetch: usize, batch_max: usize) -> WorkerConfig
         drain: false,
         drift: DRIFT,
         seed: 11,
+        sample_ms: 0,
     }
 }
 
@@ -460,4 +461,42 @@ fn a_late_outcome_of_an_old_claim_is_ignored() {
         sent.iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles == &vec![(JobId(7), 2, Settle::Fail("boom".into()))])),
         "{sent:?}"
     );
+}
+
+/// Queue-depth samples: one at the start, then every `sample_ms` after
+/// the previous answer, one in flight; a failed sample waits for the next.
+#[test]
+fn the_queue_is_sampled_on_its_schedule() {
+    let cfg = WorkerConfig {
+        sample_ms: 1_000,
+        ..worker(1, 0, 64)
+    };
+    let mut m = WorkerMachine::new(cfg, 0);
+    let sent = requests(&drain(&mut m));
+    assert!(sent.contains(&WorkerRequest::Sample), "{sent:?}");
+    m.handle_timeout(500);
+    assert!(
+        !requests(&drain(&mut m)).contains(&WorkerRequest::Sample),
+        "one in flight"
+    );
+    let counts = leasehold::StateCounts::default();
+    m.handle_reply(600, WorkerReply::Sampled(Ok(counts)));
+    let acts = drain(&mut m);
+    assert!(
+        acts.iter().any(|a| matches!(a, WorkerAction::Sampled(_))),
+        "{acts:?}"
+    );
+    assert!(m.poll_timeout().is_some_and(|t| t <= 1_600));
+    m.handle_timeout(1_599);
+    assert!(!requests(&drain(&mut m)).contains(&WorkerRequest::Sample));
+    m.handle_timeout(1_600);
+    assert!(requests(&drain(&mut m)).contains(&WorkerRequest::Sample));
+    m.handle_reply(
+        1_700,
+        WorkerReply::Sampled(Err(Error::transient("counting", "busy"))),
+    );
+    let acts = drain(&mut m);
+    assert!(!acts.iter().any(|a| matches!(a, WorkerAction::Sampled(_))));
+    m.handle_timeout(2_700);
+    assert!(requests(&drain(&mut m)).contains(&WorkerRequest::Sample));
 }

@@ -100,8 +100,8 @@ impl Txn for BlindClaims<'_> {
     ) -> leasehold::Result<Option<&mut leasehold::core::LeaseRecord>> {
         Ok(None)
     }
-    fn wake(&mut self, wake: leasehold::Wake) {
-        self.0.wake(wake);
+    fn journal(&mut self) -> &mut leasehold::core::Journal {
+        self.0.journal()
     }
     fn jobs(&mut self) -> leasehold::Result<&mut dyn JobTxn> {
         Ok(self)
@@ -112,8 +112,8 @@ impl JobTxn for BlindClaims<'_> {
     fn now_ms(&self) -> u64 {
         self.0.now_ms()
     }
-    fn wake(&mut self, wake: leasehold::Wake) {
-        self.0.wake(wake);
+    fn journal(&mut self) -> &mut leasehold::core::Journal {
+        self.0.journal()
     }
     fn next_job_id(&mut self) -> leasehold::Result<JobId> {
         self.0.next_job_id()

@@ -54,6 +54,7 @@ impl Sim<'_> {
             drain: false,
             drift: self.drift,
             seed: rng.random(),
+            sample_ms: 0,
         };
         let breakage = WorkerBreakage {
             drop_outcomes: self.plan.canary == Some(Canary::CompleterDropsOutcome),
@@ -156,7 +157,9 @@ impl Sim<'_> {
                 WorkerAction::Send(request) => self.send_worker_request(p, request),
                 WorkerAction::Start(record) => self.start_handler(p, local, &record),
                 WorkerAction::Stop { id, why } => self.stop_handler(p, local, id, why),
-                WorkerAction::Renewed { .. } | WorkerAction::Settled { .. } => {}
+                WorkerAction::Renewed { .. }
+                | WorkerAction::Settled { .. }
+                | WorkerAction::Sampled(_) => {}
                 WorkerAction::Finished if self.healing && !self.queue_finished() => {
                     // Drained, but jobs delayed before their first attempt
                     // remain (the drain rule does not wait for them): like a
@@ -202,6 +205,8 @@ impl Sim<'_> {
             WorkerRequest::Heartbeat { claims } => Req::Heartbeats(claims),
             WorkerRequest::Settle { settles } => Req::Settles(settles),
             WorkerRequest::DrainCheck => Req::Drained,
+            // Simulated workers never sample (`sample_ms` is 0).
+            WorkerRequest::Sample => return,
         };
         self.send(p, req);
     }

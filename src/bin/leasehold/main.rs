@@ -13,6 +13,7 @@ mod lock;
 mod out;
 mod queue;
 mod run;
+mod telemetry;
 mod work;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -22,8 +23,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-const EXIT_ERROR: u8 = 1;
-const EXIT_USAGE: u8 = 2;
+pub const EXIT_ERROR: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
 const EXIT_HELD: u8 = 75;
 const EXIT_LOST: u8 = 76;
 
@@ -62,6 +63,8 @@ struct Cli {
     store: String,
     #[command(flatten)]
     policy: PolicyArgs,
+    #[command(flatten)]
+    log: telemetry::LogArgs,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -245,8 +248,13 @@ fn main() -> ExitCode {
     let Cli {
         store,
         policy,
+        log,
         command,
     } = cli;
+    if let Err(Fail(code, message)) = telemetry::init_logging(&log) {
+        note(&message);
+        return ExitCode::from(code);
+    }
     let result = match command {
         Cmd::Completions { shell } => generated(Some(shell)),
         Cmd::Man => generated(None),

@@ -42,6 +42,10 @@ pub struct WorkArgs {
     /// How each job's process tree is contained.
     #[arg(long, value_enum, env = "LEASEHOLD_CONTAIN", default_value = "auto")]
     contain: Mode,
+    /// Serve Prometheus metrics at this address (e.g. 127.0.0.1:9187), and
+    /// sample the queue's depth every 5 s for them.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     cmd: Vec<String>,
@@ -190,8 +194,12 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
         // status then decides the job. Only a handler stuck past that is
         // given back.
         shutdown_grace: args.grace + Duration::from_secs(2),
+        sample: args.metrics.as_ref().map(|_| Duration::from_secs(5)),
         ..WorkOptions::default()
     };
+    if let Some(addr) = &args.metrics {
+        crate::telemetry::serve_metrics(addr)?;
+    }
     let started = Instant::now();
     let tally = Tally {
         bar: if args.drain {

@@ -31,6 +31,8 @@
 //!   process dies.
 //! - **Drain**: with `drain`, once a claim finds nothing and nothing is
 //!   held, ask the store ([`crate::core::job::drained`]); finish if drained.
+//! - **Sample** the queue's jobs per state every `sample_ms` (if set), one
+//!   request in flight, for the queue-depth gauges.
 //! - **Shutdown**: stop claiming, give queued jobs back at once, let running
 //!   handlers finish until the deadline, then give theirs back (counted as
 //!   attempts) and tell them to stop; finish once everything is settled.
@@ -43,7 +45,7 @@
 
 use super::lifetime::Lifetime;
 use crate::core::job::Settle;
-use crate::core::{mix64, DriftBound, HeartbeatReply, JobId, JobRecord, JobState};
+use crate::core::{mix64, DriftBound, HeartbeatReply, JobId, JobRecord, JobState, StateCounts};
 use crate::error::{Error, LostReason, Result};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -86,6 +88,9 @@ pub struct WorkerConfig {
     pub drift: DriftBound,
     /// Seed of the jitter.
     pub seed: u64,
+    /// Sample the queue's jobs per state this often (0: never), for the
+    /// queue-depth gauges.
+    pub sample_ms: u64,
 }
 
 /// A request the driver sends to the store for the machine.
@@ -108,6 +113,8 @@ pub enum WorkerRequest {
     },
     /// `core::job::drained`.
     DrainCheck,
+    /// `core::job::stats` (a sample of the queue's depth).
+    Sample,
 }
 
 /// The store's answer to a request (one per request sent).
@@ -121,6 +128,8 @@ pub enum WorkerReply {
     Settled(Result<Vec<Result<JobState>>>),
     /// To [`WorkerRequest::DrainCheck`].
     Drained(Result<bool>),
+    /// To [`WorkerRequest::Sample`].
+    Sampled(Result<StateCounts>),
 }
 
 /// Why a running handler must stop.
@@ -162,6 +171,8 @@ pub enum WorkerAction {
         /// How it ended.
         outcome: JobOutcome,
     },
+    /// The queue's jobs per state, as sampled.
+    Sampled(StateCounts),
     /// The loop is over: drained, or shut down with everything settled.
     Finished,
     /// A store error retrying will not fix: the loop is over.
@@ -209,6 +220,8 @@ pub struct WorkerMachine {
     pub(super) round_sent: Option<(u64, Vec<(JobId, u64)>)>,
     pub(super) next_round: u64,
     pub(super) drain_sent: bool,
+    pub(super) sample_sent: bool,
+    pub(super) next_sample: u64,
     pub(super) shutdown_at: Option<u64>,
     pub(super) over: bool,
     pub(super) rounds: u64,
@@ -243,6 +256,8 @@ impl WorkerMachine {
             round_sent: None,
             next_round: u64::MAX,
             drain_sent: false,
+            sample_sent: false,
+            next_sample: now,
             shutdown_at: None,
             over: false,
             rounds: 0,
@@ -282,6 +297,9 @@ impl WorkerMachine {
         }
         if let (Some(at), None) = (self.flush_at, &self.settle_sent) {
             t = t.min(at);
+        }
+        if self.cfg.sample_ms > 0 && !self.sample_sent {
+            t = t.min(self.next_sample);
         }
         for h in self.jobs.values() {
             t = t.min(h.life.deadline());
@@ -490,7 +508,17 @@ impl WorkerMachine {
         self.maybe_flush(now);
         self.maybe_renew(now);
         self.maybe_claim(now);
+        self.maybe_sample(now);
         self.maybe_finish();
+    }
+
+    fn maybe_sample(&mut self, now: u64) {
+        if self.cfg.sample_ms == 0 || self.sample_sent || now < self.next_sample {
+            return;
+        }
+        self.sample_sent = true;
+        self.out
+            .push_back(WorkerAction::Send(WorkerRequest::Sample));
     }
 
     fn start_queued(&mut self, now: u64) {

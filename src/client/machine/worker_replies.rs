@@ -23,6 +23,14 @@ impl WorkerMachine {
             WorkerReply::Heartbeated(r) => self.heartbeated(now, r),
             WorkerReply::Settled(r) => self.settled(now, r),
             WorkerReply::Drained(r) => self.drained(r),
+            WorkerReply::Sampled(r) => {
+                self.sample_sent = false;
+                self.next_sample = now.saturating_add(self.cfg.sample_ms);
+                // Best effort: a failed sample waits for the next.
+                if let Ok(counts) = r {
+                    self.out.push_back(WorkerAction::Sampled(counts));
+                }
+            }
         }
         self.step(now);
     }

@@ -7,8 +7,8 @@ use super::{
     QueuePolicy, StateCounts,
 };
 use crate::core::{
-    check_key, check_text, expiry_ms, HolderId, JobQuery, JobTxn, Txn, Wake, MAX_ATTEMPTS,
-    MAX_BATCH, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
+    check_key, check_text, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn, Txn, Wake,
+    MAX_ATTEMPTS, MAX_BATCH, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
 };
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -38,9 +38,41 @@ fn load(tx: &mut dyn JobTxn, id: JobId) -> Result<JobRecord> {
 fn put(tx: &mut dyn JobTxn, job: &JobRecord) -> Result<()> {
     tx.put_job(job)?;
     if job.state == JobState::Ready {
-        tx.wake(Wake::JobReady);
+        tx.journal().wake(Wake::JobReady);
     }
     Ok(())
+}
+
+/// Record that `job` made the transition `change` (see [`Event`]).
+fn note(tx: &mut dyn JobTxn, job: &JobRecord, change: JobChange) {
+    let journal = tx.journal();
+    if !journal.is_recording() {
+        return;
+    }
+    journal.note(Event::Job {
+        queue: job.queue.clone(),
+        id: job.id,
+        token: job.last_token,
+        attempt: job.attempts,
+        change,
+    });
+}
+
+/// Record where an attempt's end (a failure, an expiry, a give-back) left
+/// `job`: another attempt after a delay, dead (quarantined: by a crash
+/// loop), or cancelled.
+fn note_end(tx: &mut dyn JobTxn, job: &JobRecord, quarantined: bool) {
+    let now_ms = tx.now_ms();
+    let change = match job.state {
+        JobState::Scheduled | JobState::Ready => JobChange::Retried {
+            delay_ms: job.run_at_ms.saturating_sub(now_ms),
+        },
+        JobState::Dead if quarantined => JobChange::Quarantined,
+        JobState::Dead => JobChange::Dead,
+        JobState::Cancelled => JobChange::Cancelled,
+        JobState::Running | JobState::Done => return,
+    };
+    note(tx, job, change);
 }
 
 /// Load a job as of the store's clock: if its claim expired or its
@@ -120,6 +152,7 @@ pub fn enqueue(
     };
     job.reschedule(run_at_ms, now_ms);
     put(tx, &job)?;
+    note(tx, &job, JobChange::Enqueued);
     Ok(EnqueueOutcome { id, created: true })
 }
 
@@ -171,8 +204,10 @@ fn refresh(
             first = false;
         }
         for mut job in read.expired {
-            expire(&mut job, now_ms, policy);
+            let quarantined = expire(&mut job, now_ms, policy);
             put(tx, &job)?;
+            note(tx, &job, JobChange::Expired);
+            note_end(tx, &job, quarantined);
             if job.state == JobState::Ready && ready_max > 0 {
                 ready.push(job);
             }
@@ -203,8 +238,8 @@ pub fn maintain(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<(
 
 /// A claim that ran out is settled as of the instant it expired, not the
 /// instant someone noticed, so a job's state is a function of time alone,
-/// whenever `maintain` happens to run.
-fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) {
+/// whenever `maintain` happens to run. Returns whether it was quarantined.
+fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) -> bool {
     let expired_at_ms = job.claim.map_or(now_ms, |c| c.lease_until_ms);
     job.expiries = job.expiries.saturating_add(1);
     let quarantined = policy.quarantine_expiries > 0 && job.expiries >= policy.quarantine_expiries;
@@ -216,6 +251,7 @@ fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) {
         },
     ));
     settle_failure(job, expired_at_ms, now_ms, policy, quarantined);
+    quarantined
 }
 
 /// After a failed or expired attempt (ending at `at_ms`): cancelled if a
@@ -271,6 +307,8 @@ pub fn claim(
             lease_until_ms,
         });
         tx.put_job(job)?;
+        let wait_ms = now_ms.saturating_sub(job.run_at_ms.max(job.created_at_ms));
+        note(tx, job, JobChange::Claimed { wait_ms });
     }
     Ok(jobs)
 }
@@ -289,6 +327,7 @@ pub fn heartbeat(
     let mut job = load(tx, id)?;
     let reply = heartbeat_record(&mut job, holder, token, tx.now_ms(), lease_until_ms)?;
     tx.put_job(&job)?;
+    note(tx, &job, JobChange::Heartbeat);
     Ok(reply)
 }
 
@@ -332,6 +371,7 @@ pub fn heartbeat_many(
         let reply = heartbeat_record(job, holder, token, now_ms, lease_until_ms);
         if reply.is_ok() {
             tx.put_job(job)?;
+            note(tx, job, JobChange::Heartbeat);
         }
         replies.push(reply);
     }
@@ -415,6 +455,7 @@ fn settle_one(
     let mut job = load(tx, id)?;
     settle_record(&mut job, holder, token, settle, tx.now_ms(), policy)?;
     put(tx, &job)?;
+    note_settled(tx, &job, settle);
     Ok(job.state)
 }
 
@@ -447,12 +488,31 @@ pub fn settle_many(
         match settle_record(job, holder, *token, settle, now_ms, policy) {
             Ok(()) => {
                 put(tx, job)?;
+                note_settled(tx, job, settle);
                 states.push(Ok(job.state));
             }
             Err(e) => states.push(Err(e)),
         }
     }
     Ok(states)
+}
+
+/// Record a settled job's transitions: completed, or failed / given back
+/// and where that left it.
+fn note_settled(tx: &mut dyn JobTxn, job: &JobRecord, settle: &Settle) {
+    match settle {
+        Settle::Complete => note(tx, job, JobChange::Completed),
+        Settle::Fail(_) => {
+            note(tx, job, JobChange::Failed);
+            note_end(tx, job, false);
+        }
+        Settle::Abandon { .. } => {
+            note(tx, job, JobChange::Abandoned);
+            if job.state.is_terminal() {
+                note_end(tx, job, false);
+            }
+        }
+    }
 }
 
 /// The rules of [`complete`], [`fail`] and [`abandon`] on a loaded record:
@@ -507,6 +567,9 @@ pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobSt
         }
     }
     tx.put_job(&job)?;
+    if job.state == JobState::Cancelled {
+        note(tx, &job, JobChange::Cancelled);
+    }
     Ok(job.state)
 }
 
@@ -539,7 +602,9 @@ pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
     job.cancel_requested = false;
     job.finished_at_ms = None;
     job.reschedule(now_ms, now_ms);
-    put(tx, &job)
+    put(tx, &job)?;
+    note(tx, &job, JobChange::Retried { delay_ms: 0 });
+    Ok(())
 }
 
 /// Delete up to `limit` terminal jobs of `queue` that finished at least

@@ -97,7 +97,7 @@ mod slots;
 pub use record::encode_key;
 
 use crate::clock::{BootClock, Clock};
-use crate::core::{JobTxn, LeaseRecord, Txn, Wake};
+use crate::core::{JobTxn, Journal, LeaseRecord, Txn, Wake};
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::boottime::{current_boot, StoreClock};
@@ -264,8 +264,8 @@ struct FileTxn<'s> {
     store: &'s FileStore,
     now_ms: u64,
     keys: Vec<Locked>,
-    /// The [`Wake`] events this transaction raised.
-    woke: [bool; 2],
+    /// The wake-ups and events this transaction raised.
+    journal: Journal,
 }
 
 impl Txn for FileTxn<'_> {
@@ -284,8 +284,8 @@ impl Txn for FileTxn<'_> {
         Ok(self.keys.last_mut().map(|k| &mut k.record))
     }
 
-    fn wake(&mut self, wake: Wake) {
-        self.woke[wake.index()] = true;
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     /// Leases only: the one place this store refuses job work.
@@ -310,14 +310,14 @@ impl Store for FileStore {
             store: self,
             now_ms,
             keys: Vec::new(),
-            woke: [false; 2],
+            journal: Journal::default(),
         };
         f(&mut tx)?;
         // Commit: write each changed record, then close (dropping the locks).
         for k in tx.keys.iter().filter(|k| k.changed()) {
             k.write(self.durable, &self.record_syncs)?;
         }
-        let woke = tx.woke;
+        let woke = tx.journal.woke();
         drop(tx);
         self.epochs.raise(woke);
         Ok(())

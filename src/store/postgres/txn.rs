@@ -7,7 +7,7 @@ use super::pool::Conn;
 use super::sql::{render_job_writes, JobWrite, Sql};
 use super::statements::Statements;
 use crate::core::{
-    Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, LeaseSlot, Pending,
+    Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, LeaseSlot, Pending,
     StateCounts, Txn,
 };
 use crate::error::{Error, Result};
@@ -39,8 +39,8 @@ pub(super) struct PgTxn<'c> {
     /// Jobs written since the last flush, in order.
     pending: Vec<JobId>,
     deleted: Vec<JobId>,
-    /// The [`Wake`] events this transaction causes.
-    woke: [bool; 2],
+    /// The wake-ups and events this transaction causes.
+    journal: Journal,
 }
 
 /// A job from a row of [`COLUMNS`](super::statements::COLUMNS); a state code no state has is an error
@@ -110,7 +110,7 @@ impl<'c> PgTxn<'c> {
             jobs: HashMap::new(),
             pending: Vec::new(),
             deleted: Vec::new(),
-            woke: [false; 2],
+            journal: Journal::default(),
         }
     }
 
@@ -182,7 +182,7 @@ impl<'c> PgTxn<'c> {
             }
         }
         for wake in [Wake::LeaseFreed, Wake::JobReady] {
-            if self.woke[wake as usize] {
+            if self.journal.woke()[wake.index()] {
                 sql.raw("SELECT pg_notify(")
                     .text("channel", channel)?
                     .raw(&format!(", '{}');\n", wake as u8));
@@ -275,8 +275,8 @@ impl Txn for PgTxn<'_> {
         Ok(self.leases.get_mut(key))
     }
 
-    fn wake(&mut self, wake: Wake) {
-        self.woke[wake.index()] = true;
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
@@ -289,8 +289,8 @@ impl JobTxn for PgTxn<'_> {
         self.now_ms
     }
 
-    fn wake(&mut self, wake: Wake) {
-        self.woke[wake.index()] = true;
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {

@@ -5,8 +5,8 @@ use super::rows::{
     job_from_row, job_from_row_at, sql_quote, state_of, JobRow, JOB_COLUMNS, SCAN_SQL,
 };
 use crate::core::{
-    JobId, JobQuery, JobRecord, JobState, JobTxn, LeaseRecord, LeaseSlot, Pending, StateCounts,
-    Txn, Wake,
+    JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, LeaseSlot, Pending,
+    StateCounts, Txn,
 };
 use crate::error::{Error, Result};
 use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
@@ -21,8 +21,9 @@ pub(super) struct SqlTxn<'c> {
     /// Jobs read in this transaction: writing one back updates only the
     /// columns that can change (never the payload).
     loaded: Vec<JobId>,
-    /// The [`Wake`] events this member raised (delivered with its group).
-    woke: [bool; 2],
+    /// The wake-ups this member raised (delivered with its group) and
+    /// its events.
+    journal: Journal,
 }
 
 impl<'c> SqlTxn<'c> {
@@ -33,14 +34,14 @@ impl<'c> SqlTxn<'c> {
             now_ms,
             leases: LeaseCache::default(),
             loaded: Vec::new(),
-            woke: [false; 2],
+            journal: Journal::default(),
         }
     }
 
     /// Write back what changed; the wake-ups raised.
     pub(super) fn finish(mut self) -> Result<[bool; 2]> {
         self.flush()?;
-        Ok(self.woke)
+        Ok(self.journal.woke())
     }
 }
 
@@ -191,8 +192,8 @@ impl Txn for SqlTxn<'_> {
         Ok(self.leases.get_mut(key))
     }
 
-    fn wake(&mut self, wake: Wake) {
-        self.woke[wake.index()] = true;
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
@@ -258,8 +259,8 @@ impl JobTxn for SqlTxn<'_> {
         self.now_ms
     }
 
-    fn wake(&mut self, wake: Wake) {
-        self.woke[wake.index()] = true;
+    fn journal(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {

@@ -1,0 +1,174 @@
+//! Tracing and metrics: every transition a committed transaction made is
+//! counted and traced, with its fields; a transaction that rolls back
+//! reports nothing. (The command line's `--log json` and `--metrics` are
+//! tested in `cli_usage.rs`.)
+
+#![cfg(feature = "cli")] // the recorder and the subscriber come with the CLI's dependencies
+
+use leasehold::core::{self, JobState};
+use leasehold::{Client, Error, JobSpec, LeaseOptions, MemStore, StoreExt};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The value of the sample `name{labels}` in Prometheus text (0 if absent).
+fn sample(text: &str, name: &str, labels: &str) -> f64 {
+    let head = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&head))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn committed_transitions_are_counted_and_rolled_back_ones_are_not() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let client = Client::new(MemStore::new());
+        let q = client.queue("mail").unwrap();
+        for _ in 0..3 {
+            q.push(&JobSpec {
+                max_attempts: 1,
+                ..JobSpec::new(b"x".to_vec())
+            })
+            .unwrap();
+        }
+        let a = q.claim(Duration::from_secs(30)).unwrap().unwrap();
+        let b = q.claim(Duration::from_secs(30)).unwrap().unwrap();
+        a.complete().unwrap();
+        assert_eq!(b.fail("smtp down").unwrap(), JobState::Dead);
+        // A transaction that enqueues, then fails: rolled back, not counted.
+        let store = client.store();
+        let r: leasehold::Result<()> = store.txn(|tx| {
+            core::job::enqueue(
+                tx,
+                "mail",
+                &JobSpec::new(b"y".to_vec()),
+                &Default::default(),
+            )?;
+            Err(Error::invalid("test", "roll back"))
+        });
+        assert!(r.is_err());
+        let guard = client
+            .acquire("report", LeaseOptions::new(Duration::from_secs(5)))
+            .unwrap();
+        guard.release().unwrap();
+    });
+    let text = handle.render();
+    let job = |t: &str| {
+        sample(
+            &text,
+            "leasehold_job_transitions_total",
+            &format!("queue=\"mail\",transition=\"{t}\""),
+        )
+    };
+    assert_eq!(job("enqueued"), 3.0, "{text}");
+    assert_eq!(job("claimed"), 2.0);
+    assert_eq!(job("completed"), 1.0);
+    assert_eq!(job("failed"), 1.0);
+    assert_eq!(job("dead"), 1.0);
+    let lease = |t: &str| {
+        sample(
+            &text,
+            "leasehold_lease_transitions_total",
+            &format!("transition=\"{t}\""),
+        )
+    };
+    assert_eq!(lease("granted"), 1.0);
+    assert_eq!(lease("released"), 1.0);
+    let claims = sample(
+        &text,
+        "leasehold_transaction_seconds_count",
+        "op=\"claim\",outcome=\"ok\"",
+    );
+    assert_eq!(claims, 2.0, "{text}");
+    let failed = sample(
+        &text,
+        "leasehold_transaction_seconds_count",
+        "op=\"txn\",outcome=\"error\"",
+    );
+    assert_eq!(failed, 1.0, "{text}");
+    assert_eq!(
+        sample(&text, "leasehold_job_wait_seconds_count", "queue=\"mail\""),
+        2.0
+    );
+}
+
+/// A writer the subscriber shares with the test.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn every_transition_is_a_tracing_event_with_its_fields() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let mut holder = String::new();
+    tracing::subscriber::with_default(subscriber, || {
+        let client = Client::new(MemStore::new());
+        holder = client.holder().id.to_string();
+        let q = client.queue("jobs").unwrap();
+        q.push(&JobSpec::new(b"x".to_vec())).unwrap();
+        let job = q.claim(Duration::from_secs(30)).unwrap().unwrap();
+        job.heartbeat().unwrap();
+        job.complete().unwrap();
+        let guard = client
+            .acquire("k", LeaseOptions::new(Duration::from_secs(5)))
+            .unwrap();
+        guard.renew().unwrap();
+        guard.release().unwrap();
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let find = |message: &str| {
+        events
+            .iter()
+            .find(|e| e["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?} in {text}"))
+    };
+    for message in [
+        "job enqueued",
+        "job claimed",
+        "job heartbeat",
+        "job completed",
+    ] {
+        let e = find(message);
+        assert_eq!(e["queue"], "jobs");
+        assert_eq!(e["job_id"], 1);
+        assert_eq!(e["target"], "leasehold::job");
+    }
+    let claimed = find("job claimed");
+    assert_eq!(
+        (claimed["token"].as_u64(), claimed["attempt"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        claimed["span"]["op"], "claim",
+        "inside its transaction's span"
+    );
+    for message in ["lease granted", "lease renewed", "lease released"] {
+        let e = find(message);
+        assert_eq!(e["key"], "k");
+        assert_eq!(e["token"], 1);
+        assert_eq!(e["holder"], holder.as_str());
+    }
+}
