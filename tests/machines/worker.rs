@@ -41,6 +41,7 @@ fn job(id: u64, token: u64) -> JobRecord {
         last_error: None,
         unique_key: None,
         finished_at_ms: None,
+        result: None,
     }
 }
 

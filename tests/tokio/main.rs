@@ -69,6 +69,7 @@ macro_rules! tokio_cases {
             a_loss_racing_a_completion_is_reported_as_what_the_store_kept,
             a_panicking_handler_fails_its_job,
             claimed_by_hand_with_a_keep_alive_task,
+            a_handlers_result_is_kept_with_its_job,
         );
     };
 }

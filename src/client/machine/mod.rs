@@ -22,6 +22,7 @@
 mod holder;
 mod lifetime;
 mod worker;
+mod worker_io;
 mod worker_replies;
 
 pub use holder::{
@@ -32,6 +33,7 @@ pub use lifetime::Breakage;
 pub use lifetime::{renew_every, End, Lifetime};
 #[cfg(feature = "canaries")]
 pub use worker::WorkerBreakage;
-pub use worker::{
-    JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
+pub use worker::WorkerMachine;
+pub use worker_io::{
+    HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerReply, WorkerRequest,
 };

@@ -15,7 +15,7 @@ const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -57,6 +57,8 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // retries waiting out their backoff, for the drain rule.
     "ALTER TABLE {s}.leases ADD COLUMN lease_limit int4 NOT NULL DEFAULT 0;
  CREATE INDEX jobs_retrying ON {s}.jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
+    // v3: what a job's handler returned when it completed.
+    "ALTER TABLE {s}.jobs ADD COLUMN result bytea;",
 ];
 
 /// The schema being migrated, for the statements and the messages.
