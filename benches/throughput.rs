@@ -79,9 +79,9 @@ fn work_loop(store: &Arc<dyn Store>, concurrency: usize) -> Duration {
     push(store, &queue);
     let client = Client::builder_shared(store.clone()).build();
     let q = client.queue(&queue).unwrap();
+    // Default options but the handler count: the prefetch adapts by itself.
     let opts = WorkOptions {
         concurrency,
-        prefetch: 64,
         drain: true,
         ..WorkOptions::default()
     };
@@ -249,6 +249,94 @@ mod hand_pg {
     }
 }
 
+/// Per operation: (transactions, seconds inside them), read from the
+/// library's own `leasehold_transaction_seconds` metric.
+fn txn_totals(text: &str) -> std::collections::BTreeMap<String, (f64, f64)> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let (kind, rest) =
+            if let Some(r) = line.strip_prefix("leasehold_transaction_seconds_count{") {
+                (0, r)
+            } else if let Some(r) = line.strip_prefix("leasehold_transaction_seconds_sum{") {
+                (1, r)
+            } else {
+                continue;
+            };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let op = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("op=\""))
+            .map(|o| o.trim_end_matches('"').to_owned())
+            .unwrap_or_default();
+        let v: f64 = value.trim().parse().unwrap_or(0.0);
+        let e = out.entry(op).or_insert((0.0, 0.0));
+        if kind == 0 {
+            e.0 += v
+        } else {
+            e.1 += v
+        }
+    }
+    out
+}
+
+/// Where the worker loop's time goes, against the plain loop: one pass of
+/// each with the library's metrics on (a Prometheus recorder), reporting
+/// transactions per job by operation and the time inside them per job;
+/// what is left of the wall time is the loop's own work and its threads'
+/// hand-offs. Written to `target/bench-throughput-breakdown.log`.
+fn where_time_goes(stores: &[(&str, &Arc<dyn Store>)]) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    if metrics::set_global_recorder(recorder).is_err() {
+        return;
+    }
+    let mut lines = vec![
+        "| loop | jobs/s | wall µs/job | transactions per job (claim, heartbeat, settle, other) | µs/job inside transactions |".to_owned(),
+        "|---|---|---|---|---|".to_owned(),
+    ];
+    for (name, store) in stores {
+        let runs: [(&str, &dyn Fn() -> Duration); 3] = [
+            ("work_loop/1", &|| work_loop(store, 1)),
+            ("work_loop/8", &|| work_loop(store, 8)),
+            ("plain_claim_complete/1", &|| plain_loop(store)),
+        ];
+        for (label, run) in runs {
+            let before = txn_totals(&handle.render());
+            let wall = run();
+            let after = txn_totals(&handle.render());
+            let delta = |op: &str| {
+                let (a, b) = (
+                    after.get(op).copied().unwrap_or_default(),
+                    before.get(op).copied().unwrap_or_default(),
+                );
+                (a.0 - b.0, a.1 - b.1)
+            };
+            let per_job = |n: f64| n / JOBS as f64;
+            let (claim, heartbeat, settle) = (delta("claim"), delta("heartbeat"), delta("settle"));
+            let all: (f64, f64) = after
+                .keys()
+                .map(|op| delta(op))
+                .fold((0.0, 0.0), |acc, d| (acc.0 + d.0, acc.1 + d.1));
+            let other = all.0 - claim.0 - heartbeat.0 - settle.0;
+            lines.push(format!(
+                "| {name}/{label} | {:.1}k | {:.1} | {:.3}, {:.4}, {:.3}, {:.3} | {:.1} |",
+                JOBS as f64 / wall.as_secs_f64() / 1e3,
+                wall.as_secs_f64() * 1e6 / JOBS as f64,
+                per_job(claim.0),
+                per_job(heartbeat.0),
+                per_job(settle.0),
+                per_job(other),
+                per_job(all.1) * 1e6,
+            ));
+        }
+    }
+    let text = lines.join("\n");
+    println!("\nwhere the time goes (one pass each, metrics on):\n{text}");
+    let _ = std::fs::write("target/bench-throughput-breakdown.log", text + "\n");
+}
+
 /// Each iteration is one whole run (20,000 jobs).
 fn runs(n: u64, mut run: impl FnMut() -> Duration) -> Duration {
     (0..n).map(|_| run()).sum()
@@ -261,6 +349,8 @@ fn same_work(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(20));
     let dir = temp_dir("sqlite");
     let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.join("lh.db")).unwrap());
+    let mut breakdown: Vec<(&str, Arc<dyn Store>)> = vec![("sqlite", sqlite.clone())];
+    let mut cleanup = None;
     for n in [1usize, 8] {
         g.bench_function(format!("sqlite/work_loop/{n}"), |b| {
             b.iter_custom(|iters| runs(iters, || work_loop(&sqlite, n)))
@@ -282,6 +372,7 @@ fn same_work(c: &mut Criterion) {
         let schema = format!("lh_throughput_{}", std::process::id());
         let lh = format!("{url}?schema={schema}_lh");
         let pg: Arc<dyn Store> = Arc::new(leasehold::PostgresStore::open(&lh).unwrap());
+        breakdown.push(("postgres", pg.clone()));
         for n in [1usize, 8] {
             g.bench_function(format!("postgres/work_loop/{n}"), |b| {
                 b.iter_custom(|iters| runs(iters, || work_loop(&pg, n)))
@@ -293,14 +384,20 @@ fn same_work(c: &mut Criterion) {
                 b.iter_custom(|iters| runs(iters, || hand_pg::run(&url, &schema, n)))
             });
         }
-        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-        let _ = c.batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS {schema}_lh CASCADE"
-        ));
+        cleanup = Some((url, schema));
     } else {
         eprintln!("SKIPPED: the PostgreSQL rows: LEASEHOLD_TEST_PG is not set");
     }
     g.finish();
+    let stores: Vec<(&str, &Arc<dyn Store>)> = breakdown.iter().map(|(n, s)| (*n, s)).collect();
+    where_time_goes(&stores);
+    drop(breakdown);
+    if let Some((url, schema)) = cleanup {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let _ = c.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS {schema}_lh CASCADE"
+        ));
+    }
     let _ = std::fs::remove_dir_all(&dir);
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     if let Some(hwm) = status.lines().find(|l| l.starts_with("VmHWM")) {

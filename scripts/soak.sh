@@ -30,11 +30,11 @@ if [ "$MUTANTS" != 0 ]; then
   # The real-process CLI tests do not exercise the core's rules any more
   # than the conformance suite, the model test and the simulator do; they
   # are left out of each mutant's run to keep the run to about an hour.
-  cargo mutants --no-shuffle --timeout 120 \
+  cargo mutants --no-shuffle --timeout 180 \
     --file 'src/core/**' --file 'src/client/machine/**' \
-    --test-workspace=true -- \
-    --test conformance --test formulas --test errors --test client \
-    --test model --test sim --test loom_free_client_machines \
+    --test-package leasehold --test-package leasehold-sim -- \
+    --lib --test conformance --test formulas --test errors --test machines \
+    --test client --test model --test sim \
     > target/soak-mutants.log 2>&1 || true
   echo "$(( $(date +%s) - start ))" > target/soak-mutants.secs
   tail -3 target/soak-mutants.log
