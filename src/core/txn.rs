@@ -10,7 +10,7 @@
 //! networked store answers in one round trip.
 
 use super::event::Event;
-use super::{JobId, JobRecord, JobState, LeaseRecord, StateCounts};
+use super::{JobId, JobRecord, JobState, LeaseRecord, ScheduleRecord, StateCounts};
 use crate::error::Result;
 
 /// What a transaction caused, for after it commits: the wake-ups its
@@ -196,4 +196,14 @@ pub trait JobTxn {
         after: JobId,
         limit: usize,
     ) -> Result<Vec<JobRecord>>;
+
+    /// The schedules of `queue`, by name. A store that locks rows locks
+    /// these (two workers firing the same queue take turns).
+    fn schedules(&mut self, queue: &str) -> Result<Vec<ScheduleRecord>>;
+
+    /// Insert or replace a schedule (by queue and name).
+    fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()>;
+
+    /// Remove `queue`'s schedule `name`; whether there was one.
+    fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool>;
 }

@@ -1,7 +1,7 @@
 //! The stores a run can use (the real adapters, on the run's true clock),
 //! and the claim canary's broken transaction.
 
-use leasehold::core::{JobQuery, JobTxn, Pending, Txn};
+use leasehold::core::{JobQuery, JobTxn, Pending, ScheduleRecord, Txn};
 use leasehold::{JobId, JobRecord, JobState, ManualClock, MemStore, StateCounts, Store};
 use std::sync::Arc;
 
@@ -162,6 +162,15 @@ impl JobTxn for BlindClaims<'_> {
     }
     fn counts(&mut self, queue: &str) -> leasehold::Result<StateCounts> {
         self.0.counts(queue)
+    }
+    fn schedules(&mut self, queue: &str) -> leasehold::Result<Vec<ScheduleRecord>> {
+        self.0.schedules(queue)
+    }
+    fn put_schedule(&mut self, schedule: &ScheduleRecord) -> leasehold::Result<()> {
+        self.0.put_schedule(schedule)
+    }
+    fn delete_schedule(&mut self, queue: &str, name: &str) -> leasehold::Result<bool> {
+        self.0.delete_schedule(queue, name)
     }
     fn list(
         &mut self,

@@ -55,6 +55,7 @@ impl Sim<'_> {
             drift: self.drift,
             seed: rng.random(),
             sample_ms: 0,
+            fire_ms: 0,
         };
         let breakage = WorkerBreakage {
             drop_outcomes: self.plan.canary == Some(Canary::CompleterDropsOutcome),
@@ -207,6 +208,7 @@ impl Sim<'_> {
             WorkerRequest::DrainCheck => Req::Drained,
             // Simulated workers never sample (`sample_ms` is 0).
             WorkerRequest::Sample => return,
+            WorkerRequest::Fire => return,
         };
         self.send(p, req);
     }

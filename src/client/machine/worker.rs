@@ -33,6 +33,10 @@
 //!   held, ask the store ([`crate::core::job::drained`]); finish if drained.
 //! - **Sample** the queue's jobs per state every `sample_ms` (if set), one
 //!   request in flight, for the queue-depth gauges.
+//! - **Fire** the queue's schedules (if `fire_ms` is set) when the next
+//!   tick is due and at least every `fire_ms`, one request in flight
+//!   (`FireTimer`); jobs it enqueued are claimed at once. Not after
+//!   shutdown.
 //! - **Shutdown**: stop claiming, give queued jobs back at once, let running
 //!   handlers finish until the deadline, then give theirs back (counted as
 //!   attempts) and tell them to stop; finish once everything is settled.
@@ -91,6 +95,9 @@ pub struct WorkerConfig {
     /// Sample the queue's jobs per state this often (0: never), for the
     /// queue-depth gauges.
     pub sample_ms: u64,
+    /// Fire the queue's schedules ([`crate::core::schedule::fire`]) at
+    /// each tick they report, and at least this often (0: never).
+    pub fire_ms: u64,
 }
 
 /// A request the driver sends to the store for the machine.
@@ -115,6 +122,8 @@ pub enum WorkerRequest {
     DrainCheck,
     /// `core::job::stats` (a sample of the queue's depth).
     Sample,
+    /// `core::schedule::fire` at the driver's wall clock.
+    Fire,
 }
 
 /// The store's answer to a request (one per request sent).
@@ -130,6 +139,8 @@ pub enum WorkerReply {
     Drained(Result<bool>),
     /// To [`WorkerRequest::Sample`].
     Sampled(Result<StateCounts>),
+    /// To [`WorkerRequest::Fire`].
+    Fired(Result<super::FireReport>),
 }
 
 /// Why a running handler must stop.
@@ -223,6 +234,7 @@ pub struct WorkerMachine {
     pub(super) sample_sent: bool,
     pub(super) next_sample: u64,
     pub(super) shutdown_at: Option<u64>,
+    pub(super) fire: super::scheduler::FireTimer,
     pub(super) over: bool,
     pub(super) rounds: u64,
     pub(super) out: VecDeque<WorkerAction>,
@@ -259,6 +271,7 @@ impl WorkerMachine {
             sample_sent: false,
             next_sample: now,
             shutdown_at: None,
+            fire: super::scheduler::FireTimer::new(cfg.fire_ms, now),
             over: false,
             rounds: 0,
             out: VecDeque::new(),
@@ -300,6 +313,9 @@ impl WorkerMachine {
         }
         if self.cfg.sample_ms > 0 && !self.sample_sent {
             t = t.min(self.next_sample);
+        }
+        if let (Some(at), true) = (self.fire.poll_timeout(), self.may_claim()) {
+            t = t.min(at);
         }
         for h in self.jobs.values() {
             t = t.min(h.life.deadline());
@@ -509,6 +525,9 @@ impl WorkerMachine {
         self.maybe_renew(now);
         self.maybe_claim(now);
         self.maybe_sample(now);
+        if self.may_claim() && self.fire.take_due(now) {
+            self.out.push_back(WorkerAction::Send(WorkerRequest::Fire));
+        }
         self.maybe_finish();
     }
 
