@@ -16,6 +16,7 @@
 //! the local deadline: the instant the request was *sent*, plus the TTL,
 //! minus the drift allowance ([`crate::core::local_deadline_ms`]).
 
+pub(crate) mod election;
 pub(crate) mod guard;
 pub(crate) mod job;
 pub(crate) mod lifeline;
@@ -24,8 +25,10 @@ mod queue;
 pub(crate) mod session;
 mod worker;
 
+pub use election::{ElectOptions, Election, Leader, LeaderEvent};
 pub use guard::LeaseGuard;
 pub use job::ClaimedJob;
+pub use machine::Deposed;
 pub use machine::JobOutcome;
 pub use queue::Queue;
 pub use worker::{fit_reason, WorkOptions, WorkReport};

@@ -1,5 +1,6 @@
 //! The cases, each run on every store (see `main.rs`).
 
+pub use super::election::*;
 use super::Fresh;
 use leasehold::client::JobOutcome;
 use leasehold::core::{self, JobId};
