@@ -108,7 +108,6 @@ pub fn async_workers_fire_each_tick_once(make: &dyn Fn() -> Fresh) {
         let mut runs = Vec::new();
         for n in 1..=2 {
             let q = client(n).queue("q").unwrap();
-            let opts = opts;
             runs.push(tokio::spawn(async move {
                 q.work(&opts, std::future::pending(), |_| async { Ok(()) })
                     .await

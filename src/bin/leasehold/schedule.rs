@@ -49,7 +49,7 @@ pub enum ScheduleCmd {
 fn wall_now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| crate::out::ms(d))
+        .map_or(0, crate::out::ms)
 }
 
 fn schedule_json(s: &ScheduleRecord, now_ms: u64) -> Value {
