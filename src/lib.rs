@@ -70,6 +70,8 @@ pub mod clock;
 pub mod core;
 mod error;
 mod fork;
+#[cfg(feature = "serde")]
+mod json;
 mod observe;
 pub mod store;
 mod sync;

@@ -546,3 +546,41 @@ fn drain_shows_progress_on_a_terminal_only() {
     let shown = String::from_utf8_lossy(&tty.stdout);
     assert!(shown.contains("/20 jobs"), "{shown}");
 }
+
+#[test]
+fn keep_stdout_makes_the_commands_output_the_jobs_result() {
+    let d = Dir::new("u-result");
+    let id = d.json(&["queue", "push", "q", "--payload", "hello"])["id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let out = d.run(&[
+        "queue",
+        "work",
+        "q",
+        "--drain",
+        "--keep-stdout",
+        "--",
+        "tr",
+        "a-z",
+        "A-Z",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let job = d.json(&["queue", "get", &id]);
+    assert_eq!(job["result"], "HELLO");
+    assert_eq!(
+        (
+            job["result_bytes"].as_u64(),
+            job["result_encoding"].as_str()
+        ),
+        (Some(5), Some("utf8"))
+    );
+    // Without the flag, stdout goes to stderr and the job keeps no result.
+    let id = d.json(&["queue", "push", "q", "--payload", "x"])["id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let out = d.run(&["queue", "work", "q", "--drain", "--", "echo", "seen"]);
+    assert!(stderr(&out).contains("seen"), "{}", stderr(&out));
+    assert!(d.json(&["queue", "get", &id]).get("result").is_none());
+}

@@ -134,7 +134,7 @@ fn a_version_1_schema_is_migrated_in_place() {
     drop(store);
     admin_batch(&format!(
         "DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
-         DROP TABLE \"{s}\".schedules;
+         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules;
          UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -798,4 +798,43 @@ fn tls_parameters_that_cannot_work_are_refused_before_connecting() {
             other => panic!("{params}: expected an invalid {field}, got {other:?}"),
         }
     }
+}
+
+/// A schema at version 2 (before jobs kept results) is migrated in place:
+/// its jobs read back without a result, and new ones keep theirs.
+#[test]
+fn a_version_2_schema_is_migrated_in_place() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("v2");
+    let policy = leasehold::QueuePolicy::default();
+    let store = PostgresStore::open(&schema.url()).unwrap();
+    store
+        .txn(|tx| core::job::enqueue(tx, "q", &leasehold::JobSpec::new("p"), &policy))
+        .unwrap();
+    drop(store);
+    admin_batch(&format!(
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules;
+         UPDATE \"{s}\".leasehold_meta SET value = '2' WHERE name = 'schema_version'",
+        s = schema.0
+    ));
+    let store = PostgresStore::open(&schema.url()).unwrap();
+    let version: String = admin(&format!(
+        "SELECT value FROM \"{}\".leasehold_meta WHERE name = 'schema_version'",
+        schema.0
+    ))[0]
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+    let h = leasehold::HolderId(9);
+    let jobs = store
+        .txn(|tx| core::job::claim(tx, "q", h, 10_000, 1, &policy))
+        .unwrap();
+    assert!(jobs[0].result.is_none());
+    let (id, token) = (jobs[0].id, jobs[0].claim.unwrap().token);
+    store
+        .txn(|tx| core::job::complete_with(tx, id, h, token, b"42"))
+        .unwrap();
+    let job = store.txn(|tx| core::job::get(tx, id, &policy)).unwrap();
+    assert_eq!(job.result.as_deref(), Some(&b"42"[..]));
 }

@@ -360,8 +360,8 @@ fn a_version_1_database_is_upgraded_in_place() {
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
-        "DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit; DROP TABLE schedules;
-         PRAGMA user_version = 1;",
+        "DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
+         ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(conn);
@@ -558,4 +558,44 @@ fn a_network_filesystem_is_refused_unless_allowed() {
             .last_token,
         0
     );
+}
+
+/// A database of schema version 2 (before jobs kept results) is upgraded
+/// in place: its jobs read back without a result, and new ones keep theirs.
+#[test]
+fn a_version_2_database_is_upgraded_in_place() {
+    let d = Dir::new("v2");
+    let clock = ManualClock::new(1_000);
+    {
+        let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+        for _ in 0..2 {
+            store
+                .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("p"), &QueuePolicy::default()))
+                .unwrap();
+        }
+    }
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; PRAGMA user_version = 2;",
+    )
+        .unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+    let v: i64 = rusqlite::Connection::open(d.db())
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let policy = QueuePolicy::default();
+    let jobs = store
+        .txn(|tx| core::job::claim(tx, "q", HolderId(9), 10_000, 2, &policy))
+        .unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert!(jobs.iter().all(|j| j.result.is_none()));
+    let (id, token) = (jobs[0].id, jobs[0].claim.unwrap().token);
+    store
+        .txn(|tx| core::job::complete_with(tx, id, HolderId(9), token, b"42"))
+        .unwrap();
+    let job = store.txn(|tx| core::job::get(tx, id, &policy)).unwrap();
+    assert_eq!(job.result.as_deref(), Some(&b"42"[..]));
 }

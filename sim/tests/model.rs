@@ -74,6 +74,8 @@ enum Step {
         lease: u64,
     },
     Complete {
+        /// Completed with this result, if any.
+        result: Option<Vec<u8>>,
         job: u64,
         holder: u128,
         token: u64,
@@ -190,7 +192,8 @@ impl ReferenceStateMachine for Reference {
             2 => (target.clone(), 1u64..100).prop_map(|((job, holder, token), lease)| {
                 Step::Heartbeat { job, holder, token, lease }
             }),
-            3 => target.clone().prop_map(|(job, holder, token)| Step::Complete { job, holder, token }),
+            3 => (target.clone(), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..8)))
+                .prop_map(|((job, holder, token), result)| Step::Complete { job, holder, token, result }),
             2 => target.clone().prop_map(|(job, holder, token)| Step::Fail { job, holder, token }),
             1 => (target, proptest::bool::ANY).prop_map(|((job, holder, token), started)| {
                 Step::Abandon { job, holder, token, started }
@@ -245,8 +248,13 @@ impl ReferenceStateMachine for Reference {
             } => {
                 m.heartbeat(job, holder, token, lease);
             }
-            Step::Complete { job, holder, token } => {
-                m.complete(job, holder, token);
+            Step::Complete {
+                job,
+                holder,
+                token,
+                ref result,
+            } => {
+                m.complete(job, holder, token, result.as_deref());
             }
             Step::Fail { job, holder, token } => {
                 m.fail(job, holder, token, "handler failed");
@@ -420,6 +428,7 @@ fn as_model_job(r: &JobRecord) -> Job {
         last_error: r.last_error.as_deref().map(str::to_owned),
         unique_key: r.unique_key.as_deref().map(str::to_owned),
         finished_at_ms: r.finished_at_ms,
+        result: r.result.as_deref().map(<[u8]>::to_vec),
         purged: false,
     }
 }
@@ -512,9 +521,17 @@ impl<K: StoreKind> StateMachineTest for Sut<K> {
                         cancel_requested: r.cancel_requested,
                     }),
             ),
-            Step::Complete { job, holder, token } => flatten(
-                sut.run(|tx| core::job::complete(tx, JobId(job), HolderId(holder), token))
-                    .map(|()| Outcome::Ok),
+            Step::Complete {
+                job,
+                holder,
+                token,
+                ref result,
+            } => flatten(
+                sut.run(|tx| match result {
+                    None => core::job::complete(tx, JobId(job), HolderId(holder), token),
+                    Some(r) => core::job::complete_with(tx, JobId(job), HolderId(holder), token, r),
+                })
+                .map(|()| Outcome::Ok),
             ),
             Step::Fail { job, holder, token } => flatten(
                 sut.run(|tx| {

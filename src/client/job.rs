@@ -12,6 +12,7 @@ use super::Client;
 use crate::core::QueuePolicy;
 use crate::core::{self, JobId, JobRecord, JobState};
 use crate::error::{Error, LostReason, Result, Target};
+use crate::sync::{lock, Mutex};
 use std::sync::Arc;
 
 /// A claimed job. Valid while [`ClaimedJob::is_valid`]; heartbeat to keep
@@ -25,6 +26,9 @@ pub struct ClaimedJob {
     /// Renewed and settled by a worker loop, not by hand.
     managed: bool,
     pub(crate) life: Arc<Lifeline>,
+    /// The result a worker loop's handler set, kept with the job if the
+    /// handler succeeds.
+    result: Mutex<Option<Arc<[u8]>>>,
 }
 
 impl std::fmt::Debug for ClaimedJob {
@@ -68,6 +72,7 @@ impl ClaimedJob {
             lease_ms,
             managed,
             life: Lifeline::new(target, life),
+            result: Mutex::new(None),
         }
     }
 
@@ -190,6 +195,40 @@ impl ClaimedJob {
             self.life.join();
         }
         Ok(())
+    }
+
+    /// Set the result to keep with the job when the worker loop's handler
+    /// returns `Ok` (the last one set counts). A result larger than a
+    /// payload may be ([`crate::core::MAX_PAYLOAD_BYTES`]) is refused here.
+    pub fn set_result(&self, result: impl Into<Vec<u8>>) -> Result<()> {
+        let result = result.into();
+        core::job::check_result(&result)?;
+        *lock(&self.result) = Some(Arc::from(result));
+        Ok(())
+    }
+
+    /// The result set with [`ClaimedJob::set_result`], taken.
+    pub(crate) fn take_result(&self) -> Option<Arc<[u8]>> {
+        lock(&self.result).take()
+    }
+
+    /// Mark the job done, keeping `result` with it (shown by `queue get`);
+    /// a result larger than a payload may be is refused before anything
+    /// changes.
+    pub fn complete_with(&self, result: &[u8]) -> Result<()> {
+        core::job::check_result(result)?;
+        self.by_hand("settle")?;
+        self.begin_settle()?;
+        self.complete_with_txn(result)
+    }
+
+    /// The transaction of [`ClaimedJob::complete_with`], once settling began.
+    pub(crate) fn complete_with_txn(&self, result: &[u8]) -> Result<()> {
+        let holder = self.client.inner.holder.id;
+        let (id, token) = (self.job.id, self.token);
+        self.client.run("complete", |tx| {
+            core::job::complete_with(tx, id, holder, token, result)
+        })
     }
 
     /// Mark the job done (Q2: only with the current, unexpired claim).

@@ -6,7 +6,7 @@
 //! the machine's.
 
 use super::job::ClaimedJob;
-use super::machine::JobOutcome;
+use super::machine::{HandlerOutcome, JobOutcome};
 use super::queue::Queue;
 use super::session::{Next, Session};
 use super::{ms_of, Client};
@@ -130,7 +130,7 @@ pub fn fit_reason(reason: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A handler's result: the job, its claim's token, the outcome.
-type Done = (JobId, u64, std::result::Result<(), String>);
+type Done = (JobId, u64, HandlerOutcome);
 
 /// What the driver, the handler threads and the waker share.
 struct Shared {
@@ -224,7 +224,11 @@ fn handler_thread(
                 .unwrap_or_default();
             Err(format!("the handler panicked: {text}"))
         });
-        lock(&shared.inbox).0.push((job.id(), job.token(), result));
+        let outcome = match result {
+            Ok(()) => HandlerOutcome::Completed(job.take_result()),
+            Err(reason) => HandlerOutcome::Failed(reason),
+        };
+        lock(&shared.inbox).0.push((job.id(), job.token(), outcome));
         shared.inbox_cv.notify_all();
     }
 }

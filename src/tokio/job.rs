@@ -39,6 +39,24 @@ impl ClaimedJob {
         }
     }
 
+    /// The sync handle underneath.
+    pub(crate) fn sync_job(&self) -> &Arc<crate::ClaimedJob> {
+        &self.job
+    }
+
+    /// Set the result to keep with the job when the worker loop's handler
+    /// returns `Ok` (see [`crate::ClaimedJob::set_result`]).
+    pub fn set_result(&self, result: impl Into<Vec<u8>>) -> Result<()> {
+        self.job.set_result(result)
+    }
+
+    /// Mark the job done, keeping `result` with it (a job claimed by hand).
+    pub async fn complete_with(&self, result: &[u8]) -> Result<()> {
+        core::job::check_result(result)?;
+        let result = result.to_vec();
+        self.settle(move |job| job.complete_with_txn(&result)).await
+    }
+
     /// Tell the handler to stop (a worker loop's decision).
     pub(crate) fn stop(&self) {
         self.cancel.cancel();

@@ -6,7 +6,7 @@
 //! through the client's watcher.
 
 use super::{blocking, nap, ClaimedJob, Queue};
-use crate::client::machine::JobOutcome;
+use crate::client::machine::{HandlerOutcome, JobOutcome};
 use crate::client::session::{Next, Session};
 use crate::client::{ms_of, WorkOptions, WorkReport};
 use crate::core::{JobId, JobRecord};
@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 /// A handler's result: the job, its claim's token, the outcome.
-type Done = (JobId, u64, std::result::Result<(), String>);
+type Done = (JobId, u64, HandlerOutcome);
 
 impl Queue {
     /// Claim and run jobs until `shutdown` resolves (or, with
@@ -156,13 +156,7 @@ where
         }
     }
 
-    fn handler_done(
-        &mut self,
-        now: u64,
-        id: JobId,
-        token: u64,
-        result: std::result::Result<(), String>,
-    ) {
+    fn handler_done(&mut self, now: u64, id: JobId, token: u64, result: HandlerOutcome) {
         if self
             .running
             .get(&id)
@@ -182,6 +176,7 @@ where
         let done = self.done.0.clone();
         self.tasks.spawn(async move {
             let stop = job.cancellation();
+            let sync = job.sync_job().clone();
             let mut run = tokio::spawn(handler(job));
             let result = tokio::select! {
                 joined = &mut run => match joined {
@@ -195,7 +190,11 @@ where
                     Err("the handler was stopped: its claim was lost, its job cancelled, or the worker shut down".to_owned())
                 }
             };
-            let _ = done.send((id, token, result));
+            let outcome = match result {
+                Ok(()) => HandlerOutcome::Completed(sync.take_result()),
+                Err(reason) => HandlerOutcome::Failed(reason),
+            };
+            let _ = done.send((id, token, outcome));
         });
     }
 }

@@ -42,6 +42,7 @@ pub(crate) fn job(id: u64, token: u64) -> JobRecord {
         last_error: None,
         unique_key: None,
         finished_at_ms: None,
+        result: None,
     }
 }
 

@@ -656,3 +656,31 @@ pub fn claimed_by_hand_with_a_keep_alive_task(make: &Make) {
         assert_eq!(second.abandon().await.unwrap(), JobState::Ready);
     });
 }
+
+/// A handler's result, set on its job, is kept with the job once it
+/// returns `Ok`; typed JSON in and out.
+pub fn a_handlers_result_is_kept_with_its_job(make: &Make) {
+    let f = make();
+    runtime(8).block_on(async {
+        let q = client(&f).queue("results").unwrap();
+        let id = q
+            .push(&JobSpec::json(&vec![1, 2, 3]).unwrap())
+            .await
+            .unwrap()
+            .id;
+        let opts = WorkOptions {
+            drain: true,
+            ..WorkOptions::default()
+        };
+        q.work(&opts, std::future::pending(), |job| async move {
+            let v: Vec<u32> = job.payload_json().map_err(|e| e.to_string())?;
+            job.set_result_json(&v.iter().sum::<u32>())
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap();
+        let job = q.get(id).await.unwrap();
+        assert_eq!(job.state, JobState::Done);
+        assert_eq!(job.result_json::<u32>().unwrap(), Some(6));
+    });
+}

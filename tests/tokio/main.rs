@@ -72,6 +72,7 @@ macro_rules! tokio_cases {
             claimed_by_hand_with_a_keep_alive_task,
             elections_hand_over_on_resign,
             async_workers_fire_each_tick_once,
+            a_handlers_result_is_kept_with_its_job,
         );
     };
 }

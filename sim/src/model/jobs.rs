@@ -126,6 +126,7 @@ impl Model {
                 last_error: None,
                 unique_key: spec.unique_key.clone(),
                 finished_at_ms: None,
+                result: None,
                 purged: false,
             });
             Outcome::Enqueued { id, created: true }
@@ -207,7 +208,13 @@ impl Model {
     }
 
     /// Complete.
-    pub fn complete(&mut self, id: u64, holder: u128, token: u64) -> Outcome {
+    pub fn complete(
+        &mut self,
+        id: u64,
+        holder: u128,
+        token: u64,
+        result: Option<&[u8]>,
+    ) -> Outcome {
         self.settle();
         let now = self.now_ms;
         self.last = match self.claimed(id, holder, token) {
@@ -215,6 +222,7 @@ impl Model {
                 job.state = JobState::Done;
                 job.claim = None;
                 job.finished_at_ms = Some(now);
+                job.result = result.map(<[u8]>::to_vec);
                 Outcome::Ok
             }
             Err(o) => o,

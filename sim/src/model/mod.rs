@@ -195,6 +195,8 @@ pub struct Job {
     pub unique_key: Option<String>,
     /// When it became terminal.
     pub finished_at_ms: Option<u64>,
+    /// What its handler returned when it completed.
+    pub result: Option<Vec<u8>>,
     /// Deleted by purge.
     pub purged: bool,
 }

@@ -329,7 +329,11 @@ impl Sim<'_> {
         for (id, tok, settle, h) in &swapped {
             let m = &mut self.oracle.model;
             expect.push(match settle {
-                Settle::Complete => match m.complete(id.0, h.0, *tok) {
+                Settle::Complete => match m.complete(id.0, h.0, *tok, None) {
+                    Outcome::Ok => Outcome::State(leasehold::JobState::Done),
+                    other => other,
+                },
+                Settle::CompleteWith(result) => match m.complete(id.0, h.0, *tok, Some(result)) {
                     Outcome::Ok => Outcome::State(leasehold::JobState::Done),
                     other => other,
                 },
@@ -340,7 +344,7 @@ impl Sim<'_> {
         if let Ok(states) = &r {
             for ((id, token, settle), state) in settles.iter().zip(states) {
                 if state.is_ok() {
-                    let complete = matches!(settle, Settle::Complete);
+                    let complete = matches!(settle, Settle::Complete | Settle::CompleteWith(_));
                     let c = self.oracle.settled(t, id.0, owner, *token, complete);
                     self.check(c);
                 }

@@ -73,6 +73,7 @@ impl fmt::Display for Req {
                 for (id, token, s) in settles {
                     let what = match s {
                         Settle::Complete => "complete".to_owned(),
+                        Settle::CompleteWith(r) => format!("complete with {} bytes", r.len()),
                         Settle::Fail(_) => "fail".to_owned(),
                         Settle::Abandon { started } => format!("abandon (started {started})"),
                     };

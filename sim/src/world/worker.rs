@@ -198,7 +198,7 @@ impl Sim<'_> {
             let (t, owner) = (self.now, self.owner(p));
             for (id, token, settle) in settles {
                 let verdict = match settle {
-                    Settle::Complete => Some(true),
+                    Settle::Complete | Settle::CompleteWith(_) => Some(true),
                     Settle::Fail(_) => Some(false),
                     Settle::Abandon { .. } => None,
                 };

@@ -181,5 +181,15 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
         "payload_encoding": encoding,
     });
     v[if full { "payload" } else { "payload_preview" }] = json!(payload);
+    if let Some(result) = &j.result {
+        let (encoding, text) = if full {
+            payload_text(result)
+        } else {
+            preview(result)
+        };
+        v["result_bytes"] = json!(result.len());
+        v["result_encoding"] = json!(encoding);
+        v[if full { "result" } else { "result_preview" }] = json!(text);
+    }
     v
 }

@@ -42,6 +42,10 @@ pub struct WorkArgs {
     /// How each job's process tree is contained.
     #[arg(long, value_enum, env = "LEASEHOLD_CONTAIN", default_value = "auto")]
     contain: Mode,
+    /// Keep CMD's stdout as the job's result (shown by `queue get`) instead
+    /// of passing it to stderr; more than 16 MiB fails the job.
+    #[arg(long)]
+    keep_stdout: bool,
     /// Serve Prometheus metrics at this address (e.g. 127.0.0.1:9187), and
     /// sample the queue's depth every 5 s for them.
     #[arg(long, value_name = "ADDR")]
@@ -83,9 +87,35 @@ fn payload_stdin(payload: &[u8]) -> Result<Stdio, String> {
     Ok(Stdio::from(reader))
 }
 
-/// Run CMD for one job: `Ok` on exit 0, else the reason it failed.
+/// CMD's stdout, read to its end by a thread of its own (at most one
+/// byte past the limit a result may have is kept; the rest is drained).
+fn captured_stdout() -> Result<(Stdio, std::thread::JoinHandle<Vec<u8>>), String> {
+    let (reader, writer) = contain::pipe().map_err(|e| format!("creating the stdout pipe: {e}"))?;
+    let limit = leasehold::core::MAX_PAYLOAD_BYTES as u64 + 1;
+    let thread = std::thread::Builder::new()
+        .name("leasehold-stdout".to_owned())
+        .spawn(move || {
+            let mut out = Vec::new();
+            let mut reader = std::fs::File::from(reader);
+            let _ =
+                std::io::Read::read_to_end(&mut std::io::Read::take(&mut reader, limit), &mut out);
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+            out
+        })
+        .map_err(|e| format!("starting the stdout reader: {e}"))?;
+    Ok((Stdio::from(writer), thread))
+}
+
+/// Run CMD for one job: `Ok` on exit 0 (with its stdout as the job's
+/// result under `--keep-stdout`), else the reason it failed.
 fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
     let stdin = payload_stdin(job.payload())?;
+    let (stdout, captured) = if args.keep_stdout {
+        let (stdout, thread) = captured_stdout()?;
+        (stdout, Some(thread))
+    } else {
+        (child_stdout(), None)
+    };
     let spawned = contain::spawn(Spec {
         cmd: &args.cmd,
         env: vec![
@@ -95,7 +125,7 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
             ("LEASEHOLD_QUEUE", args.queue.clone()),
         ],
         stdin,
-        stdout: child_stdout(),
+        stdout,
         grace: args.grace,
         mode: args.contain,
     });
@@ -128,8 +158,14 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
+    let output = captured.map(|t| t.join().unwrap_or_default());
     match code {
-        0 => Ok(()),
+        0 => match output {
+            Some(result) => job
+                .set_result(result)
+                .map_err(|e| format!("its stdout: {e}")),
+            None => Ok(()),
+        },
         c if c > 128 => Err(format!(
             "command exited with status {c} (killed by signal {}?)",
             c - 128

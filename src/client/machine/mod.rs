@@ -26,6 +26,7 @@ mod holder;
 mod lifetime;
 mod scheduler;
 mod worker;
+mod worker_io;
 mod worker_replies;
 
 #[cfg(feature = "canaries")]
@@ -40,6 +41,7 @@ pub use lifetime::{renew_every, End, Lifetime};
 pub use scheduler::FireReport;
 #[cfg(feature = "canaries")]
 pub use worker::WorkerBreakage;
-pub use worker::{
-    JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
+pub use worker::WorkerMachine;
+pub use worker_io::{
+    HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerReply, WorkerRequest,
 };

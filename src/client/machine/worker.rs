@@ -48,147 +48,13 @@
 //! outcome reaches one settle request.
 
 use super::lifetime::Lifetime;
+pub use super::worker_io::{
+    HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerReply, WorkerRequest,
+};
 use crate::core::job::Settle;
-use crate::core::{mix64, DriftBound, HeartbeatReply, JobId, JobRecord, JobState, StateCounts};
-use crate::error::{Error, LostReason, Result};
+use crate::core::{mix64, JobId, JobRecord};
+use crate::error::{Error, LostReason};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-
-/// How one job ended in a worker loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobOutcome {
-    /// Completed.
-    Done,
-    /// Reported failed; the job's state now: scheduled for a retry, dead,
-    /// or cancelled (a cancel was requested while it ran).
-    Failed(JobState),
-    /// Given back by a shutting-down worker; the job's state now (ready,
-    /// or dead if it was its last attempt, or cancelled).
-    Abandoned(JobState),
-    /// The claim was lost, or the outcome is unknown, before it was
-    /// recorded; the store retries the job once its lease runs out.
-    Lost,
-}
-
-/// How a worker loop runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerConfig {
-    /// Lease of each claim.
-    pub lease_ms: u64,
-    /// Handlers running at once.
-    pub concurrency: usize,
-    /// Jobs claimed ahead of a free handler.
-    pub prefetch: usize,
-    /// Most jobs per claim and most outcomes per settle transaction.
-    pub batch_max: usize,
-    /// Longest an outcome waits for others to share its transaction.
-    pub flush_delay_ms: u64,
-    /// Longest idle wait between claims (a wake-up cuts it short).
-    pub idle_max_ms: u64,
-    /// Renewal round interval (0: a third of the lease, at most a second).
-    pub heartbeat_ms: u64,
-    /// Finish once the queue is drained.
-    pub drain: bool,
-    /// The drift allowance of the local deadlines.
-    pub drift: DriftBound,
-    /// Seed of the jitter.
-    pub seed: u64,
-    /// Sample the queue's jobs per state this often (0: never), for the
-    /// queue-depth gauges.
-    pub sample_ms: u64,
-    /// Fire the queue's schedules ([`crate::core::schedule::fire`]) at
-    /// each tick they report, and at least this often (0: never).
-    pub fire_ms: u64,
-}
-
-/// A request the driver sends to the store for the machine.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkerRequest {
-    /// `core::job::claim` of up to `max` jobs.
-    Claim {
-        /// How many at most.
-        max: usize,
-    },
-    /// `core::job::heartbeat_many` of these claims.
-    Heartbeat {
-        /// (job, token) of every job held.
-        claims: Vec<(JobId, u64)>,
-    },
-    /// `core::job::settle_many` of these outcomes.
-    Settle {
-        /// (job, token, outcome).
-        settles: Vec<(JobId, u64, Settle)>,
-    },
-    /// `core::job::drained`.
-    DrainCheck,
-    /// `core::job::stats` (a sample of the queue's depth).
-    Sample,
-    /// `core::schedule::fire` at the driver's wall clock.
-    Fire,
-}
-
-/// The store's answer to a request (one per request sent).
-#[derive(Debug, Clone)]
-pub enum WorkerReply {
-    /// To [`WorkerRequest::Claim`].
-    Claimed(Result<Vec<JobRecord>>),
-    /// To [`WorkerRequest::Heartbeat`], in the order sent.
-    Heartbeated(Result<Vec<Result<HeartbeatReply>>>),
-    /// To [`WorkerRequest::Settle`], in the order sent.
-    Settled(Result<Vec<Result<JobState>>>),
-    /// To [`WorkerRequest::DrainCheck`].
-    Drained(Result<bool>),
-    /// To [`WorkerRequest::Sample`].
-    Sampled(Result<StateCounts>),
-    /// To [`WorkerRequest::Fire`].
-    Fired(Result<super::FireReport>),
-}
-
-/// Why a running handler must stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopWhy {
-    /// Its claim is lost: stop acting at once.
-    Lost(LostReason),
-    /// A cancel was requested: stop and report failure.
-    Cancelled,
-    /// The worker shut down and gave the job back.
-    Shutdown,
-}
-
-/// What the driver should do next.
-#[derive(Debug, Clone)]
-pub enum WorkerAction {
-    /// Send this request to the store, then feed its answer back.
-    Send(WorkerRequest),
-    /// Run the handler for this job (a handler slot is now taken).
-    Start(JobRecord),
-    /// Tell the handler of this job to stop.
-    Stop {
-        /// The job.
-        id: JobId,
-        /// Why.
-        why: StopWhy,
-    },
-    /// The job's claim was renewed: valid until this local instant.
-    Renewed {
-        /// The job.
-        id: JobId,
-        /// Its new local deadline.
-        deadline: u64,
-    },
-    /// The job's outcome is recorded (or known lost).
-    Settled {
-        /// The job.
-        id: JobId,
-        /// How it ended.
-        outcome: JobOutcome,
-    },
-    /// The queue's jobs per state, as sampled.
-    Sampled(StateCounts),
-    /// The loop is over: drained, or shut down with everything settled.
-    Finished,
-    /// A store error retrying will not fix: the loop is over.
-    Failed(Error),
-}
 
 /// A claimed job whose outcome is not yet reported: queued (claimed ahead
 /// of a free handler) or running.
@@ -444,7 +310,7 @@ impl WorkerMachine {
         now: u64,
         id: JobId,
         token: u64,
-        result: std::result::Result<(), String>,
+        result: impl Into<HandlerOutcome>,
     ) {
         self.expire(now);
         if !self
@@ -455,11 +321,7 @@ impl WorkerMachine {
             return;
         }
         self.running -= 1;
-        let settle = match result {
-            Ok(()) => Settle::Complete,
-            Err(reason) => Settle::Fail(crate::client::fit_reason(&reason).into_owned()),
-        };
-        self.report(id, settle, now);
+        self.report(id, result.into().settle(), now);
         self.step(now);
     }
 

@@ -182,7 +182,7 @@ impl WorkerMachine {
                 continue;
             }
             let outcome = match (state, settle) {
-                (Ok(_), Settle::Complete) => JobOutcome::Done,
+                (Ok(_), Settle::Complete | Settle::CompleteWith(_)) => JobOutcome::Done,
                 (Ok(s), Settle::Fail(_)) => JobOutcome::Failed(s),
                 (Ok(s), Settle::Abandon { .. }) => JobOutcome::Abandoned(s),
                 (Err(_), _) => JobOutcome::Lost,

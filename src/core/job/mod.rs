@@ -161,6 +161,9 @@ pub struct JobRecord {
     pub unique_key: Option<Arc<str>>,
     /// When it reached a terminal state.
     pub finished_at_ms: Option<u64>,
+    /// What its handler returned when it completed, if anything (at most
+    /// [`MAX_PAYLOAD_BYTES`](super::MAX_PAYLOAD_BYTES)).
+    pub result: Option<Arc<[u8]>>,
 }
 
 /// The sort key of claim order (Q5): priority descending, then earlier

@@ -149,6 +149,7 @@ pub fn enqueue(
         last_error: None,
         unique_key: spec.unique_key.as_deref().map(Arc::from),
         finished_at_ms: None,
+        result: None,
     };
     job.reschedule(run_at_ms, now_ms);
     put(tx, &job)?;
@@ -384,6 +385,9 @@ pub fn heartbeat_many(
 pub enum Settle {
     /// The handler succeeded: done ([`complete`]).
     Complete,
+    /// The handler succeeded with a result, kept with the job
+    /// ([`complete_with`]).
+    CompleteWith(Arc<[u8]>),
     /// The handler failed with this reason ([`fail`]).
     Fail(String),
     /// Given back without an outcome ([`abandon`]).
@@ -404,6 +408,32 @@ pub fn complete(tx: &mut dyn Txn, id: JobId, holder: HolderId, token: u64) -> Re
         &QueuePolicy::default(),
     )
     .map(drop)
+}
+
+/// Mark a claimed job done, keeping `result` with it (at most
+/// [`MAX_PAYLOAD_BYTES`], refused before anything changes). Only the
+/// current, unexpired claim can (Q2).
+pub fn complete_with(
+    tx: &mut dyn Txn,
+    id: JobId,
+    holder: HolderId,
+    token: u64,
+    result: &[u8],
+) -> Result<()> {
+    check_result(result)?;
+    let settle = Settle::CompleteWith(Arc::from(result));
+    settle_one(tx, id, holder, token, &settle, &QueuePolicy::default()).map(drop)
+}
+
+/// A job result the store keeps: no larger than a payload.
+pub fn check_result(result: &[u8]) -> Result<()> {
+    if result.len() > MAX_PAYLOAD_BYTES {
+        return Err(Error::invalid(
+            "result",
+            format!("{} bytes is larger than {MAX_PAYLOAD_BYTES}", result.len()),
+        ));
+    }
+    Ok(())
 }
 
 /// Report a failed attempt: the job is scheduled again after backoff, or
@@ -476,11 +506,14 @@ pub fn settle_many(
     let mut jobs = tx.jobs_by_id(&ids)?;
     let mut states = Vec::with_capacity(settles.len());
     for (id, token, settle) in settles {
-        if let Settle::Fail(reason) = settle {
-            if let Err(e) = check_text("reason", reason) {
-                states.push(Err(e));
-                continue;
-            }
+        let checked = match settle {
+            Settle::Fail(reason) => check_text("reason", reason),
+            Settle::CompleteWith(result) => check_result(result),
+            _ => Ok(()),
+        };
+        if let Err(e) = checked {
+            states.push(Err(e));
+            continue;
         }
         let Some(job) = jobs.iter_mut().find(|j| j.id == *id) else {
             states.push(Err(Error::NotFound(*id)));
@@ -502,7 +535,7 @@ pub fn settle_many(
 /// and where that left it.
 fn note_settled(tx: &mut dyn JobTxn, job: &JobRecord, settle: &Settle) {
     match settle {
-        Settle::Complete => note(tx, job, JobChange::Completed),
+        Settle::Complete | Settle::CompleteWith(_) => note(tx, job, JobChange::Completed),
         Settle::Fail(_) => {
             note(tx, job, JobChange::Failed);
             note_end(tx, job, false);
@@ -529,6 +562,10 @@ fn settle_record(
     job.check_claim(holder, token, now_ms)?;
     match settle {
         Settle::Complete => job.finish(JobState::Done, now_ms),
+        Settle::CompleteWith(result) => {
+            job.result = Some(result.clone());
+            job.finish(JobState::Done, now_ms);
+        }
         Settle::Fail(reason) => {
             job.last_error = Some(Arc::from(reason.as_str()));
             settle_failure(job, now_ms, now_ms, policy, false);

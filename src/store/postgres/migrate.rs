@@ -57,13 +57,10 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // retries waiting out their backoff, for the drain rule.
     "ALTER TABLE {s}.leases ADD COLUMN lease_limit int4 NOT NULL DEFAULT 0;
  CREATE INDEX jobs_retrying ON {s}.jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
-    V3,
+    // v3: what a job's handler returned when it completed.
+    "ALTER TABLE {s}.jobs ADD COLUMN result bytea;",
     V4_SCHEDULES,
 ];
-
-/// v3: reserved for the step another branch adds (a `result` column on
-/// jobs); empty here, replaced by that step when the branches merge.
-const V3: &str = "";
 
 /// v4: schedules (periodic jobs), one row per queue and name; `next_at`
 /// is the cursor of the next tick (wall clock, Unix ms).

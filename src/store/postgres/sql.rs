@@ -107,8 +107,12 @@ impl Sql {
             .opt_text("unique_key", job.unique_key.as_deref())?
             .raw(", ")
             .opt_int("finished_at", job.finished_at_ms)?
-            .raw(")");
-        Ok(self)
+            .raw(", ");
+        match &job.result {
+            Some(result) => self.bytes(result),
+            None => self.raw("NULL"),
+        };
+        Ok(self.raw(")"))
     }
 
     /// An array literal (`'{a,b}'`) of `items`, each written by `each`.
@@ -142,7 +146,7 @@ impl Sql {
                 }
             }
         };
-        let columns: [Each<'_>; 14] = [
+        let columns: [Each<'_>; 15] = [
             &|o, j| int(o, "id", Some(j.id.0)),
             &|o, j| write!(o, "{}", j.priority).map_err(fmt_err),
             &|o, j| int(o, "run_at", Some(j.run_at_ms)),
@@ -166,6 +170,13 @@ impl Sql {
             },
             &|o, j| array_text(o, "last_error", j.last_error.as_deref()),
             &|o, j| int(o, "finished_at", j.finished_at_ms),
+            &|o, j| {
+                match &j.result {
+                    Some(result) => array_bytes(o, result),
+                    None => o.push_str("NULL"),
+                }
+                Ok(())
+            },
         ];
         for (i, each) in columns.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " }).array(jobs, each)?;
@@ -201,22 +212,22 @@ impl Sql {
 
 /// The columns of a job that can change after it is created (the id first,
 /// to find the row), in the order of the prepared UPDATE's parameters.
-const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at";
+const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result";
 
 /// The assignments of an UPDATE from a row source `u` of [`UPDATE_FIELDS`].
-const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at";
+const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result";
 
 /// The types of [`UPDATE_FIELDS`], as arrays.
-const UPDATE_ARRAY_TYPES: [&str; 14] = [
+const UPDATE_ARRAY_TYPES: [&str; 15] = [
     "int8[]", "int4[]", "int8[]", "int8[]", "int8[]", "int8[]", "int8[]", "int2[]", "bytea[]",
-    "int8[]", "int8[]", "bool[]", "text[]", "int8[]",
+    "int8[]", "int8[]", "bool[]", "text[]", "int8[]", "bytea[]",
 ];
 
 /// The name of the UPDATE each session prepares (SQL-level `PREPARE`).
 const PREPARED_UPDATE: &str = "leasehold_jobs_update";
 
 /// The `PREPARE` of [`PREPARED_UPDATE`] for the quoted `schema`: one
-/// UPDATE joining the rows of 14 parallel arrays to the jobs by id.
+/// UPDATE joining the rows of 15 parallel arrays to the jobs by id.
 ///
 /// Measured against the literal `UPDATE ... FROM (VALUES ...)` it replaced,
 /// literal arrays, and a protocol-level prepared statement with binary
@@ -224,7 +235,9 @@ const PREPARED_UPDATE: &str = "leasehold_jobs_update";
 /// inside the commit script costs the server the least (no parse or plan
 /// per batch) and keeps the writes and the COMMIT in one round trip.
 pub(super) fn prepare_update(schema: &str) -> String {
-    let params: Vec<String> = (1..=14).map(|i| format!("${i}")).collect();
+    let params: Vec<String> = (1..=UPDATE_ARRAY_TYPES.len())
+        .map(|i| format!("${i}"))
+        .collect();
     format!(
         "PREPARE {PREPARED_UPDATE}({}) AS UPDATE {schema}.jobs AS j SET {SET_FROM_U} FROM unnest({}) AS u({UPDATE_FIELDS}) WHERE j.id = u.id",
         UPDATE_ARRAY_TYPES.join(", "),
@@ -366,6 +379,7 @@ mod tests {
             last_error: None,
             unique_key: unique_key.map(Arc::from),
             finished_at_ms: None,
+            result: None,
         }
     }
 

@@ -91,6 +91,7 @@ fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error>
         last_error: r.try_get::<_, Option<&str>>(15)?.map(Arc::from),
         unique_key: r.try_get::<_, Option<&str>>(16)?.map(Arc::from),
         finished_at_ms: r.try_get::<_, Option<i64>>(17)?.map(u64_of),
+        result: r.try_get::<_, Option<Vec<u8>>>(18)?.map(Arc::from),
     };
     Ok((job, state_code))
 }

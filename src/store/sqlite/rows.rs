@@ -13,7 +13,7 @@ pub fn sql_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at";
+pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result";
 
 /// A stored state code; an unknown one is an error naming the row.
 pub(super) fn state_of(id: i64, code: i64) -> rusqlite::Result<JobState> {
@@ -69,6 +69,7 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
             .get::<_, Option<String>>(c(16))?
             .map(|s| Arc::from(s.as_str())),
         finished_at_ms: r.get::<_, Option<i64>>(c(17))?.map(u64_of),
+        result: r.get::<_, Option<Vec<u8>>>(c(18))?.map(Arc::from),
     })
 }
 

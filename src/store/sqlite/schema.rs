@@ -61,13 +61,10 @@ const MIGRATIONS: [&str; 4] = [
     // retries waiting out their backoff, for the drain rule.
     "ALTER TABLE leases ADD COLUMN lease_limit INTEGER NOT NULL DEFAULT 0;
      CREATE INDEX jobs_retrying ON jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
-    V3,
+    // v3: what a job's handler returned when it completed.
+    "ALTER TABLE jobs ADD COLUMN result BLOB;",
     V4_SCHEDULES,
 ];
-
-/// v3: reserved for the step another branch adds (a `result` column on
-/// jobs); empty here, replaced by that step when the branches merge.
-const V3: &str = "";
 
 /// v4: schedules (periodic jobs), one row per queue and name; `next_at`
 /// is the cursor of the next tick (wall clock, Unix ms).

@@ -151,7 +151,7 @@ impl SqlTxn<'_> {
                 "UPDATE jobs SET priority = ?2, run_at = ?3, max_attempts = ?4, attempts = ?5,
                    expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
                    claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
-                   last_error = ?13, finished_at = ?14
+                   last_error = ?13, finished_at = ?14, result = ?15
                  WHERE id = ?1",
             )
             .and_then(|mut s| {
@@ -170,6 +170,7 @@ impl SqlTxn<'_> {
                     i64::from(job.cancel_requested),
                     job.last_error.as_deref(),
                     finished,
+                    job.result.as_deref(),
                 ])
             })
             .map(|_| ())
@@ -312,7 +313,7 @@ impl JobTxn for SqlTxn<'_> {
             return self.update_job(job);
         }
         let sql = format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
              ON CONFLICT(id) DO UPDATE SET
                queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
                run_at = excluded.run_at, created_at = excluded.created_at,
@@ -321,7 +322,7 @@ impl JobTxn for SqlTxn<'_> {
                claim_holder = excluded.claim_holder, claim_token = excluded.claim_token,
                lease_until = excluded.lease_until, cancel_requested = excluded.cancel_requested,
                last_error = excluded.last_error, unique_key = excluded.unique_key,
-               finished_at = excluded.finished_at"
+               finished_at = excluded.finished_at, result = excluded.result"
         );
         let JobRow {
             id,
@@ -355,6 +356,7 @@ impl JobTxn for SqlTxn<'_> {
                     job.last_error.as_deref(),
                     job.unique_key.as_deref(),
                     finished,
+                    job.result.as_deref(),
                 ])
             })
             .map(|_| ())
