@@ -578,7 +578,7 @@ fn a_version_2_database_is_upgraded_in_place() {
     conn.execute_batch(
         "ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; PRAGMA user_version = 2;",
     )
-        .unwrap();
+    .unwrap();
     drop(conn);
     let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
     let v: i64 = rusqlite::Connection::open(d.db())
