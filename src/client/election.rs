@@ -87,11 +87,7 @@ impl Leader {
 
     /// Time left before the local deadline (zero once not valid).
     pub fn remaining(&self) -> Duration {
-        let now = self.client.local_now_ms();
-        if !self.life.is_valid(now) {
-            return Duration::ZERO;
-        }
-        Duration::from_millis(self.life.deadline().saturating_sub(now))
+        self.life.remaining(self.client.local_now_ms())
     }
 
     /// How the term was lost, if it was (a resignation is not a loss).

@@ -84,6 +84,14 @@ impl Lifeline {
         lock(&self.state).life.deadline()
     }
 
+    /// Time left at `now` before the local deadline (zero if not valid).
+    pub(crate) fn remaining(&self, now: u64) -> std::time::Duration {
+        if !self.is_valid(now) {
+            return std::time::Duration::ZERO;
+        }
+        std::time::Duration::from_millis(self.deadline().saturating_sub(now))
+    }
+
     pub(crate) fn lost(&self) -> Option<LostReason> {
         if !self.fork.is_origin() {
             return None;

@@ -6,12 +6,12 @@
 //! killed and the oracle checks that another takes over within the dead
 //! leader's lease plus the campaign's retry (E1); then everyone resigns.
 
-use super::msg::{error_of, Answer, Line, Rep, Req};
+use super::msg::{Line, Rep, Req};
 use super::{RoleState, Sim};
 use crate::plan::Canary;
 use leasehold::client::machine::{
     ElectionAction, ElectionBreakage, ElectionConfig, ElectionEvent, ElectionMachine, HolderConfig,
-    HolderReply, HolderRequest,
+    HolderRequest,
 };
 use rand::Rng;
 
@@ -155,15 +155,8 @@ impl Sim<'_> {
             return;
         }
         let (key, greedy, deadline) = (c.key, c.greedy, c.machine.deadline().unwrap_or(0));
-        let (fencing, owner) = (self.plan.fencing, self.owner(p));
-        match self.oracle.write(self.now, key, owner, token, fencing) {
-            Ok(accepted) => self.note(Line::Write {
-                p,
-                key,
-                token,
-                accepted,
-            }),
-            Err(v) => return self.fail(v),
+        if !self.protected_write(p, key, token) {
+            return;
         }
         let rng = &mut self.procs[p].rng;
         let gap = rng.random_range(1..=(self.plan.ttl_ms / 4).max(1));
@@ -182,16 +175,9 @@ impl Sim<'_> {
 
     pub(super) fn campaigner_reply(&mut self, p: usize, req: Req, rep: Rep) {
         let local = self.local(p);
-        let reply = match (&req, rep) {
-            (Req::Acquire { .. }, Rep::Done(Answer::Grant(r))) => HolderReply::Acquired(r),
-            (Req::Acquire { .. }, rep) => HolderReply::Acquired(Err(error_of(&rep))),
-            (Req::Renew { .. }, Rep::Done(Answer::Grant(r))) => HolderReply::Renewed(r),
-            (Req::Renew { .. }, rep) => HolderReply::Renewed(Err(error_of(&rep))),
-            (Req::Release { .. }, Rep::Done(Answer::Unit(r))) => HolderReply::Released(r),
-            (Req::Release { .. }, rep) => HolderReply::Released(Err(error_of(&rep))),
-            _ => return,
-        };
-        self.campaigner(p).machine.handle_reply(local, reply);
+        if let Some(reply) = super::holder::lease_reply(&req, rep) {
+            self.campaigner(p).machine.handle_reply(local, reply);
+        }
     }
 
     /// The heal phase of an election: the next process seen leading is

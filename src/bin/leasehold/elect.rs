@@ -79,28 +79,16 @@ pub fn elect(client: Client, args: ElectArgs) -> CliResult {
                 return Err(Fail(EXIT_ERROR, why));
             }
         };
-        let mut child = match start(
-            &args.cmd,
-            &args.key,
-            leader.token(),
-            args.grace,
-            args.contain,
-        ) {
+        let who = format!("{} leads", client.holder().id);
+        let token = leader.token();
+        let started = start(&args.cmd, &args.key, token, args.grace, args.contain, &who);
+        let mut child = match started {
             Ok(c) => c,
             Err(e) => {
                 let _ = election.resign();
                 return Err(e);
             }
         };
-        note(&format!(
-            "{} leads {:?} with token {}; running {:?} {} (supervisor pid {})",
-            client.holder().id,
-            args.key,
-            leader.token(),
-            args.cmd[0],
-            child.mode.describe(),
-            child.pid()
-        ));
         let what = format!("leadership of {:?}", args.key);
         let ended = supervise(
             &mut child,

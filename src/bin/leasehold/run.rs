@@ -71,12 +71,14 @@ pub fn run(client: Client, args: RunArgs) -> CliResult {
     let lost = Arc::new(AtomicBool::new(false));
     let flag = lost.clone();
     guard.keep_alive(move |_| flag.store(true, Ordering::SeqCst))?;
+    let who = format!("{} holds", client.holder().id);
     let started = start(
         &args.cmd,
         &args.key,
         guard.token(),
         args.grace,
         args.contain,
+        &who,
     );
     let mut child = match started {
         Ok(c) => c,
@@ -85,15 +87,6 @@ pub fn run(client: Client, args: RunArgs) -> CliResult {
             return Err(e);
         }
     };
-    note(&format!(
-        "{} holds {:?} with token {}; running {:?} {} (supervisor pid {})",
-        client.holder().id,
-        args.key,
-        guard.token(),
-        args.cmd[0],
-        child.mode.describe(),
-        child.pid()
-    ));
     let is_lost = || {
         (lost.load(Ordering::SeqCst) || !guard.is_valid()).then(|| {
             guard
@@ -130,13 +123,15 @@ pub fn poll_of(ttl: Duration) -> Duration {
 }
 
 /// Start CMD contained, with the lease's key and token in its environment
-/// (`run`, `elect`); 126/127 when it cannot be executed.
+/// (`run`, `elect`), and say so (`who`: "ID holds", "ID leads"); 126/127
+/// when it cannot be executed.
 pub fn start(
     cmd: &[String],
     key: &str,
     token: u64,
     grace: Duration,
     mode: Mode,
+    who: &str,
 ) -> Result<Contained, Fail> {
     let spawned = contain::spawn(Spec {
         cmd,
@@ -149,10 +144,17 @@ pub fn start(
         grace,
         mode,
     });
-    spawned.map_err(|e| match e {
+    let child = spawned.map_err(|e| match e {
         StartError::Exec { code, message } => Fail(code, message),
         StartError::Other(message) => Fail(EXIT_ERROR, message),
-    })
+    })?;
+    note(&format!(
+        "{who} {key:?} with token {token}; running {:?} {} (supervisor pid {})",
+        cmd[0],
+        child.mode.describe(),
+        child.pid()
+    ));
+    Ok(child)
 }
 
 /// How a supervised CMD ended.
