@@ -249,8 +249,8 @@ impl ElectionMachine {
         self.release(now, false);
     }
 
-    /// Give up this term and campaign again (after the release, so
-    /// another campaigner has the same chance).
+    /// Give up this term (the key is released) and campaign again once
+    /// the release is answered.
     pub fn step_down(&mut self, now: u64) {
         if self.leading {
             self.release(now, true);
