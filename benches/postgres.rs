@@ -29,6 +29,9 @@
 
 #[path = "support/harness.rs"]
 mod harness;
+#[path = "../tests/support/pg.rs"]
+mod pg;
+use pg::RoundTrips as Proxy;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use leasehold::core::{self, job::Settle};
@@ -36,9 +39,7 @@ use leasehold::{
     Client, HolderId, JobState, PostgresOptions, PostgresStore, QueuePolicy, SqliteOptions,
     SqliteStore, Store, StoreExt, WorkOptions,
 };
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -436,69 +437,6 @@ fn backends_cpu_ms(admin: &mut postgres::Client) -> u64 {
         .sum()
 }
 
-/// A loopback proxy in front of the server that counts round trips: a
-/// request that follows a reply (or opens a connection) starts one.
-struct Proxy {
-    port: u16,
-    round_trips: Arc<AtomicU64>,
-}
-
-impl Proxy {
-    fn start(server: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let round_trips = Arc::new(AtomicU64::new(0));
-        let counter = round_trips.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(upstream) = TcpStream::connect(&server) else {
-                    continue;
-                };
-                let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
-                // 0: the last bytes went to the server; 1: to the client.
-                let last = Arc::new(AtomicU8::new(1));
-                let pipe = |mut from: TcpStream, mut to: TcpStream, dir: u8| {
-                    let (last, counter) = (last.clone(), counter.clone());
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        while let Ok(n) = from.read(&mut buf) {
-                            if n == 0 {
-                                break;
-                            }
-                            if last.swap(dir, Ordering::SeqCst) != dir && dir == 0 {
-                                counter.fetch_add(1, Ordering::Relaxed);
-                            }
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                };
-                pipe(
-                    client.try_clone().unwrap(),
-                    upstream.try_clone().unwrap(),
-                    0,
-                );
-                pipe(upstream, client, 1);
-            }
-        });
-        Proxy { port, round_trips }
-    }
-
-    /// `url` with its host and port replaced by the proxy's.
-    fn url(&self, url: &str) -> String {
-        let config: postgres::Config = url.parse().unwrap();
-        let user = config.get_user().unwrap_or("postgres");
-        let db = config.get_dbname().unwrap_or("postgres");
-        let password = config
-            .get_password()
-            .map(|p| format!(":{}", String::from_utf8_lossy(p)))
-            .unwrap_or_default();
-        format!("postgres://{user}{password}@127.0.0.1:{}/{db}", self.port)
-    }
-}
-
 /// The server's `host:port` of `url` (TCP only).
 fn server_addr(url: &str) -> Option<String> {
     let config: postgres::Config = url.parse().ok()?;
@@ -637,7 +575,7 @@ fn counters(admin: &mut postgres::Client, proxy: &Proxy) -> Counters {
         server_cpu_ms: server_cpu_ms(),
         backends_cpu_ms: backends_cpu_ms(admin),
         client_cpu_ms: cpu_ms("self"),
-        round_trips: proxy.round_trips.load(Ordering::SeqCst),
+        round_trips: proxy.count(),
     }
 }
 
@@ -645,7 +583,7 @@ fn counters(admin: &mut postgres::Client, proxy: &Proxy) -> Counters {
 /// and a pass through the counting proxy (round trips).
 fn cost_row(url: &str, proxy: &Proxy, w: &Workload) {
     let mut admin = postgres::Client::connect(url, postgres::NoTls).unwrap();
-    let proxied = proxy.url(url);
+    let proxied = proxy.proxied(url);
     let mut pass = |url: &str| {
         (w.push)(url, w.jobs / 8);
         (w.drain)(url, w.jobs / 8);
@@ -675,11 +613,11 @@ fn costs(url: &str) {
     if only == "0" {
         return;
     }
-    let Some(addr) = server_addr(url) else {
+    if server_addr(url).is_none() {
         eprintln!("cost table skipped: the server is not reached over TCP");
         return;
-    };
-    let proxy = Proxy::start(addr);
+    }
+    let proxy = Proxy::start_to(url);
     println!("\ncost table (CPU from /proc: every PostgreSQL process, and this one; round trips through a counting proxy):");
     for w in COSTS.iter().filter(|w| w.label.contains(&only)) {
         cost_row(url, &proxy, w);

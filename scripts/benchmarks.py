@@ -31,6 +31,7 @@ BASELINES = {
     "file_lease_pair": ("flock_baseline", "vs a bare flock(2) lock+unlock of one file"),
     "postgres_claim_complete": ("commit_ceiling/8", "vs the server's ceiling: two single-row autocommit UPDATEs per job on 8 connections"),
     "mem_contention": ("lease_pair/threads/1", "vs one thread's lease pairs (target: 8 threads at least 0.5x)"),
+    "same_work_20k": ("sqlite/plain_claim_complete/1", "vs leasehold's own claim + complete in a plain loop, SQLite, one thread"),
 }
 
 
@@ -149,12 +150,29 @@ def main():
         naive = [l for l in log.read_text().splitlines() if l.startswith("naive baseline")]
         lines += ["The naive baseline's double claims and BUSY errors, from `cargo bench --bench sqlite`:", ""]
         lines += ["    " + l for l in naive] + [""]
-    # The soak section (scripts/soak.sh) is kept as it was.
+    rss = ROOT / "target" / "bench-throughput-rss.log"
+    if rss.exists():
+        lines += ["Peak RSS of the `throughput` benchmark process (all its rows, 8-worker loops included):", ""]
+        lines += ["    " + rss.read_text().strip(), ""]
+    # Sections other scripts write (`<!-- NAME:start -->` ... `<!-- NAME:end -->`:
+    # the soak of scripts/soak.sh, the dashboard's figures) are kept as they were.
     if out.exists():
         old = out.read_text()
-        a, b = old.find("<!-- soak:start -->"), old.find("<!-- soak:end -->")
-        if a >= 0 and b > a:
-            lines += [old[a : b + len("<!-- soak:end -->")], ""]
+        pos = 0
+        while True:
+            a = old.find("<!-- ", pos)
+            if a < 0:
+                break
+            head = old[a + 5 : old.find(" -->", a)]
+            if not head.endswith(":start"):
+                pos = a + 5
+                continue
+            end_mark = f"<!-- {head[: -len(':start')]}:end -->"
+            b = old.find(end_mark, a)
+            if b < 0:
+                break
+            lines += [old[a : b + len(end_mark)], ""]
+            pos = b + len(end_mark)
     out.write_text("\n".join(lines))
     print(f"wrote {out} ({len(results)} benchmarks)")
 

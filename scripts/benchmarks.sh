@@ -7,8 +7,11 @@ cargo bench --bench core
 cargo bench --bench sqlite 2>&1 | tee target/bench-sqlite.log
 cargo bench --bench file
 # PostgreSQL on loopback (the benchmark measures nothing without a server).
-LEASEHOLD_TEST_PG="${LEASEHOLD_TEST_PG:-postgres://postgres@127.0.0.1:5432/test}" \
-  cargo bench --bench postgres
+export LEASEHOLD_TEST_PG="${LEASEHOLD_TEST_PG:-postgres://postgres@127.0.0.1:5432/test}"
+cargo bench --bench postgres
+# The same work for every system (the worker loop, the plain loop, the
+# hand-written SQL), SQLite and PostgreSQL; it logs the peak RSS.
+cargo bench --bench throughput
 cargo build --release -p leasehold-sim
 ./target/release/leasehold-sim --seeds 2000 | tail -1 > target/bench-sim.log
 python3 scripts/benchmarks.py

@@ -90,11 +90,7 @@ impl LeaseGuard {
 
     /// Time left before the local deadline (zero if not valid).
     pub fn remaining(&self) -> Duration {
-        let now = self.client.local_now_ms();
-        if !self.life.is_valid(now) {
-            return Duration::ZERO;
-        }
-        Duration::from_millis(self.life.deadline().saturating_sub(now))
+        self.life.remaining(self.client.local_now_ms())
     }
 
     /// The loss seen by a renewal or keep-alive, if any.

@@ -84,12 +84,12 @@ impl Lifeline {
         lock(&self.state).life.deadline()
     }
 
-    /// Time left at `now` before the local deadline (zero if not valid).
-    pub(crate) fn remaining(&self, now: u64) -> std::time::Duration {
-        if !self.is_valid(now) {
+    /// Time left at `now_ms` before the local deadline (zero if not valid).
+    pub(crate) fn remaining(&self, now_ms: u64) -> std::time::Duration {
+        if !self.is_valid(now_ms) {
             return std::time::Duration::ZERO;
         }
-        std::time::Duration::from_millis(self.deadline().saturating_sub(now))
+        std::time::Duration::from_millis(self.deadline().saturating_sub(now_ms))
     }
 
     pub(crate) fn lost(&self) -> Option<LostReason> {

@@ -1,12 +1,13 @@
 //! The sync worker loop: a thin driver of [`WorkerMachine`]. The calling
-//! thread runs the machine and its store transactions (claims, renewal
-//! rounds, settle batches, drain checks, one at a time); `concurrency`
-//! handler threads run the handler; a waker thread turns the store's
-//! "job ready" wake-ups into [`WorkerMachine::wake`]. Every timing rule is
-//! the machine's.
+//! thread runs the machine; a few store threads run its transactions
+//! (a claim, a renewal round, a settle batch and a drain check may be in
+//! flight at once: the machine allows one of each); `concurrency` handler
+//! threads run the handler; a waker thread turns the store's "job ready"
+//! wake-ups into [`WorkerMachine::wake`]. Every timing rule is the
+//! machine's.
 
 use super::job::ClaimedJob;
-use super::machine::{HandlerOutcome, JobOutcome};
+use super::machine::{HandlerOutcome, JobOutcome, WorkerReply, WorkerRequest};
 use super::queue::Queue;
 use super::session::{Next, Session};
 use super::{ms_of, Client};
@@ -132,16 +133,89 @@ pub fn fit_reason(reason: &str) -> std::borrow::Cow<'_, str> {
 /// A handler's result: the job, its claim's token, the outcome.
 type Done = (JobId, u64, HandlerOutcome);
 
-/// What the driver, the handler threads and the waker share.
+/// A closable queue between threads.
+struct Channel<T> {
+    items: Mutex<(VecDeque<T>, bool)>,
+    cv: Condvar,
+}
+
+impl<T> Channel<T> {
+    fn new() -> Self {
+        Channel {
+            items: Mutex::new((VecDeque::new(), false)),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn push(&self, item: T) {
+        lock(&self.items).0.push_back(item);
+        self.cv.notify_one();
+    }
+
+    /// The next item, waiting for one; `None` once closed.
+    fn pop(&self) -> Option<T> {
+        let mut items = lock(&self.items);
+        loop {
+            if let Some(item) = items.0.pop_front() {
+                return Some(item);
+            }
+            if items.1 {
+                return None;
+            }
+            items = match self.cv.wait(items) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+    }
+
+    fn close(&self) {
+        lock(&self.items).1 = true;
+        self.cv.notify_all();
+    }
+}
+
+/// What the driver is woken for.
+#[derive(Default)]
+struct Inbox {
+    /// Handler results.
+    done: Vec<Done>,
+    /// The store's answers to the machine's requests.
+    replies: Vec<WorkerReply>,
+    /// The store announced a job made ready.
+    woke: bool,
+}
+
+impl Inbox {
+    fn is_empty(&self) -> bool {
+        self.done.is_empty() && self.replies.is_empty() && !self.woke
+    }
+}
+
+/// What the driver, the handler threads, the store threads and the waker
+/// share.
 struct Shared {
-    /// Handler results and wake-ups for the driver.
-    inbox: Mutex<(Vec<Done>, bool)>,
+    inbox: Mutex<Inbox>,
     inbox_cv: Condvar,
-    /// Jobs waiting for a handler thread; `true` once closed.
-    pool: Mutex<(VecDeque<Arc<ClaimedJob>>, bool)>,
-    pool_cv: Condvar,
+    /// Jobs waiting for a handler thread.
+    pool: Channel<Arc<ClaimedJob>>,
+    /// Requests waiting for a store thread.
+    requests: Channel<WorkerRequest>,
     quit: AtomicBool,
 }
+
+impl Shared {
+    fn deliver(&self, f: impl FnOnce(&mut Inbox)) {
+        f(&mut lock(&self.inbox));
+        self.inbox_cv.notify_one();
+    }
+}
+
+/// Store threads: a claim, a renewal round, a settle batch and a drain
+/// check or sample may be in flight at once (the machine allows one of
+/// each), so their transactions overlap (and share commits where the
+/// store groups them).
+const STORE_THREADS: usize = 3;
 
 impl Queue {
     /// Claim and run jobs until `stop` is set (or, with `drain`, until the
@@ -174,22 +248,32 @@ impl Queue {
     ) -> Result<WorkReport> {
         self.client.inner.fork.check()?;
         let shared = Shared {
-            inbox: Mutex::new((Vec::new(), false)),
+            inbox: Mutex::new(Inbox::default()),
             inbox_cv: Condvar::new(),
-            pool: Mutex::new((VecDeque::new(), false)),
-            pool_cv: Condvar::new(),
+            pool: Channel::new(),
+            requests: Channel::new(),
             quit: AtomicBool::new(false),
         };
         let threads = opts.concurrency.clamp(1, 1024);
+        let driver = Driver::new(self, opts, &shared);
+        let exec = driver.session.exec().clone();
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| handler_thread(&shared, &handler));
             }
+            for _ in 0..STORE_THREADS {
+                s.spawn(|| {
+                    while let Some(request) = shared.requests.pop() {
+                        let reply = exec.run(request);
+                        shared.deliver(|inbox| inbox.replies.push(reply));
+                    }
+                });
+            }
             s.spawn(|| waker_thread(&self.client, &shared));
-            let result = Driver::new(self, opts, &shared).run(stop, &observe);
+            let result = driver.run(stop, &observe);
             shared.quit.store(true, Ordering::SeqCst);
-            lock(&shared.pool).1 = true;
-            shared.pool_cv.notify_all();
+            shared.pool.close();
+            shared.requests.close();
             result
         })
     }
@@ -199,22 +283,7 @@ fn handler_thread(
     shared: &Shared,
     handler: &(impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync),
 ) {
-    loop {
-        let job = {
-            let mut pool = lock(&shared.pool);
-            loop {
-                if let Some(job) = pool.0.pop_front() {
-                    break job;
-                }
-                if pool.1 {
-                    return;
-                }
-                pool = match shared.pool_cv.wait(pool) {
-                    Ok(g) => g,
-                    Err(p) => p.into_inner(),
-                };
-            }
-        };
+    while let Some(job) = shared.pool.pop() {
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&job)));
         let result = run.unwrap_or_else(|payload| {
             let text = payload
@@ -228,8 +297,7 @@ fn handler_thread(
             Ok(()) => HandlerOutcome::Completed(job.take_result()),
             Err(reason) => HandlerOutcome::Failed(reason),
         };
-        lock(&shared.inbox).0.push((job.id(), job.token(), outcome));
-        shared.inbox_cv.notify_all();
+        shared.deliver(|inbox| inbox.done.push((job.id(), job.token(), outcome)));
     }
 }
 
@@ -239,8 +307,7 @@ fn waker_thread(client: &Client, shared: &Shared) {
     while !shared.quit.load(Ordering::SeqCst) {
         let epoch = store.epoch(Wake::JobReady);
         if store.wait_epoch(Wake::JobReady, epoch, Duration::from_millis(50)) {
-            lock(&shared.inbox).1 = true;
-            shared.inbox_cv.notify_all();
+            shared.deliver(|inbox| inbox.woke = true);
         }
     }
 }
@@ -277,24 +344,21 @@ impl<'a> Driver<'a> {
                 let grace = ms_of(self.opts.shutdown_grace);
                 machine.shutdown(now, now.saturating_add(grace));
             }
-            let (done, woke) = std::mem::take(&mut *lock(&self.shared.inbox));
-            for (id, token, result) in done {
+            let inbox = std::mem::take(&mut *lock(&self.shared.inbox));
+            for (id, token, result) in inbox.done {
                 machine.handler_done(now, id, token, result);
             }
-            if woke {
+            if inbox.woke {
                 machine.wake(now);
             }
-            machine.handle_timeout(now);
+            for reply in inbox.replies {
+                self.session.reply(reply);
+            }
+            self.session.machine.handle_timeout(now);
             while let Some(next) = self.session.next(observe) {
                 match next {
-                    Next::Send(request) => {
-                        let reply = self.session.exec().run(request);
-                        self.session.reply(reply);
-                    }
-                    Next::Start(job) => {
-                        lock(&self.shared.pool).0.push_back(job);
-                        self.shared.pool_cv.notify_one();
-                    }
+                    Next::Send(request) => self.shared.requests.push(request),
+                    Next::Start(job) => self.shared.pool.push(job),
                     // The handler sees its handle turn invalid.
                     Next::Stop(_) => {}
                     Next::End(end) => return end,
@@ -304,8 +368,8 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Sleep until the machine's next timeout or a handler result, at most
-    /// 50 ms (the stop flag is polled).
+    /// Sleep until the machine's next timeout, a handler result or a
+    /// store reply, at most 50 ms (the stop flag is polled).
     fn wait(&self) {
         let now = self.session.now();
         let until = self.session.machine.poll_timeout().unwrap_or(u64::MAX);
@@ -314,7 +378,7 @@ impl<'a> Driver<'a> {
             return;
         }
         let inbox = lock(&self.shared.inbox);
-        if !inbox.0.is_empty() || inbox.1 {
+        if !inbox.is_empty() {
             return;
         }
         drop(crate::sync::nap(

@@ -178,21 +178,7 @@ pub fn acquire(
             ),
         ));
     }
-    if let Some(i) = rec
-        .slots
-        .iter()
-        .position(|s| s.holder.id == holder.id && s.is_live(now_ms))
-    {
-        let slot = &mut rec.slots[i];
-        // Never shorten: an earlier grant's holder may rely on its expiry.
-        slot.expires_at_ms = slot.expires_at_ms.max(expires_at_ms);
-        slot.holder.label.clone_from(&holder.label);
-        let grant = Grant {
-            token: slot.token,
-            expires_at_ms: slot.expires_at_ms,
-            granted_at_ms: now_ms,
-            renewed: true,
-        };
+    if let Some(grant) = extend_own(rec, holder, now_ms, expires_at_ms) {
         note(
             tx,
             key,
@@ -227,6 +213,29 @@ pub fn acquire(
         expires_at_ms,
         granted_at_ms: now_ms,
         renewed: false,
+    })
+}
+
+/// An acquire by a holder that already holds the key extends its own
+/// live slot (same token), never shortening it: an earlier grant's holder
+/// may rely on its expiry.
+fn extend_own(
+    rec: &mut LeaseRecord,
+    holder: &Holder,
+    now_ms: u64,
+    expires_at_ms: u64,
+) -> Option<Grant> {
+    let slot = rec
+        .slots
+        .iter_mut()
+        .find(|s| s.holder.id == holder.id && s.is_live(now_ms))?;
+    slot.expires_at_ms = slot.expires_at_ms.max(expires_at_ms);
+    slot.holder.label.clone_from(&holder.label);
+    Some(Grant {
+        token: slot.token,
+        expires_at_ms: slot.expires_at_ms,
+        granted_at_ms: now_ms,
+        renewed: true,
     })
 }
 

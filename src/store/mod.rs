@@ -101,83 +101,13 @@ fn unknown_param(scheme: &str, name: &str, known: &str) -> crate::error::Error {
 pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     use crate::error::Error;
     if let Some(rest) = url.strip_prefix("sqlite:") {
-        #[cfg(feature = "sqlite")]
-        {
-            let (path, params) = url_params(rest);
-            let path = path.strip_prefix("//").unwrap_or(path);
-            if path.is_empty() {
-                return Err(Error::invalid(
-                    "store",
-                    "sqlite: needs a path, as in sqlite:leasehold.db",
-                ));
-            }
-            let mut opts = sqlite::SqliteOptions::default();
-            for (name, value) in params {
-                match name {
-                    "synchronous" => {
-                        opts.synchronous = match value.to_ascii_lowercase().as_str() {
-                            "normal" => sqlite::Synchronous::Normal,
-                            "full" => sqlite::Synchronous::Full,
-                            _ => {
-                                return Err(Error::invalid(
-                                    "store",
-                                    format!("sqlite: synchronous={value:?} is not normal or full"),
-                                ))
-                            }
-                        }
-                    }
-                    "busy_timeout_ms" => {
-                        let ms: u64 = value.parse().map_err(|_| {
-                            Error::invalid(
-                                "store",
-                                format!("sqlite: busy_timeout_ms={value:?} is not a whole number"),
-                            )
-                        })?;
-                        opts.busy_timeout = Duration::from_millis(ms);
-                    }
-                    "allow_network_fs" => {
-                        opts.allow_network_fs = bool_param("sqlite", name, value)?;
-                    }
-                    _ => {
-                        return Err(unknown_param(
-                            "sqlite",
-                            name,
-                            "synchronous, busy_timeout_ms, allow_network_fs",
-                        ))
-                    }
-                }
-            }
-            return Ok(std::sync::Arc::new(sqlite::SqliteStore::open_with(
-                path, opts,
-            )?));
-        }
-        #[cfg(not(feature = "sqlite"))]
-        {
-            let _ = rest;
-            return Err(Error::invalid("store", "this build has no sqlite feature"));
-        }
+        return open_sqlite_url(rest);
     }
     if url == "mem:" {
         return Ok(std::sync::Arc::new(MemStore::new()));
     }
     if let Some(rest) = url.strip_prefix("file:") {
-        let (dir, params) = url_params(rest);
-        let dir = dir.strip_prefix("//").unwrap_or(dir);
-        if dir.is_empty() {
-            return Err(Error::invalid(
-                "store",
-                "file: needs a directory, as in file:/run/leasehold",
-            ));
-        }
-        let mut opts = file::FileOptions::default();
-        for (name, value) in params {
-            match name {
-                "durable" => opts.durable = bool_param("file", name, value)?,
-                "allow_network_fs" => opts.allow_network_fs = bool_param("file", name, value)?,
-                _ => return Err(unknown_param("file", name, "durable, allow_network_fs")),
-            }
-        }
-        return Ok(std::sync::Arc::new(file::FileStore::open_with(dir, opts)?));
+        return open_file_url(rest);
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(all(feature = "postgres", not(loom)))]
@@ -195,6 +125,86 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
         "{url:?}: unknown store scheme {scheme:?}; expected sqlite:PATH, file:DIR, postgres://... or mem:"
     );
     Err(Error::invalid("store", reason))
+}
+
+/// `sqlite:PATH?params` (after the scheme).
+#[cfg(feature = "sqlite")]
+fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
+    use crate::error::Error;
+    let (path, params) = url_params(rest);
+    let path = path.strip_prefix("//").unwrap_or(path);
+    if path.is_empty() {
+        return Err(Error::invalid(
+            "store",
+            "sqlite: needs a path, as in sqlite:leasehold.db",
+        ));
+    }
+    let mut opts = sqlite::SqliteOptions::default();
+    for (name, value) in params {
+        match name {
+            "synchronous" => {
+                opts.synchronous = match value.to_ascii_lowercase().as_str() {
+                    "normal" => sqlite::Synchronous::Normal,
+                    "full" => sqlite::Synchronous::Full,
+                    _ => {
+                        return Err(Error::invalid(
+                            "store",
+                            format!("sqlite: synchronous={value:?} is not normal or full"),
+                        ))
+                    }
+                }
+            }
+            "busy_timeout_ms" => {
+                let ms: u64 = value.parse().map_err(|_| {
+                    Error::invalid(
+                        "store",
+                        format!("sqlite: busy_timeout_ms={value:?} is not a whole number"),
+                    )
+                })?;
+                opts.busy_timeout = Duration::from_millis(ms);
+            }
+            "allow_network_fs" => opts.allow_network_fs = bool_param("sqlite", name, value)?,
+            _ => {
+                return Err(unknown_param(
+                    "sqlite",
+                    name,
+                    "synchronous, busy_timeout_ms, allow_network_fs",
+                ))
+            }
+        }
+    }
+    Ok(std::sync::Arc::new(sqlite::SqliteStore::open_with(
+        path, opts,
+    )?))
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn open_sqlite_url(_rest: &str) -> Result<std::sync::Arc<dyn Store>> {
+    Err(crate::error::Error::invalid(
+        "store",
+        "this build has no sqlite feature",
+    ))
+}
+
+/// `file:DIR?params` (after the scheme).
+fn open_file_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
+    let (dir, params) = url_params(rest);
+    let dir = dir.strip_prefix("//").unwrap_or(dir);
+    if dir.is_empty() {
+        return Err(crate::error::Error::invalid(
+            "store",
+            "file: needs a directory, as in file:/run/leasehold",
+        ));
+    }
+    let mut opts = file::FileOptions::default();
+    for (name, value) in params {
+        match name {
+            "durable" => opts.durable = bool_param("file", name, value)?,
+            "allow_network_fs" => opts.allow_network_fs = bool_param("file", name, value)?,
+            _ => return Err(unknown_param("file", name, "durable, allow_network_fs")),
+        }
+    }
+    Ok(std::sync::Arc::new(file::FileStore::open_with(dir, opts)?))
 }
 
 /// Filesystem magic numbers (statfs `f_type`) of network and FUSE

@@ -1,12 +1,14 @@
 //! The async worker loop: a thin driver of the same `WorkerMachine` as the
 //! sync loop (through the shared `Session`). The loop's task runs the
-//! machine and sends its requests to the blocking pool one at a time; each
+//! machine and sends its requests to the blocking pool (a claim, a renewal
+//! round and a settle batch may overlap: the machine allows one of each
+//! in flight); each
 //! handler is a task of its own, cancelled (its future dropped) when the
 //! machine stops its job; the store's "job ready" announcements arrive
 //! through the client's watcher.
 
-use super::{blocking, nap, ClaimedJob, Queue};
-use crate::client::machine::{HandlerOutcome, JobOutcome};
+use super::{nap, ClaimedJob, Queue};
+use crate::client::machine::{HandlerOutcome, JobOutcome, WorkerReply};
 use crate::client::session::{Next, Session};
 use crate::client::{ms_of, WorkOptions, WorkReport};
 use crate::core::{JobId, JobRecord};
@@ -69,6 +71,7 @@ impl Queue {
             running: HashMap::new(),
             tasks: JoinSet::new(),
             done: mpsc::unbounded_channel(),
+            replies: mpsc::unbounded_channel(),
         };
         let end = driver.run(opts, shutdown, &observe).await;
         // Normally every handler has reported; after a store error some
@@ -89,6 +92,10 @@ struct Driver<'q, F> {
     running: HashMap<JobId, ClaimedJob>,
     tasks: JoinSet<()>,
     done: (mpsc::UnboundedSender<Done>, mpsc::UnboundedReceiver<Done>),
+    replies: (
+        mpsc::UnboundedSender<WorkerReply>,
+        mpsc::UnboundedReceiver<WorkerReply>,
+    ),
 }
 
 impl<F, Fut> Driver<'_, F>
@@ -110,13 +117,20 @@ where
             while let Ok((id, token, result)) = self.done.1.try_recv() {
                 self.handler_done(now, id, token, result);
             }
+            while let Ok(reply) = self.replies.1.try_recv() {
+                self.session.reply(reply);
+            }
             self.session.machine.handle_timeout(now);
             while let Some(next) = self.session.next(observe) {
                 match next {
+                    // Requests of different kinds overlap (the machine
+                    // allows one of each in flight).
                     Next::Send(request) => {
                         let exec = self.session.exec().clone();
-                        let reply = blocking(move || exec.run(request)).await;
-                        self.session.reply(reply);
+                        let replies = self.replies.0.clone();
+                        drop(tokio::task::spawn_blocking(move || {
+                            let _ = replies.send(exec.run(request));
+                        }));
                     }
                     Next::Start(job) => self.start(ClaimedJob::new(&self.queue.client, job)),
                     Next::Stop(id) => {
@@ -139,6 +153,7 @@ where
                 Some((id, token, result)) = self.done.1.recv() => {
                     self.handler_done(self.session.now(), id, token, result);
                 }
+                Some(reply) = self.replies.1.recv() => self.session.reply(reply),
                 changed = ready.changed() => {
                     if changed.is_ok() {
                         self.session.machine.wake(self.session.now());

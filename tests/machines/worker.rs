@@ -113,18 +113,108 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
     );
     let (mut m, a) = claimed(worker(2, 2, 64), &[1, 2, 3]);
     assert_eq!(started(&a), [1, 2], "two handlers at once, in claim order");
+    assert!(
+        requests(&a).is_empty(),
+        "one slot of four free: claims wait for half the room"
+    );
+    m.handler_done(3, JobId(1), 1, Ok(()));
+    let a = drain(&mut m);
+    assert_eq!(started(&a), [3], "a free slot starts the next queued job");
     assert_eq!(
         requests(&a),
-        [WorkerRequest::Claim { max: 1 }],
-        "room for one more"
+        [WorkerRequest::Claim { max: 2 }],
+        "half the room is free"
     );
-    m.handle_reply(2, WorkerReply::Claimed(Ok(vec![])));
-    m.handler_done(3, JobId(1), 1, Ok(()));
+    m.handle_reply(4, WorkerReply::Claimed(Ok(vec![])));
+    m.handler_done(5, JobId(2), 1, Ok(()));
+    m.handle_timeout(40);
+    assert!(
+        requests(&drain(&mut m)).contains(&WorkerRequest::Claim { max: 3 }),
+        "a free slot with nothing queued claims at once (after the idle backoff)"
+    );
+}
+
+/// The prefetch adapts: a full claim that handlers ran dry during doubles
+/// it (up to `batch_max`); a short claim resets it; handlers that never
+/// starve during a claim never raise it.
+#[test]
+fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs_dry() {
+    let max_of = |a: &[WorkerAction]| {
+        requests(a).iter().find_map(|r| match r {
+            WorkerRequest::Claim { max } => Some(*max),
+            _ => None,
+        })
+    };
+    let mut m = WorkerMachine::new(worker(2, 1, 16), 0);
+    assert_eq!(max_of(&drain(&mut m)), Some(3));
+    let mut next_id = 1;
+    let mut batch = |n: usize| -> Vec<JobRecord> {
+        let jobs = (0..n).map(|i| job(next_id + i as u64, 1)).collect();
+        next_id += n as u64;
+        jobs
+    };
+    let mut t = 1;
+    let mut asked = Vec::new();
+    let mut max = 3;
+    // Fast handlers: everything held finishes while each claim is out.
+    for _ in 0..8 {
+        m.handle_reply(t, WorkerReply::Claimed(Ok(batch(max))));
+        let a = run_dry(&mut m, &mut t);
+        max = max_of(&a).unwrap_or_else(|| panic!("a claim: {a:?}"));
+        asked.push(max);
+    }
+    // Growing while handlers starve, until `ahead` reaches batch_max (16):
+    // then each claim goes out once half the room (2 + 16) is free.
+    assert_eq!(asked[..5], [2, 2, 4, 6, 12], "{asked:?}");
+    assert_eq!(asked[5..], [9, 9, 9], "{asked:?}");
+    // A short claim: back to the configured prefetch.
+    m.handle_reply(t, WorkerReply::Claimed(Ok(batch(max - 1))));
+    let a = run_dry(&mut m, &mut t);
     assert_eq!(
-        started(&drain(&mut m)),
-        [3],
-        "a free slot starts the next queued job"
+        max_of(&a),
+        Some(2),
+        "reset to prefetch 1: one running, room 2"
     );
+
+    // Slow handlers: nothing finishes while a claim is out: no growth.
+    let mut m = WorkerMachine::new(worker(2, 1, 16), 0);
+    let _ = drain(&mut m);
+    m.handle_reply(
+        1,
+        WorkerReply::Claimed(Ok((100..103).map(|i| job(i, 1)).collect())),
+    );
+    let _ = drain(&mut m);
+    m.handler_done(1_000, JobId(100), 1, Ok(()));
+    m.handler_done(1_000, JobId(101), 1, Ok(()));
+    let a = drain(&mut m);
+    assert_eq!(max_of(&a), Some(2));
+    m.handle_reply(
+        1_001,
+        WorkerReply::Claimed(Ok((103..105).map(|i| job(i, 1)).collect())),
+    );
+    m.handler_done(2_000, JobId(102), 1, Ok(()));
+    m.handler_done(2_000, JobId(103), 1, Ok(()));
+    let a = drain(&mut m);
+    assert_eq!(max_of(&a), Some(2), "no growth: {a:?}");
+}
+
+/// Fast handlers: finish every job started, and every job that starts
+/// after, at `t`; the actions seen on the way.
+fn run_dry(m: &mut WorkerMachine, t: &mut u64) -> Vec<WorkerAction> {
+    let mut seen = Vec::new();
+    loop {
+        let a = drain(m);
+        let s = started(&a);
+        seen.extend(a);
+        if s.is_empty() {
+            break;
+        }
+        for id in s {
+            m.handler_done(*t, JobId(id), 1, Ok(()));
+        }
+    }
+    *t += 1;
+    seen
 }
 
 #[test]

@@ -100,12 +100,18 @@ pub struct RoundTrips {
 
 #[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 impl RoundTrips {
+    /// A proxy in front of the `LEASEHOLD_TEST_PG` server.
     pub fn start() -> RoundTrips {
+        Self::start_to(&url().expect("LEASEHOLD_TEST_PG"))
+    }
+
+    /// A proxy in front of the server `server_url` names.
+    pub fn start_to(server_url: &str) -> RoundTrips {
         use std::io::{Read, Write};
         use std::net::{TcpListener, TcpStream};
         use std::sync::atomic::AtomicU8;
         use std::sync::Arc;
-        let config: postgres::Config = url().expect("LEASEHOLD_TEST_PG").parse().unwrap();
+        let config: postgres::Config = server_url.parse().unwrap();
         let host = match &config.get_hosts()[0] {
             postgres::config::Host::Tcp(h) => h.clone(),
             other => panic!("the round-trip proxy needs a TCP server, not {other:?}"),
@@ -120,6 +126,7 @@ impl RoundTrips {
                 let Ok(upstream) = TcpStream::connect(&server) else {
                     continue;
                 };
+                let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
                 // 0: the last bytes went to the server; 1: to the client.
                 let last = Arc::new(AtomicU8::new(1));
                 let pipe = |mut from: TcpStream, mut to: TcpStream, dir: u8| {
@@ -158,19 +165,22 @@ impl RoundTrips {
         self.count.load(Ordering::SeqCst)
     }
 
-    /// `schema`'s URL, through the proxy.
-    pub fn url(&self, schema: &Schema) -> String {
-        let config: postgres::Config = url().expect("LEASEHOLD_TEST_PG").parse().unwrap();
+    /// `server_url` (user, password, database) through the proxy.
+    pub fn proxied(&self, server_url: &str) -> String {
+        let config: postgres::Config = server_url.parse().unwrap();
         let user = config.get_user().unwrap_or("postgres");
         let db = config.get_dbname().unwrap_or("postgres");
         let password = config
             .get_password()
             .map(|p| format!(":{}", String::from_utf8_lossy(p)))
             .unwrap_or_default();
-        format!(
-            "postgres://{user}{password}@127.0.0.1:{}/{db}?schema={}",
-            self.port, schema.0
-        )
+        format!("postgres://{user}{password}@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// `schema`'s URL, through the proxy.
+    pub fn url(&self, schema: &Schema) -> String {
+        let base = self.proxied(&url().expect("LEASEHOLD_TEST_PG"));
+        format!("{base}?schema={}", schema.0)
     }
 }
 

@@ -13,10 +13,18 @@
 //! check); the idle backoff; the shutdown deadline.
 //!
 //! # Rules
-//! - **Claim** while fewer than `concurrency + prefetch` jobs are queued
-//!   or running, up to `batch_max` per transaction, one claim in flight. An
+//! - **Claim** while fewer than `concurrency + ahead` jobs are queued or
+//!   running, up to `batch_max` per transaction, one claim in flight: at
+//!   once when a handler slot is free and nothing is queued, else once at
+//!   least half of that room is free (so that claims come in batches). An
 //!   empty claim backs off (jittered, doubling up to `idle_max_ms`); a
 //!   wake-up (a job became ready) cuts the backoff short.
+//! - **Prefetch adapts**: `ahead` starts at `prefetch`. A claim that came
+//!   back full while handlers ran out of work during its round trip (the
+//!   loop is waiting on claims, not on handlers) doubles it, up to
+//!   `batch_max`; a claim that came back short (the queue is running dry)
+//!   resets it to `prefetch`. Slow handlers never starve during a claim, so
+//!   they never make a worker hoard jobs another process could run.
 //! - **Start** queued jobs in claim order while fewer than `concurrency`
 //!   run, if still valid.
 //! - **Renew** every held job in one transaction per round (about every
@@ -92,6 +100,12 @@ pub struct WorkerMachine {
     pub(super) settle_sent: Option<Vec<(JobId, u64, Settle)>>,
     pub(super) settle_backoff_ms: u64,
     pub(super) claim_sent: Option<u64>,
+    /// How many the claim in flight asked for.
+    pub(super) claim_asked: usize,
+    /// Handler slots that freed with nothing queued while it was in flight.
+    pub(super) starved: usize,
+    /// Jobs claimed ahead of a free handler (adapts; see the module docs).
+    pub(super) ahead: usize,
     pub(super) next_claim: u64,
     pub(super) idle_ms: u64,
     pub(super) round_sent: Option<(u64, Vec<(JobId, u64)>)>,
@@ -129,6 +143,9 @@ impl WorkerMachine {
             settle_sent: None,
             settle_backoff_ms: 1,
             claim_sent: None,
+            claim_asked: 0,
+            starved: 0,
+            ahead: cfg.prefetch,
             next_claim: now,
             idle_ms: 1,
             round_sent: None,
@@ -168,7 +185,7 @@ impl WorkerMachine {
             return None;
         }
         let mut t = u64::MAX;
-        if self.claim_sent.is_none() && self.may_claim() && self.room() > 0 {
+        if self.claim_sent.is_none() && self.may_claim() && self.claim_wanted() {
             t = t.min(self.next_claim);
         }
         if self.round_sent.is_none() && !self.round_claims().is_empty() {
@@ -222,7 +239,15 @@ impl WorkerMachine {
     }
 
     fn room(&self) -> usize {
-        (self.cfg.concurrency + self.cfg.prefetch).saturating_sub(self.running + self.queued.len())
+        (self.cfg.concurrency + self.ahead).saturating_sub(self.running + self.queued.len())
+    }
+
+    /// Whether a claim should go out (time permitting): a free handler
+    /// slot with nothing queued, or at least half the room free.
+    fn claim_wanted(&self) -> bool {
+        let room = self.room();
+        let hungry = self.running < self.cfg.concurrency && self.queued.is_empty();
+        room > 0 && (hungry || 2 * room >= self.cfg.concurrency + self.ahead)
     }
 
     pub(super) fn jitter(&mut self, span: u64) -> u64 {
@@ -321,6 +346,9 @@ impl WorkerMachine {
             return;
         }
         self.running -= 1;
+        if self.queued.is_empty() && self.claim_sent.is_some() {
+            self.starved += 1;
+        }
         self.report(id, result.into().settle(), now);
         self.step(now);
     }
@@ -460,12 +488,13 @@ impl WorkerMachine {
         if !self.may_claim() || self.claim_sent.is_some() || now < self.next_claim {
             return;
         }
-        let room = self.room();
-        if room == 0 {
+        if !self.claim_wanted() {
             return;
         }
         self.claim_sent = Some(now);
-        let max = room.min(self.cfg.batch_max);
+        let max = self.room().min(self.cfg.batch_max);
+        self.claim_asked = max;
+        self.starved = 0;
         self.out
             .push_back(WorkerAction::Send(WorkerRequest::Claim { max }));
     }

@@ -64,6 +64,7 @@ impl WorkerMachine {
             Err(e) if e.is_transient() || e.is_ambiguous() => Vec::new(),
             Err(e) => return self.fail(e),
         };
+        self.adapt_ahead(jobs.len());
         if jobs.is_empty() {
             self.idle(now);
             return;
@@ -95,6 +96,18 @@ impl WorkerMachine {
                 self.queued.push_back(id);
             }
         }
+    }
+
+    /// The prefetch rule (module docs of `worker.rs`): a full claim that
+    /// handlers starved for doubles `ahead`; a short one resets it.
+    fn adapt_ahead(&mut self, got: usize) {
+        if got < self.claim_asked {
+            self.ahead = self.cfg.prefetch;
+        } else if self.starved > 0 {
+            let cap = self.cfg.batch_max.max(self.cfg.prefetch);
+            self.ahead = (self.ahead.max(1) * 2).min(cap);
+        }
+        self.starved = 0;
     }
 
     /// An empty claim: back off (jittered, doubling); with the drain rule
