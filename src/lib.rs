@@ -79,8 +79,9 @@ mod sync;
 pub mod tokio;
 
 pub use client::{
-    fit_reason, random_holder_id, ClaimedJob, Client, ClientBuilder, JobOutcome, LeaseGuard,
-    LeaseOptions, Queue, WorkOptions, WorkReport,
+    fit_reason, random_holder_id, ClaimedJob, Client, ClientBuilder, Deposed, ElectOptions,
+    Election, JobOutcome, Leader, LeaderEvent, LeaseGuard, LeaseOptions, Queue, WorkOptions,
+    WorkReport,
 };
 pub use clock::{BootClock, Clock, ManualClock, MonotonicClock, SystemClock};
 pub use core::{

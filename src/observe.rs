@@ -14,6 +14,7 @@
 //! |---|---|---|
 //! | `leasehold_lease_transitions_total` | counter | `transition` (granted, renewed, released, expired, lost) |
 //! | `leasehold_job_transitions_total` | counter | `queue`, `transition` (enqueued, claimed, heartbeat, completed, failed, expired, retried, dead, quarantined, cancelled, abandoned) |
+//! | `leasehold_schedule_ticks_total` | counter | `queue`, `transition` (enqueued, caught_up, skipped) |
 //! | `leasehold_transaction_seconds` | histogram | `op`, `outcome` (ok, error) |
 //! | `leasehold_job_wait_seconds` | histogram | `queue`: claimable to claimed |
 //! | `leasehold_job_run_seconds` | histogram | `queue`: claimed to settled, as the worker saw it |
@@ -27,6 +28,7 @@
 //! job progress DEBUG or INFO, losses, expiries, dead and quarantined jobs
 //! WARN.
 
+use crate::core::schedule::TickChange;
 use crate::core::{Event, HolderId, JobChange, JobState, LeaseChange, StateCounts};
 use crate::error::{LostReason, Target};
 use std::sync::Arc;
@@ -58,6 +60,12 @@ pub(crate) fn committed(events: &[Event]) {
                 attempt,
                 change,
             } => job(queue, id.0, *token, *attempt, *change),
+            Event::Tick {
+                queue,
+                schedule,
+                tick_ms,
+                change,
+            } => tick(queue, schedule, *tick_ms, *change),
         }
     }
 }
@@ -104,6 +112,25 @@ fn job(queue: &Arc<str>, job_id: u64, token: u64, attempt: u32, change: JobChang
     }
     metrics::counter!(
         "leasehold_job_transitions_total",
+        "queue" => queue.clone(),
+        "transition" => change.name()
+    )
+    .increment(1);
+}
+
+fn tick(queue: &Arc<str>, schedule: &str, tick_ms: u64, change: TickChange) {
+    let q: &str = queue;
+    let tick = crate::core::schedule::tick_text(tick_ms);
+    match change {
+        TickChange::Enqueued { id, catch_up } => {
+            tracing::info!(target: "leasehold::schedule", queue = q, schedule, tick, job_id = id.0, catch_up, "schedule tick enqueued");
+        }
+        TickChange::Skipped => {
+            tracing::warn!(target: "leasehold::schedule", queue = q, schedule, tick, "schedule ticks missed and skipped");
+        }
+    }
+    metrics::counter!(
+        "leasehold_schedule_ticks_total",
         "queue" => queue.clone(),
         "transition" => change.name()
     )

@@ -134,7 +134,7 @@ fn a_version_1_schema_is_migrated_in_place() {
     drop(store);
     admin_batch(&format!(
         "DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
-         ALTER TABLE \"{s}\".jobs DROP COLUMN result;
+         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules;
          UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -147,6 +147,38 @@ fn a_version_1_schema_is_migrated_in_place() {
     assert_eq!(version, SCHEMA_VERSION.to_string());
     let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
     assert_eq!((info.last_token, info.limit, info.holders.len()), (1, 0, 1));
+}
+
+/// A schema at version 3 (before schedules) gains the schedules table in
+/// place; a schedule then works.
+#[test]
+fn a_version_3_schema_gains_schedules_in_place() {
+    use leasehold::core::{schedule, Missed, Rule, ScheduleSpec};
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("v3");
+    drop(PostgresStore::open(&schema.url()).unwrap());
+    admin_batch(&format!(
+        "DROP TABLE \"{s}\".schedules;
+         UPDATE \"{s}\".leasehold_meta SET value = '3' WHERE name = 'schema_version'",
+        s = schema.0
+    ));
+    let store = PostgresStore::open(&schema.url()).unwrap();
+    let version: String = admin(&format!(
+        "SELECT value FROM \"{}\".leasehold_meta WHERE name = 'schema_version'",
+        schema.0
+    ))[0]
+        .get(0);
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("4", 4));
+    let spec = ScheduleSpec {
+        name: "s".into(),
+        rule: Rule::every(60_000),
+        job: leasehold::JobSpec::new("x"),
+        missed: Missed::Skip,
+    };
+    store.txn(|tx| schedule::put(tx, "q", &spec, 0)).unwrap();
+    assert_eq!(store.txn(|tx| schedule::list(tx, "q")).unwrap().len(), 1);
 }
 
 fn open_err(url: &str) -> String {
@@ -783,7 +815,7 @@ fn a_version_2_schema_is_migrated_in_place() {
         .unwrap();
     drop(store);
     admin_batch(&format!(
-        "ALTER TABLE \"{s}\".jobs DROP COLUMN result;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules;
          UPDATE \"{s}\".leasehold_meta SET value = '2' WHERE name = 'schema_version'",
         s = schema.0
     ));

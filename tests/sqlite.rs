@@ -361,7 +361,7 @@ fn a_version_1_database_is_upgraded_in_place() {
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
         "DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
-         ALTER TABLE jobs DROP COLUMN result; PRAGMA user_version = 1;",
+         ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(conn);
@@ -381,6 +381,43 @@ fn a_version_1_database_is_upgraded_in_place() {
         store.txn(|tx| core::lease::inspect(tx, "k")).unwrap().limit,
         2
     );
+    let counts = store
+        .txn(|tx| core::job::stats(tx, "q", &QueuePolicy::default()))
+        .unwrap();
+    assert_eq!(counts.get(JobState::Ready), 1);
+}
+
+/// A database of schema version 3 (before schedules) gains the schedules
+/// table in place, keeping its jobs; a schedule then works.
+#[test]
+fn a_version_3_database_gains_schedules_in_place() {
+    use leasehold::core::{schedule, Missed, Rule, ScheduleSpec};
+    let d = Dir::new("v3");
+    let clock = ManualClock::new(1_000);
+    {
+        let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+        store
+            .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("p"), &QueuePolicy::default()))
+            .unwrap();
+    }
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch("DROP TABLE schedules; PRAGMA user_version = 3;")
+        .unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!((v, SCHEMA_VERSION), (4, 4));
+    let spec = ScheduleSpec {
+        name: "s".into(),
+        rule: Rule::every(60_000),
+        job: JobSpec::new("x"),
+        missed: Missed::Skip,
+    };
+    store.txn(|tx| schedule::put(tx, "q", &spec, 0)).unwrap();
+    assert_eq!(store.txn(|tx| schedule::list(tx, "q")).unwrap().len(), 1);
     let counts = store
         .txn(|tx| core::job::stats(tx, "q", &QueuePolicy::default()))
         .unwrap();
@@ -538,8 +575,10 @@ fn a_version_2_database_is_upgraded_in_place() {
         }
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch("ALTER TABLE jobs DROP COLUMN result; PRAGMA user_version = 2;")
-        .unwrap();
+    conn.execute_batch(
+        "ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; PRAGMA user_version = 2;",
+    )
+    .unwrap();
     drop(conn);
     let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
     let v: i64 = rusqlite::Connection::open(d.db())

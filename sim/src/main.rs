@@ -19,10 +19,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N [--seed-start S] [--jobs N]] [--store mem|sqlite|file] [--trace] [--shrink] [--canary NAME|all]
-scenarios: leases, queue, mixed, clock-chaos
+scenarios: leases, queue, mixed, clock-chaos, election, schedules
 canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease, worker-stops-claiming,
-           deadline-from-reply, completer-drops-outcome
-the file store keeps leases only: use it with --scenario leases or clock-chaos";
+           deadline-from-reply, completer-drops-outcome, leader-ignores-deadline, scheduler-forgets-ticks
+the file store keeps leases only: use it with --scenario leases, clock-chaos or election";
 
 struct Args {
     scenarios: Vec<Scenario>,

@@ -20,10 +20,13 @@
 //!   sent to the store in a settle batch (again after a transient error),
 //!   unless its process dies first; every outcome sent is one a handler
 //!   reported, with the same verdict.
-//! - L4, Q3 liveness: checked after the heal phase by the simulator.
+//! - P1 (schedules): every tick becomes at most one job.
+//! - L4, Q3 liveness, E1 (a dead leader replaced within its lease plus the
+//!   campaign's retry) and P2 (every tick due before the heal phase fired
+//!   by the workers): checked by the simulator around the heal phase.
 
 use crate::model::{Model, Outcome};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// Who: a process index and its incarnation (a restart is a new owner).
@@ -77,6 +80,8 @@ pub struct Oracle {
     /// B1: outcomes handlers reported, by (owner, job, token): whether it
     /// completed, and whether a settle batch carried it yet.
     reported: BTreeMap<(Owner, u64, u64), (bool, bool)>,
+    /// P1: the unique keys of every tick's job created so far.
+    ticks: BTreeSet<String>,
     strict_l3: bool,
 }
 
@@ -102,8 +107,32 @@ impl Oracle {
             claims: BTreeMap::new(),
             completed: BTreeMap::new(),
             reported: BTreeMap::new(),
+            ticks: BTreeSet::new(),
             strict_l3,
         }
+    }
+
+    /// P1: a schedule's tick became a job (its unique key `NAME@TICK`):
+    /// never twice, whichever worker fired it and whatever its clock said.
+    pub fn tick_enqueued(&mut self, t: u64, key: &str) -> Check {
+        if self.ticks.insert(key.to_owned()) {
+            return Ok(());
+        }
+        violation("P1", t, format!("tick {key} became a job a second time"))
+    }
+
+    /// Whether a tick became a job.
+    pub fn tick_seen(&self, key: &str) -> bool {
+        self.ticks.contains(key)
+    }
+
+    /// When the grants of `key` live at `t` end, at the latest.
+    pub fn live_until(&self, key: usize, t: u64) -> Option<u64> {
+        self.grants
+            .range((key, 0)..(key, u64::MAX))
+            .filter(|(_, g)| g.live_at(t))
+            .map(|(_, g)| g.end_ms)
+            .max()
     }
 
     /// A handler reported its job's outcome to its worker loop.

@@ -19,15 +19,27 @@ pub enum Scenario {
     /// Leases with clocks beyond the drift bound and backward steps: the
     /// strict L3 check is off and fencing must reject every stale write.
     ClockChaos,
+    /// Campaigners for one key (the real election machine): the leader
+    /// writes to the fenced resource while it leads (L3); after the faults
+    /// the leader is killed and must be replaced within its TTL plus the
+    /// campaign's retry (E1).
+    Election,
+    /// Workers that fire the queue's schedules (every second), skewed and
+    /// drifting wall clocks included: every tick becomes exactly one job
+    /// (P1), and ticks due before the heal phase are fired by the workers
+    /// themselves (P2).
+    Schedules,
 }
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 4] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::Leases,
         Scenario::Queue,
         Scenario::Mixed,
         Scenario::ClockChaos,
+        Scenario::Election,
+        Scenario::Schedules,
     ];
 
     /// Its command-line name.
@@ -37,6 +49,8 @@ impl Scenario {
             Scenario::Queue => "queue",
             Scenario::Mixed => "mixed",
             Scenario::ClockChaos => "clock-chaos",
+            Scenario::Election => "election",
+            Scenario::Schedules => "schedules",
         }
     }
 
@@ -69,11 +83,18 @@ pub enum Canary {
     /// The worker machine's completer loses every fourth outcome its
     /// handlers report (a batching bug).
     CompleterDropsOutcome,
+    /// The election machine's leader ignores its local deadline: it acts
+    /// until a renewal is refused (through a pause past its TTL, too).
+    LeaderIgnoresDeadline,
+    /// Firing schedules forgets where it was (the cursor is never
+    /// stored): a tick whose job has finished is enqueued again, the unique
+    /// key only guarding live jobs.
+    SchedulerForgetsTicks,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 7] = [
+    pub const ALL: [Canary; 9] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -81,6 +102,8 @@ impl Canary {
         Canary::WorkerStopsClaiming,
         Canary::DeadlineFromReply,
         Canary::CompleterDropsOutcome,
+        Canary::LeaderIgnoresDeadline,
+        Canary::SchedulerForgetsTicks,
     ];
 
     /// Its command-line name.
@@ -93,6 +116,8 @@ impl Canary {
             Canary::WorkerStopsClaiming => "worker-stops-claiming",
             Canary::DeadlineFromReply => "deadline-from-reply",
             Canary::CompleterDropsOutcome => "completer-drops-outcome",
+            Canary::LeaderIgnoresDeadline => "leader-ignores-deadline",
+            Canary::SchedulerForgetsTicks => "scheduler-forgets-ticks",
         }
     }
 
@@ -109,6 +134,8 @@ impl Canary {
             Canary::ClaimIgnoresLease
             | Canary::WorkerStopsClaiming
             | Canary::CompleterDropsOutcome => Scenario::Queue,
+            Canary::LeaderIgnoresDeadline => Scenario::Election,
+            Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }
     }
 }
@@ -133,6 +160,12 @@ pub enum Role {
     },
     /// Fires operations exactly at expiry boundaries (on `Boundary` faults).
     Prober,
+    /// Campaigns for `key` with the election machine; writes to the
+    /// protected resource while it leads.
+    Campaigner {
+        /// Index into [`Plan::keys`].
+        key: usize,
+    },
 }
 
 /// One process at the start of the run.
@@ -352,6 +385,22 @@ fn processes(
             procs.push(spec(rng, Role::Worker { batch }));
         }
     }
+    if scenario == Scenario::Election {
+        keys.push(1);
+        for _ in 0..rng.random_range(3..=6) {
+            procs.push(spec(rng, Role::Campaigner { key: 0 }));
+        }
+    }
+    if scenario == Scenario::Schedules {
+        for _ in 0..rng.random_range(0..=1) {
+            let jobs = rng.random_range(5..=20);
+            procs.push(spec(rng, Role::Producer { jobs }));
+        }
+        for _ in 0..rng.random_range(2..=5) {
+            let batch = rng.random_range(1..=3);
+            procs.push(spec(rng, Role::Worker { batch }));
+        }
+    }
     procs.push(ProcSpec {
         role: Role::Prober,
         drift_ppm: 0,
@@ -376,7 +425,11 @@ impl Plan {
         let lat_min = rng.random_range(0..=3);
         let latency_ms = (lat_min, lat_min + rng.random_range(0..=10));
         let (procs, keys) = processes(&mut rng, scenario, drift_bound_ppm);
-        let duration_ms = rng.random_range(1_000..=4_000);
+        let mut duration_ms = rng.random_range(1_000..=4_000);
+        if scenario == Scenario::Schedules {
+            // Ticks come every second: a longer run sees more of them.
+            duration_ms = rng.random_range(3_000..=8_000);
+        }
         let mut plan = Plan {
             seed,
             scenario,
@@ -445,6 +498,17 @@ impl Plan {
         match canary {
             Canary::IgnoresFencing | Canary::ClaimIgnoresLease => pause_some(rng, faults, 4),
             Canary::WorkerStopsClaiming | Canary::CompleterDropsOutcome => {}
+            Canary::LeaderIgnoresDeadline => {
+                // Pauses a little longer than the TTL: the leader wakes
+                // believing it still leads while another one does.
+                for _ in 0..6 {
+                    let proc = actors[rng.random_range(0..actors.len())];
+                    let at = rng.random_range(0..self.duration_ms);
+                    let for_ms = self.ttl_ms + rng.random_range(1..=self.ttl_ms);
+                    faults.push((at, Fault::Pause { proc, for_ms }));
+                }
+            }
+            Canary::SchedulerForgetsTicks => {}
             Canary::DeadlineFromReply => {
                 // Slow replies: the deadline counted from them runs late.
                 self.latency_ms = (10, 25);

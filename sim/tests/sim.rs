@@ -52,7 +52,7 @@ fn sqlite_store_holds_every_guarantee() {
 /// The real file store inside the simulator (lease scenarios), fewer seeds.
 #[test]
 fn file_store_holds_every_lease_guarantee() {
-    for scenario in [Scenario::Leases, Scenario::ClockChaos] {
+    for scenario in [Scenario::Leases, Scenario::ClockChaos, Scenario::Election] {
         let summary = runner::run_seeds(scenario, 0, 8, &world::file_store, |_| {});
         if let Some(f) = summary.failures.first() {
             panic!(
@@ -104,6 +104,8 @@ fn every_canary_is_caught() {
             Canary::WorkerStopsClaiming => &["Q3"],
             Canary::DeadlineFromReply => &["L3"],
             Canary::CompleterDropsOutcome => &["B1"],
+            Canary::LeaderIgnoresDeadline => &["L3"],
+            Canary::SchedulerForgetsTicks => &["P1"],
         };
         assert!(
             expected.contains(&v.guarantee),

@@ -16,6 +16,7 @@
 //! the local deadline: the instant the request was *sent*, plus the TTL,
 //! minus the drift allowance ([`crate::core::local_deadline_ms`]).
 
+pub(crate) mod election;
 pub(crate) mod guard;
 pub(crate) mod job;
 pub(crate) mod lifeline;
@@ -24,13 +25,15 @@ mod queue;
 pub(crate) mod session;
 mod worker;
 
+pub use election::{ElectOptions, Election, Leader, LeaderEvent};
 pub use guard::LeaseGuard;
 pub use job::ClaimedJob;
+pub use machine::Deposed;
 pub use machine::JobOutcome;
 pub use queue::Queue;
 pub use worker::{fit_reason, WorkOptions, WorkReport};
 
-use crate::clock::{BootClock, Clock};
+use crate::clock::{BootClock, Clock, SystemClock};
 use crate::core::{
     self, lease::LeaseInfo, DriftBound, Holder, HolderId, JobId, JobRecord, JobState, QueuePolicy,
 };
@@ -51,6 +54,8 @@ pub(crate) fn ms_of(d: Duration) -> u64 {
 struct ClientInner {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
+    /// Wall-clock time (Unix ms), for schedules' ticks.
+    wall: Arc<dyn Clock>,
     holder: Holder,
     drift: DriftBound,
     policy: QueuePolicy,
@@ -82,6 +87,7 @@ impl std::fmt::Debug for Client {
 pub struct ClientBuilder {
     store: Arc<dyn Store>,
     clock: Option<Arc<dyn Clock>>,
+    wall: Option<Arc<dyn Clock>>,
     holder: Option<Holder>,
     drift: DriftBound,
     policy: QueuePolicy,
@@ -100,6 +106,13 @@ impl ClientBuilder {
     /// up knowing its lease ran out).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// The wall clock schedules' ticks are read on (Unix ms; default:
+    /// [`SystemClock`]).
+    pub fn wall_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.wall = Some(clock);
         self
     }
 
@@ -135,6 +148,7 @@ impl ClientBuilder {
             inner: Arc::new(ClientInner {
                 store: self.store,
                 clock: self.clock.unwrap_or_else(|| Arc::new(BootClock)),
+                wall: self.wall.unwrap_or_else(|| Arc::new(SystemClock)),
                 holder,
                 drift: self.drift,
                 policy,
@@ -222,6 +236,7 @@ impl Client {
         ClientBuilder {
             store,
             clock: None,
+            wall: None,
             holder: None,
             drift: DriftBound::default(),
             policy: QueuePolicy::default(),
@@ -246,6 +261,11 @@ impl Client {
 
     pub(crate) fn local_now_ms(&self) -> u64 {
         self.inner.clock.now_ms()
+    }
+
+    /// The wall clock (Unix ms) schedules' ticks are read on.
+    pub(crate) fn wall_clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.wall
     }
 
     /// A jitter value in `0..span` (deterministic per client, never shared

@@ -3,7 +3,11 @@
 
 use super::job::ClaimedJob;
 use super::{ms_of, Client};
-use crate::core::{self, EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, StateCounts};
+use crate::core::schedule::{Fired, PutOutcome};
+use crate::core::{
+    self, EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, ScheduleRecord, ScheduleSpec,
+    StateCounts,
+};
 use crate::error::{Error, LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +95,40 @@ impl Queue {
                 }),
             })
             .collect())
+    }
+
+    /// Add a schedule to this queue, or replace the one of the same name
+    /// (the same rule keeps its place: every process may register its
+    /// schedules at startup). Workers of the queue ([`Queue::work`]) fire
+    /// it: each tick becomes one job, however many workers run.
+    pub fn schedule(&self, spec: &ScheduleSpec) -> Result<PutOutcome> {
+        let wall_ms = self.client.wall_clock().now_ms();
+        self.client.run("schedule", |tx| {
+            core::schedule::put(tx, &self.name, spec, wall_ms)
+        })
+    }
+
+    /// This queue's schedules, by name.
+    pub fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        self.client
+            .run("schedules", |tx| core::schedule::list(tx, &self.name))
+    }
+
+    /// Remove the schedule `name` (the jobs it made stay).
+    pub fn unschedule(&self, name: &str) -> Result<()> {
+        self.client.run("unschedule", |tx| {
+            core::schedule::remove(tx, &self.name, name)
+        })
+    }
+
+    /// Fire this queue's due ticks now (workers do it on their own; this is
+    /// for a process that runs no worker).
+    pub fn fire_schedules(&self) -> Result<Fired> {
+        let wall_ms = self.client.wall_clock().now_ms();
+        let policy = self.client.inner.policy;
+        self.client.run("fire", |tx| {
+            core::schedule::fire(tx, &self.name, wall_ms, &policy)
+        })
     }
 
     /// Jobs per state.

@@ -9,11 +9,13 @@
 //! [`Session::next`] says so.
 
 use super::job::ClaimedJob;
+use super::machine::FireReport;
 use super::machine::{
     JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
 };
 use super::worker::{WorkOptions, WorkReport};
 use super::{ms_of, Client};
+use crate::clock::Clock;
 use crate::core::{self, HolderId, JobId, JobRecord, QueuePolicy};
 use crate::error::Result;
 use crate::store::{Store, StoreExt};
@@ -31,6 +33,7 @@ pub(crate) struct Exec {
     holder: HolderId,
     policy: QueuePolicy,
     lease_ms: u64,
+    wall: Arc<dyn Clock>,
 }
 
 impl Exec {
@@ -59,6 +62,25 @@ impl Exec {
             WorkerRequest::Sample => WorkerReply::Sampled(
                 store.txn_as("sample", |tx| core::job::stats(tx, queue, policy)),
             ),
+            WorkerRequest::Fire => WorkerReply::Fired(self.fire()),
+        }
+    }
+
+    /// Fire the queue's schedules at the wall clock's now.
+    fn fire(&self) -> Result<FireReport> {
+        let wall_ms = self.wall.now_ms();
+        let fired = self.store.txn_as("fire", |tx| {
+            core::schedule::fire(tx, &self.queue, wall_ms, &self.policy)
+        });
+        match fired {
+            Ok(f) => Ok(FireReport {
+                enqueued: f.enqueued.iter().filter(|e| e.3).count(),
+                next_in_ms: f.next_ms.map(|n| n.saturating_sub(wall_ms)),
+            }),
+            Err(e) => {
+                tracing::warn!(target: "leasehold::schedule", queue = &*self.queue, error = %e, "firing schedules failed");
+                Err(e)
+            }
         }
     }
 }
@@ -106,6 +128,7 @@ impl Session {
             drift: client.inner.drift,
             seed: client.jitter(u64::MAX),
             sample_ms: opts.sample.map_or(0, |d| ms_of(d).max(1)),
+            fire_ms: opts.schedules.map_or(0, |d| ms_of(d).max(1)),
         };
         Session {
             machine: WorkerMachine::new(cfg, client.local_now_ms()),
@@ -117,6 +140,7 @@ impl Session {
                 holder: client.inner.holder.id,
                 policy: client.inner.policy,
                 lease_ms,
+                wall: client.wall_clock().clone(),
             },
             records: HashMap::new(),
             handles: HashMap::new(),

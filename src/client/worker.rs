@@ -50,6 +50,10 @@ pub struct WorkOptions {
     /// `leasehold_queue_jobs` gauge (`None`: never; each sample is a
     /// transaction that counts the queue).
     pub sample: Option<Duration>,
+    /// Fire the queue's schedules ([`Queue::schedule`]): each tick as it
+    /// comes due, and a look at least this often for schedules added or
+    /// changed elsewhere (`None`: this worker fires none).
+    pub schedules: Option<Duration>,
 }
 
 impl Default for WorkOptions {
@@ -65,6 +69,7 @@ impl Default for WorkOptions {
             heartbeat: None,
             shutdown_grace: Duration::from_secs(30),
             sample: None,
+            schedules: Some(Duration::from_secs(5)),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! traces and counts them then ([`crate::store::StoreExt::txn`]), never
 //! for a transaction that rolled back.
 
+use super::schedule::TickChange;
 use super::{HolderId, JobId};
 use std::sync::Arc;
 
@@ -34,6 +35,17 @@ pub enum Event {
         attempt: u32,
         /// What happened.
         change: JobChange,
+    },
+    /// A schedule's tick was handled (by a worker's fire).
+    Tick {
+        /// The schedule's queue.
+        queue: Arc<str>,
+        /// The schedule.
+        schedule: Arc<str>,
+        /// The tick (wall clock, Unix ms).
+        tick_ms: u64,
+        /// What became of it.
+        change: TickChange,
     },
 }
 

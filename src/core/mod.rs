@@ -37,13 +37,19 @@
 //! is dead once they reach `max_attempts` (Q4); claim takes the ready job
 //! with the highest priority, then earliest `run_at_ms`, then lowest id (Q5).
 //!
+//! # Schedules ([`schedule`])
+//! State per queue and name: a [`ScheduleRecord`] with its rule and the
+//! cursor of its next tick. Transitions: put, remove, fire (the ticks due
+//! become jobs with a unique key per tick, the cursor moves past them in
+//! the same transaction). Invariant: each tick is handled once.
+//!
 //! Every operation decides before it changes anything: a rule error (held,
 //! lost, invalid) leaves the records untouched, so a store's rollback is only
 //! ever needed for its own I/O errors (S1).
 //!
 //! # Storage ([`Txn`], [`JobTxn`])
 //! The core asks for what it needs, on purpose: lease records by key; job
-//! records by id; one batched read of a queue's expired, due and ready jobs
+//! records by id; a queue's schedules; one batched read of a queue's expired, due and ready jobs
 //! ([`JobTxn::pending`]); two ordered scans. It records in the
 //! transaction's [`Journal`] the wake-ups it causes (a lease freed, a job
 //! made ready), which the store delivers on commit, and the transitions it
@@ -53,6 +59,7 @@
 pub mod event;
 pub mod job;
 pub mod lease;
+pub mod schedule;
 mod txn;
 
 pub use event::{Event, JobChange, LeaseChange};
@@ -61,6 +68,7 @@ pub use job::{
     JobState, QueuePolicy, StateCounts,
 };
 pub use lease::{local_deadline_ms, DriftBound, Grant, LeaseInfo, LeaseRecord, LeaseSlot};
+pub use schedule::{Missed, Rule, ScheduleRecord, ScheduleSpec};
 pub use txn::{JobQuery, JobTxn, Journal, Pending, Txn, Wake};
 
 use crate::error::{Error, Result};

@@ -10,7 +10,7 @@
 //! networked store answers in one round trip.
 
 use super::event::Event;
-use super::{JobId, JobRecord, JobState, LeaseRecord, StateCounts};
+use super::{JobId, JobRecord, JobState, LeaseRecord, ScheduleRecord, StateCounts};
 use crate::error::Result;
 
 /// What a transaction caused, for after it commits: the wake-ups its
@@ -63,7 +63,7 @@ impl Journal {
 }
 
 /// An event a blocked caller can wait for ([`crate::Store::wait_epoch`]),
-/// raised by the rules ([`Txn::wake`]) and delivered by the store when
+/// raised by the rules ([`Journal::wake`]) and delivered by the store when
 /// the transaction that raised it commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Wake {
@@ -196,4 +196,14 @@ pub trait JobTxn {
         after: JobId,
         limit: usize,
     ) -> Result<Vec<JobRecord>>;
+
+    /// The schedules of `queue`, by name. A store that locks rows locks
+    /// these (two workers firing the same queue take turns).
+    fn schedules(&mut self, queue: &str) -> Result<Vec<ScheduleRecord>>;
+
+    /// Insert or replace a schedule (by queue and name).
+    fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()>;
+
+    /// Remove `queue`'s schedule `name`; whether there was one.
+    fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool>;
 }

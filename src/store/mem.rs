@@ -12,14 +12,14 @@
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{
     ClaimRank, JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, Pending,
-    StateCounts, Txn,
+    ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Result;
 use crate::store::{Store, Wake};
 use crate::sync::{lock, Condvar, Mutex};
 use hashbrown::hash_map::EntryRef;
 use hashbrown::HashMap;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,7 +94,11 @@ struct UndoLog {
     leases: Vec<(Arc<str>, Option<LeaseRecord>)>,
     jobs: Vec<(JobId, Option<JobRecord>)>,
     last_job_id: Option<u64>,
+    schedules: Vec<(ScheduleKey, Option<ScheduleRecord>)>,
 }
+
+/// A schedule's queue and name.
+type ScheduleKey = (Arc<str>, Arc<str>);
 
 #[derive(Debug, Default)]
 struct MemState {
@@ -105,6 +109,8 @@ struct MemState {
     jobs: HashMap<JobId, JobRecord>,
     queues: HashMap<Arc<str>, QueueIndex>,
     last_job_id: u64,
+    /// Schedules by queue, then name.
+    schedules: BTreeMap<ScheduleKey, ScheduleRecord>,
     /// One counter per [`Wake`] event.
     epochs: [u64; 2],
     /// Threads blocked in `wait_epoch` (a notify is a system call;
@@ -157,6 +163,12 @@ impl MemState {
         if let Some(last) = self.undo.last_job_id.take() {
             self.last_job_id = last;
         }
+        while let Some((key, old)) = self.undo.schedules.pop() {
+            match old {
+                Some(s) => self.schedules.insert(key, s),
+                None => self.schedules.remove(&key),
+            };
+        }
     }
 
     /// Forget the undo log of a committed transaction, keeping the lease
@@ -170,6 +182,7 @@ impl MemState {
         }
         self.undo.jobs.clear();
         self.undo.last_job_id = None;
+        self.undo.schedules.clear();
     }
 }
 
@@ -345,6 +358,32 @@ impl JobTxn for MemTxn<'_> {
             }
         }
         Ok(())
+    }
+
+    fn schedules(&mut self, queue: &str) -> Result<Vec<ScheduleRecord>> {
+        let from: ScheduleKey = (Arc::from(queue), Arc::from(""));
+        Ok(self
+            .st
+            .schedules
+            .range(from..)
+            .take_while(|((q, _), _)| **q == *queue)
+            .map(|(_, s)| s.clone())
+            .collect())
+    }
+
+    fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()> {
+        let key = (schedule.queue.clone(), schedule.name.clone());
+        let old = self.st.schedules.insert(key.clone(), schedule.clone());
+        self.st.undo.schedules.push((key, old));
+        Ok(())
+    }
+
+    fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool> {
+        let key: ScheduleKey = (Arc::from(queue), Arc::from(name));
+        let old = self.st.schedules.remove(&key);
+        let existed = old.is_some();
+        self.st.undo.schedules.push((key, old));
+        Ok(existed)
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {

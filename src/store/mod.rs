@@ -445,3 +445,41 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         (**self).wait_epoch(wake, epoch, timeout)
     }
 }
+
+/// The columns of a schedule row, as every database store keeps them.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) const SCHEDULE_COLUMNS: &str =
+    "queue, name, rule, payload, priority, max_attempts, missed, next_at";
+
+/// A schedule from its row's values (in [`SCHEDULE_COLUMNS`] order); a
+/// rule or policy this build cannot read is an error naming the row.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn schedule_of_row(
+    queue: &str,
+    name: &str,
+    rule: &str,
+    payload: Vec<u8>,
+    priority: i64,
+    max_attempts: i64,
+    missed: &str,
+    next_at: i64,
+) -> Result<crate::core::ScheduleRecord> {
+    use crate::core::{Missed, Rule, ScheduleRecord};
+    let bad = |e: crate::error::Error| {
+        crate::error::Error::store(
+            format!("reading schedule {name:?} of queue {queue:?}"),
+            format!("{e} (written by a newer leasehold, or damaged)"),
+        )
+    };
+    Ok(ScheduleRecord {
+        queue: std::sync::Arc::from(queue),
+        name: std::sync::Arc::from(name),
+        rule: Rule::decode(rule).map_err(bad)?,
+        payload: std::sync::Arc::from(payload),
+        priority: i32::try_from(priority).unwrap_or(0),
+        max_attempts: u32::try_from(max_attempts).unwrap_or(1),
+        missed: Missed::parse(missed).map_err(bad)?,
+        next_ms: u64_of(next_at),
+    })
+}

@@ -52,11 +52,13 @@
 //! # }
 //! ```
 
+mod election;
 mod guard;
 mod job;
 mod queue;
 mod worker;
 
+pub use election::Election;
 pub use guard::LeaseGuard;
 pub use job::ClaimedJob;
 pub use queue::Queue;

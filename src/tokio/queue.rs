@@ -2,7 +2,10 @@
 //! worker loop is in `worker.rs`.
 
 use super::{ClaimedJob, Client};
-use crate::core::{EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, StateCounts};
+use crate::core::schedule::{Fired, PutOutcome};
+use crate::core::{
+    EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, ScheduleRecord, ScheduleSpec, StateCounts,
+};
 use crate::error::Result;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +55,28 @@ impl Queue {
             .into_iter()
             .map(|job| ClaimedJob::new(&self.client, Arc::new(job)))
             .collect())
+    }
+
+    /// Add or replace a schedule (see [`crate::Queue::schedule`]).
+    pub async fn schedule(&self, spec: &ScheduleSpec) -> Result<PutOutcome> {
+        let spec = spec.clone();
+        self.call(move |q| q.schedule(&spec)).await
+    }
+
+    /// This queue's schedules, by name.
+    pub async fn schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        self.call(|q| q.schedules()).await
+    }
+
+    /// Remove the schedule `name`.
+    pub async fn unschedule(&self, name: &str) -> Result<()> {
+        let name = name.to_owned();
+        self.call(move |q| q.unschedule(&name)).await
+    }
+
+    /// Fire this queue's due ticks now (see [`crate::Queue::fire_schedules`]).
+    pub async fn fire_schedules(&self) -> Result<Fired> {
+        self.call(|q| q.fire_schedules()).await
     }
 
     /// Jobs per state.

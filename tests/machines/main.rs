@@ -3,6 +3,7 @@
 //! checks them at scale, under faults).
 
 use leasehold::client::machine::{
+    Deposed, ElectionAction, ElectionConfig, ElectionEvent, ElectionMachine, FireReport,
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest, JobOutcome,
     StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
 };
@@ -16,5 +17,7 @@ const DRIFT: DriftBound = DriftBound {
     margin_ms: 0,
 };
 
+mod election;
 mod holder;
+mod scheduler;
 mod worker;

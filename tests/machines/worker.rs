@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn worker(concurrency: usize, prefetch: usize, batch_max: usize) -> WorkerConfig {
+pub(crate) fn worker(concurrency: usize, prefetch: usize, batch_max: usize) -> WorkerConfig {
     WorkerConfig {
         lease_ms: 3_000,
         concurrency,
@@ -16,10 +16,11 @@ fn worker(concurrency: usize, prefetch: usize, batch_max: usize) -> WorkerConfig
         drift: DRIFT,
         seed: 11,
         sample_ms: 0,
+        fire_ms: 0,
     }
 }
 
-fn job(id: u64, token: u64) -> JobRecord {
+pub(crate) fn job(id: u64, token: u64) -> JobRecord {
     JobRecord {
         id: JobId(id),
         queue: Arc::from("q"),
@@ -45,11 +46,11 @@ fn job(id: u64, token: u64) -> JobRecord {
     }
 }
 
-fn drain(m: &mut WorkerMachine) -> Vec<WorkerAction> {
+pub(crate) fn drain(m: &mut WorkerMachine) -> Vec<WorkerAction> {
     std::iter::from_fn(|| m.poll_action()).collect()
 }
 
-fn requests(a: &[WorkerAction]) -> Vec<WorkerRequest> {
+pub(crate) fn requests(a: &[WorkerAction]) -> Vec<WorkerRequest> {
     a.iter()
         .filter_map(|a| match a {
             WorkerAction::Send(r) => Some(r.clone()),

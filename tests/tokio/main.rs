@@ -9,6 +9,7 @@
 mod pg;
 
 mod cases;
+mod election;
 
 use leasehold::Store;
 use std::sync::Arc;
@@ -69,6 +70,8 @@ macro_rules! tokio_cases {
             a_loss_racing_a_completion_is_reported_as_what_the_store_kept,
             a_panicking_handler_fails_its_job,
             claimed_by_hand_with_a_keep_alive_task,
+            elections_hand_over_on_resign,
+            async_workers_fire_each_tick_once,
             a_handlers_result_is_kept_with_its_job,
         );
     };

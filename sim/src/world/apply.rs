@@ -4,7 +4,7 @@
 //! was granted, claimed, renewed and settled.
 
 use super::msg::{Answer, Ev, Line, Rep, Req};
-use super::stores::BlindClaims;
+use super::stores::Broken;
 use super::{key_name, Sim, QUEUE};
 use crate::model::Outcome;
 use crate::oracle::Owner;
@@ -39,6 +39,17 @@ pub(super) fn outcome_of(answer: &Answer) -> Outcome {
             )
         }),
         Answer::Bool(r) => Outcome::of(r, |b| Outcome::Bool(*b)),
+        Answer::Fired(r) => Outcome::of(r, |f| {
+            Outcome::Batch(
+                f.enqueued
+                    .iter()
+                    .map(|e| Outcome::Enqueued {
+                        id: e.2 .0,
+                        created: e.3,
+                    })
+                    .collect(),
+            )
+        }),
     }
 }
 
@@ -106,6 +117,7 @@ impl Sim<'_> {
                 let expect = self.oracle.model.drained(QUEUE);
                 (Answer::Bool(r), expect, "drained".to_owned())
             }
+            Req::Fire { wall_ms } => self.apply_fire(owner, *wall_ms),
         };
         if self.violation.is_none() {
             let c = self.oracle.compare(t, &what, &expect, &outcome_of(&answer));
@@ -162,6 +174,9 @@ impl Sim<'_> {
                 .oracle
                 .grant(t, key, owner, g.token, g.expires_at_ms, g.renewed);
             self.check(c);
+            if !g.renewed {
+                self.election_granted(key);
+            }
         }
         (Answer::Grant(r), expect, format!("acquire {name}"))
     }
@@ -216,7 +231,7 @@ impl Sim<'_> {
         let blind = self.plan.canary == Some(Canary::ClaimIgnoresLease);
         let r = self.store.txn(|tx| {
             if blind {
-                let mut tx = BlindClaims(tx.jobs()?);
+                let mut tx = Broken::blind(tx.jobs()?);
                 core::job::claim(&mut tx, QUEUE, holder, lease, n, &policy)
             } else {
                 core::job::claim(tx, QUEUE, holder, lease, n, &policy)

@@ -40,7 +40,7 @@ impl Sim<'_> {
         }
     }
 
-    fn kill(&mut self, proc: usize, restart_after_ms: u64) {
+    pub(super) fn kill(&mut self, proc: usize, restart_after_ms: u64) {
         let owner = self.owner(proc);
         let pr = &mut self.procs[proc];
         if !pr.alive || pr.exited {
@@ -87,6 +87,7 @@ impl Sim<'_> {
             match &mut self.procs[p].state {
                 RoleState::Worker(w) => w.wake_machine(local),
                 RoleState::Holder(h) if h.idle() => h.acquire_now(),
+                RoleState::Campaigner(_) => self.campaign_now(p),
                 _ => continue,
             }
             self.procs[p].burst_at = Some(at);
@@ -194,6 +195,10 @@ impl Sim<'_> {
             }
             self.wake_in(p, 0);
         }
+        self.heal_wall = self.slowest_worker_wall();
+        if self.plan.scenario == crate::plan::Scenario::Election {
+            self.heal_election();
+        }
     }
 
     /// Liveness after the heal phase: every key acquirable (L4) and every
@@ -206,6 +211,13 @@ impl Sim<'_> {
         let alive = |(p, gen): (usize, u32)| procs[p].alive && procs[p].gen == gen;
         if let Err(v) = self.oracle.unsent(at, alive) {
             return self.fail(v);
+        }
+        self.final_election_checks();
+        if self.plan.scenario == crate::plan::Scenario::Schedules {
+            self.final_tick_checks();
+        }
+        if self.violation.is_some() {
+            return;
         }
         self.now = self.now.max(T0 + self.plan.duration_ms) + long + 1;
         self.clock.set(self.now);
@@ -231,7 +243,7 @@ impl Sim<'_> {
         }
     }
 
-    fn violation_at(&self, guarantee: &'static str, detail: String) -> Violation {
+    pub(super) fn violation_at(&self, guarantee: &'static str, detail: String) -> Violation {
         Violation {
             guarantee,
             detail,

@@ -175,15 +175,8 @@ impl Sim<'_> {
         if !valid || local < next_write {
             return;
         }
-        let (fencing, owner) = (self.plan.fencing, self.owner(p));
-        match self.oracle.write(self.now, key, owner, token, fencing) {
-            Ok(accepted) => self.note(Line::Write {
-                p,
-                key,
-                token,
-                accepted,
-            }),
-            Err(v) => return self.fail(v),
+        if !self.protected_write(p, key, token) {
+            return;
         }
         let gap = self.procs[p]
             .rng
@@ -199,6 +192,27 @@ impl Sim<'_> {
         if greedy {
             // Land the last write on the last valid local millisecond.
             h.next_write = h.next_write.min(deadline.saturating_sub(1)).max(local + 1);
+        }
+    }
+
+    /// A write to the resource `key` protects, with `token`, judged by the
+    /// oracle (L3, L5, fencing); false once it found a violation.
+    pub(super) fn protected_write(&mut self, p: usize, key: usize, token: u64) -> bool {
+        let (fencing, owner) = (self.plan.fencing, self.owner(p));
+        match self.oracle.write(self.now, key, owner, token, fencing) {
+            Ok(accepted) => {
+                self.note(Line::Write {
+                    p,
+                    key,
+                    token,
+                    accepted,
+                });
+                true
+            }
+            Err(v) => {
+                self.fail(v);
+                false
+            }
         }
     }
 
@@ -226,17 +240,25 @@ impl Sim<'_> {
 
     pub(super) fn holder_reply(&mut self, p: usize, req: Req, _sent_local: u64, rep: Rep) {
         let local = self.local(p);
-        let reply = match (&req, rep) {
-            (Req::Acquire { .. }, Rep::Done(Answer::Grant(r))) => HolderReply::Acquired(r),
-            (Req::Acquire { .. }, rep) => HolderReply::Acquired(Err(error_of(&rep))),
-            (Req::Renew { .. }, Rep::Done(Answer::Grant(r))) => HolderReply::Renewed(r),
-            (Req::Renew { .. }, rep) => HolderReply::Renewed(Err(error_of(&rep))),
-            (Req::Release { .. }, Rep::Done(Answer::Unit(r))) => HolderReply::Released(r),
-            (Req::Release { .. }, rep) => HolderReply::Released(Err(error_of(&rep))),
-            _ => return,
+        let Some(reply) = lease_reply(&req, rep) else {
+            return;
         };
         if let Some(m) = &mut self.holder(p).machine {
             m.handle_reply(local, reply);
         }
     }
+}
+
+/// What a lease request's reply means to a holder machine (the holder's
+/// and the campaigner's); `None` for a reply to another kind of request.
+pub(super) fn lease_reply(req: &Req, rep: Rep) -> Option<HolderReply> {
+    Some(match (req, rep) {
+        (Req::Acquire { .. }, Rep::Done(Answer::Grant(r))) => HolderReply::Acquired(r),
+        (Req::Acquire { .. }, rep) => HolderReply::Acquired(Err(error_of(&rep))),
+        (Req::Renew { .. }, Rep::Done(Answer::Grant(r))) => HolderReply::Renewed(r),
+        (Req::Renew { .. }, rep) => HolderReply::Renewed(Err(error_of(&rep))),
+        (Req::Release { .. }, Rep::Done(Answer::Unit(r))) => HolderReply::Released(r),
+        (Req::Release { .. }, rep) => HolderReply::Released(Err(error_of(&rep))),
+        _ => return None,
+    })
 }

@@ -27,9 +27,11 @@
 //! `faults.rs` (faults, heal, the final checks), `stores.rs`.
 
 mod apply;
+mod campaigner;
 mod faults;
 mod holder;
 mod msg;
+mod schedules;
 mod stores;
 mod worker;
 
@@ -39,6 +41,7 @@ pub use stores::{file_store, mem_store, sqlite_store, StoreFactory};
 use crate::model::Model;
 use crate::oracle::{Oracle, Owner, Violation};
 use crate::plan::{Plan, Role};
+use campaigner::CampaignerState;
 use holder::HolderState;
 use leasehold::core::DriftBound;
 use leasehold::{HolderId, ManualClock, QueuePolicy, Store};
@@ -85,6 +88,7 @@ enum RoleState {
     Holder(Box<HolderState>),
     Producer { left: u32, next_local: u64 },
     Worker(Box<WorkerState>),
+    Campaigner(Box<CampaignerState>),
     Prober,
 }
 
@@ -158,6 +162,15 @@ pub struct Sim<'a> {
     violation: Option<Violation>,
     prober_gen: u32,
     next_rid: u64,
+    /// Each schedule's first tick (Schedules runs).
+    first_ticks: Vec<(String, u64)>,
+    /// True wall time when the heal phase began.
+    heal_wall: u64,
+    /// E1: a new leader must be granted the key by this true instant.
+    e1_by: Option<u64>,
+    e1_done: bool,
+    /// E1: the next process seen leading in the heal phase is killed.
+    e1_armed: bool,
 }
 
 /// Run `plan` on the mem store.
@@ -222,7 +235,15 @@ impl<'a> Sim<'a> {
             violation: None,
             prober_gen: 0,
             next_rid: 0,
+            first_ticks: Vec::new(),
+            heal_wall: u64::MAX,
+            e1_by: None,
+            e1_done: false,
+            e1_armed: false,
         };
+        if plan.scenario == crate::plan::Scenario::Schedules {
+            sim.start_schedules();
+        }
         for (i, spec) in plan.procs.iter().enumerate() {
             let seed = plan.seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let mut rng = StdRng::seed_from_u64(seed);
@@ -262,6 +283,9 @@ impl<'a> Sim<'a> {
                 next_local: 0,
             },
             Role::Worker { batch } => RoleState::Worker(Box::new(self.new_worker(p, batch))),
+            Role::Campaigner { key } => {
+                RoleState::Campaigner(Box::new(self.new_campaigner(p, key)))
+            }
             Role::Prober => RoleState::Prober,
         }
     }
@@ -452,6 +476,7 @@ impl<'a> Sim<'a> {
             RoleState::Holder(_) => self.holder_reply(p, req, sent_local, rep),
             RoleState::Producer { .. } => self.producer_reply(p, rep),
             RoleState::Worker(_) => self.worker_reply(p, req, rep),
+            RoleState::Campaigner(_) => self.campaigner_reply(p, req, rep),
             RoleState::Prober => {}
         }
         self.poll(p);
@@ -466,6 +491,7 @@ impl<'a> Sim<'a> {
             RoleState::Holder(_) => self.poll_holder(p),
             RoleState::Producer { .. } => self.poll_producer(p),
             RoleState::Worker(_) => self.poll_worker(p),
+            RoleState::Campaigner(_) => self.poll_campaigner(p),
             RoleState::Prober => {}
         }
     }

@@ -41,6 +41,12 @@ pub enum Req {
     Settles(Vec<(JobId, u64, Settle)>),
     /// The drain rule's question.
     Drained,
+    /// Fire the queue's schedules at this wall-clock instant (the
+    /// sender's wall clock).
+    Fire {
+        /// Unix ms.
+        wall_ms: u64,
+    },
 }
 
 impl fmt::Display for Req {
@@ -76,6 +82,7 @@ impl fmt::Display for Req {
                 Ok(())
             }
             Req::Drained => f.write_str("drained?"),
+            Req::Fire { wall_ms } => write!(f, "fire schedules at wall {wall_ms}"),
         }
     }
 }
@@ -97,6 +104,8 @@ pub enum Answer {
     States(leasehold::Result<Vec<leasehold::Result<JobState>>>),
     /// To the drain question.
     Bool(leasehold::Result<bool>),
+    /// To a fire.
+    Fired(leasehold::Result<leasehold::core::schedule::Fired>),
 }
 
 /// What comes back.

@@ -1,7 +1,7 @@
 //! The stores a run can use (the real adapters, on the run's true clock),
 //! and the claim canary's broken transaction.
 
-use leasehold::core::{JobQuery, JobTxn, Pending, Txn};
+use leasehold::core::{JobQuery, JobTxn, Pending, ScheduleRecord, Txn};
 use leasehold::{JobId, JobRecord, JobState, ManualClock, MemStore, StateCounts, Store};
 use std::sync::Arc;
 
@@ -85,13 +85,38 @@ pub fn file_store(clock: &ManualClock) -> Arc<dyn Store> {
     })
 }
 
-/// A transaction wrapper for the claim canary: "ready" also yields
-/// running jobs whose lease has not expired.
-pub(crate) struct BlindClaims<'a>(pub(crate) &'a mut dyn JobTxn);
+/// A transaction wrapper for the canaries: with `blind_claims`, "ready"
+/// also yields running jobs whose lease has not expired; with
+/// `forget_schedules`, a schedule's cursor is never stored.
+pub(crate) struct Broken<'a> {
+    inner: &'a mut dyn JobTxn,
+    blind_claims: bool,
+    forget_schedules: bool,
+}
 
-impl Txn for BlindClaims<'_> {
+impl<'a> Broken<'a> {
+    /// The claim canary's transaction.
+    pub(crate) fn blind(inner: &'a mut dyn JobTxn) -> Self {
+        Broken {
+            inner,
+            blind_claims: true,
+            forget_schedules: false,
+        }
+    }
+
+    /// The schedule canary's transaction.
+    pub(crate) fn forgetful(inner: &'a mut dyn JobTxn) -> Self {
+        Broken {
+            inner,
+            blind_claims: false,
+            forget_schedules: true,
+        }
+    }
+}
+
+impl Txn for Broken<'_> {
     fn now_ms(&self) -> u64 {
-        self.0.now_ms()
+        self.inner.now_ms()
     }
     fn lease_mut(
         &mut self,
@@ -101,37 +126,37 @@ impl Txn for BlindClaims<'_> {
         Ok(None)
     }
     fn journal(&mut self) -> &mut leasehold::core::Journal {
-        self.0.journal()
+        self.inner.journal()
     }
     fn jobs(&mut self) -> leasehold::Result<&mut dyn JobTxn> {
         Ok(self)
     }
 }
 
-impl JobTxn for BlindClaims<'_> {
+impl JobTxn for Broken<'_> {
     fn now_ms(&self) -> u64 {
-        self.0.now_ms()
+        self.inner.now_ms()
     }
     fn journal(&mut self) -> &mut leasehold::core::Journal {
-        self.0.journal()
+        self.inner.journal()
     }
     fn next_job_id(&mut self) -> leasehold::Result<JobId> {
-        self.0.next_job_id()
+        self.inner.next_job_id()
     }
     fn job(&mut self, id: JobId) -> leasehold::Result<Option<JobRecord>> {
-        self.0.job(id)
+        self.inner.job(id)
     }
     fn jobs_by_id(&mut self, ids: &[JobId]) -> leasehold::Result<Vec<JobRecord>> {
-        self.0.jobs_by_id(ids)
+        self.inner.jobs_by_id(ids)
     }
     fn put_job(&mut self, job: &JobRecord) -> leasehold::Result<()> {
-        self.0.put_job(job)
+        self.inner.put_job(job)
     }
     fn delete_job(&mut self, id: JobId) -> leasehold::Result<()> {
-        self.0.delete_job(id)
+        self.inner.delete_job(id)
     }
     fn live_unique(&mut self, queue: &str, key: &str) -> leasehold::Result<Option<JobId>> {
-        self.0.live_unique(queue, key)
+        self.inner.live_unique(queue, key)
     }
     fn pending(
         &mut self,
@@ -140,10 +165,10 @@ impl JobTxn for BlindClaims<'_> {
         chunk: usize,
         ready: usize,
     ) -> leasehold::Result<Pending> {
-        let mut read = self.0.pending(queue, now_ms, chunk, ready)?;
-        if ready > 0 {
+        let mut read = self.inner.pending(queue, now_ms, chunk, ready)?;
+        if ready > 0 && self.blind_claims {
             // Broken on purpose: every running job looks claimable.
-            let running = self.0.pending(queue, u64::MAX, ready, 0)?.expired;
+            let running = self.inner.pending(queue, u64::MAX, ready, 0)?.expired;
             let live = running
                 .into_iter()
                 .filter(|j| j.claim.is_some_and(|c| c.lease_until_ms > now_ms));
@@ -158,10 +183,23 @@ impl JobTxn for BlindClaims<'_> {
         limit: usize,
         out: &mut Vec<JobId>,
     ) -> leasehold::Result<()> {
-        self.0.scan(queue, query, limit, out)
+        self.inner.scan(queue, query, limit, out)
     }
     fn counts(&mut self, queue: &str) -> leasehold::Result<StateCounts> {
-        self.0.counts(queue)
+        self.inner.counts(queue)
+    }
+    fn schedules(&mut self, queue: &str) -> leasehold::Result<Vec<ScheduleRecord>> {
+        self.inner.schedules(queue)
+    }
+    fn put_schedule(&mut self, schedule: &ScheduleRecord) -> leasehold::Result<()> {
+        if self.forget_schedules {
+            // Broken on purpose: the cursor never moves.
+            return Ok(());
+        }
+        self.inner.put_schedule(schedule)
+    }
+    fn delete_schedule(&mut self, queue: &str, name: &str) -> leasehold::Result<bool> {
+        self.inner.delete_schedule(queue, name)
     }
     fn list(
         &mut self,
@@ -170,6 +208,6 @@ impl JobTxn for BlindClaims<'_> {
         after: JobId,
         limit: usize,
     ) -> leasehold::Result<Vec<JobRecord>> {
-        self.0.list(queue, state, after, limit)
+        self.inner.list(queue, state, after, limit)
     }
 }

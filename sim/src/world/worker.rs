@@ -55,6 +55,12 @@ impl Sim<'_> {
             drift: self.drift,
             seed: rng.random(),
             sample_ms: 0,
+            // Schedulers look at the schedules at least this often.
+            fire_ms: if self.plan.scenario == crate::plan::Scenario::Schedules {
+                300
+            } else {
+                0
+            },
         };
         let breakage = WorkerBreakage {
             drop_outcomes: self.plan.canary == Some(Canary::CompleterDropsOutcome),
@@ -207,6 +213,9 @@ impl Sim<'_> {
             WorkerRequest::DrainCheck => Req::Drained,
             // Simulated workers never sample (`sample_ms` is 0).
             WorkerRequest::Sample => return,
+            WorkerRequest::Fire => Req::Fire {
+                wall_ms: self.wall(p),
+            },
         };
         self.send(p, req);
     }
@@ -276,6 +285,14 @@ impl Sim<'_> {
             (Req::Settles(_), rep) => WorkerReply::Settled(Err(error_of(&rep))),
             (Req::Drained, Rep::Done(Answer::Bool(r))) => WorkerReply::Drained(r),
             (Req::Drained, rep) => WorkerReply::Drained(Err(error_of(&rep))),
+            (Req::Fire { wall_ms }, Rep::Done(Answer::Fired(r))) => {
+                let wall_ms = *wall_ms;
+                WorkerReply::Fired(r.map(|f| leasehold::client::machine::FireReport {
+                    enqueued: f.enqueued.iter().filter(|e| e.3).count(),
+                    next_in_ms: f.next_ms.map(|n| n.saturating_sub(wall_ms)),
+                }))
+            }
+            (Req::Fire { .. }, rep) => WorkerReply::Fired(Err(error_of(&rep))),
             _ => return,
         };
         self.worker(p).machine.handle_reply(local, reply);

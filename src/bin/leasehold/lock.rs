@@ -52,6 +52,18 @@ pub enum LockCmd {
     },
     /// Who holds KEY, until when, and its token counter.
     Status { key: String },
+    /// Print one JSON line now and one per change of holder (a new token,
+    /// a release, an expiry), until interrupted.
+    Watch {
+        key: String,
+        /// Look at least this often (a release in this process or, on
+        /// PostgreSQL, anywhere, is seen at once).
+        #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+        interval: Duration,
+        /// Exit after this many lines (0: never).
+        #[arg(long, default_value_t = 0)]
+        count: u64,
+    },
 }
 
 /// When a lease is held: who holds it and until when, on stdout.
@@ -107,6 +119,14 @@ pub fn lock(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: LockCmd) -> CliResu
             client.release(&key, token)?;
             emit(&json!({"key": key, "released": true, "token": token}))?;
             Ok(0)
+        }
+        LockCmd::Watch {
+            key,
+            interval,
+            count,
+        } => {
+            let client = client_for(store, policy, None, None)?;
+            crate::watch::watch(&client, &key, interval, count)
         }
         LockCmd::Status { key } => {
             let client = client_for(store, policy, None, None)?;

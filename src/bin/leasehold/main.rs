@@ -9,11 +9,14 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the CLI spawns threads, reads real time and does I/O
 
 mod contain;
+mod elect;
 mod lock;
 mod out;
 mod queue;
 mod run;
+mod schedule;
 mod telemetry;
+mod watch;
 mod work;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -99,6 +102,8 @@ enum Cmd {
     Queue(queue::QueueCmd),
     /// Run a command under a lease (like flock(1), but expiring and fenced).
     Run(run::RunArgs),
+    /// Campaign for leadership of a key; run a command while leader.
+    Elect(elect::ElectArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -129,6 +134,11 @@ fn flag_of(field: &str) -> &str {
         "holder label" => "--label",
         "state" => "--state",
         "store" => "--store",
+        "every" => "--every",
+        "cron" => "--cron",
+        "tz" => "--tz",
+        "missed" => "--missed",
+        "schedule" => "NAME",
         other => other,
     }
 }
@@ -263,6 +273,9 @@ fn main() -> ExitCode {
         Cmd::Run(args) => open_store(&store)
             .and_then(|s| client_for(s, &policy, None, None))
             .and_then(|c| run::run(c, args)),
+        Cmd::Elect(args) => open_store(&store)
+            .and_then(|s| client_for(s, &policy, None, args.label()))
+            .and_then(|c| elect::elect(c, args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

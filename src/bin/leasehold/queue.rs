@@ -31,8 +31,11 @@ pub enum QueueCmd {
         #[arg(long)]
         unique: Option<String>,
     },
-    /// Claim jobs and run CMD for each (payload on stdin).
+    /// Claim jobs and run CMD for each (payload on stdin); fire the queue's schedules.
     Work(work::WorkArgs),
+    /// Periodic jobs: add, list or remove a queue's schedules.
+    #[command(subcommand)]
+    Schedule(crate::schedule::ScheduleCmd),
     /// Jobs per state.
     Stats { queue: String },
     /// Jobs, one JSON line each (payload size and a short preview).
@@ -97,6 +100,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
     let client = client_for(store, policy, None, None)?;
     let lines = match cmd {
         QueueCmd::Work(args) => return work::work(client, args),
+        QueueCmd::Schedule(cmd) => return crate::schedule::schedule(&client, cmd),
         QueueCmd::Push {
             queue,
             payload,

@@ -12,7 +12,7 @@ use crate::lock::held_message;
 use crate::out::{ms, note, parse_duration};
 use crate::{CliResult, Fail, EXIT_ERROR, EXIT_LOST};
 use clap::Args;
-use leasehold::{Client, LeaseGuard, LeaseOptions};
+use leasehold::{Client, LeaseOptions};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
@@ -71,72 +71,127 @@ pub fn run(client: Client, args: RunArgs) -> CliResult {
     let lost = Arc::new(AtomicBool::new(false));
     let flag = lost.clone();
     guard.keep_alive(move |_| flag.store(true, Ordering::SeqCst))?;
-    let spawned = contain::spawn(Spec {
-        cmd: &args.cmd,
-        env: vec![
-            ("LEASEHOLD_TOKEN", guard.token().to_string()),
-            ("LEASEHOLD_KEY", args.key.clone()),
-        ],
-        stdin: Stdio::inherit(),
-        stdout: Stdio::inherit(),
-        grace: args.grace,
-        mode: args.contain,
-    });
-    let mut child = match spawned {
+    let who = format!("{} holds", client.holder().id);
+    let started = start(
+        &args.cmd,
+        &args.key,
+        guard.token(),
+        args.grace,
+        args.contain,
+        &who,
+    );
+    let mut child = match started {
         Ok(c) => c,
         Err(e) => {
             let _ = guard.release();
-            return Err(match e {
-                StartError::Exec { code, message } => Fail(code, message),
-                StartError::Other(message) => Fail(EXIT_ERROR, message),
-            });
+            return Err(e);
         }
     };
-    note(&format!(
-        "{} holds {:?} with token {}; running {:?} {} (supervisor pid {})",
-        client.holder().id,
-        args.key,
-        guard.token(),
-        args.cmd[0],
-        child.mode.describe(),
-        child.pid()
-    ));
-    supervise(&mut child, guard, &lost, &args)
-}
-
-/// Wait for CMD while the lease holds: forward signals to its tree, stop
-/// it on a loss (exit 76), release the lease when it ends.
-fn supervise(
-    child: &mut Contained,
-    guard: LeaseGuard,
-    lost: &AtomicBool,
-    args: &RunArgs,
-) -> CliResult {
-    let poll = Duration::from_millis((ms(args.ttl) / 20).clamp(5, 100));
-    loop {
-        if let Some(code) = child.try_wait() {
+    let is_lost = || {
+        (lost.load(Ordering::SeqCst) || !guard.is_valid()).then(|| {
+            guard
+                .lost()
+                .map_or("local deadline passed".to_owned(), |r| r.to_string())
+        })
+    };
+    let what = format!("lease {:?}", args.key);
+    let ended = supervise(
+        &mut child,
+        is_lost,
+        args.grace,
+        poll_of(args.ttl),
+        &what,
+        &args.cmd[0],
+    );
+    match ended {
+        Ended::Exited { code, .. } => {
             if let Err(e) = guard.release() {
                 note(&format!("releasing {:?}: {e}", args.key));
             }
-            return Ok(code);
+            Ok(code)
+        }
+        Ended::Lost => {
+            let _ = guard.release();
+            Ok(EXIT_LOST)
+        }
+    }
+}
+
+/// How often a supervised CMD is looked at under a lease of `ttl`.
+pub fn poll_of(ttl: Duration) -> Duration {
+    Duration::from_millis((ms(ttl) / 20).clamp(5, 100))
+}
+
+/// Start CMD contained, with the lease's key and token in its environment
+/// (`run`, `elect`), and say so (`who`: "ID holds", "ID leads"); 126/127
+/// when it cannot be executed.
+pub fn start(
+    cmd: &[String],
+    key: &str,
+    token: u64,
+    grace: Duration,
+    mode: Mode,
+    who: &str,
+) -> Result<Contained, Fail> {
+    let spawned = contain::spawn(Spec {
+        cmd,
+        env: vec![
+            ("LEASEHOLD_TOKEN", token.to_string()),
+            ("LEASEHOLD_KEY", key.to_owned()),
+        ],
+        stdin: Stdio::inherit(),
+        stdout: Stdio::inherit(),
+        grace,
+        mode,
+    });
+    let child = spawned.map_err(|e| match e {
+        StartError::Exec { code, message } => Fail(code, message),
+        StartError::Other(message) => Fail(EXIT_ERROR, message),
+    })?;
+    note(&format!(
+        "{who} {key:?} with token {token}; running {:?} {} (supervisor pid {})",
+        cmd[0],
+        child.mode.describe(),
+        child.pid()
+    ));
+    Ok(child)
+}
+
+/// How a supervised CMD ended.
+pub enum Ended {
+    /// By itself (or of a signal forwarded to its tree: `signalled`).
+    Exited { code: u8, signalled: bool },
+    /// Its lease was lost: its tree was stopped (SIGTERM, SIGKILL after
+    /// the grace period) and is gone.
+    Lost,
+}
+
+/// Wait for CMD while `lost` says nothing: SIGTERM/SIGINT to leasehold go
+/// to CMD's whole tree (SIGKILL after `grace`); once `lost` gives a
+/// reason, say so (naming `what`) and stop the tree.
+pub fn supervise(
+    child: &mut Contained,
+    lost: impl Fn() -> Option<String>,
+    grace: Duration,
+    poll: Duration,
+    what: &str,
+    cmd: &str,
+) -> Ended {
+    let mut signalled = false;
+    loop {
+        if let Some(code) = child.try_wait() {
+            return Ended::Exited { code, signalled };
         }
         let sig = SIGNAL.swap(0, Ordering::SeqCst);
         if sig != 0 {
             // Forwarded to the whole tree; SIGKILL after the grace period.
-            child.stop(sig, args.grace);
+            signalled = true;
+            child.stop(sig, grace);
         }
-        if lost.load(Ordering::SeqCst) || !guard.is_valid() {
-            note(&format!(
-                "lease {:?} lost ({}); stopping {:?}",
-                args.key,
-                guard
-                    .lost()
-                    .map_or("local deadline passed".to_owned(), |r| r.to_string()),
-                args.cmd[0]
-            ));
-            child.stop_and_wait(libc::SIGTERM, args.grace);
-            let _ = guard.release();
-            return Ok(EXIT_LOST);
+        if let Some(why) = lost() {
+            note(&format!("{what} lost ({why}); stopping {cmd:?}"));
+            child.stop_and_wait(libc::SIGTERM, grace);
+            return Ended::Lost;
         }
         std::thread::sleep(poll);
     }

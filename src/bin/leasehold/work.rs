@@ -50,6 +50,10 @@ pub struct WorkArgs {
     /// sample the queue's depth every 5 s for them.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Fire none of the queue's schedules (by default a worker fires
+    /// each tick as it comes due: one job per tick however many run).
+    #[arg(long)]
+    no_schedules: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     cmd: Vec<String>,
@@ -231,6 +235,11 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
         // given back.
         shutdown_grace: args.grace + Duration::from_secs(2),
         sample: args.metrics.as_ref().map(|_| Duration::from_secs(5)),
+        schedules: if args.no_schedules {
+            None
+        } else {
+            WorkOptions::default().schedules
+        },
         ..WorkOptions::default()
     };
     if let Some(addr) = &args.metrics {

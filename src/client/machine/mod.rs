@@ -9,7 +9,9 @@
 //!   with backoff), keep alive, notice the loss, release.
 //! - [`WorkerMachine`]: a process's worker loop: claims, handler slots,
 //!   renewal rounds, the batching completer, idle backoff, the drain rule,
-//!   shutdown.
+//!   shutdown, and when to fire the queue's schedules (`FireTimer`).
+//! - [`ElectionMachine`]: leader election on one key: campaign, lead
+//!   (a [`HolderMachine`] per term), lose or resign, campaign again.
 //!
 //! Each is driven the same way (quinn-proto's shape): call `handle_timeout`
 //! when `poll_timeout` says, `handle_reply` with the store's answer to each
@@ -19,18 +21,24 @@
 
 #![forbid(clippy::disallowed_methods, clippy::disallowed_types)]
 
+mod election;
 mod holder;
 mod lifetime;
+mod scheduler;
 mod worker;
 mod worker_io;
 mod worker_replies;
 
+#[cfg(feature = "canaries")]
+pub use election::ElectionBreakage;
+pub use election::{Deposed, ElectionAction, ElectionConfig, ElectionEvent, ElectionMachine};
 pub use holder::{
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,
 };
 #[cfg(feature = "canaries")]
 pub use lifetime::Breakage;
 pub use lifetime::{renew_every, End, Lifetime};
+pub use scheduler::FireReport;
 #[cfg(feature = "canaries")]
 pub use worker::WorkerBreakage;
 pub use worker::WorkerMachine;

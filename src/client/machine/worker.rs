@@ -41,6 +41,10 @@
 //!   held, ask the store ([`crate::core::job::drained`]); finish if drained.
 //! - **Sample** the queue's jobs per state every `sample_ms` (if set), one
 //!   request in flight, for the queue-depth gauges.
+//! - **Fire** the queue's schedules (if `fire_ms` is set) when the next
+//!   tick is due and at least every `fire_ms`, one request in flight
+//!   (`FireTimer`); jobs it enqueued are claimed at once. Not after
+//!   shutdown.
 //! - **Shutdown**: stop claiming, give queued jobs back at once, let running
 //!   handlers finish until the deadline, then give theirs back (counted as
 //!   attempts) and tell them to stop; finish once everything is settled.
@@ -110,6 +114,7 @@ pub struct WorkerMachine {
     pub(super) sample_sent: bool,
     pub(super) next_sample: u64,
     pub(super) shutdown_at: Option<u64>,
+    pub(super) fire: super::scheduler::FireTimer,
     pub(super) over: bool,
     pub(super) rounds: u64,
     pub(super) out: VecDeque<WorkerAction>,
@@ -149,6 +154,7 @@ impl WorkerMachine {
             sample_sent: false,
             next_sample: now,
             shutdown_at: None,
+            fire: super::scheduler::FireTimer::new(cfg.fire_ms, now),
             over: false,
             rounds: 0,
             out: VecDeque::new(),
@@ -190,6 +196,9 @@ impl WorkerMachine {
         }
         if self.cfg.sample_ms > 0 && !self.sample_sent {
             t = t.min(self.next_sample);
+        }
+        if let (Some(at), true) = (self.fire.poll_timeout(), self.may_claim()) {
+            t = t.min(at);
         }
         for h in self.jobs.values() {
             t = t.min(h.life.deadline());
@@ -406,6 +415,9 @@ impl WorkerMachine {
         self.maybe_renew(now);
         self.maybe_claim(now);
         self.maybe_sample(now);
+        if self.may_claim() && self.fire.take_due(now) {
+            self.out.push_back(WorkerAction::Send(WorkerRequest::Fire));
+        }
         self.maybe_finish();
     }
 

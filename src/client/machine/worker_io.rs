@@ -87,6 +87,9 @@ pub struct WorkerConfig {
     /// Sample the queue's jobs per state this often (0: never), for the
     /// queue-depth gauges.
     pub sample_ms: u64,
+    /// Fire the queue's schedules ([`crate::core::schedule::fire`]) at
+    /// each tick they report, and at least this often (0: never).
+    pub fire_ms: u64,
 }
 
 /// A request the driver sends to the store for the machine.
@@ -111,6 +114,8 @@ pub enum WorkerRequest {
     DrainCheck,
     /// `core::job::stats` (a sample of the queue's depth).
     Sample,
+    /// `core::schedule::fire` at the driver's wall clock.
+    Fire,
 }
 
 /// The store's answer to a request (one per request sent).
@@ -126,6 +131,8 @@ pub enum WorkerReply {
     Drained(Result<bool>),
     /// To [`WorkerRequest::Sample`].
     Sampled(Result<StateCounts>),
+    /// To [`WorkerRequest::Fire`].
+    Fired(Result<super::FireReport>),
 }
 
 /// Why a running handler must stop.

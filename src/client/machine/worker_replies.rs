@@ -23,6 +23,12 @@ impl WorkerMachine {
             WorkerReply::Heartbeated(r) => self.heartbeated(now, r),
             WorkerReply::Settled(r) => self.settled(now, r),
             WorkerReply::Drained(r) => self.drained(r),
+            WorkerReply::Fired(r) => {
+                if self.fire.answered(now, &r) && self.may_claim() {
+                    self.next_claim = self.next_claim.min(now);
+                    self.idle_ms = 1;
+                }
+            }
             WorkerReply::Sampled(r) => {
                 self.sample_sent = false;
                 self.next_sample = now.saturating_add(self.cfg.sample_ms);
@@ -38,7 +44,7 @@ impl WorkerMachine {
     fn drained(&mut self, r: Result<bool>) {
         self.drain_sent = false;
         match r {
-            Ok(true) if self.quiet() && self.cfg.drain => {
+            Ok(true) if self.quiet() && self.cfg.drain && !self.fire.in_flight() => {
                 self.over = true;
                 self.out.push_back(WorkerAction::Finished);
             }

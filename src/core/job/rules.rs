@@ -157,7 +157,8 @@ pub fn enqueue(
     Ok(EnqueueOutcome { id, created: true })
 }
 
-fn check_spec(spec: &JobSpec) -> Result<()> {
+/// Check what an enqueue of `spec` would check (payload, attempts, key).
+pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
     if spec.payload.len() > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
             "payload",

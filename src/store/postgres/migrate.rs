@@ -15,7 +15,7 @@ const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 3] = [
+const MIGRATIONS: [&str; 4] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -59,7 +59,24 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
  CREATE INDEX jobs_retrying ON {s}.jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
     // v3: what a job's handler returned when it completed.
     "ALTER TABLE {s}.jobs ADD COLUMN result bytea;",
+    V4_SCHEDULES,
 ];
+
+/// v4: schedules (periodic jobs), one row per queue and name; `next_at`
+/// is the cursor of the next tick (wall clock, Unix ms).
+const V4_SCHEDULES: &str = "
+CREATE TABLE {s}.schedules (
+    queue text NOT NULL,
+    name text NOT NULL,
+    rule text NOT NULL,
+    payload bytea NOT NULL,
+    priority int4 NOT NULL,
+    max_attempts int8 NOT NULL,
+    missed text NOT NULL,
+    next_at int8 NOT NULL,
+    PRIMARY KEY (queue, name)
+);
+";
 
 /// The schema being migrated, for the statements and the messages.
 pub(super) struct Target<'a> {

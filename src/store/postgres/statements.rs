@@ -1,6 +1,7 @@
 //! The statements every connection prepares once: the reads of a
 //! transaction (lease rows, job rows, the indexed job scans).
 
+use crate::store::SCHEDULE_COLUMNS;
 use postgres::{Client, Statement};
 
 /// Every statement, prepared once per connection.
@@ -16,6 +17,9 @@ pub(super) struct Statements {
     pub scan_retrying: Statement,
     pub counts: Statement,
     pub list: Statement,
+    pub schedules_get: Statement,
+    pub schedule_put: Statement,
+    pub schedule_delete: Statement,
 }
 
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
@@ -81,6 +85,18 @@ impl Statements {
                 "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND id > $2 AND ($3::int2 < 0 OR state = $3::int2)
                  ORDER BY id LIMIT $4"
             ))?,
+            // Locked: two workers firing one queue take turns, and the
+            // second sees the cursor the first moved.
+            schedules_get: p(format!(
+                "SELECT {SCHEDULE_COLUMNS} FROM {{s}}.schedules WHERE queue = $1 ORDER BY name FOR UPDATE"
+            ))?,
+            schedule_put: p(format!(
+                "INSERT INTO {{s}}.schedules ({SCHEDULE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (queue, name) DO UPDATE SET rule = excluded.rule, payload = excluded.payload,
+                   priority = excluded.priority, max_attempts = excluded.max_attempts,
+                   missed = excluded.missed, next_at = excluded.next_at"
+            ))?,
+            schedule_delete: p("DELETE FROM {s}.schedules WHERE queue = $1 AND name = $2".into())?,
         })
     }
 }

@@ -8,10 +8,10 @@ use super::sql::{render_job_writes, JobWrite, Sql};
 use super::statements::Statements;
 use crate::core::{
     Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, LeaseSlot, Pending,
-    StateCounts, Txn,
+    ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::{Error, Result};
-use crate::store::{holder_from, i64_of, u64_of, LeaseCache, Wake};
+use crate::store::{holder_from, i64_of, schedule_of_row, u64_of, LeaseCache, Wake};
 use crate::Holder;
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
@@ -428,6 +428,62 @@ impl JobTxn for PgTxn<'_> {
         };
         out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
         Ok(())
+    }
+
+    fn schedules(&mut self, queue: &str) -> Result<Vec<ScheduleRecord>> {
+        let what = format!("reading the schedules of queue {queue:?}");
+        let rows = self.query(&what, |st| &st.schedules_get, &[&queue])?;
+        let decode = |r: &Row| -> std::result::Result<_, postgres::Error> {
+            Ok((
+                r.try_get::<_, String>(1)?,
+                r.try_get::<_, String>(2)?,
+                r.try_get::<_, Vec<u8>>(3)?,
+                r.try_get::<_, i32>(4)?,
+                r.try_get::<_, i64>(5)?,
+                r.try_get::<_, String>(6)?,
+                r.try_get::<_, i64>(7)?,
+            ))
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let (name, rule, payload, priority, attempts, missed, next) =
+                decode(r).map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
+            out.push(schedule_of_row(
+                queue,
+                &name,
+                &rule,
+                payload,
+                i64::from(priority),
+                attempts,
+                &missed,
+                next,
+            )?);
+        }
+        Ok(out)
+    }
+
+    fn put_schedule(&mut self, s: &ScheduleRecord) -> Result<()> {
+        let what = format!("writing schedule {:?} of queue {:?}", s.name, s.queue);
+        let params: [&(dyn ToSql + Sync); 8] = [
+            &&*s.queue,
+            &&*s.name,
+            &s.rule.encode(),
+            &&*s.payload,
+            &s.priority,
+            &i64::from(s.max_attempts),
+            &s.missed.as_str(),
+            &i64_of("next_at", s.next_ms)?,
+        ];
+        self.query(&what, |st| &st.schedule_put, &params).map(drop)
+    }
+
+    fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool> {
+        let what = format!("deleting schedule {name:?} of queue {queue:?}");
+        let Conn { client, st } = &mut *self.conn;
+        client
+            .execute(&st.schedule_delete, &[&queue, &name])
+            .map(|n| n > 0)
+            .map_err(|e| pg_err(what, e, Stage::Work))
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {

@@ -60,6 +60,7 @@ pub mod group;
 
 mod conn;
 mod rows;
+mod schedules;
 mod schema;
 mod txn;
 

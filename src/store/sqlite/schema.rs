@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 3] = [
+const MIGRATIONS: [&str; 4] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -63,7 +63,24 @@ const MIGRATIONS: [&str; 3] = [
      CREATE INDEX jobs_retrying ON jobs (queue, run_at, id) WHERE state = 1 AND attempts > 0;",
     // v3: what a job's handler returned when it completed.
     "ALTER TABLE jobs ADD COLUMN result BLOB;",
+    V4_SCHEDULES,
 ];
+
+/// v4: schedules (periodic jobs), one row per queue and name; `next_at`
+/// is the cursor of the next tick (wall clock, Unix ms).
+const V4_SCHEDULES: &str = "
+CREATE TABLE schedules (
+    queue TEXT NOT NULL,
+    name TEXT NOT NULL,
+    rule TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    priority INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    missed TEXT NOT NULL,
+    next_at INTEGER NOT NULL,
+    PRIMARY KEY (queue, name)
+) WITHOUT ROWID;
+";
 
 /// Create the schema in a new database; refuse foreign or newer ones.
 pub(super) fn check_schema(conn: &Connection, shown: &str) -> Result<()> {

@@ -6,7 +6,7 @@ use super::rows::{
 };
 use crate::core::{
     JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, LeaseSlot, Pending,
-    StateCounts, Txn,
+    ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::{Error, Result};
 use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
@@ -397,6 +397,18 @@ impl JobTxn for SqlTxn<'_> {
             out.push(JobId(u64_of(r.get(1)?)));
             Ok(())
         })
+    }
+
+    fn schedules(&mut self, queue: &str) -> Result<Vec<ScheduleRecord>> {
+        super::schedules::read(self.conn, queue)
+    }
+
+    fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()> {
+        super::schedules::write(self.conn, schedule)
+    }
+
+    fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool> {
+        super::schedules::delete(self.conn, queue, name)
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {

@@ -166,9 +166,11 @@ fn counts(
 mod batches;
 mod jobs;
 mod leases;
+mod schedules;
 pub use batches::*;
 pub use jobs::*;
 pub use leases::*;
+pub use schedules::*;
 
 /// Generates one `#[test]` per lease case for a store factory. With
 /// `@guard GUARD;` first, each case runs only when `GUARD()` is true (a
@@ -202,6 +204,11 @@ macro_rules! conformance_cases {
             job_purge, job_list_pages_and_filters, job_drain_rule, job_scans_are_ordered,
             job_unique_key_freed_by_a_final_expiry, job_batch_heartbeat_and_settle,
             job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
+        );
+        $crate::conformance_cases!(@cases $guard, $make;
+            schedule_put_list_remove, schedule_fires_each_tick_once,
+            schedule_missed_ticks_skipped_or_caught_up, schedule_cron_in_a_time_zone,
+            schedule_bad_input_changes_nothing, schedule_txn_rolls_back
         );
     };
     (@cases $guard:expr, $make:expr; $($case:ident),* $(,)?) => {

@@ -1,6 +1,7 @@
 //! The cases, each run on every store (see `main.rs`): leases in
 //! `leases.rs`, jobs and the worker loop in `jobs.rs`; shared helpers here.
 
+pub use super::election::*;
 use super::Fresh;
 use leasehold::client::JobOutcome;
 use leasehold::core::{self, JobId};

@@ -1,0 +1,347 @@
+//! [`ElectionMachine`]: leader election on one key, from one campaigner's
+//! side. A term is one grant of the key; the machine campaigns, leads,
+//! loses or resigns, and campaigns again, by driving a [`HolderMachine`]
+//! per term (whose lifetime is the leader's local deadline, L3).
+//!
+//! # State
+//! `Campaigning` (a holder machine acquiring without a time limit, with
+//! its jittered backoff, woken early by a release), `Leading` (its grant:
+//! the token and the lifetime), `Releasing` (resigned: the release in
+//! flight, then campaign again or stop), `Done`. Besides: the token of
+//! the last leader reported, so each change of leader is reported once.
+//!
+//! # Transitions
+//! Campaigning: granted → Leading (`Elected` with the token); held by
+//! another → the leader seen (`Leader`, when it changed); a permanent
+//! store error → Done (`Failed`). Leading: a refused renewal or the local
+//! deadline → `Deposed(Lost)`, then Campaigning again (Done if `once`);
+//! `step_down` → `Deposed(Resigned)`, release, Campaigning again;
+//! `resign` → `Deposed(Resigned)`, release, Done.
+//!
+//! # Invariants
+//! [`ElectionMachine::is_leader`] holds only while Leading and before the
+//! term's local deadline, so two leaders never act at the same true time
+//! while clocks drift within the bound. `Elected` and `Deposed` alternate,
+//! once per term. A resignation releases the key, so the next campaigner
+//! takes over at once instead of after the TTL.
+
+use super::holder::{
+    HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,
+};
+use crate::core::HolderInfo;
+use crate::error::{Error, LostReason};
+use std::collections::VecDeque;
+
+/// How to campaign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElectionConfig {
+    /// Each term's lease (TTL, drift allowance, jitter seed; renewed about
+    /// every third of the TTL). Its `wait_ms` and `busy_ms` are ignored: a
+    /// campaign waits, and rides out transient store errors, for as long
+    /// as it takes.
+    pub lease: HolderConfig,
+    /// Stop after the first term instead of campaigning again.
+    pub once: bool,
+}
+
+/// Why a term ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deposed {
+    /// The lease was lost (refused renewal, local deadline passed).
+    Lost(LostReason),
+    /// The leader resigned (or stepped down): the key is released.
+    Resigned,
+}
+
+impl std::fmt::Display for Deposed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Deposed::Lost(reason) => write!(f, "leadership lost: {reason}"),
+            Deposed::Resigned => f.write_str("resigned"),
+        }
+    }
+}
+
+/// What happened, for the application.
+#[derive(Debug, Clone)]
+pub enum ElectionEvent {
+    /// This campaigner leads: act with this fencing token while
+    /// [`ElectionMachine::is_leader`] holds.
+    Elected {
+        /// The term's token.
+        token: u64,
+    },
+    /// This campaigner no longer leads: stop acting (once per term).
+    Deposed(Deposed),
+    /// Another campaigner leads (seen by a campaign attempt; reported when
+    /// the leader changes).
+    Leader(HolderInfo),
+    /// A store error that retrying will not fix: the election is over.
+    Failed(Error),
+}
+
+/// What the driver should do next.
+#[derive(Debug, Clone)]
+pub enum ElectionAction {
+    /// Send this request to the store, then feed its answer back.
+    Send(HolderRequest),
+    /// Tell the application.
+    Event(ElectionEvent),
+}
+
+/// Deliberately broken variants, for the simulator's canaries.
+#[cfg(feature = "canaries")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ElectionBreakage {
+    /// A leader trusts its grant until a renewal is refused: it ignores its
+    /// local deadline (and so keeps acting through a pause past its TTL).
+    pub ignores_deadline: bool,
+}
+
+/// One campaigner; see the module docs.
+#[derive(Debug, Clone)]
+pub struct ElectionMachine {
+    cfg: ElectionConfig,
+    term: Option<HolderMachine>,
+    leading: bool,
+    /// A resignation's release is in flight: campaign again after it?
+    releasing: Option<bool>,
+    seen: Option<u64>,
+    terms: u64,
+    out: VecDeque<ElectionAction>,
+    #[cfg(feature = "canaries")]
+    breakage: ElectionBreakage,
+}
+
+impl ElectionMachine {
+    /// Start campaigning at local instant `now`.
+    pub fn new(cfg: ElectionConfig, now: u64) -> Self {
+        let mut m = ElectionMachine {
+            cfg,
+            term: None,
+            leading: false,
+            releasing: None,
+            seen: None,
+            terms: 0,
+            out: VecDeque::new(),
+            #[cfg(feature = "canaries")]
+            breakage: ElectionBreakage::default(),
+        };
+        m.campaign(now);
+        m
+    }
+
+    /// The same machine with a deliberate breakage (simulator canaries).
+    #[cfg(feature = "canaries")]
+    pub fn with_breakage(mut self, breakage: ElectionBreakage) -> Self {
+        self.breakage = breakage;
+        self
+    }
+
+    fn campaign(&mut self, now: u64) {
+        self.terms += 1;
+        let lease = HolderConfig {
+            wait_ms: u64::MAX,
+            busy_ms: u64::MAX,
+            keep_alive: true,
+            seed: crate::core::mix64(self.cfg.lease.seed ^ self.terms),
+            ..self.cfg.lease
+        };
+        self.term = Some(HolderMachine::new(lease, now));
+        self.pump(now);
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll_action(&mut self) -> Option<ElectionAction> {
+        self.out.pop_front()
+    }
+
+    /// When [`ElectionMachine::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.term.as_ref().and_then(HolderMachine::poll_timeout)
+    }
+
+    /// Whether this campaigner may act as leader at `now`: leading, and
+    /// before the term's local deadline.
+    pub fn is_leader(&self, now: u64) -> bool {
+        let Some(term) = &self.term else { return false };
+        #[cfg(feature = "canaries")]
+        if self.breakage.ignores_deadline {
+            return self.leading && term.token().is_some();
+        }
+        self.leading && term.is_valid(now)
+    }
+
+    /// The current term's token while leading.
+    pub fn token(&self) -> Option<u64> {
+        self.term
+            .as_ref()
+            .filter(|_| self.leading)
+            .and_then(HolderMachine::token)
+    }
+
+    /// The local deadline of the current term while leading.
+    pub fn deadline(&self) -> Option<u64> {
+        self.term
+            .as_ref()
+            .filter(|_| self.leading)
+            .and_then(|t| t.lifetime().map(|l| l.deadline()))
+    }
+
+    /// Whether the election is over (resigned, once, failed).
+    pub fn is_done(&self) -> bool {
+        self.term.is_none()
+    }
+
+    /// Time passed to `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        #[cfg(feature = "canaries")]
+        if self.breakage.ignores_deadline && self.leading {
+            // Broken on purpose: the deadline is never looked at, so the
+            // lease is neither renewed past it nor seen lost.
+            if self.deadline().is_some_and(|d| now >= d) {
+                return;
+            }
+        }
+        if self.releasing.is_some() && !self.leading {
+            // Resigning: no new campaign attempt.
+            return self.pump(now);
+        }
+        if let Some(term) = &mut self.term {
+            term.handle_timeout(now);
+        }
+        self.pump(now);
+    }
+
+    /// The store announced a release: a campaign tries again now.
+    pub fn handle_wake(&mut self, now: u64) {
+        if self.releasing.is_some() {
+            return;
+        }
+        if let Some(term) = &mut self.term {
+            term.handle_wake(now);
+        }
+        self.pump(now);
+    }
+
+    /// The store answered the request in flight (at local instant `now`).
+    pub fn handle_reply(&mut self, now: u64, reply: HolderReply) {
+        if let HolderReply::Acquired(Err(Error::Held { holders, .. })) = &reply {
+            if let Some(leader) = holders.first() {
+                if self.seen != Some(leader.token) {
+                    self.seen = Some(leader.token);
+                    self.event(ElectionEvent::Leader(leader.clone()));
+                }
+            }
+        }
+        if let Some(term) = &mut self.term {
+            term.handle_reply(now, reply);
+        }
+        self.pump(now);
+        if self.releasing.is_some() {
+            self.end_campaign(now);
+        }
+    }
+
+    /// Give up leadership for good: release the key (the next campaigner
+    /// takes over at once) and stop; a campaign in progress just stops.
+    pub fn resign(&mut self, now: u64) {
+        self.release(now, false);
+    }
+
+    /// Give up this term (the key is released) and campaign again once
+    /// the release is answered.
+    pub fn step_down(&mut self, now: u64) {
+        if self.leading {
+            self.release(now, true);
+        }
+    }
+
+    fn release(&mut self, now: u64, again: bool) {
+        if self.releasing.is_some() || self.term.is_none() {
+            return;
+        }
+        self.releasing = Some(again);
+        if std::mem::take(&mut self.leading) {
+            self.event(ElectionEvent::Deposed(Deposed::Resigned));
+            if let Some(term) = &mut self.term {
+                term.release(now);
+            }
+            self.pump(now);
+        } else {
+            self.end_campaign(now);
+        }
+    }
+
+    /// A resignation while campaigning: the campaign ends once no acquire
+    /// is in flight (a grant that answers one is released at once).
+    fn end_campaign(&mut self, now: u64) {
+        let idle = self
+            .term
+            .as_ref()
+            .is_some_and(|t| t.token().is_none() && t.poll_timeout().is_some());
+        if self.leading || !idle {
+            return;
+        }
+        let again = self.releasing.take().unwrap_or(false);
+        self.term = None;
+        if again {
+            self.campaign(now);
+        }
+    }
+
+    fn event(&mut self, event: ElectionEvent) {
+        self.out.push_back(ElectionAction::Event(event));
+    }
+
+    /// Turn what the term's machine did into this machine's actions.
+    fn pump(&mut self, now: u64) {
+        let bound = 64;
+        for _ in 0..bound {
+            let Some(action) = self.term.as_mut().and_then(HolderMachine::poll_action) else {
+                return;
+            };
+            match action {
+                HolderAction::Send(request) => self.out.push_back(ElectionAction::Send(request)),
+                HolderAction::Event(event) => self.term_event(now, event),
+            }
+        }
+    }
+
+    fn term_event(&mut self, now: u64, event: HolderEvent) {
+        match event {
+            HolderEvent::Granted { .. } if self.releasing.is_some() => {
+                // Resigned while this acquire was in flight: give it back.
+                if let Some(term) = &mut self.term {
+                    term.release(now);
+                }
+            }
+            HolderEvent::Granted { token, .. } => {
+                self.leading = true;
+                self.seen = Some(token);
+                self.event(ElectionEvent::Elected { token });
+            }
+            HolderEvent::Lost(reason) => {
+                if std::mem::take(&mut self.leading) {
+                    self.event(ElectionEvent::Deposed(Deposed::Lost(reason)));
+                }
+                // Nothing to release: the term's machine just ends.
+                if let Some(term) = &mut self.term {
+                    term.release(now);
+                }
+            }
+            HolderEvent::Released => {
+                let again = self.releasing.take().unwrap_or(!self.cfg.once);
+                self.term = None;
+                if again && !self.cfg.once {
+                    self.campaign(now);
+                }
+            }
+            HolderEvent::GaveUp(e) | HolderEvent::Failed(e) => {
+                self.leading = false;
+                self.term = None;
+                self.event(ElectionEvent::Failed(e));
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! [`FireTimer`]: when a worker fires its queue's schedules (the rules of
+//! a tick are [`crate::core::schedule`]'s; this is only the timing).
+//!
+//! # State
+//! `next_at` (local instant of the next fire), whether one is in flight,
+//! the poll interval, the backoff after a failed fire.
+//!
+//! # Transitions
+//! due → sent → answered: the next fire is at the next tick the store
+//! reported (a wall-clock wait, counted on the local clock from the
+//! answer), at most one poll interval away, so schedules added or changed
+//! by others are seen within it; a failed fire is retried after a backoff
+//! (doubling, at most the poll interval).
+//!
+//! # Invariants
+//! At most one fire in flight; off (`poll_ms` 0) means never.
+
+use crate::error::Result;
+
+/// What a fire found, as the worker machine needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FireReport {
+    /// Jobs it enqueued (the worker claims at once when some were).
+    pub enqueued: usize,
+    /// Wall-clock milliseconds until the next tick of any schedule of the
+    /// queue (`None`: it has none).
+    pub next_in_ms: Option<u64>,
+}
+
+/// When to fire; see the module docs.
+#[derive(Debug, Clone)]
+pub(super) struct FireTimer {
+    poll_ms: u64,
+    next_at: u64,
+    sent: bool,
+    backoff_ms: u64,
+}
+
+impl FireTimer {
+    /// A timer that fires first at `now` and polls every `poll_ms` (0: off).
+    pub(super) fn new(poll_ms: u64, now: u64) -> FireTimer {
+        FireTimer {
+            poll_ms,
+            next_at: now,
+            sent: false,
+            backoff_ms: 1,
+        }
+    }
+
+    /// When the next fire is due, unless off or in flight.
+    pub(super) fn poll_timeout(&self) -> Option<u64> {
+        (self.poll_ms > 0 && !self.sent).then_some(self.next_at)
+    }
+
+    /// Whether a fire is in flight (its jobs may be on their way).
+    pub(super) fn in_flight(&self) -> bool {
+        self.sent
+    }
+
+    /// Whether a fire should be sent at `now` (it is then in flight).
+    pub(super) fn take_due(&mut self, now: u64) -> bool {
+        if self.poll_ms == 0 || self.sent || now < self.next_at {
+            return false;
+        }
+        self.sent = true;
+        true
+    }
+
+    /// The fire in flight was answered at `now`; whether it enqueued jobs.
+    pub(super) fn answered(&mut self, now: u64, r: &Result<FireReport>) -> bool {
+        if !std::mem::take(&mut self.sent) {
+            return false;
+        }
+        match r {
+            Ok(report) => {
+                self.backoff_ms = 1;
+                let wait = report
+                    .next_in_ms
+                    .map_or(self.poll_ms, |w| w.min(self.poll_ms));
+                self.next_at = now.saturating_add(wait.max(1));
+                report.enqueued > 0
+            }
+            Err(_) => {
+                self.next_at = now.saturating_add(self.backoff_ms);
+                self.backoff_ms = (self.backoff_ms * 2).min(self.poll_ms.max(1));
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Schedule rows: a queue's schedules, read in name order, written whole.
+
+use super::conn::sql_err;
+use crate::core::ScheduleRecord;
+use crate::error::Result;
+use crate::store::{i64_of, schedule_of_row, SCHEDULE_COLUMNS};
+use rusqlite::{params, Connection};
+
+/// The schedules of `queue`, by name.
+pub(super) fn read(conn: &Connection, queue: &str) -> Result<Vec<ScheduleRecord>> {
+    let fail = |e| sql_err(|| format!("reading the schedules of queue {queue:?}"), e);
+    let sql = format!("SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE queue = ?1 ORDER BY name");
+    let mut stmt = conn.prepare_cached(&sql).map_err(fail)?;
+    let rows = stmt
+        .query_map([queue], |r| {
+            Ok((
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+                r.get::<_, String>(6)?,
+                r.get::<_, i64>(7)?,
+            ))
+        })
+        .map_err(fail)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, rule, payload, priority, attempts, missed, next) = row.map_err(fail)?;
+        out.push(schedule_of_row(
+            queue, &name, &rule, payload, priority, attempts, &missed, next,
+        )?);
+    }
+    Ok(out)
+}
+
+/// Insert or replace one schedule.
+pub(super) fn write(conn: &Connection, s: &ScheduleRecord) -> Result<()> {
+    let next_at = i64_of("next_at", s.next_ms)?;
+    let sql = format!(
+        "INSERT OR REPLACE INTO schedules ({SCHEDULE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    );
+    conn.prepare_cached(&sql)
+        .and_then(|mut st| {
+            st.execute(params![
+                &*s.queue,
+                &*s.name,
+                s.rule.encode(),
+                &*s.payload,
+                s.priority,
+                s.max_attempts,
+                s.missed.as_str(),
+                next_at,
+            ])
+        })
+        .map(|_| ())
+        .map_err(|e| {
+            sql_err(
+                || format!("writing schedule {:?} of queue {:?}", s.name, s.queue),
+                e,
+            )
+        })
+}
+
+/// Delete one schedule; whether it existed.
+pub(super) fn delete(conn: &Connection, queue: &str, name: &str) -> Result<bool> {
+    conn.prepare_cached("DELETE FROM schedules WHERE queue = ?1 AND name = ?2")
+        .and_then(|mut st| st.execute(params![queue, name]))
+        .map(|n| n > 0)
+        .map_err(|e| {
+            sql_err(
+                || format!("deleting schedule {name:?} of queue {queue:?}"),
+                e,
+            )
+        })
+}

@@ -1,0 +1,198 @@
+//! Leader election (async): a task drives the same `ElectionMachine`
+//! as the sync [`crate::Client::campaign`] (through the shared
+//! `ElectionSession`), its store requests on the blocking pool, waiting
+//! on a timer and the store's release announcements; events arrive on a
+//! channel ([`Election::next_event`]).
+
+use super::{blocking, nap, Client};
+use crate::client::election::{ElectionSession, Next};
+use crate::error::Result;
+use crate::store::Wake;
+use crate::sync::{lock, Mutex};
+use crate::{ElectOptions, Leader, LeaderEvent};
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// What the application asks of the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Commands {
+    resign: bool,
+    /// Bumped by each step-down.
+    step_downs: u64,
+}
+
+/// A running election (async). Dropping it resigns in the background.
+pub struct Election {
+    events: mpsc::UnboundedReceiver<LeaderEvent>,
+    commands: watch::Sender<Commands>,
+    leader: Arc<Mutex<Option<Leader>>>,
+    task: Option<JoinHandle<Result<()>>>,
+}
+
+impl std::fmt::Debug for Election {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("tokio::Election")
+            .field("leader", &self.leader())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Campaign for leadership of `key` (see [`crate::Client::campaign`]):
+    /// a task campaigns, leads and campaigns again; its events arrive
+    /// through [`Election::next_event`], and a leader's
+    /// [`Leader::cancellation`] is cancelled when its term ends.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> leasehold::Result<()> {
+    /// use leasehold::{tokio::Client, ElectOptions, LeaderEvent, MemStore};
+    /// use std::time::Duration;
+    ///
+    /// let client = Client::new(leasehold::Client::new(MemStore::new()));
+    /// let mut election = client.campaign("scheduler", ElectOptions::new(Duration::from_secs(10)))?;
+    /// while let Some(event) = election.next_event().await {
+    ///     if let LeaderEvent::Elected(leader) = event {
+    ///         let lost = leader.cancellation();
+    ///         tokio::select! {
+    ///             _ = lost.cancelled() => {}
+    ///             _ = async { /* the leader's work, fenced with leader.token() */ } => {}
+    ///         }
+    ///         break;
+    ///     }
+    /// }
+    /// election.resign().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn campaign(&self, key: &str, opts: ElectOptions) -> Result<Election> {
+        let session = ElectionSession::new(&self.sync, key, &opts)?;
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (commands, commands_rx) = watch::channel(Commands::default());
+        let leader = Arc::new(Mutex::new(None));
+        let task = Task {
+            client: self.clone(),
+            session,
+            events: events_tx,
+            commands: commands_rx,
+            leader: leader.clone(),
+        };
+        Ok(Election {
+            events,
+            commands,
+            leader,
+            task: Some(tokio::spawn(task.run())),
+        })
+    }
+}
+
+struct Task {
+    client: Client,
+    session: ElectionSession,
+    events: mpsc::UnboundedSender<LeaderEvent>,
+    commands: watch::Receiver<Commands>,
+    leader: Arc<Mutex<Option<Leader>>>,
+}
+
+impl Task {
+    async fn run(mut self) -> Result<()> {
+        let end = self.drive().await;
+        *lock(&self.leader) = None;
+        end
+    }
+
+    async fn drive(&mut self) -> Result<()> {
+        let mut released = self.client.subscribe(Wake::LeaseFreed);
+        let mut seen = Commands::default();
+        loop {
+            let now = self.session.now();
+            let asked = *self.commands.borrow_and_update();
+            if asked.resign && !seen.resign {
+                self.session.machine.resign(now);
+            } else if asked.step_downs != seen.step_downs {
+                self.session.machine.step_down(now);
+            }
+            seen = asked;
+            self.session.timeout();
+            while let Some(next) = self.session.next() {
+                match next {
+                    Next::Send(request) => {
+                        let exec = self.session.exec().clone();
+                        let reply = blocking(move || exec.run(request)).await;
+                        self.session.reply(reply);
+                    }
+                    Next::Event(event) => {
+                        *lock(&self.leader) = self.session.leader();
+                        // Nobody listening is fine: the election goes on.
+                        let _ = self.events.send(event);
+                    }
+                    Next::End(end) => return end,
+                }
+            }
+            let now = self.session.now();
+            let until = self.session.machine.poll_timeout().unwrap_or(u64::MAX);
+            // At most a minute: nothing is lost by looking again.
+            let wait = until.saturating_sub(now).min(60_000);
+            tokio::select! {
+                _ = nap(wait) => {}
+                changed = released.changed() => {
+                    if changed.is_ok() {
+                        self.session.machine.handle_wake(self.session.now());
+                    } else {
+                        released = self.client.subscribe(Wake::LeaseFreed);
+                    }
+                }
+                changed = self.commands.changed() => {
+                    if changed.is_err() {
+                        // The handle is gone: resign.
+                        self.session.machine.resign(self.session.now());
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Election {
+    /// The next event; `None` once the election is over.
+    pub async fn next_event(&mut self) -> Option<LeaderEvent> {
+        self.events.recv().await
+    }
+
+    /// The current term's handle, while this process leads.
+    pub fn leader(&self) -> Option<Leader> {
+        lock(&self.leader).clone()
+    }
+
+    /// End the current term (the key is released) and campaign again.
+    pub fn step_down(&self) {
+        self.commands.send_modify(|c| c.step_downs += 1);
+    }
+
+    /// Stop campaigning; a leader releases the key first, so the next
+    /// leader takes over at once. Returns once the task is done.
+    pub async fn resign(mut self) -> Result<()> {
+        self.commands.send_modify(|c| c.resign = true);
+        self.join().await
+    }
+
+    /// Wait for the election to end by itself (`once`, or a store error).
+    pub async fn join(&mut self) -> Result<()> {
+        match self.task.take() {
+            Some(task) => match task.await {
+                Ok(end) => end,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(crate::Error::store("running the election", e.to_string())),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Election {
+    fn drop(&mut self) {
+        // The task sees the command (or the closed channel) and resigns.
+        self.commands.send_modify(|c| c.resign = true);
+    }
+}

@@ -1,0 +1,164 @@
+//! Leader election and schedules through the sync client: one leader at a
+//! time, a resignation handed over at once, a leader deposed by its local
+//! deadline, each new leader reported; workers firing a schedule's ticks
+//! once each however many run.
+
+#![allow(clippy::disallowed_methods)] // real threads, real time
+
+use leasehold::core::{Missed, Rule, ScheduleSpec};
+use leasehold::{
+    Client, Deposed, ElectOptions, Holder, HolderId, JobSpec, LeaderEvent, LostReason, ManualClock,
+    MemStore, Store, WorkOptions,
+};
+use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+fn named(store: &Arc<dyn Store>, n: u128) -> Client {
+    let holder = Holder::with_label(HolderId(n), &format!("replica-{n}")).unwrap();
+    Client::builder_shared(store.clone()).holder(holder).build()
+}
+
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+#[test]
+fn one_leader_at_a_time_and_a_resignation_hands_over_at_once() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let opts = ElectOptions::new(Duration::from_secs(10));
+    let (tx, rx) = mpsc::channel();
+    let mut elections: Vec<_> = (1..=3u128)
+        .map(|n| {
+            let tx = tx.clone();
+            named(&store, n)
+                .campaign("leader", opts, move |e| {
+                    let _ = tx.send((n, e));
+                })
+                .unwrap()
+        })
+        .collect();
+    let leaders = |e: &[leasehold::Election]| e.iter().filter(|e| e.leader().is_some()).count();
+    assert!(wait_for(Duration::from_secs(5), || leaders(&elections) == 1));
+    let first = elections.iter().position(|e| e.leader().is_some()).unwrap();
+    let token = elections[first].leader().unwrap().token();
+    let old = elections[first].leader().unwrap();
+    // The others saw who leads, by label.
+    assert!(wait_for(Duration::from_secs(5), || {
+        rx.try_iter().any(|(n, e)| {
+            matches!(e, LeaderEvent::NewLeader(ref h)
+                if n as usize != first + 1 && h.holder.label.as_deref() == Some(&*format!("replica-{}", first + 1)))
+        })
+    }));
+    let started = Instant::now();
+    elections.remove(first).resign().unwrap();
+    assert!(!old.is_valid(), "a resigned leader stops acting");
+    assert!(wait_for(Duration::from_secs(5), || leaders(&elections) == 1));
+    let handover = started.elapsed();
+    assert!(
+        handover < Duration::from_secs(2),
+        "handed over in {handover:?}, TTL 10 s"
+    );
+    let next = elections.iter().find_map(|e| e.leader()).unwrap();
+    assert!(next.token() > token);
+    // Never two valid leaders while it settles.
+    for _ in 0..50 {
+        assert!(leaders(&elections) <= 1);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_leader_past_its_local_deadline_is_deposed_and_campaigns_again() {
+    let clock = ManualClock::new(1_000_000);
+    let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(clock.clone())));
+    let client = Client::builder_shared(store)
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let (tx, rx) = mpsc::channel();
+    let election = client
+        .campaign("k", ElectOptions::new(Duration::from_secs(3)), move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    let next = || rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let LeaderEvent::Elected(leader) = next() else {
+        panic!("expected to be elected")
+    };
+    assert!(leader.is_valid());
+    // The process "pauses" past its TTL: no renewal ran in time.
+    clock.advance(3_500);
+    match next() {
+        LeaderEvent::Deposed(Deposed::Lost(LostReason::LocalDeadline)) => {}
+        other => panic!("expected a loss, got {other:?}"),
+    }
+    assert!(!leader.is_valid());
+    assert_eq!(leader.lost(), Some(LostReason::LocalDeadline));
+    let LeaderEvent::Elected(again) = next() else {
+        panic!("expected a new term")
+    };
+    assert!(again.token() > leader.token());
+    election.resign().unwrap();
+}
+
+#[test]
+fn workers_fire_each_tick_of_a_schedule_once() {
+    const WALL: u64 = 1_768_478_400_000;
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let wall = ManualClock::new(WALL);
+    let client = |n| {
+        Client::builder_shared(store.clone())
+            .holder(Holder::new(HolderId(n)))
+            .wall_clock(Arc::new(wall.clone()))
+            .build()
+    };
+    let queue = client(1).queue("reports").unwrap();
+    let spec = ScheduleSpec {
+        name: "hourly".into(),
+        rule: Rule::every(1_000),
+        job: JobSpec::new("report"),
+        missed: Missed::Skip,
+    };
+    queue.schedule(&spec).unwrap();
+    wall.set(WALL + 3_500);
+    let opts = WorkOptions {
+        drain: true,
+        ..WorkOptions::default()
+    };
+    let stop = AtomicBool::new(false);
+    let done: u64 = std::thread::scope(|s| {
+        let workers: Vec<_> = (1..=3)
+            .map(|n| {
+                let q = client(n).queue("reports").unwrap();
+                let (opts, stop) = (&opts, &stop);
+                s.spawn(move || q.work(opts, stop, |_| Ok(())).unwrap().completed)
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    assert_eq!(done, 3, "three ticks, one job each");
+    let keys: Vec<String> = queue
+        .list(None, leasehold::JobId(0), 100)
+        .unwrap()
+        .iter()
+        .filter_map(|j| j.unique_key.as_deref().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "hourly@2026-01-15T12:00:01Z",
+            "hourly@2026-01-15T12:00:02Z",
+            "hourly@2026-01-15T12:00:03Z"
+        ]
+    );
+    // Nothing more until the next tick.
+    assert!(queue.fire_schedules().unwrap().enqueued.is_empty());
+    assert_eq!(queue.schedules().unwrap()[0].next_ms, WALL + 4_000);
+}

@@ -1,0 +1,219 @@
+//! The election machine: campaign, lead until the local deadline or a
+//! refused renewal, report each new leader once, resign (releasing the
+//! key) or step down and campaign again.
+
+use super::*;
+use leasehold::{Holder, HolderInfo};
+
+fn config(once: bool) -> ElectionConfig {
+    ElectionConfig {
+        lease: HolderConfig {
+            ttl_ms: 300,
+            limit: 1,
+            wait_ms: 0,
+            drift: DRIFT,
+            keep_alive: true,
+            seed: 5,
+            busy_ms: 0,
+        },
+        once,
+    }
+}
+
+fn actions(m: &mut ElectionMachine) -> Vec<ElectionAction> {
+    std::iter::from_fn(|| m.poll_action()).collect()
+}
+
+fn sends(a: &[ElectionAction]) -> Vec<HolderRequest> {
+    a.iter()
+        .filter_map(|a| match a {
+            ElectionAction::Send(r) => Some(*r),
+            _ => None,
+        })
+        .collect()
+}
+
+fn events(a: &[ElectionAction]) -> Vec<String> {
+    a.iter()
+        .filter_map(|a| match a {
+            ElectionAction::Event(ElectionEvent::Elected { token }) => {
+                Some(format!("elected {token}"))
+            }
+            ElectionAction::Event(ElectionEvent::Deposed(d)) => Some(format!("deposed: {d}")),
+            ElectionAction::Event(ElectionEvent::Leader(h)) => Some(format!("leader {}", h.token)),
+            ElectionAction::Event(ElectionEvent::Failed(e)) => Some(format!("failed: {e}")),
+            ElectionAction::Send(_) => None,
+        })
+        .collect()
+}
+
+fn grant(token: u64) -> HolderReply {
+    HolderReply::Acquired(Ok(Grant {
+        token,
+        expires_at_ms: 0,
+        granted_at_ms: 0,
+        renewed: false,
+    }))
+}
+
+fn held_by(token: u64) -> HolderReply {
+    HolderReply::Acquired(Err(Error::Held {
+        key: "k".into(),
+        holders: vec![HolderInfo {
+            holder: Holder::with_label(HolderId(9), "other").unwrap(),
+            token,
+            expires_at_ms: 0,
+        }],
+    }))
+}
+
+/// Elected at `at` with `token` (the acquire sent at `at`).
+fn elected(once: bool, at: u64, token: u64) -> ElectionMachine {
+    let mut m = ElectionMachine::new(config(once), at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.handle_reply(at, grant(token));
+    assert_eq!(events(&actions(&mut m)), [format!("elected {token}")]);
+    m
+}
+
+#[test]
+fn a_leader_acts_until_its_local_deadline_then_campaigns_again() {
+    let mut m = elected(false, 1_000, 4);
+    assert_eq!(m.token(), Some(4));
+    // 300 ms minus 1 % from the send.
+    assert!(m.is_leader(1_296));
+    assert!(!m.is_leader(1_297));
+    assert_eq!(m.deadline(), Some(1_297));
+    // Renewals go out on the lease's schedule...
+    let renew_at = m.poll_timeout().unwrap();
+    m.handle_timeout(renew_at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 4 }]);
+    // ...and when none is answered the deadline deposes the leader, which
+    // campaigns again at once.
+    m.handle_timeout(1_297);
+    let a = actions(&mut m);
+    assert_eq!(
+        events(&a),
+        ["deposed: leadership lost: local validity deadline passed"]
+    );
+    assert_eq!(sends(&a), [HolderRequest::Acquire]);
+    assert!(!m.is_leader(1_297));
+    assert_eq!(m.token(), None);
+    m.handle_reply(1_300, grant(6));
+    assert_eq!(events(&actions(&mut m)), ["elected 6"]);
+}
+
+#[test]
+fn a_refused_renewal_deposes_and_once_stops_there() {
+    let mut m = elected(true, 0, 2);
+    let renew_at = m.poll_timeout().unwrap();
+    m.handle_timeout(renew_at);
+    actions(&mut m);
+    let refused = Error::Lost {
+        target: Target::Lease {
+            key: "k".into(),
+            token: 2,
+        },
+        reason: LostReason::Expired,
+    };
+    m.handle_reply(renew_at + 5, HolderReply::Renewed(Err(refused)));
+    let a = actions(&mut m);
+    assert_eq!(events(&a), ["deposed: leadership lost: expired"]);
+    assert!(sends(&a).is_empty(), "once: no second campaign");
+    assert!(m.is_done());
+}
+
+#[test]
+fn each_new_leader_is_reported_once_and_transient_errors_do_not_end_a_campaign() {
+    let mut m = ElectionMachine::new(config(false), 0);
+    actions(&mut m);
+    let mut now = 0;
+    let mut seen = Vec::new();
+    for reply in [
+        held_by(3),
+        held_by(3),
+        HolderReply::Acquired(Err(Error::transient("acquiring", "busy"))),
+        held_by(3),
+        held_by(5),
+    ] {
+        m.handle_reply(now, reply);
+        seen.extend(events(&actions(&mut m)));
+        // The campaign retries on its backoff, at most 250 ms away.
+        let next = m.poll_timeout().expect("still campaigning");
+        assert!(next <= now + 250, "retry at {next} after {now}");
+        now = next;
+        m.handle_timeout(now);
+        assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    }
+    assert_eq!(seen, ["leader 3", "leader 5"]);
+    // A release announced by the store: try again now.
+    m.handle_reply(now, held_by(5));
+    actions(&mut m);
+    m.handle_wake(now + 1);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+}
+
+#[test]
+fn resigning_releases_the_key_and_ends_the_election() {
+    let mut m = elected(false, 0, 7);
+    m.resign(50);
+    let a = actions(&mut m);
+    assert_eq!(events(&a), ["deposed: resigned"]);
+    assert_eq!(sends(&a), [HolderRequest::Release { token: 7 }]);
+    assert!(!m.is_leader(50), "no acting once resigned");
+    m.handle_reply(55, HolderReply::Released(Ok(())));
+    assert!(actions(&mut m).is_empty());
+    assert!(m.is_done());
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn stepping_down_releases_then_campaigns_again() {
+    let mut m = elected(false, 0, 7);
+    m.step_down(50);
+    let a = actions(&mut m);
+    assert_eq!(events(&a), ["deposed: resigned"]);
+    assert_eq!(sends(&a), [HolderRequest::Release { token: 7 }]);
+    m.handle_reply(55, HolderReply::Released(Ok(())));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    assert!(!m.is_done());
+}
+
+#[test]
+fn resigning_with_an_acquire_in_flight_gives_its_grant_back() {
+    let mut m = ElectionMachine::new(config(false), 0);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.resign(1);
+    assert!(!m.is_done(), "the acquire in flight may be granted");
+    m.handle_reply(2, grant(8));
+    let a = actions(&mut m);
+    assert!(events(&a).is_empty(), "never elected: {a:?}");
+    assert_eq!(sends(&a), [HolderRequest::Release { token: 8 }]);
+    m.handle_reply(3, HolderReply::Released(Ok(())));
+    assert!(m.is_done());
+
+    // Resigning between attempts ends the campaign at once.
+    let mut m = ElectionMachine::new(config(false), 0);
+    actions(&mut m);
+    m.handle_reply(1, held_by(2));
+    actions(&mut m);
+    m.resign(2);
+    assert!(m.is_done());
+    m.handle_timeout(1_000);
+    assert!(sends(&actions(&mut m)).is_empty());
+}
+
+#[test]
+fn a_permanent_store_error_ends_the_election() {
+    let mut m = ElectionMachine::new(config(false), 0);
+    actions(&mut m);
+    m.handle_reply(1, HolderReply::Acquired(Err(Error::invalid("key", "bad"))));
+    let a = actions(&mut m);
+    assert_eq!(events(&a), ["failed: invalid key: bad"]);
+    assert!(m.is_done());
+}
+
+#[test]
+fn deposed_variants_read_as_text() {
+    assert_eq!(Deposed::Resigned.to_string(), "resigned");
+}
