@@ -1,15 +1,18 @@
 //! Jobs: the records ([`JobRecord`], [`JobState`], [`Claim`]), what to
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
-//! and the rules over them (Q1-Q5, `rules`: enqueue, claim, heartbeat,
-//! complete, fail, abandon, expire, cancel, retry, purge, stats, list).
+//! and the rules over them (Q1-Q5; `rules`: enqueue, claim, heartbeat,
+//! expire, cancel, retry, purge, stats, list; `settle`: complete, fail,
+//! abandon, one at a time or a worker's batch).
 //!
 //! See the [module docs of `core`](super) for the state machine. Each
 //! operation reads what it needs, decides, and only then writes, so a rule
 //! error changes nothing.
 
 mod rules;
+mod settle;
 
 pub use rules::*;
+pub use settle::*;
 
 use super::{mix64, HolderId};
 use crate::error::{Error, LostReason, Result, Target};
