@@ -1,15 +1,22 @@
 //! Jobs: the records ([`JobRecord`], [`JobState`], [`Claim`]), what to
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
 //! and the rules over them (Q1-Q5, `rules`: enqueue, claim, heartbeat,
-//! complete, fail, abandon, expire, cancel, retry, purge, stats, list).
+//! complete, fail, abandon, expire, cancel, retry, purge, stats, list),
+//! and what people look at (`view`: queues, pages of jobs, summaries).
 //!
 //! See the [module docs of `core`](super) for the state machine. Each
 //! operation reads what it needs, decides, and only then writes, so a rule
 //! error changes nothing.
 
 mod rules;
+mod view;
 
 pub use rules::*;
+pub(crate) use view::check_after_key;
+pub use view::{
+    page, queues, summary, JobCursor, JobPeek, QueueSummary, SummaryOptions, BUCKETS_MAX,
+    PRIORITY_BANDS_MAX,
+};
 
 use super::{mix64, HolderId};
 use crate::error::{Error, LostReason, Result, Target};
