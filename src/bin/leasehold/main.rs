@@ -11,6 +11,7 @@
 mod contain;
 mod lock;
 mod out;
+mod presence;
 mod queue;
 mod run;
 mod telemetry;

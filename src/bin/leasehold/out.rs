@@ -5,7 +5,8 @@
 
 use base64::Engine as _;
 use leasehold::core::lease::LeaseInfo;
-use leasehold::{HolderInfo, JobRecord};
+use leasehold::core::QueueSummary;
+use leasehold::{HolderInfo, JobRecord, JobState};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::sync::Mutex;
@@ -111,6 +112,7 @@ pub fn status_json(key: &str, info: &LeaseInfo) -> Value {
         "key": key,
         "last_token": info.last_token,
         "limit": (info.limit > 0).then_some(info.limit),
+        "holder_count": info.holders.len(),
         "holders": info.holders.iter().map(|h| holder_json(h, &t)).collect::<Vec<_>>(),
     })
 }
@@ -181,5 +183,42 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
         "payload_encoding": encoding,
     });
     v[if full { "payload" } else { "payload_preview" }] = json!(payload);
+    v
+}
+
+/// A queue's summary (`queue queues`, the dashboard's API): its counts
+/// per state (with the states whose count reached the cap), the oldest
+/// ready job, and the jobs finished per interval.
+pub fn summary_json(queue: &str, s: &QueueSummary) -> Value {
+    let t = Times::new(s.now_ms);
+    let mut v = json!({"queue": queue});
+    for state in JobState::ALL {
+        v[state.as_str()] = json!(s.counts.get(state));
+    }
+    let capped: Vec<&str> = JobState::ALL
+        .into_iter()
+        .filter(|&st| s.count_cap < u64::MAX && s.is_capped(st))
+        .map(JobState::as_str)
+        .collect();
+    v["capped"] = json!(capped);
+    v["oldest_ready_at"] = json!(s.oldest_ready_at_ms.map(|at| t.at(at)));
+    v["oldest_ready_wait_ms"] = json!(s.oldest_ready_wait_ms());
+    let mut from_ms = s.from_ms;
+    let finished: Vec<Value> = s
+        .finished
+        .iter()
+        .map(|c| {
+            let v = json!({
+                "from": t.at(from_ms),
+                "done": c.get(JobState::Done),
+                "dead": c.get(JobState::Dead),
+                "cancelled": c.get(JobState::Cancelled),
+            });
+            from_ms = from_ms.saturating_add(s.bucket_ms);
+            v
+        })
+        .collect();
+    v["interval_ms"] = json!(s.bucket_ms);
+    v["finished"] = json!(finished);
     v
 }
