@@ -12,21 +12,6 @@ use std::time::Duration;
 mod cli;
 use cli::{code, within, Dir};
 
-/// Every JSON line a command printed (it must succeed).
-fn lines(d: &Dir, args: &[&str]) -> Vec<Value> {
-    let out = d.run(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
-}
-
 fn lock_list_prints_each_held_key(d: &Dir) {
     let label = "<b>\"web\"</b>";
     d.json(&["lock", "acquire", "a/1", "--ttl", "1m", "--label", label]);
@@ -41,7 +26,7 @@ fn lock_list_prints_each_held_key(d: &Dir) {
     assert_eq!(code(&released), 0);
     d.json(&["lock", "acquire", "d", "--ttl", "300ms"]);
     std::thread::sleep(Duration::from_millis(400));
-    let held = lines(d, &["lock", "list"]);
+    let held = d.lines(&["lock", "list"]);
     let keys: Vec<&str> = held.iter().map(|v| v["key"].as_str().unwrap()).collect();
     assert_eq!(keys, ["a/1", "b"], "c released, d expired: {held:?}");
     let a = &held[0];
@@ -124,7 +109,7 @@ fn queue_queues_prints_each_queue(d: &Dir) {
         "{}",
         String::from_utf8_lossy(&worked.stderr)
     );
-    let queues = lines(d, &["queue", "queues"]);
+    let queues = d.lines(&["queue", "queues"]);
     let names: Vec<&str> = queues
         .iter()
         .map(|v| v["queue"].as_str().unwrap())
@@ -198,7 +183,7 @@ fn queue_work_announces_its_worker() {
         .as_str()
         .unwrap()
         .to_owned();
-    let held = lines(&d, &["lock", "list"]);
+    let held = d.lines(&["lock", "list"]);
     let key = format!("leasehold/worker/{holder}");
     let me = held
         .iter()
@@ -211,6 +196,6 @@ fn queue_work_announces_its_worker() {
     );
     cli::signal(worker.id(), libc::SIGTERM);
     worker.wait().unwrap();
-    let held = lines(&d, &["lock", "list"]);
+    let held = d.lines(&["lock", "list"]);
     assert!(held.iter().all(|v| v["key"] != key.as_str()), "{held:?}");
 }

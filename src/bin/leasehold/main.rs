@@ -15,6 +15,7 @@ mod presence;
 mod queue;
 mod run;
 mod telemetry;
+mod ui;
 mod work;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -100,6 +101,8 @@ enum Cmd {
     Queue(queue::QueueCmd),
     /// Run a command under a lease (like flock(1), but expiring and fenced).
     Run(run::RunArgs),
+    /// Serve the web dashboard: queues, jobs, leases; retry, cancel, purge.
+    Ui(ui::UiArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -261,6 +264,7 @@ fn main() -> ExitCode {
         Cmd::Man => generated(None),
         Cmd::Lock(cmd) => open_store(&store).and_then(|s| lock::lock(s, &policy, cmd)),
         Cmd::Queue(cmd) => open_store(&store).and_then(|s| queue::queue(s, &policy, cmd)),
+        Cmd::Ui(args) => open_store(&store).and_then(|s| ui::ui(s, &policy, args)),
         Cmd::Run(args) => open_store(&store)
             .and_then(|s| client_for(s, &policy, None, None))
             .and_then(|c| run::run(c, args)),

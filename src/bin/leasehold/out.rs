@@ -5,7 +5,7 @@
 
 use base64::Engine as _;
 use leasehold::core::lease::LeaseInfo;
-use leasehold::core::QueueSummary;
+use leasehold::core::{JobPeek, QueueSummary};
 use leasehold::{HolderInfo, JobRecord, JobState};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -131,11 +131,18 @@ fn payload_text(bytes: &[u8]) -> (&'static str, String) {
 /// At most this many bytes of a payload in `queue list`.
 const PREVIEW_BYTES: usize = 64;
 
-/// The first bytes of a payload: text (cut at a character boundary) when
-/// the payload is UTF-8, else base64.
-fn preview(bytes: &[u8]) -> (&'static str, String) {
-    let head = &bytes[..bytes.len().min(PREVIEW_BYTES)];
-    if std::str::from_utf8(bytes).is_err() {
+/// The first `max` bytes of a payload (`whole`: all of it; else a cut
+/// whose remainder is unknown): text, cut at a character boundary, when
+/// the payload reads as UTF-8 (a cut may end inside a character), else
+/// base64.
+fn preview(bytes: &[u8], max: usize, whole: bool) -> (&'static str, String) {
+    let head = &bytes[..bytes.len().min(max)];
+    let text = match std::str::from_utf8(bytes) {
+        Ok(_) => true,
+        // A cut may end inside a character; a whole payload may not.
+        Err(e) => !whole && e.error_len().is_none(),
+    };
+    if !text {
         return (
             "base64",
             base64::engine::general_purpose::STANDARD.encode(head),
@@ -154,8 +161,25 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
     let (encoding, payload) = if full {
         payload_text(&j.payload)
     } else {
-        preview(&j.payload)
+        preview(&j.payload, PREVIEW_BYTES, true)
     };
+    let mut v = job_fields(j, t, j.payload.len() as u64, encoding);
+    v[if full { "payload" } else { "payload_preview" }] = json!(payload);
+    v
+}
+
+/// A job as a listing read it (its payload already cut by the store):
+/// the dashboard's API.
+pub fn peek_json(p: &JobPeek, t: &Times) -> Value {
+    let whole = p.job.payload.len() as u64 == p.payload_bytes;
+    let (encoding, payload) = preview(&p.job.payload, p.job.payload.len(), whole);
+    let mut v = job_fields(&p.job, t, p.payload_bytes, encoding);
+    v["payload_preview"] = json!(payload);
+    v
+}
+
+/// Everything about a job but its payload's bytes.
+fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> Value {
     let claim = j.claim.map(|c| {
         json!({
             "holder": c.holder.to_string(),
@@ -164,7 +188,7 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
             "lease_remaining_ms": t.until(c.lease_until_ms),
         })
     });
-    let mut v = json!({
+    json!({
         "id": j.id.0,
         "queue": &*j.queue,
         "state": j.state.as_str(),
@@ -179,11 +203,9 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
         "last_error": j.last_error.as_deref(),
         "unique_key": j.unique_key.as_deref(),
         "claim": claim,
-        "payload_bytes": j.payload.len(),
+        "payload_bytes": payload_bytes,
         "payload_encoding": encoding,
-    });
-    v[if full { "payload" } else { "payload_preview" }] = json!(payload);
-    v
+    })
 }
 
 /// A queue's summary (`queue queues`, the dashboard's API): its counts

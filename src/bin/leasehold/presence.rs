@@ -7,6 +7,7 @@
 //! holder id alone.
 
 use crate::out::note;
+use leasehold::core::Txn;
 use leasehold::{Client, HolderId, LeaseGuard, LeaseOptions};
 use std::time::Duration;
 
@@ -37,4 +38,14 @@ pub fn announce(client: &Client, ttl: Duration) -> Option<LeaseGuard> {
         ));
     }
     Some(guard)
+}
+
+/// The label the worker `id` announced itself with, while it is alive.
+pub fn label_of(tx: &mut dyn Txn, id: HolderId) -> leasehold::Result<Option<String>> {
+    let info = leasehold::core::lease::inspect(tx, &key(id))?;
+    Ok(info
+        .holders
+        .into_iter()
+        .find(|h| h.holder.id == id)
+        .and_then(|h| h.holder.label.as_deref().map(str::to_owned)))
 }

@@ -186,7 +186,8 @@ impl Tally {
 pub fn work(client: Client, args: WorkArgs) -> CliResult {
     install_signal_handlers();
     let queue = client.queue(&args.queue)?;
-    let presence = crate::presence::announce(&client, args.lease);
+    // Released when dropped (on every way out of this function).
+    let _presence = crate::presence::announce(&client, args.lease);
     let opts = WorkOptions {
         lease: args.lease,
         concurrency: args.concurrency as usize,
@@ -236,10 +237,6 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
     });
     if let Some(bar) = &tally.bar {
         bar.finish_and_clear();
-    }
-    if let Some(guard) = presence {
-        // Gone from the dashboard at once; otherwise when its TTL runs out.
-        let _ = guard.release();
     }
     let report = report?;
     if args.drain {

@@ -3,7 +3,14 @@
 //! oldest ready job and the finished jobs per interval.
 
 use super::*;
-use leasehold::core::{JobCursor, JobPeek, LeasePage, SummaryOptions};
+use leasehold::core::{JobCursor, JobPeek, LeasePage, QueueSummary, SummaryOptions};
+
+/// Counts up to 2; three intervals of a second.
+const SUMMARY: SummaryOptions = SummaryOptions {
+    count_cap: 2,
+    bucket_ms: 1000,
+    buckets: 3,
+};
 
 impl World {
     pub fn lease_page(&self, after: &str, limit: usize) -> LeasePage {
@@ -38,6 +45,12 @@ impl World {
     ) -> Vec<JobPeek> {
         let policy = self.policy;
         self.tx(|tx| core::job::page(tx, queue, state, after, limit, 3, &policy))
+            .unwrap()
+    }
+
+    pub fn summary(&self, queue: &str, opts: &SummaryOptions) -> QueueSummary {
+        let policy = self.policy;
+        self.tx(|tx| core::job::summary(tx, queue, &policy, opts))
             .unwrap()
     }
 
@@ -245,16 +258,8 @@ fn spec_cancel(round: u64) -> JobSpec {
 
 pub fn job_summary_counts_oldest_ready_and_finished_per_interval(make: &Make) {
     let w = World::new(make);
-    let opts = SummaryOptions {
-        count_cap: 2,
-        bucket_ms: 1000,
-        buckets: 3,
-    };
-    let summary = |w: &World| {
-        let policy = w.policy;
-        w.tx(|tx| core::job::summary(tx, "q", &policy, &opts))
-            .unwrap()
-    };
+    let opts = SUMMARY;
+    let summary = |w: &World| w.summary("q", &opts);
     let empty = summary(&w);
     assert_eq!(empty.counts, counts(0, 0, 0, 0, 0, 0));
     assert_eq!(empty.oldest_ready_at_ms, None);
@@ -301,11 +306,20 @@ pub fn job_summary_counts_oldest_ready_and_finished_per_interval(make: &Make) {
             counts(0, 0, 0, 1, 0, 0)
         ]
     );
+}
+
+pub fn job_summary_settles_expired_claims_and_refuses_bad_options(make: &Make) {
+    let w = World::new(make);
+    let opts = SUMMARY;
+    let summary = |w: &World| w.summary("q", &opts);
+    w.push("q", JobSpec::new("x"));
+    w.claim_one("q", 1, 100);
+    assert_eq!(summary(&w).counts, counts(0, 0, 1, 0, 0, 0));
     // A claim that ran out is settled before it is counted (Q3).
-    w.at(T0 + 200_000);
+    w.at(T0 + 100);
     let s = summary(&w);
     assert_eq!(s.counts.get(JobState::Running), 0);
-    assert_eq!(w.stats("q").get(JobState::Running), 0);
+    assert_eq!(s.counts, w.stats("q"));
     // Bad options are refused by name.
     let policy = w.policy;
     for (bad, field) in [

@@ -206,7 +206,8 @@ macro_rules! conformance_cases {
             job_unique_key_freed_by_a_final_expiry, job_batch_heartbeat_and_settle,
             job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names,
             job_queues_are_listed, job_pages_follow_each_states_index_order,
-            job_summary_counts_oldest_ready_and_finished_per_interval
+            job_summary_counts_oldest_ready_and_finished_per_interval,
+            job_summary_settles_expired_claims_and_refuses_bad_options
         );
     };
     (@cases $guard:expr, $make:expr; $($case:ident),* $(,)?) => {
