@@ -115,6 +115,8 @@ def main():
         "",
     ]
     for group in sorted(groups):
+        if group.startswith("ui_"):
+            continue  # requests, not elements: the dashboard's own section
         rows = sorted(groups[group], key=lambda r: r["id"])
         base_id, base_note = BASELINES.get(group, (None, ""))
         base = next((r for r in rows if r["id"] == base_id), None)
@@ -149,12 +151,14 @@ def main():
         naive = [l for l in log.read_text().splitlines() if l.startswith("naive baseline")]
         lines += ["The naive baseline's double claims and BUSY errors, from `cargo bench --bench sqlite`:", ""]
         lines += ["    " + l for l in naive] + [""]
-    # The soak section (scripts/soak.sh) is kept as it was.
+    # Sections kept as they were: the soak run's (scripts/soak.sh) and the
+    # dashboard's (`cargo bench --bench ui`, written by hand from its run).
     if out.exists():
         old = out.read_text()
-        a, b = old.find("<!-- soak:start -->"), old.find("<!-- soak:end -->")
-        if a >= 0 and b > a:
-            lines += [old[a : b + len("<!-- soak:end -->")], ""]
+        for name in ("soak", "ui"):
+            a, b = old.find(f"<!-- {name}:start -->"), old.find(f"<!-- {name}:end -->")
+            if a >= 0 and b > a:
+                lines += [old[a : b + len(f"<!-- {name}:end -->")], ""]
     out.write_text("\n".join(lines))
     print(f"wrote {out} ({len(results)} benchmarks)")
 

@@ -431,3 +431,66 @@ fn on_loopback_only_loopback_host_names_are_answered() {
         assert_eq!(rebound.status, 403, "{host}: DNS rebinding is refused");
     }
 }
+
+/// A store that keeps leases only: the job pages say so, the leases show.
+#[test]
+fn on_the_file_store_the_leases_show_and_the_queues_say_why_not() {
+    let d = Dir::new_file("ui-file");
+    d.json(&[
+        "lock", "acquire", "backup", "--ttl", "10m", "--label", "nightly",
+    ]);
+    let ui = Server::start(&d, &[]);
+    for path in ["/queues", "/jobs"] {
+        let page = ui.get(path);
+        assert_eq!(page.status, 200, "{path}");
+        assert!(
+            page.body.contains("keeps leases only"),
+            "{path}: {}",
+            page.body
+        );
+    }
+    let api = ui.get("/api/queues").json();
+    assert!(api["leases_only"].as_str().unwrap().contains("leases only"));
+    let leases = ui.get("/leases");
+    assert!(leases.body.contains("data-key=\"backup\"") && leases.body.contains("nightly"));
+    assert_eq!(ui.get("/metrics").status, 200);
+}
+
+/// The same reads and an action on PostgreSQL: the driver is only ever
+/// called from blocking threads (it would panic on the async ones).
+#[test]
+fn on_postgres_every_page_answers() {
+    let Some(d) = Dir::new_pg("ui") else { return };
+    d.json(&[
+        "queue",
+        "push",
+        "q",
+        "--payload",
+        "x",
+        "--max-attempts",
+        "1",
+    ]);
+    let worked = d.run(&["queue", "work", "q", "--drain", "--", "false"]);
+    assert_eq!(code(&worked), 0);
+    d.json(&["lock", "acquire", "k", "--ttl", "10m"]);
+    let ui = Server::start(&d, &[]);
+    for path in [
+        "/queues",
+        "/jobs?queue=q&state=dead",
+        "/jobs/1",
+        "/leases",
+        "/metrics",
+    ] {
+        assert_eq!(ui.get(path).status, 200, "{path}");
+    }
+    assert_eq!(ui.get("/api/queues").json()["queues"][0]["dead"], 1);
+    let confirm = ui.get("/jobs/1/retry");
+    let retried = ui.ask(
+        "POST",
+        "/jobs/1/retry",
+        &[],
+        &format!("csrf={}", csrf_of(&confirm)),
+    );
+    assert_eq!(retried.status, 303);
+    assert_eq!(d.json(&["queue", "get", "1"])["state"], "ready");
+}

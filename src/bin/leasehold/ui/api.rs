@@ -88,7 +88,11 @@ async fn queues(State(ui): State<Arc<Ui>>, Query(q): Query<After>) -> Answer {
         .iter()
         .map(|(name, s)| out::summary_json(name, s))
         .collect();
-    Ok(Json(json!({ "queues": queues, "next": view.next })))
+    let mut v = json!({ "queues": queues, "next": view.next });
+    if let Some(why) = view.leases_only {
+        v["leases_only"] = json!(why);
+    }
+    Ok(Json(v))
 }
 
 async fn jobs(State(ui): State<Arc<Ui>>, Query(q): Query<JobsQuery>) -> Answer {

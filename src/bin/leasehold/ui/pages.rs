@@ -85,6 +85,16 @@ pub fn notice(h: &mut Html, done: Option<&str>, n: Option<u64>) {
         .raw("</p>");
 }
 
+/// A store that keeps leases only says so, and points to them.
+fn leases_only(h: &mut Html, why: Option<&str>) -> bool {
+    let Some(why) = why else { return false };
+    h.raw("<p class=\"empty\" data-leases-only>")
+        .text(why)
+        .raw(". Its leases: ");
+    h.link(&Href::new("/leases"), "Leases").raw("</p>");
+    true
+}
+
 fn count_text(s: &QueueSummary, state: JobState) -> String {
     let n = s.counts.get(state);
     if s.is_capped(state) {
@@ -103,6 +113,9 @@ fn jobs_href(queue: &str, state: JobState) -> Href {
 /// The queues page's content.
 pub fn queues(h: &mut Html, ui: &Ui, view: &Overview) {
     h.raw("<h1>Queues</h1>");
+    if leases_only(h, view.leases_only.as_deref()) {
+        return;
+    }
     if view.queues.is_empty() {
         h.raw("<p class=\"empty\">No queues yet. Push a job: <code>leasehold queue push QUEUE --payload TEXT</code></p>");
         return;
@@ -208,6 +221,9 @@ fn throughput(h: &mut Html, s: &QueueSummary) {
 /// The jobs page's content.
 pub fn jobs(h: &mut Html, view: &JobsView, after: Option<JobCursor>) {
     h.raw("<h1>Jobs</h1>");
+    if leases_only(h, view.leases_only.as_deref()) {
+        return;
+    }
     let Some(queue) = &view.queue else {
         h.raw("<p class=\"empty\">No queues yet.</p>");
         return;

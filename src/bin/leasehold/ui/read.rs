@@ -45,10 +45,13 @@ pub async fn blocking<T: Send + 'static>(
 }
 
 /// A page of queues with their summaries.
+#[derive(Default)]
 pub struct Overview {
     pub queues: Vec<(String, QueueSummary)>,
     /// The last queue shown, when more may follow.
     pub next: Option<String>,
+    /// Why there are no queues at all: the store keeps leases only.
+    pub leases_only: Option<String>,
 }
 
 /// One state's jobs of one queue.
@@ -63,6 +66,24 @@ pub struct JobsView {
     /// Queues to choose from.
     pub queues: Vec<String>,
     pub now_ms: u64,
+    /// As in [`Overview`].
+    pub leases_only: Option<String>,
+}
+
+impl JobsView {
+    /// No jobs (no queue yet, or none kept).
+    fn empty(state: JobState) -> JobsView {
+        JobsView {
+            queue: None,
+            state,
+            jobs: Vec::new(),
+            next: None,
+            summary: None,
+            queues: Vec::new(),
+            now_ms: 0,
+            leases_only: None,
+        }
+    }
 }
 
 /// One job, its payload cut to a preview, and its worker's label.
@@ -76,6 +97,19 @@ pub struct JobView {
 pub struct LeasesView {
     pub page: LeasePage,
     pub now_ms: u64,
+}
+
+/// The one place a store refuses job work ([`leasehold::core::Txn::jobs`]),
+/// as a page says it: not an error, a store that keeps leases only.
+fn leases_only<T>(read: Result<T, UiError>) -> Result<Result<T, String>, UiError> {
+    match read {
+        Ok(v) => Ok(Ok(v)),
+        Err(UiError::Store(leasehold::Error::Invalid {
+            field: "store",
+            reason,
+        })) => Ok(Err(reason)),
+        Err(e) => Err(e),
+    }
 }
 
 impl Reader {
@@ -94,7 +128,15 @@ impl Reader {
 
     /// Up to [`QUEUES_PAGE`] queues after `after`, each summarized.
     pub fn overview(&self, after: &str) -> Result<Overview, UiError> {
-        let names = self.queue_names(after, QUEUES_PAGE)?;
+        let names = match leases_only(self.queue_names(after, QUEUES_PAGE))? {
+            Ok(names) => names,
+            Err(why) => {
+                return Ok(Overview {
+                    leases_only: Some(why),
+                    ..Overview::default()
+                })
+            }
+        };
         let next = (names.len() == QUEUES_PAGE)
             .then(|| names.last().cloned())
             .flatten();
@@ -103,7 +145,11 @@ impl Reader {
             let summary = self.summary(&name)?;
             queues.push((name, summary));
         }
-        Ok(Overview { queues, next })
+        Ok(Overview {
+            queues,
+            next,
+            leases_only: None,
+        })
     }
 
     /// Up to `limit` jobs of `queue` (default: the first queue) in `state`
@@ -115,18 +161,22 @@ impl Reader {
         after: Option<JobCursor>,
         limit: usize,
     ) -> Result<JobsView, UiError> {
-        let queues = self.queue_names("", QUEUE_CHOICES)?;
+        let queues = match leases_only(self.queue_names("", QUEUE_CHOICES))? {
+            Ok(queues) => queues,
+            Err(why) => {
+                return Ok(JobsView {
+                    state,
+                    leases_only: Some(why),
+                    ..JobsView::empty(state)
+                })
+            }
+        };
         let queue = queue.map(str::to_owned).or_else(|| queues.first().cloned());
         let Some(name) = queue.clone() else {
-            let now_ms = self.store.txn_as("ui_now", |tx| Ok(tx.now_ms()))?;
             return Ok(JobsView {
-                queue,
                 state,
-                jobs: Vec::new(),
-                next: None,
-                summary: None,
                 queues,
-                now_ms,
+                ..JobsView::empty(state)
             });
         };
         let summary = self.summary(&name)?;
@@ -153,6 +203,7 @@ impl Reader {
             summary: Some(summary),
             queues,
             now_ms,
+            leases_only: None,
         })
     }
 
