@@ -25,9 +25,14 @@ struct Server {
 
 impl Server {
     fn start(d: &Dir, args: &[&str]) -> Server {
-        let mut child = d
-            .cmd()
-            .args(["ui", "--listen", "127.0.0.1:0"])
+        let mut all = vec!["ui", "--listen", "127.0.0.1:0"];
+        all.extend(args);
+        Server::spawn(d.cmd(), &all)
+    }
+
+    /// Run `cmd` with `args`; the address from its first line on stderr.
+    fn spawn(mut cmd: std::process::Command, args: &[&str]) -> Server {
+        let mut child = cmd
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -412,6 +417,15 @@ fn off_loopback_a_token_is_required_and_checked() {
         "",
     );
     assert_eq!(other.status, 200);
+    // The token may come from the environment, off loopback too.
+    let mut env = d.cmd();
+    env.env("LEASEHOLD_UI_TOKEN", token);
+    let mut off = Server::spawn(env, &["ui", "--listen", "0.0.0.0:0"]);
+    let port = off.addr.rsplit(':').next().unwrap().to_owned();
+    off.addr = format!("127.0.0.1:{port}");
+    assert_eq!(off.get("/api/queues").status, 401);
+    let ok = off.ask("GET", "/api/queues", &[("Authorization", &bearer)], "");
+    assert_eq!(ok.status, 200);
 }
 
 #[test]

@@ -63,7 +63,7 @@ impl Journal {
 }
 
 /// An event a blocked caller can wait for ([`crate::Store::wait_epoch`]),
-/// raised by the rules ([`Txn::wake`]) and delivered by the store when
+/// raised by the rules ([`Journal::wake`]) and delivered by the store when
 /// the transaction that raised it commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Wake {
