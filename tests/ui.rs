@@ -409,6 +409,10 @@ fn off_loopback_a_token_is_required_and_checked() {
     let cookie = cookie.split(';').next().unwrap();
     let page = ui.ask("GET", "/queues", &[("Cookie", cookie)], "");
     assert_eq!(page.status, 200);
+    // Any page opened with ?token= signs in, and leads to itself.
+    let deep = ui.get(&format!("/jobs?queue=q&token={token}&state=dead"));
+    assert_eq!(deep.status, 303);
+    assert_eq!(deep.header("location"), Some("/jobs?queue=q&state=dead"));
     // With a token, any host name will do (the token is the guard).
     let other = ui.ask(
         "GET",

@@ -34,10 +34,11 @@ const INDEXES: [(&str, &str); 2] = [
     ),
 ];
 
-/// Create the listings' indexes where missing. Checked first without a
-/// lock (`CREATE INDEX IF NOT EXISTS` would lock the table out of
-/// writers even when the index exists), then again under the migrations'
-/// advisory lock, so processes starting together create each once.
+/// Create the listings' indexes where missing: one round trip when
+/// they exist (`CREATE INDEX IF NOT EXISTS` would lock the table out of
+/// writers even then), one more to create them, under an advisory lock
+/// so processes starting together create each once. `schema` is the
+/// quoted name (lowercase letters, digits and `_`: a safe literal).
 pub(super) fn ensure_indexes(client: &mut Client, schema: &str, shown: &str) -> Result<()> {
     let fail = |e| {
         pg_err(
@@ -46,35 +47,30 @@ pub(super) fn ensure_indexes(client: &mut Client, schema: &str, shown: &str) -> 
             Stage::Work,
         )
     };
-    let missing = |client: &mut Client| -> std::result::Result<bool, postgres::Error> {
-        for (name, _) in INDEXES {
-            let row = client.query_one(
-                "SELECT to_regclass($1) IS NULL",
-                &[&format!("{schema}.{name}")],
-            )?;
-            if row.get::<_, bool>(0) {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    };
-    if !missing(client).map_err(fail)? {
+    let names: Vec<String> = INDEXES
+        .iter()
+        .map(|(n, _)| format!("{schema}.{n}"))
+        .collect();
+    let missing: bool = client
+        .query_one(
+            "SELECT bool_or(to_regclass(n) IS NULL) FROM unnest($1::text[]) AS n",
+            &[&names],
+        )
+        .and_then(|r| r.try_get(0))
+        .map_err(fail)?;
+    if !missing {
         return Ok(());
     }
-    let mut tx = client.transaction().map_err(fail)?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-        &[&ADVISORY_CLASS, &schema],
-    )
-    .map_err(fail)?;
+    let mut script =
+        format!("BEGIN; SELECT pg_advisory_xact_lock({ADVISORY_CLASS}, hashtext('{schema}'));\n");
     for (name, on) in INDEXES {
-        let sql = format!(
-            "CREATE INDEX IF NOT EXISTS {name} ON {}",
+        script += &format!(
+            "CREATE INDEX IF NOT EXISTS {name} ON {};\n",
             on.replace("{s}", schema)
         );
-        tx.batch_execute(&sql).map_err(fail)?;
     }
-    tx.commit().map_err(fail)
+    script += "COMMIT";
+    client.batch_execute(&script).map_err(fail)
 }
 
 /// A lease record from the columns `last_token, tokens, holders, labels,

@@ -2,8 +2,9 @@
 //!
 //! - **Token** (`--auth-token`, required off loopback): every request
 //!   carries it, as `Authorization: Bearer TOKEN` or in the cookie a
-//!   login sets (`/login?token=TOKEN`, which redirects to a URL without
-//!   it). Without it: 401 (a sign-in form for pages).
+//!   login sets (any URL with `?token=TOKEN`, `/login?token=TOKEN` for
+//!   instance, which redirects to the same URL without it). Without it:
+//!   401 (a sign-in form for pages).
 //! - **Host** (no token, so loopback only): the `Host` header must name a
 //!   loopback address, so a web page whose name an attacker points at
 //!   127.0.0.1 (DNS rebinding) cannot read the dashboard.
@@ -109,14 +110,31 @@ impl Guard {
     }
 }
 
-/// The token a `/login?token=...` request presents.
-fn login_token(req: &Request) -> Option<String> {
+/// The token a `?token=...` login presents, and where to go without it
+/// (the same path and other parameters; `/login` leads to the queues).
+fn login(req: &Request) -> Option<(String, String)> {
     #[derive(serde::Deserialize)]
     struct Login {
         token: String,
     }
     let login = axum::extract::Query::<Login>::try_from_uri(req.uri()).ok()?;
-    Some(login.0.token)
+    let rest: Vec<&str> = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("token="))
+        .collect();
+    let path = match req.uri().path() {
+        "/login" | "/" => "/queues",
+        path => path,
+    };
+    let to = if rest.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", rest.join("&"))
+    };
+    Some((login.0.token, to))
 }
 
 /// Apply the rules to every request, and the headers to every answer.
@@ -142,11 +160,11 @@ async fn check(ui: &Ui, req: Request, next: Next) -> Response {
         }
         return next.run(req).await;
     };
-    if req.uri().path() == "/login" {
-        return match login_token(&req) {
-            Some(t) if same(&t, token) => signed_in(token),
-            _ => UiError::Unauthorized.into_response(),
-        };
+    if let Some((presented, to)) = login(&req) {
+        if same(&presented, token) {
+            return signed_in(token, &to);
+        }
+        return UiError::Unauthorized.into_response();
     }
     match guard.presented_token(req.headers()) {
         Some(t) if same(t, token) => next.run(req).await,
@@ -154,10 +172,10 @@ async fn check(ui: &Ui, req: Request, next: Next) -> Response {
     }
 }
 
-/// The login's answer: the cookie, and a redirect to a URL without the token.
-fn signed_in(token: &str) -> Response {
+/// The login's answer: the cookie, and a redirect to `to` (without the token).
+fn signed_in(token: &str, to: &str) -> Response {
     let cookie = format!("{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
-    let mut answer = (StatusCode::SEE_OTHER, [(header::LOCATION, "/queues")]).into_response();
+    let mut answer = (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response();
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         answer.headers_mut().insert(header::SET_COOKIE, value);
     }
