@@ -236,8 +236,9 @@ pub(super) fn page(
             .query(&page_sql(step, schema), &params)
             .map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
         for row in &rows {
+            // The length follows the job's columns.
             let payload_bytes = row
-                .try_get::<_, i32>(18)
+                .try_get::<_, i32>(COLUMNS.split(',').count())
                 .map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
             jobs.push(JobPeek {
                 job: job_from_row(row)?,

@@ -156,10 +156,12 @@ pub(super) fn page(
     Ok(jobs)
 }
 
+/// A job from [`JOB_COLUMNS`] (its payload cut), then the payload's length.
 fn peek_from_row(r: &Row<'_>) -> rusqlite::Result<JobPeek> {
+    let length_at = JOB_COLUMNS.split(',').count();
     Ok(JobPeek {
         job: job_from_row_at(r, 0)?,
-        payload_bytes: u64_of(r.get(18)?),
+        payload_bytes: u64_of(r.get(length_at)?),
     })
 }
 
