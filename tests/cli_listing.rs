@@ -40,6 +40,7 @@ fn lock_list_prints_each_held_key(d: &Dir) {
         (b["holder_count"].as_u64(), b["limit"].as_u64()),
         (Some(2), Some(3))
     );
+    assert_eq!(b["holding"].as_str(), Some("2 of 3"));
     let tokens: Vec<u64> = (0..2)
         .map(|i| b["holders"][i]["token"].as_u64().unwrap())
         .collect();

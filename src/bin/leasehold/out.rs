@@ -113,6 +113,7 @@ pub fn status_json(key: &str, info: &LeaseInfo) -> Value {
         "last_token": info.last_token,
         "limit": (info.limit > 0).then_some(info.limit),
         "holder_count": info.holders.len(),
+        "holding": (info.limit > 0).then(|| format!("{} of {}", info.holders.len(), info.limit)),
         "holders": info.holders.iter().map(|h| holder_json(h, &t)).collect::<Vec<_>>(),
     })
 }
