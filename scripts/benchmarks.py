@@ -116,6 +116,8 @@ def main():
         "",
     ]
     for group in sorted(groups):
+        if group.startswith("ui_"):
+            continue  # requests, not elements: the dashboard's own section
         rows = sorted(groups[group], key=lambda r: r["id"])
         base_id, base_note = BASELINES.get(group, (None, ""))
         base = next((r for r in rows if r["id"] == base_id), None)

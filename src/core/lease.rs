@@ -340,6 +340,55 @@ pub fn inspect(tx: &mut dyn Txn, key: &str) -> Result<LeaseInfo> {
     })
 }
 
+/// One page of held keys ([`list`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeasePage {
+    /// Keys with live holders, in key order, each with what [`inspect`]
+    /// would say of it.
+    pub leases: Vec<(String, LeaseInfo)>,
+    /// Where the next page starts (pass it as `after`); `None` once the
+    /// last record was read.
+    pub next: Option<String>,
+}
+
+/// The keys that have live holders at the store's `now_ms`, among up to
+/// `limit` records after `after` (`""`: from the first); changes nothing.
+///
+/// Expiry is lazy: a record may keep slots that expired until its key is
+/// used again, so the store hands over records with any slot and this
+/// rule keeps the live ones. A page reads at most `limit` records, so it
+/// may hold fewer than `limit` keys (even none) and still have a `next`.
+pub fn list(tx: &mut dyn Txn, after: &str, limit: usize) -> Result<LeasePage> {
+    super::job::check_after_key(after)?;
+    if limit == 0 || limit > super::MAX_BATCH {
+        return Err(Error::invalid(
+            "limit",
+            format!("{limit} is outside 1..={}", super::MAX_BATCH),
+        ));
+    }
+    let now_ms = tx.now_ms();
+    let mut records = Vec::new();
+    tx.lease_scan(after, limit, &mut records)?;
+    debug_assert!(records.len() <= limit);
+    let next = (records.len() == limit)
+        .then(|| records.last().map(|(key, _)| key.clone()))
+        .flatten();
+    let leases = records
+        .into_iter()
+        .filter(|(_, rec)| rec.live(now_ms).next().is_some())
+        .map(|(key, rec)| {
+            let info = LeaseInfo {
+                last_token: rec.last_token,
+                limit: rec.limit,
+                holders: rec.live_infos(now_ms),
+                now_ms,
+            };
+            (key, info)
+        })
+        .collect();
+    Ok(LeasePage { leases, next })
+}
+
 /// How far a holder's clock may drift from the store's, and the extra
 /// safety margin it keeps before its lease's end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

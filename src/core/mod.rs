@@ -49,8 +49,11 @@
 //!
 //! # Storage ([`Txn`], [`JobTxn`])
 //! The core asks for what it needs, on purpose: lease records by key; job
-//! records by id; a queue's schedules; one batched read of a queue's expired, due and ready jobs
-//! ([`JobTxn::pending`]); two ordered scans. It records in the
+//! records by id; a queue's schedules; one batched read of a queue's
+//! expired, due and ready jobs ([`JobTxn::pending`]); two ordered scans;
+//! and, for people looking at the store, paged listings of held keys,
+//! queues and one state's jobs, capped counts and a histogram of finished
+//! jobs, each read from an index. It records in the
 //! transaction's [`Journal`] the wake-ups it causes (a lease freed, a job
 //! made ready), which the store delivers on commit, and the transitions it
 //! makes ([`Event`]), which the store layer traces and counts on commit. A store that keeps no jobs says so in
@@ -64,10 +67,12 @@ mod txn;
 
 pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
-    backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec,
-    JobState, QueuePolicy, StateCounts,
+    backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobCursor, JobId, JobPeek,
+    JobRecord, JobSpec, JobState, QueuePolicy, QueueSummary, StateCounts, SummaryOptions,
 };
-pub use lease::{local_deadline_ms, DriftBound, Grant, LeaseInfo, LeaseRecord, LeaseSlot};
+pub use lease::{
+    local_deadline_ms, DriftBound, Grant, LeaseInfo, LeasePage, LeaseRecord, LeaseSlot,
+};
 pub use schedule::{Missed, Rule, ScheduleRecord, ScheduleSpec};
 pub use txn::{JobQuery, JobTxn, Journal, Pending, Txn, Wake};
 

@@ -10,8 +10,10 @@
 //! networked store answers in one round trip.
 
 use super::event::Event;
-use super::{JobId, JobRecord, JobState, LeaseRecord, ScheduleRecord, StateCounts};
-use crate::error::Result;
+use super::{
+    JobCursor, JobId, JobPeek, JobRecord, JobState, LeaseRecord, ScheduleRecord, StateCounts,
+};
+use crate::error::{Error, Result};
 
 /// What a transaction caused, for after it commits: the wake-ups its
 /// store delivers to waiters, and the transitions it made ([`Event`]s,
@@ -138,6 +140,28 @@ pub trait Txn {
     /// The job side of this transaction, or the error saying this store
     /// keeps no jobs (the one place a leases-only store refuses them).
     fn jobs(&mut self) -> Result<&mut dyn JobTxn>;
+
+    /// Up to `limit` lease records that have at least one holder slot
+    /// (live, or expired and not pruned yet: the store does not judge),
+    /// with keys after `after` (`""`: from the first), in ascending key
+    /// order, appended to `out` as copies. Key order is byte order
+    /// (PostgreSQL: the database's collation; paging only needs the store
+    /// to be consistent with itself). For listings ([`super::lease::list`]);
+    /// a store that cannot list says so (the default).
+    fn lease_scan(
+        &mut self,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<(String, LeaseRecord)>,
+    ) -> Result<()> {
+        let _ = (after, limit, out);
+        Err(unlisted("leases"))
+    }
+}
+
+/// The answer of a store that does not implement a listing.
+fn unlisted(what: &str) -> Error {
+    Error::invalid("store", format!("this store cannot list {what}"))
 }
 
 /// The job side of a transaction ([`Txn::jobs`]).
@@ -206,4 +230,55 @@ pub trait JobTxn {
 
     /// Remove `queue`'s schedule `name`; whether there was one.
     fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool>;
+
+    // The listings below serve people looking at the store (`leasehold
+    // ui`, `queue queues`): each reads an index, so its cost does not grow
+    // with the jobs it does not return. A store that cannot list says so
+    // (the defaults).
+
+    /// Up to `limit` names of queues that have at least one job, after
+    /// `after` (`""`: from the first), in ascending order (as
+    /// [`Txn::lease_scan`] orders keys), appended to `out`.
+    fn queue_names(&mut self, after: &str, limit: usize, out: &mut Vec<String>) -> Result<()> {
+        let _ = (after, limit, out);
+        Err(unlisted("queues"))
+    }
+
+    /// Up to `limit` jobs of `queue` in `state`, in that state's listing
+    /// order ([`JobCursor`]), after the position `after` (`None`: from the
+    /// first), each with at most `preview_bytes` of its payload.
+    fn page(
+        &mut self,
+        queue: &str,
+        state: JobState,
+        after: Option<JobCursor>,
+        limit: usize,
+        preview_bytes: usize,
+    ) -> Result<Vec<JobPeek>> {
+        let _ = (queue, state, after, limit, preview_bytes);
+        Err(unlisted("jobs by state"))
+    }
+
+    /// Jobs of `queue` per state, each state counted up to `cap` (a count
+    /// of `cap` means `cap` or more): the cost is bounded by `cap`, not by
+    /// the number of jobs.
+    fn counts_capped(&mut self, queue: &str, cap: u64) -> Result<StateCounts> {
+        let _ = (queue, cap);
+        Err(unlisted("job counts"))
+    }
+
+    /// Terminal jobs of `queue` per state, by the interval their
+    /// `finished_at_ms` falls in: `out[i]` counts `[from_ms + i *
+    /// bucket_ms, from_ms + (i + 1) * bucket_ms)`. Read from the finished
+    /// jobs' index, so it costs the jobs finished in the window.
+    fn finished_histogram(
+        &mut self,
+        queue: &str,
+        from_ms: u64,
+        bucket_ms: u64,
+        out: &mut [StateCounts],
+    ) -> Result<()> {
+        let _ = (queue, from_ms, bucket_ms, out);
+        Err(unlisted("finished jobs"))
+    }
 }

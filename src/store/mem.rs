@@ -11,8 +11,8 @@
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{
-    ClaimRank, JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, Pending,
-    ScheduleRecord, StateCounts, Txn,
+    ClaimRank, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal,
+    LeaseRecord, Pending, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Result;
 use crate::store::{Store, Wake};
@@ -256,6 +256,31 @@ impl Txn for MemTxn<'_> {
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
         Ok(self)
     }
+
+    /// Keys are hashed here, not ordered: the records with slots are
+    /// sorted per page (the mem store serves tests and one process).
+    fn lease_scan(
+        &mut self,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<(String, LeaseRecord)>,
+    ) -> Result<()> {
+        let mut keys: Vec<&Arc<str>> = self
+            .st
+            .leases
+            .iter()
+            .filter(|(k, (_, rec))| &***k > after && !rec.slots.is_empty())
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort_unstable();
+        keys.truncate(limit);
+        for key in keys {
+            if let Some((_, rec)) = self.st.leases.get(key) {
+                out.push((key.to_string(), rec.clone()));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl JobTxn for MemTxn<'_> {
@@ -413,6 +438,111 @@ impl JobTxn for MemTxn<'_> {
             .take(limit)
             .cloned()
             .collect())
+    }
+
+    fn queue_names(&mut self, after: &str, limit: usize, out: &mut Vec<String>) -> Result<()> {
+        let mut names: Vec<&Arc<str>> = self
+            .st
+            .queues
+            .iter()
+            .filter(|(name, q)| &***name > after && !q.ids.is_empty())
+            .map(|(name, _)| name)
+            .collect();
+        names.sort_unstable();
+        out.extend(names.into_iter().take(limit).map(|n| n.to_string()));
+        Ok(())
+    }
+
+    fn page(
+        &mut self,
+        queue: &str,
+        state: JobState,
+        after: Option<JobCursor>,
+        limit: usize,
+        preview_bytes: usize,
+    ) -> Result<Vec<JobPeek>> {
+        let Some(q) = self.st.queues.get(queue) else {
+            return Ok(Vec::new());
+        };
+        let ids = self.page_ids(q, state, after, limit);
+        Ok(ids
+            .iter()
+            .filter_map(|id| self.st.jobs.get(id))
+            .map(|job| JobPeek::of(job, preview_bytes))
+            .collect())
+    }
+
+    fn counts_capped(&mut self, queue: &str, cap: u64) -> Result<StateCounts> {
+        let mut counts = self.counts(queue)?;
+        for n in &mut counts.0 {
+            *n = (*n).min(cap);
+        }
+        Ok(counts)
+    }
+
+    fn finished_histogram(
+        &mut self,
+        queue: &str,
+        from_ms: u64,
+        bucket_ms: u64,
+        out: &mut [StateCounts],
+    ) -> Result<()> {
+        let Some(q) = self.st.queues.get(queue) else {
+            return Ok(());
+        };
+        let to_ms = from_ms.saturating_add(bucket_ms.saturating_mul(out.len() as u64));
+        for &(at, id) in q.finished.range((from_ms, JobId(0))..(to_ms, JobId(0))) {
+            let (Some(job), Ok(i)) = (
+                self.st.jobs.get(&id),
+                usize::try_from((at - from_ms) / bucket_ms.max(1)),
+            ) else {
+                continue;
+            };
+            if let Some(bucket) = out.get_mut(i) {
+                bucket.add(job.state, 1);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MemTxn<'_> {
+    /// A page of one state's jobs from the queue's index of that state
+    /// (terminal states share one index, filtered by state).
+    fn page_ids(
+        &self,
+        q: &QueueIndex,
+        state: JobState,
+        after: Option<JobCursor>,
+        limit: usize,
+    ) -> Vec<JobId> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = |c: Option<JobCursor>| c.map_or(Unbounded, |c| Excluded((c.at_ms, c.id)));
+        match state {
+            JobState::Ready => {
+                let start = after.map_or(Unbounded, |c| {
+                    Excluded((std::cmp::Reverse(c.priority), c.at_ms, c.id))
+                });
+                let range = q.ready.range((start, Unbounded));
+                return range.take(limit).map(|r| r.2).collect();
+            }
+            JobState::Scheduled => q.scheduled.range((from(after), Unbounded)),
+            JobState::Running => q.running.range((from(after), Unbounded)),
+            JobState::Done | JobState::Dead | JobState::Cancelled => {
+                let jobs = &self.st.jobs;
+                return q
+                    .finished
+                    .range((Unbounded, from(after)))
+                    .rev()
+                    .map(|&(_, id)| id)
+                    .filter(|id| jobs.get(id).is_some_and(|j| j.state == state))
+                    .take(limit)
+                    .collect();
+            }
+        }
+        .take(limit)
+        .map(|&(_, id)| id)
+        .collect()
     }
 }
 

@@ -91,6 +91,21 @@ impl Dir {
             .unwrap_or_else(|e| panic!("{args:?} printed {text:?}: {e}"))
     }
 
+    /// Every JSON line a command printed (it must succeed).
+    pub fn lines(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    }
+
     pub fn stats(&self, queue: &str) -> BTreeMap<String, u64> {
         let v = self.json(&["queue", "stats", queue]);
         v.as_object()

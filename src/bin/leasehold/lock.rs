@@ -4,7 +4,7 @@
 use crate::out::{self, emit, note, parse_duration, Times};
 use crate::{caller_label, client_for, CliResult, Fail, PolicyArgs};
 use clap::Subcommand;
-use leasehold::{Client, Error, LeaseOptions, Store};
+use leasehold::{Client, Error, LeaseOptions, Store, StoreExt};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +64,9 @@ pub enum LockCmd {
         #[arg(long, default_value_t = 0)]
         count: u64,
     },
+    /// Every held key, one JSON line each: its holders (label, token, time
+    /// remaining) and how many of its limit are taken.
+    List,
 }
 
 /// When a lease is held: who holds it and until when, on stdout.
@@ -133,6 +136,27 @@ pub fn lock(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: LockCmd) -> CliResu
             let info = client.inspect(&key)?;
             emit(&out::status_json(&key, &info))?;
             Ok(0)
+        }
+        LockCmd::List => list(store.as_ref()),
+    }
+}
+
+/// Records read per transaction by `lock list`.
+const LIST_PAGE: usize = 1000;
+
+/// `lock list`: page after page, each in a transaction of its own.
+fn list(store: &dyn Store) -> CliResult {
+    let mut after = String::new();
+    loop {
+        let page = store.txn_as("lock_list", |tx| {
+            leasehold::core::lease::list(tx, &after, LIST_PAGE)
+        })?;
+        for (key, info) in &page.leases {
+            emit(&out::status_json(key, info))?;
+        }
+        match page.next {
+            Some(next) => after = next,
+            None => return Ok(0),
         }
     }
 }

@@ -7,16 +7,22 @@
 //! was not found.
 
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the CLI spawns threads, reads real time and does I/O
+#![cfg_attr(loom, allow(dead_code))] // under loom, without the dashboard
 
 mod contain;
 mod elect;
 mod lock;
 mod out;
+mod presence;
 mod queue;
 mod run;
 mod schedule;
 mod telemetry;
 mod watch;
+// The dashboard's HTTP stack (tokio, axum) does not build under `--cfg
+// loom`; the loom models never run the binary.
+#[cfg(not(loom))]
+mod ui;
 mod work;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -104,6 +110,9 @@ enum Cmd {
     Run(run::RunArgs),
     /// Campaign for leadership of a key; run a command while leader.
     Elect(elect::ElectArgs),
+    /// Serve the web dashboard: queues, jobs, leases; retry, cancel, purge.
+    #[cfg(not(loom))]
+    Ui(ui::UiArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -270,6 +279,8 @@ fn main() -> ExitCode {
         Cmd::Man => generated(None),
         Cmd::Lock(cmd) => open_store(&store).and_then(|s| lock::lock(s, &policy, cmd)),
         Cmd::Queue(cmd) => open_store(&store).and_then(|s| queue::queue(s, &policy, cmd)),
+        #[cfg(not(loom))]
+        Cmd::Ui(args) => open_store(&store).and_then(|s| ui::ui(s, &policy, args)),
         Cmd::Run(args) => open_store(&store)
             .and_then(|s| client_for(s, &policy, None, None))
             .and_then(|c| run::run(c, args)),

@@ -5,7 +5,8 @@
 
 use base64::Engine as _;
 use leasehold::core::lease::LeaseInfo;
-use leasehold::{HolderInfo, JobRecord};
+use leasehold::core::{JobPeek, QueueSummary};
+use leasehold::{HolderInfo, JobRecord, JobState};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::sync::Mutex;
@@ -111,6 +112,8 @@ pub fn status_json(key: &str, info: &LeaseInfo) -> Value {
         "key": key,
         "last_token": info.last_token,
         "limit": (info.limit > 0).then_some(info.limit),
+        "holder_count": info.holders.len(),
+        "holding": (info.limit > 0).then(|| format!("{} of {}", info.holders.len(), info.limit)),
         "holders": info.holders.iter().map(|h| holder_json(h, &t)).collect::<Vec<_>>(),
     })
 }
@@ -129,11 +132,18 @@ fn payload_text(bytes: &[u8]) -> (&'static str, String) {
 /// At most this many bytes of a payload in `queue list`.
 const PREVIEW_BYTES: usize = 64;
 
-/// The first bytes of a payload: text (cut at a character boundary) when
-/// the payload is UTF-8, else base64.
-fn preview(bytes: &[u8]) -> (&'static str, String) {
-    let head = &bytes[..bytes.len().min(PREVIEW_BYTES)];
-    if std::str::from_utf8(bytes).is_err() {
+/// The first `max` bytes of a payload (`whole`: all of it; else a cut
+/// whose remainder is unknown): text, cut at a character boundary, when
+/// the payload reads as UTF-8 (a cut may end inside a character), else
+/// base64.
+fn preview(bytes: &[u8], max: usize, whole: bool) -> (&'static str, String) {
+    let head = &bytes[..bytes.len().min(max)];
+    let text = match std::str::from_utf8(bytes) {
+        Ok(_) => true,
+        // A cut may end inside a character; a whole payload may not.
+        Err(e) => !whole && e.error_len().is_none(),
+    };
+    if !text {
         return (
             "base64",
             base64::engine::general_purpose::STANDARD.encode(head),
@@ -152,8 +162,41 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
     let (encoding, payload) = if full {
         payload_text(&j.payload)
     } else {
-        preview(&j.payload)
+        preview(&j.payload, PREVIEW_BYTES, true)
     };
+    let mut v = job_fields(j, t, j.payload.len() as u64, encoding);
+    v[if full { "payload" } else { "payload_preview" }] = json!(payload);
+    add_result(&mut v, j, full);
+    v
+}
+
+/// The result a job completed with, if any: whole, or a short preview.
+fn add_result(v: &mut Value, j: &JobRecord, full: bool) {
+    if let Some(result) = &j.result {
+        let (encoding, text) = if full {
+            payload_text(result)
+        } else {
+            preview(result, PREVIEW_BYTES, true)
+        };
+        v["result_bytes"] = json!(result.len());
+        v["result_encoding"] = json!(encoding);
+        v[if full { "result" } else { "result_preview" }] = json!(text);
+    }
+}
+
+/// A job as a listing read it (its payload already cut by the store):
+/// the dashboard's API.
+pub fn peek_json(p: &JobPeek, t: &Times) -> Value {
+    let whole = p.job.payload.len() as u64 == p.payload_bytes;
+    let (encoding, payload) = preview(&p.job.payload, p.job.payload.len(), whole);
+    let mut v = job_fields(&p.job, t, p.payload_bytes, encoding);
+    v["payload_preview"] = json!(payload);
+    add_result(&mut v, &p.job, false);
+    v
+}
+
+/// Everything about a job but its payload's bytes.
+fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> Value {
     let claim = j.claim.map(|c| {
         json!({
             "holder": c.holder.to_string(),
@@ -162,7 +205,7 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
             "lease_remaining_ms": t.until(c.lease_until_ms),
         })
     });
-    let mut v = json!({
+    json!({
         "id": j.id.0,
         "queue": &*j.queue,
         "state": j.state.as_str(),
@@ -177,19 +220,44 @@ pub fn job_json(j: &JobRecord, t: &Times, full: bool) -> Value {
         "last_error": j.last_error.as_deref(),
         "unique_key": j.unique_key.as_deref(),
         "claim": claim,
-        "payload_bytes": j.payload.len(),
+        "payload_bytes": payload_bytes,
         "payload_encoding": encoding,
-    });
-    v[if full { "payload" } else { "payload_preview" }] = json!(payload);
-    if let Some(result) = &j.result {
-        let (encoding, text) = if full {
-            payload_text(result)
-        } else {
-            preview(result)
-        };
-        v["result_bytes"] = json!(result.len());
-        v["result_encoding"] = json!(encoding);
-        v[if full { "result" } else { "result_preview" }] = json!(text);
+    })
+}
+
+/// A queue's summary (`queue queues`, the dashboard's API): its counts
+/// per state (with the states whose count reached the cap), the oldest
+/// ready job, and the jobs finished per interval.
+pub fn summary_json(queue: &str, s: &QueueSummary) -> Value {
+    let t = Times::new(s.now_ms);
+    let mut v = json!({"queue": queue});
+    for state in JobState::ALL {
+        v[state.as_str()] = json!(s.counts.get(state));
     }
+    let capped: Vec<&str> = JobState::ALL
+        .into_iter()
+        .filter(|&st| s.count_cap < u64::MAX && s.is_capped(st))
+        .map(JobState::as_str)
+        .collect();
+    v["capped"] = json!(capped);
+    v["oldest_ready_at"] = json!(s.oldest_ready_at_ms.map(|at| t.at(at)));
+    v["oldest_ready_wait_ms"] = json!(s.oldest_ready_wait_ms());
+    let mut from_ms = s.from_ms;
+    let finished: Vec<Value> = s
+        .finished
+        .iter()
+        .map(|c| {
+            let v = json!({
+                "from": t.at(from_ms),
+                "done": c.get(JobState::Done),
+                "dead": c.get(JobState::Dead),
+                "cancelled": c.get(JobState::Cancelled),
+            });
+            from_ms = from_ms.saturating_add(s.bucket_ms);
+            v
+        })
+        .collect();
+    v["interval_ms"] = json!(s.bucket_ms);
+    v["finished"] = json!(finished);
     v
 }

@@ -4,7 +4,8 @@
 use crate::out::{self, emit, parse_duration, Times};
 use crate::{client_for, work, CliResult, Fail, PolicyArgs, EXIT_ERROR};
 use clap::Subcommand;
-use leasehold::{Client, JobId, JobSpec, JobState, Store};
+use leasehold::core::SummaryOptions;
+use leasehold::{Client, JobId, JobSpec, JobState, QueuePolicy, Store, StoreExt};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::sync::Arc;
@@ -38,6 +39,9 @@ pub enum QueueCmd {
     Schedule(crate::schedule::ScheduleCmd),
     /// Jobs per state.
     Stats { queue: String },
+    /// Every queue that has jobs, one JSON line each: jobs per state, the
+    /// oldest ready job's wait, and the jobs finished in the last minute.
+    Queues,
     /// Jobs, one JSON line each (payload size and a short preview).
     List {
         queue: String,
@@ -122,6 +126,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
             let pushed = client.queue(&queue)?.push(&spec)?;
             vec![json!({"id": pushed.id.0, "created": pushed.created})]
         }
+        QueueCmd::Queues => return queues(client.store().as_ref(), client.policy()),
         QueueCmd::Stats { queue } => {
             let c = client.queue(&queue)?.stats()?;
             let states = JobState::ALL.map(|s| (s.as_str().to_owned(), json!(c.get(s))));
@@ -165,4 +170,33 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
         emit(line)?;
     }
     Ok(0)
+}
+
+/// Queue names read per transaction by `queue queues`.
+const QUEUES_PAGE: usize = 1000;
+
+/// `queue queues`: the names a page at a time, then each queue's summary
+/// (exact counts) in a transaction of its own.
+fn queues(store: &dyn Store, policy: &QueuePolicy) -> CliResult {
+    let opts = SummaryOptions {
+        count_cap: u64::MAX,
+        bucket_ms: 60_000,
+        buckets: 1,
+    };
+    let mut after = String::new();
+    loop {
+        let names = store.txn_as("queue_names", |tx| {
+            leasehold::core::job::queues(tx, &after, QUEUES_PAGE)
+        })?;
+        for name in &names {
+            let summary = store.txn_as("queue_summary", |tx| {
+                leasehold::core::job::summary(tx, name, policy, &opts)
+            })?;
+            emit(&out::summary_json(name, &summary))?;
+        }
+        match names.last() {
+            Some(last) if names.len() == QUEUES_PAGE => after = last.clone(),
+            _ => return Ok(0),
+        }
+    }
 }

@@ -1,10 +1,12 @@
 //! Logs and metrics for the command line: `--log text|json` prints the
 //! library's tracing events on stderr (quiet without it), and
 //! `queue work --metrics ADDR` serves the library's metrics as Prometheus
-//! text over HTTP.
+//! text over HTTP (`leasehold ui` serves them at `/metrics` through the
+//! same recorder).
 
 use crate::{Fail, EXIT_USAGE};
 use clap::{Args, ValueEnum};
+use metrics_exporter_prometheus::PrometheusHandle;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
@@ -65,6 +67,21 @@ pub fn init_logging(args: &LogArgs) -> Result<(), Fail> {
     installed.map_err(|e| Fail(crate::EXIT_ERROR, format!("installing the logger: {e}")))
 }
 
+/// Install the Prometheus recorder: the library's metrics (and the
+/// dashboard's gauges) are kept from now on; the handle renders them as
+/// Prometheus text.
+pub fn install_recorder() -> Result<PrometheusHandle, Fail> {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| {
+        Fail(
+            crate::EXIT_ERROR,
+            format!("installing the metrics recorder: {e}"),
+        )
+    })?;
+    Ok(handle)
+}
+
 /// Install the Prometheus recorder and serve its text at `addr` (any path;
 /// `/metrics` by convention) from a thread of its own.
 pub fn serve_metrics(addr: &str) -> Result<(), Fail> {
@@ -74,14 +91,7 @@ pub fn serve_metrics(addr: &str) -> Result<(), Fail> {
             format!("--metrics {addr:?}: cannot listen: {e}"),
         )
     })?;
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).map_err(|e| {
-        Fail(
-            crate::EXIT_ERROR,
-            format!("installing the metrics recorder: {e}"),
-        )
-    })?;
+    let handle = install_recorder()?;
     let bound = listener
         .local_addr()
         .map_or_else(|_| addr.to_owned(), |a| a.to_string());

@@ -226,6 +226,8 @@ impl Tally {
 pub fn work(client: Client, args: WorkArgs) -> CliResult {
     install_signal_handlers();
     let queue = client.queue(&args.queue)?;
+    // Released when dropped (on every way out of this function).
+    let _presence = crate::presence::announce(&client, args.lease);
     let opts = WorkOptions {
         lease: args.lease,
         concurrency: args.concurrency as usize,

@@ -2,7 +2,8 @@
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
 //! and the rules over them (Q1-Q5; `rules`: enqueue, claim, heartbeat,
 //! expire, cancel, retry, purge, stats, list; `settle`: complete, fail,
-//! abandon, one at a time or a worker's batch).
+//! abandon, one at a time or a worker's batch), and what people look at
+//! (`view`: queues, pages of jobs, summaries).
 //!
 //! See the [module docs of `core`](super) for the state machine. Each
 //! operation reads what it needs, decides, and only then writes, so a rule
@@ -10,9 +11,15 @@
 
 mod rules;
 mod settle;
+mod view;
 
 pub use rules::*;
 pub use settle::*;
+pub(crate) use view::check_after_key;
+pub use view::{
+    page, queues, summary, JobCursor, JobPeek, QueueSummary, SummaryOptions, BUCKETS_MAX,
+    PRIORITY_BANDS_MAX,
+};
 
 use super::{mix64, HolderId};
 use crate::error::{Error, LostReason, Result, Target};

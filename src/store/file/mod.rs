@@ -260,6 +260,25 @@ impl FileStore {
     }
 }
 
+impl FileStore {
+    /// The keys of the directory's record files that sort after `after`.
+    fn keys_after(&self, after: &str) -> Result<Vec<String>> {
+        let listing = || format!("listing {}", self.dir.display());
+        let mut keys = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(io_err(listing))? {
+            let path = entry.map_err(io_err(listing))?.path();
+            if path.extension().is_none_or(|e| e != "lease") {
+                continue;
+            }
+            match slots::stored_key(&path)? {
+                Some(key) if key.as_str() > after => keys.push(key),
+                _ => {}
+            }
+        }
+        Ok(keys)
+    }
+}
+
 struct FileTxn<'s> {
     store: &'s FileStore,
     now_ms: u64,
@@ -286,6 +305,37 @@ impl Txn for FileTxn<'_> {
 
     fn journal(&mut self) -> &mut Journal {
         &mut self.journal
+    }
+
+    /// Every record file of the directory is read for its key (names of
+    /// long keys are hashed, so a file name does not give the key back):
+    /// a page costs the whole directory, which for this store (the
+    /// pidfile replacement) is small. Each record is read under its lock,
+    /// one at a time, and copied.
+    fn lease_scan(
+        &mut self,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<(String, LeaseRecord)>,
+    ) -> Result<()> {
+        let mut keys = self.store.keys_after(after)?;
+        keys.sort_unstable();
+        for key in keys {
+            if out.len() >= limit {
+                break;
+            }
+            // A record this transaction holds is read from it (its file is
+            // locked by us); any other under its own lock, released at once.
+            let record = match self.keys.iter().position(|k| k.key == key) {
+                Some(i) => Some(self.keys[i].record.clone()),
+                None => Locked::open(self.store.record_path(&key), &key, false)?
+                    .map(|locked| locked.record.clone()),
+            };
+            if let Some(record) = record.filter(|r| !r.slots.is_empty()) {
+                out.push((key, record));
+            }
+        }
+        Ok(())
     }
 
     /// Leases only: the one place this store refuses job work.

@@ -142,6 +142,12 @@ pub(super) fn parse(text: &str, key: &str) -> std::result::Result<LeaseRecord, S
     })
 }
 
+/// The key a record names (its second line), if it reads as one.
+pub(super) fn record_key(text: &str) -> Option<String> {
+    let line = text.lines().nth(1)?.strip_prefix("key ")?;
+    String::from_utf8(unhex(line)?).ok()
+}
+
 /// One `slot TOKEN HOLDER EXPIRES LABEL` line.
 fn parse_slot(line: &str) -> std::result::Result<LeaseSlot, String> {
     let f: Vec<&str> = line.split(' ').collect();

@@ -7,7 +7,7 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use super::io_err;
-use super::record::{parse, render};
+use super::record::{parse, record_key, render};
 use crate::core::LeaseRecord;
 use crate::error::{Error, Result, StoreFailure};
 use crate::sync::{AtomicU64, Ordering};
@@ -36,6 +36,18 @@ const SLOT_READ_BYTES: usize = 4096;
 
 /// The record of one slot, if the slot holds a valid one.
 fn read_slot(file: &File, slot: u64, key: &str) -> std::io::Result<Option<SlotRead>> {
+    let Some((seq, payload)) = read_payload(file, slot)? else {
+        return Ok(None);
+    };
+    let parsed = std::str::from_utf8(&payload)
+        .map_err(|_| "record is not text".to_owned())
+        .and_then(|text| parse(text, key));
+    Ok(Some((seq, parsed)))
+}
+
+/// The sequence number and record text of one slot, if its header and
+/// checksum are whole.
+fn read_payload(file: &File, slot: u64) -> std::io::Result<Option<(u64, Vec<u8>)>> {
     let base = slot * SLOT_BYTES;
     let mut buf = vec![0u8; SLOT_READ_BYTES];
     let n = read_full(file, &mut buf, base)?;
@@ -63,14 +75,31 @@ fn read_slot(file: &File, slot: u64, key: &str) -> std::io::Result<Option<SlotRe
     } else if n < end {
         return Ok(None); // torn or never completed
     }
-    let payload = &buf[HEADER_BYTES..end];
-    if checksum_bytes(payload) != sum {
+    if checksum_bytes(&buf[HEADER_BYTES..end]) != sum {
         return Ok(None); // torn or never completed
     }
-    let parsed = std::str::from_utf8(payload)
-        .map_err(|_| "record is not text".to_owned())
-        .and_then(|text| parse(text, key));
-    Ok(Some((seq, parsed)))
+    buf.truncate(end);
+    buf.drain(..HEADER_BYTES);
+    Ok(Some((seq, buf)))
+}
+
+/// The key a record file holds, read without its lock (for listings):
+/// every valid slot of a file names the same key, and a slot being
+/// written fails its checksum. `None` for a file with no valid slot yet.
+pub(super) fn stored_key(path: &Path) -> Result<Option<String>> {
+    let reading = || format!("reading {}", path.display());
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(reading)(e)),
+    };
+    for slot in 0..2 {
+        if let Some((_, payload)) = read_payload(&file, slot).map_err(io_err(reading))? {
+            let text = String::from_utf8_lossy(&payload);
+            return Ok(record_key(&text));
+        }
+    }
+    Ok(None)
 }
 
 /// Read up to `buf.len()` bytes at `offset`; returns how many (short at EOF).

@@ -11,7 +11,7 @@ use postgres::{Client, Transaction};
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// First key of the advisory lock held while migrating ("LSHD").
-const ADVISORY_CLASS: i32 = 0x4C53_4844;
+pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.

@@ -66,6 +66,7 @@
 
 mod error;
 mod listen;
+mod listing;
 mod migrate;
 mod pool;
 mod sql;
@@ -332,6 +333,7 @@ impl PostgresStore {
             shown: &store.pool.cfg.shown,
         };
         migrate::migrate(&mut client, &target)?;
+        listing::ensure_indexes(&mut client, target.quoted, target.shown)?;
         store.pool.adopt(store.pool.prepare(client)?);
         Ok(store)
     }

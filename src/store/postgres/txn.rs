@@ -3,16 +3,16 @@
 //! query that could see them) and travel as literal SQL in one round trip.
 
 use super::error::{pg_err, Stage};
+use super::listing;
 use super::pool::Conn;
 use super::sql::{render_job_writes, JobWrite, Sql};
 use super::statements::Statements;
 use crate::core::{
-    Claim, JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, LeaseSlot, Pending,
-    ScheduleRecord, StateCounts, Txn,
+    Claim, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
+    Pending, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::{Error, Result};
 use crate::store::{holder_from, i64_of, schedule_of_row, u64_of, LeaseCache, Wake};
-use crate::Holder;
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use std::collections::HashMap;
@@ -45,7 +45,7 @@ pub(super) struct PgTxn<'c> {
 
 /// A job from a row of [`COLUMNS`](super::statements::COLUMNS); a state code no state has is an error
 /// naming the row (never guessed).
-fn job_from_row(r: &Row) -> Result<JobRecord> {
+pub(super) fn job_from_row(r: &Row) -> Result<JobRecord> {
     let (mut job, code) = decode_job(r).map_err(|e| pg_err("decoding a job", e, Stage::Work))?;
     job.state = JobState::from_code(i64::from(code)).ok_or_else(|| {
         Error::store(
@@ -200,32 +200,7 @@ impl<'c> PgTxn<'c> {
             .query_opt(&self.conn.st.lease_get, &[&key])
             .map_err(|e| pg_err(ctx_key("reading", key), e, Stage::Work))?;
         let Some(row) = row else { return Ok(None) };
-        let decode = || -> std::result::Result<LeaseRecord, postgres::Error> {
-            let tokens: Vec<i64> = row.try_get(1)?;
-            let holders: Vec<Vec<u8>> = row.try_get(2)?;
-            let labels: Vec<Option<String>> = row.try_get(3)?;
-            let expires: Vec<i64> = row.try_get(4)?;
-            let slots = tokens
-                .iter()
-                .zip(&holders)
-                .zip(labels)
-                .zip(&expires)
-                .map(|(((&t, h), label), &e)| LeaseSlot {
-                    token: u64_of(t),
-                    holder: Holder {
-                        id: holder_from(h),
-                        label: label.map(|l| Arc::from(l.as_str())),
-                    },
-                    expires_at_ms: u64_of(e),
-                })
-                .collect();
-            Ok(LeaseRecord {
-                last_token: u64_of(row.try_get(0)?),
-                limit: u32::try_from(row.try_get::<_, i32>(5)?).unwrap_or(0),
-                slots,
-            })
-        };
-        decode()
+        listing::lease_from_row(&row, 0)
             .map(Some)
             .map_err(|e| pg_err(ctx_key("decoding", key), e, Stage::Work))
     }
@@ -282,6 +257,25 @@ impl Txn for PgTxn<'_> {
 
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
         Ok(self)
+    }
+
+    /// Committed rows, unlocked; a record this transaction changed is
+    /// shown as changed.
+    fn lease_scan(
+        &mut self,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<(String, LeaseRecord)>,
+    ) -> Result<()> {
+        let rows = listing::lease_scan(&mut self.conn.client, self.schema, after, limit)?;
+        for (key, record) in rows {
+            let record = match self.leases.get_mut(&key) {
+                Some(mine) => mine.clone(),
+                None => record,
+            };
+            out.push((key, record));
+        }
+        Ok(())
     }
 }
 
@@ -519,5 +513,47 @@ impl JobTxn for PgTxn<'_> {
             &[&queue, &after, &state, &limit],
         )?;
         rows.iter().map(job_from_row).collect()
+    }
+
+    fn queue_names(&mut self, after: &str, limit: usize, out: &mut Vec<String>) -> Result<()> {
+        self.flush_jobs()?;
+        listing::queue_names(&mut self.conn.client, self.schema, after, limit, out)
+    }
+
+    fn page(
+        &mut self,
+        queue: &str,
+        state: JobState,
+        after: Option<JobCursor>,
+        limit: usize,
+        preview_bytes: usize,
+    ) -> Result<Vec<JobPeek>> {
+        self.flush_jobs()?;
+        let client = &mut self.conn.client;
+        listing::page(
+            client,
+            self.schema,
+            (queue, state),
+            after,
+            limit,
+            preview_bytes,
+        )
+    }
+
+    fn counts_capped(&mut self, queue: &str, cap: u64) -> Result<StateCounts> {
+        self.flush_jobs()?;
+        listing::counts_capped(&mut self.conn.client, self.schema, queue, cap)
+    }
+
+    fn finished_histogram(
+        &mut self,
+        queue: &str,
+        from_ms: u64,
+        bucket_ms: u64,
+        out: &mut [StateCounts],
+    ) -> Result<()> {
+        self.flush_jobs()?;
+        let window = (from_ms, bucket_ms);
+        listing::finished_histogram(&mut self.conn.client, self.schema, queue, window, out)
     }
 }

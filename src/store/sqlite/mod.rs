@@ -52,13 +52,15 @@
 //! The code: `schema` (migrations, refusals, the clock state),
 //! `group` (group commit, generic over the connection), `conn` (the
 //! connection's group-commit actions, errors, busy handler), `txn` (the
-//! transaction's lease and job reads and writes) and `rows` (the job row
-//! mapping and the indexed scans).
+//! transaction's lease and job reads and writes), `rows` (the job row
+//! mapping and the indexed scans) and `listing` (what `leasehold ui` and
+//! the listing commands read, and the two indexes only they need).
 
 #[doc(hidden)]
 pub mod group;
 
 mod conn;
+mod listing;
 mod rows;
 mod schedules;
 mod schema;
@@ -207,6 +209,7 @@ fn connect(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
     // Room for the scans of many queues (one statement per queue each).
     conn.set_prepared_statement_cache_capacity(256);
     schema::check_schema(&conn, &shown)?;
+    listing::ensure_indexes(&conn, &shown)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(|e| sql_err(|| ctx("enabling WAL on"), e))?;

@@ -1,12 +1,13 @@
 //! The transaction: lease and job reads and writes on the connection.
 
 use super::conn::sql_err;
+use super::listing;
 use super::rows::{
     job_from_row, job_from_row_at, sql_quote, state_of, JobRow, JOB_COLUMNS, SCAN_SQL,
 };
 use crate::core::{
-    JobId, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord, LeaseSlot, Pending,
-    ScheduleRecord, StateCounts, Txn,
+    JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
+    LeaseSlot, Pending, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::{Error, Result};
 use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
@@ -199,6 +200,25 @@ impl Txn for SqlTxn<'_> {
 
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
         Ok(self)
+    }
+
+    fn lease_scan(
+        &mut self,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<(String, LeaseRecord)>,
+    ) -> Result<()> {
+        for key in listing::lease_keys(self.conn, after, limit)? {
+            // A record this transaction changed is shown as changed.
+            let record = match self.leases.get_mut(&key) {
+                Some(mine) => Some(mine.clone()),
+                None => self.load_lease(&key)?,
+            };
+            if let Some(record) = record {
+                out.push((key, record));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -467,5 +487,34 @@ impl JobTxn for SqlTxn<'_> {
             .query_map(params![queue, after, state, limit], job_from_row)
             .map_err(fail)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+    }
+
+    fn queue_names(&mut self, after: &str, limit: usize, out: &mut Vec<String>) -> Result<()> {
+        listing::queue_names(self.conn, after, limit, out)
+    }
+
+    fn page(
+        &mut self,
+        queue: &str,
+        state: JobState,
+        after: Option<JobCursor>,
+        limit: usize,
+        preview_bytes: usize,
+    ) -> Result<Vec<JobPeek>> {
+        listing::page(self.conn, queue, state, after, limit, preview_bytes)
+    }
+
+    fn counts_capped(&mut self, queue: &str, cap: u64) -> Result<StateCounts> {
+        listing::counts_capped(self.conn, queue, cap)
+    }
+
+    fn finished_histogram(
+        &mut self,
+        queue: &str,
+        from_ms: u64,
+        bucket_ms: u64,
+        out: &mut [StateCounts],
+    ) -> Result<()> {
+        listing::finished_histogram(self.conn, queue, from_ms, bucket_ms, out)
     }
 }

@@ -166,10 +166,12 @@ fn counts(
 mod batches;
 mod jobs;
 mod leases;
+mod listing;
 mod schedules;
 pub use batches::*;
 pub use jobs::*;
 pub use leases::*;
+pub use listing::*;
 pub use schedules::*;
 
 /// Generates one `#[test]` per lease case for a store factory. With
@@ -182,7 +184,8 @@ macro_rules! conformance_lease_cases {
             lease_exclusive_then_released, lease_expiry_boundary, lease_renew_and_reacquire,
             lease_identity_checks, lease_counting, lease_limit_belongs_to_the_key,
             lease_inspect_creates_nothing,
-            lease_hostile_keys, txn_lease_rolls_back_on_error, store_clock_never_goes_back
+            lease_hostile_keys, txn_lease_rolls_back_on_error, store_clock_never_goes_back,
+            lease_list_shows_live_holders_only, lease_list_pages_through_every_key
         );
     };
     ($make:expr) => {
@@ -203,7 +206,10 @@ macro_rules! conformance_cases {
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
             job_purge, job_list_pages_and_filters, job_drain_rule, job_scans_are_ordered,
             job_unique_key_freed_by_a_final_expiry, job_batch_heartbeat_and_settle,
-            job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names
+            job_time_driven_changes_are_complete_and_visible, job_hostile_queue_names,
+            job_queues_are_listed, job_pages_follow_each_states_index_order,
+            job_summary_counts_oldest_ready_and_finished_per_interval,
+            job_summary_settles_expired_claims_and_refuses_bad_options
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,

@@ -1,0 +1,284 @@
+//! The listings people look at (`leasehold ui`, `lock list`, `queue
+//! queues`): held keys, queue names, one state's jobs a page at a time,
+//! capped counts and the finished jobs per interval. Each statement reads
+//! one index in its order (a unit test checks the plans), so a page costs
+//! its own rows whatever else the database holds.
+//!
+//! Two partial indexes serve the dead and the cancelled jobs' pages and
+//! counts (done jobs read `jobs_finished`, whose rows they dominate). They
+//! are created on open when missing, not by a schema version, and are
+//! only written when a job enters or leaves those states.
+
+use super::conn::sql_err;
+use super::rows::{job_from_row_at, JOB_COLUMNS};
+use crate::core::{JobCursor, JobPeek, JobState, StateCounts};
+use crate::error::Result;
+use crate::store::u64_of;
+use rusqlite::{params, Connection, Row};
+
+/// The listings' own indexes, created on open if missing.
+pub(super) const LISTING_INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (queue, finished_at, id) WHERE state = 4;
+CREATE INDEX IF NOT EXISTS jobs_cancelled ON jobs (queue, finished_at, id) WHERE state = 5;
+";
+
+/// Create [`LISTING_INDEXES`] where missing (a no-op once they exist).
+pub(super) fn ensure_indexes(conn: &Connection, shown: &str) -> Result<()> {
+    conn.execute_batch(LISTING_INDEXES)
+        .map_err(|e| sql_err(|| format!("creating the listing indexes of {shown}"), e))
+}
+
+/// The first key after `?1` that has a slot row (`lease_slots`' primary key).
+pub(super) const LEASE_KEYS: &str =
+    "SELECT DISTINCT key FROM lease_slots WHERE key > ?1 ORDER BY key LIMIT ?2";
+
+/// Up to `limit` keys after `after` that have slot rows.
+pub(super) fn lease_keys(conn: &Connection, after: &str, limit: usize) -> Result<Vec<String>> {
+    let fail = |e| sql_err(|| "listing held keys".to_owned(), e);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut stmt = conn.prepare_cached(LEASE_KEYS).map_err(fail)?;
+    let rows = stmt
+        .query_map(params![after, limit], |r| r.get(0))
+        .map_err(fail)?;
+    rows.collect::<rusqlite::Result<Vec<String>>>()
+        .map_err(fail)
+}
+
+/// The first queue name after `?1` in each state's index: every job is in
+/// exactly one of them, so the least of the four is the next queue.
+pub(super) const NEXT_QUEUE: [&str; 4] = [
+    "SELECT queue FROM jobs WHERE state = 0 AND queue > ?1 ORDER BY queue LIMIT 1",
+    "SELECT queue FROM jobs WHERE state = 1 AND queue > ?1 ORDER BY queue LIMIT 1",
+    "SELECT queue FROM jobs WHERE state = 2 AND queue > ?1 ORDER BY queue LIMIT 1",
+    "SELECT queue FROM jobs WHERE state >= 3 AND queue > ?1 ORDER BY queue LIMIT 1",
+];
+
+/// Up to `limit` queue names after `after`: four index probes per name
+/// (a loose index scan), however many jobs each queue has.
+pub(super) fn queue_names(
+    conn: &Connection,
+    after: &str,
+    limit: usize,
+    out: &mut Vec<String>,
+) -> Result<()> {
+    let fail = |e| sql_err(|| "listing queues".to_owned(), e);
+    let mut last = after.to_owned();
+    for _ in 0..limit {
+        let mut next: Option<String> = None;
+        for sql in NEXT_QUEUE {
+            let mut stmt = conn.prepare_cached(sql).map_err(fail)?;
+            let mut rows = stmt.query([&last]).map_err(fail)?;
+            if let Some(row) = rows.next().map_err(fail)? {
+                let name: String = row.get(0).map_err(fail)?;
+                if next.as_ref().is_none_or(|n| name < *n) {
+                    next = Some(name);
+                }
+            }
+        }
+        let Some(name) = next else { break };
+        out.push(name.clone());
+        last = name;
+    }
+    Ok(())
+}
+
+/// The page statements: `{cols}` is the job columns with the payload cut
+/// to a preview, then its length. Ready jobs page in two steps (the rest
+/// of the cursor's priority band, then the lower bands), every other
+/// state in one; terminal jobs newest first.
+pub(super) const PAGE_SQL: [&str; 7] = [
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND priority = ?2 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND priority < ?2 ORDER BY priority DESC, run_at, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 1 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 2 AND (lease_until, id) > (?3, ?4) ORDER BY lease_until, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state >= 3 AND state = 3 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 4 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 5 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
+];
+
+/// A database integer for a cursor's field (past `i64::MAX`: the largest,
+/// which no stored value exceeds).
+fn sat(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The statements (indexes into [`PAGE_SQL`]) and the parameters of a
+/// page of `state` after `after`.
+fn page_plan(state: JobState, after: Option<JobCursor>) -> (&'static [usize], i64, i64, i64) {
+    let steps: &'static [usize] = match (state, after.is_some()) {
+        (JobState::Ready, true) => &[0, 1],
+        (JobState::Ready, false) => &[1],
+        (JobState::Scheduled, _) => &[2],
+        (JobState::Running, _) => &[3],
+        (JobState::Done, _) => &[4],
+        (JobState::Dead, _) => &[5],
+        (JobState::Cancelled, _) => &[6],
+    };
+    // Without a cursor: before every row in the state's order.
+    let (p, at, id) = match after {
+        Some(c) => (i64::from(c.priority), sat(c.at_ms), sat(c.id.0)),
+        None if state.is_terminal() => (i64::MAX, i64::MAX, i64::MAX),
+        None => (i64::MAX, -1, -1),
+    };
+    (steps, p, at, id)
+}
+
+/// Up to `limit` jobs of `queue` in `state` after `after`, with at most
+/// `preview_bytes` of their payloads.
+pub(super) fn page(
+    conn: &Connection,
+    queue: &str,
+    state: JobState,
+    after: Option<JobCursor>,
+    limit: usize,
+    preview_bytes: usize,
+) -> Result<Vec<JobPeek>> {
+    let fail = |e| sql_err(|| format!("listing {state} jobs of queue {queue:?}"), e);
+    let cols = JOB_COLUMNS.replacen("payload", "substr(payload, 1, ?6)", 1) + ", length(payload)";
+    let (steps, p, at, id) = page_plan(state, after);
+    let preview = i64::try_from(preview_bytes).unwrap_or(i64::MAX);
+    let mut jobs = Vec::new();
+    for &step in steps {
+        let left = limit - jobs.len();
+        if left == 0 {
+            break;
+        }
+        let sql = PAGE_SQL[step].replacen("{cols}", &cols, 1);
+        let mut stmt = conn.prepare_cached(&sql).map_err(fail)?;
+        let n = i64::try_from(left).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map(params![queue, p, at, id, n, preview], peek_from_row)
+            .map_err(fail)?;
+        for row in rows {
+            jobs.push(row.map_err(fail)?);
+        }
+    }
+    Ok(jobs)
+}
+
+/// A job from [`JOB_COLUMNS`] (its payload cut), then the payload's length.
+fn peek_from_row(r: &Row<'_>) -> rusqlite::Result<JobPeek> {
+    let length_at = JOB_COLUMNS.split(',').count();
+    Ok(JobPeek {
+        job: job_from_row_at(r, 0)?,
+        payload_bytes: u64_of(r.get(length_at)?),
+    })
+}
+
+/// Each state's count, up to `?2`, each from the state's index.
+pub(super) const COUNTS_CAPPED: &str = "SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 0 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 1 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 2 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state >= 3 AND state = 3 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 4 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 5 LIMIT ?2))";
+
+/// Jobs of `queue` per state, each counted up to `cap`.
+pub(super) fn counts_capped(conn: &Connection, queue: &str, cap: u64) -> Result<StateCounts> {
+    let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
+    let mut stmt = conn.prepare_cached(COUNTS_CAPPED).map_err(fail)?;
+    let row: [i64; 6] = stmt
+        .query_row(params![queue, sat(cap)], |r| {
+            Ok([
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ])
+        })
+        .map_err(fail)?;
+    Ok(StateCounts(row.map(u64_of)))
+}
+
+/// Terminal jobs finished in `[?2, ?3)`: all of them (`jobs_finished`),
+/// the dead and the cancelled (their own indexes); done is the rest. A
+/// `count(*)` over an index range (no grouping, no column read) is about
+/// five times faster here than one grouped scan of the window.
+pub(super) const HISTOGRAM: [&str; 3] = [
+    "SELECT count(*) FROM jobs WHERE queue = ?1 AND state >= 3 AND finished_at >= ?2 AND finished_at < ?3",
+    "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 4 AND finished_at >= ?2 AND finished_at < ?3",
+    "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 5 AND finished_at >= ?2 AND finished_at < ?3",
+];
+
+/// See [`crate::core::JobTxn::finished_histogram`].
+pub(super) fn finished_histogram(
+    conn: &Connection,
+    queue: &str,
+    from_ms: u64,
+    bucket_ms: u64,
+    out: &mut [StateCounts],
+) -> Result<()> {
+    let fail = |e| sql_err(|| format!("counting finished jobs of queue {queue:?}"), e);
+    let mut start_ms = from_ms;
+    for bucket in out.iter_mut() {
+        let end_ms = start_ms.saturating_add(bucket_ms);
+        let mut n = [0i64; 3];
+        for (sql, n) in HISTOGRAM.iter().zip(&mut n) {
+            let mut stmt = conn.prepare_cached(sql).map_err(fail)?;
+            *n = stmt
+                .query_row(params![queue, sat(start_ms), sat(end_ms)], |r| r.get(0))
+                .map_err(fail)?;
+        }
+        let [all, dead, cancelled] = n;
+        bucket.add(JobState::Done, all - dead - cancelled);
+        bucket.add(JobState::Dead, dead);
+        bucket.add(JobState::Cancelled, cancelled);
+        start_ms = end_ms;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every listing statement reads an index: no full scan of `jobs`, and
+    /// pages need no sort.
+    #[test]
+    fn every_listing_statement_reads_an_index() {
+        let conn = Connection::open_in_memory().unwrap();
+        super::super::schema::check_schema(&conn, "memory").unwrap();
+        ensure_indexes(&conn, "memory").unwrap();
+        let cols = JOB_COLUMNS.replacen("payload", "substr(payload, 1, ?6)", 1);
+        let mut statements: Vec<String> = PAGE_SQL
+            .iter()
+            .map(|s| s.replacen("{cols}", &cols, 1))
+            .collect();
+        statements.extend(NEXT_QUEUE.iter().map(|s| s.to_string()));
+        statements.extend(HISTOGRAM.iter().map(|s| s.to_string()));
+        statements.extend([COUNTS_CAPPED, LEASE_KEYS].map(str::to_owned));
+        for sql in &statements {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            // Parameters left unbound (NULL): the plan does not depend on them.
+            let mut rows = stmt.raw_query();
+            let mut plan = Vec::new();
+            while let Some(row) = rows.next().unwrap() {
+                plan.push(row.get::<_, String>(3).unwrap());
+            }
+            for line in &plan {
+                let reads_table = line.contains(" jobs") || line.contains(" lease_slots");
+                if reads_table {
+                    assert!(
+                        line.starts_with("SEARCH")
+                            && (line.contains("INDEX") || line.contains("PRIMARY KEY")),
+                        "{sql}\n{plan:#?}"
+                    );
+                }
+                assert!(!line.contains("TEMP B-TREE"), "{sql}\n{plan:#?}");
+            }
+        }
+        // The dead and cancelled pages use their own indexes.
+        let mut stmt = conn
+            .prepare(&format!(
+                "EXPLAIN QUERY PLAN {}",
+                PAGE_SQL[5].replacen("{cols}", "id", 1)
+            ))
+            .unwrap();
+        let mut rows = stmt.raw_query();
+        let plan: String = rows.next().unwrap().unwrap().get(3).unwrap();
+        assert!(plan.contains("jobs_dead"), "{plan}");
+    }
+}
