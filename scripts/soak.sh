@@ -30,9 +30,11 @@ if [ "$MUTANTS" != 0 ]; then
   # The real-process CLI tests do not exercise the core's rules any more
   # than the conformance suite, the model test and the simulator do; they
   # are left out of each mutant's run to keep the run to about an hour.
-  cargo mutants --no-shuffle --timeout 180 \
+  # The baseline run tests the mutated package alone, which has no
+  # `model` or `sim` test: it is skipped (the timeouts are given instead).
+  cargo mutants --no-shuffle --baseline=skip --timeout 240 --build-timeout 600 \
     --file 'src/core/**' --file 'src/client/machine/**' \
-    --test-package leasehold --test-package leasehold-sim -- \
+    --test-workspace true -- \
     --lib --test conformance --test formulas --test errors --test machines \
     --test client --test model --test sim \
     > target/soak-mutants.log 2>&1 || true
