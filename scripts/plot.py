@@ -40,6 +40,25 @@ def rate(group, bench, threads):
     return 1e9 * elements / est["median"]["point_estimate"]
 
 
+# The same work (20,000 no-op jobs), handlers 1 and 8: (label, bench dirs).
+SAME_WORK = [
+    ("sqlite: Queue::work (same work)", "sqlite_work_loop_{}"),
+    ("postgres: Queue::work (same work)", "postgres_work_loop_{}"),
+    ("postgres: hand-written SKIP LOCKED (same work)", "postgres_hand_written_{}"),
+]
+
+
+def same_work_rate(bench):
+    path = CRIT / "same_work_20k" / bench / "new"
+    try:
+        est = json.loads((path / "estimates.json").read_text())
+        meta = json.loads((path / "benchmark.json").read_text())
+    except OSError:
+        return None
+    elements = (meta.get("throughput") or {}).get("Elements", 1) or 1
+    return 1e9 * elements / est["median"]["point_estimate"]
+
+
 def main():
     fig, ax = plt.subplots(figsize=(8, 6), dpi=110)
     for label, group, bench in SERIES:
@@ -47,6 +66,11 @@ def main():
         pts = [(t, r) for t, r in pts if r]
         if pts:
             ax.plot([t for t, _ in pts], [r for _, r in pts], marker="o", label=label)
+    for label, bench in SAME_WORK:
+        pts = [(t, same_work_rate(bench.format(t))) for t in (1, 8)]
+        pts = [(t, r) for t, r in pts if r]
+        if pts:
+            ax.plot([t for t, _ in pts], [r for _, r in pts], marker="s", linestyle="--", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks([1, 2, 4, 8, 16])
