@@ -497,6 +497,23 @@ fn client_drain(url: &str, jobs: u64, threads: usize) {
     });
 }
 
+/// One process's worker loop (`Queue::work`, default options: the claim,
+/// renewal and settle batches, the adaptive prefetch) with `concurrency`
+/// handlers drains the queue.
+fn work_drain(url: &str, jobs: u64, concurrency: usize) {
+    let q = Client::builder_shared(cached_store(url))
+        .build()
+        .queue("cost")
+        .unwrap();
+    let opts = WorkOptions {
+        concurrency,
+        drain: true,
+        ..WorkOptions::default()
+    };
+    let report = q.work(&opts, &AtomicBool::new(false), |_| Ok(())).unwrap();
+    assert_eq!(report.completed, jobs, "{report:?}");
+}
+
 fn store_push(url: &str, jobs: u64) {
     harness::push_jobs_batched(&cached_store(url), "cost", jobs, 256);
 }
@@ -517,7 +534,7 @@ fn table_drain(url: &str, jobs: u64, threads: usize, batch: i64) {
     table_workers_back(url, workers);
 }
 
-const COSTS: [Workload; 7] = [
+const COSTS: [Workload; 9] = [
     Workload {
         label: "store_batch64/1",
         jobs: 8192,
@@ -559,6 +576,18 @@ const COSTS: [Workload; 7] = [
         jobs: 2048,
         push: store_push,
         drain: |u, n| client_drain(u, n, 8),
+    },
+    Workload {
+        label: "work loop/1",
+        jobs: 8192,
+        push: store_push,
+        drain: |u, n| work_drain(u, n, 1),
+    },
+    Workload {
+        label: "work loop/8",
+        jobs: 16384,
+        push: store_push,
+        drain: |u, n| work_drain(u, n, 8),
     },
 ];
 

@@ -152,6 +152,29 @@ def main():
         naive = [l for l in log.read_text().splitlines() if l.startswith("naive baseline")]
         lines += ["The naive baseline's double claims and BUSY errors, from `cargo bench --bench sqlite`:", ""]
         lines += ["    " + l for l in naive] + [""]
+    breakdown = ROOT / "target" / "bench-throughput-breakdown.log"
+    if breakdown.exists():
+        lines += [
+            "Where the worker loop's time goes, against the plain claim + complete loop (`cargo bench",
+            "--bench throughput`, one extra pass of each with the library's metrics recorded: transactions",
+            "per job by operation, and the time spent inside them per job; the rest of the wall time is the",
+            "loop's own work and its threads' hand-offs):",
+            "",
+        ]
+        lines += [breakdown.read_text().strip(), ""]
+    pg = ROOT / "target" / "bench-postgres.log"
+    if pg.exists():
+        cost = [l for l in pg.read_text().splitlines() if l.startswith("cost ")]
+        if cost:
+            lines += [
+                "What each PostgreSQL job costs (`cargo bench --bench postgres`, its cost table: CPU from",
+                "/proc, every PostgreSQL process of the machine and the benchmark's own backends; round trips",
+                "counted by a loopback proxy in a second pass). `work loop/*` is one process's `Queue::work`;",
+                "`client claim+complete/8` is the per-job path the loop used before batching; `skip_locked/*`",
+                "the hand-written SQL:",
+                "",
+            ]
+            lines += ["    " + l for l in cost] + [""]
     rss = ROOT / "target" / "bench-throughput-rss.log"
     if rss.exists():
         lines += ["Peak RSS of the `throughput` benchmark process (all its rows, 8-worker loops included):", ""]

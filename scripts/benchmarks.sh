@@ -8,7 +8,7 @@ cargo bench --bench sqlite 2>&1 | tee target/bench-sqlite.log
 cargo bench --bench file
 # PostgreSQL on loopback (the benchmark measures nothing without a server).
 export LEASEHOLD_TEST_PG="${LEASEHOLD_TEST_PG:-postgres://postgres@127.0.0.1:5432/test}"
-cargo bench --bench postgres
+cargo bench --bench postgres 2>&1 | tee target/bench-postgres.log
 # The same work for every system (the worker loop, the plain loop, the
 # hand-written SQL), SQLite and PostgreSQL; it logs the peak RSS.
 cargo bench --bench throughput

@@ -139,7 +139,20 @@ fn sigterm_resigns_and_hands_over_well_under_the_ttl() {
     // CMD got the signal (sleep dies of it): leasehold exits with its status.
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert!(survivors(&cs[i].mark).is_empty());
-    within(Duration::from_secs(10), || started(&d).len() == 2).expect("a new leader");
+    let stderr = |c: &mut Campaigner| {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(c.child.stderr.as_mut().unwrap(), &mut text);
+        text
+    };
+    if within(Duration::from_secs(10), || started(&d).len() == 2).is_none() {
+        let status = d.json(&["lock", "status", "leader"]);
+        stop_all(&mut cs);
+        panic!(
+            "no new leader within 10 s; lock status {status}; the leader said {:?}; the other {:?}",
+            stderr(&mut cs[i]),
+            stderr(&mut cs[1 - i])
+        );
+    }
     let took = asked.elapsed();
     assert!(
         took < Duration::from_secs(3),

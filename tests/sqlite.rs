@@ -166,6 +166,32 @@ fn foreign_newer_and_broken_files_are_refused_and_untouched() {
     assert!(open_err(&missing).contains("does not exist"));
 }
 
+/// Processes started in a burst on a new file: one creates the schema and
+/// no other may see it half made (a version, an application id and the
+/// tables read apart once let a racer call the new file foreign).
+#[test]
+fn a_burst_of_opens_on_a_new_file_all_succeed() {
+    for round in 0..60 {
+        let d = Dir::new("burst");
+        let (path, start) = (d.db(), std::sync::Barrier::new(6));
+        let failed: Vec<String> = std::thread::scope(|s| {
+            let opens: Vec<_> = (0..6)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        SqliteStore::open(&path).err().map(|e| e.to_string())
+                    })
+                })
+                .collect();
+            opens
+                .into_iter()
+                .filter_map(|h| h.join().unwrap())
+                .collect()
+        });
+        assert!(failed.is_empty(), "round {round}: {failed:?}");
+    }
+}
+
 #[test]
 fn store_time_continues_across_a_reboot() {
     let d = Dir::new("reboot");

@@ -193,6 +193,8 @@ fn check_dir(path: &Path, opts: &SqliteOptions) -> Result<()> {
 }
 
 /// Open the connection: busy handler, schema, WAL, synchronous.
+// Real time and sleeps are this adapter's business (clippy.toml keeps them out of the core).
+#[allow(clippy::disallowed_methods)]
 fn connect(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
     let shown = path.display().to_string();
     let ctx = |what: &str| format!("{what} {shown}");
@@ -208,16 +210,21 @@ fn connect(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
         .map_err(|e| sql_err(|| ctx("configuring"), e))?;
     // Room for the scans of many queues (one statement per queue each).
     conn.set_prepared_statement_cache_capacity(256);
-    schema::check_schema(&conn, &shown)?;
-    listing::ensure_indexes(&conn, &shown)?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(|e| sql_err(|| ctx("enabling WAL on"), e))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::store(
-            ctx("enabling WAL on"),
-            format!("journal mode is {mode:?}, not WAL (is the filesystem able to hold the -wal and -shm files?)"),
-        ));
+    // Processes started in a burst race to create the schema and to switch
+    // a new file to WAL, which SQLite may refuse with BUSY without calling
+    // the busy handler: each step is safe to run again, so the whole setup
+    // is, until the busy timeout.
+    let started = std::time::Instant::now();
+    let mut pause_us = 200u64;
+    loop {
+        match prepare(&conn, &shown) {
+            Err(e) if e.is_transient() && started.elapsed() < opts.busy_timeout => {
+                let jitter = crate::core::mix64(started.elapsed().as_nanos() as u64) % pause_us;
+                std::thread::sleep(Duration::from_micros(pause_us / 2 + jitter));
+                pause_us = (pause_us * 2).min(20_000);
+            }
+            other => break other?,
+        }
     }
     let sync = match opts.synchronous {
         Synchronous::Normal => "NORMAL",
@@ -228,6 +235,23 @@ fn connect(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
     ))
     .map_err(|e| sql_err(|| ctx("configuring"), e))?;
     Ok(conn)
+}
+
+/// The idempotent part of opening: the schema (created or migrated), the
+/// listing indexes, WAL.
+fn prepare(conn: &Connection, shown: &str) -> Result<()> {
+    schema::check_schema(conn, shown)?;
+    listing::ensure_indexes(conn, shown)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| sql_err(|| format!("enabling WAL on {shown}"), e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::store(
+            format!("enabling WAL on {shown}"),
+            format!("journal mode is {mode:?}, not WAL (is the filesystem able to hold the -wal and -shm files?)"),
+        ));
+    }
+    Ok(())
 }
 
 impl SqliteStore {

@@ -82,18 +82,23 @@ CREATE TABLE schedules (
 ) WITHOUT ROWID;
 ";
 
-/// Create the schema in a new database; refuse foreign or newer ones.
-pub(super) fn check_schema(conn: &Connection, shown: &str) -> Result<()> {
-    let ctx = || format!("reading the schema of {shown}");
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| sql_err(ctx, e))?;
-    let app: i64 = conn
-        .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(|e| sql_err(ctx, e))?;
-    let tables: i64 = conn
-        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-        .map_err(|e| sql_err(ctx, e))?;
+/// The schema's version, the application id and the number of schema
+/// objects, read in one statement: one snapshot, so a racing process's
+/// migration is seen whole or not at all (read apart, a new file could
+/// show its tables but not yet its application id, and pass for foreign).
+fn inspect(conn: &Connection) -> rusqlite::Result<(i64, i64, i64)> {
+    conn.query_row(
+        "SELECT (SELECT user_version FROM pragma_user_version),
+                (SELECT application_id FROM pragma_application_id),
+                (SELECT count(*) FROM sqlite_master)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+}
+
+/// Whether a database at `version` with `app` and `tables` needs
+/// migrating (`Ok(true)`), is current (`Ok(false)`), or is refused.
+fn verdict(shown: &str, (version, app, tables): (i64, i64, i64)) -> Result<bool> {
     if app != APPLICATION_ID && (tables > 0 || version != 0) {
         return Err(Error::store(
             format!("opening {shown}"),
@@ -106,34 +111,41 @@ pub(super) fn check_schema(conn: &Connection, shown: &str) -> Result<()> {
             format!("written by a newer leasehold (schema version {version}; this build knows up to {SCHEMA_VERSION}); left untouched"),
         ));
     }
-    if version == SCHEMA_VERSION {
-        return Ok(());
+    Ok(version < SCHEMA_VERSION)
+}
+
+/// Create the schema in a new database; refuse foreign or newer ones.
+pub(super) fn check_schema(conn: &Connection, shown: &str) -> Result<()> {
+    let seen =
+        inspect(conn).map_err(|e| sql_err(|| format!("reading the schema of {shown}"), e))?;
+    if verdict(shown, seen)? {
+        migrate(conn, shown)?;
     }
-    migrate(conn, shown)
+    Ok(())
 }
 
 /// Create or upgrade the schema once, even if many processes race: the
-/// version is read again under the write lock.
+/// checks run again under the write lock, on what the winner left.
 fn migrate(conn: &Connection, shown: &str) -> Result<()> {
+    let ctx = || format!("migrating the schema of {shown}");
     conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| sql_err(|| format!("migrating the schema of {shown}"), e))?;
+        .map_err(|e| sql_err(ctx, e))?;
     let result = (|| {
-        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        for sql in MIGRATIONS.iter().skip(usize::try_from(v).unwrap_or(0)) {
-            conn.execute_batch(sql)?;
+        let seen = inspect(conn).map_err(|e| sql_err(ctx, e))?;
+        if !verdict(shown, seen)? {
+            return Ok(());
         }
-        if v < SCHEMA_VERSION {
-            conn.execute_batch(&format!(
-                "PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={SCHEMA_VERSION};"
-            ))?;
+        let run = |sql: &str| conn.execute_batch(sql).map_err(|e| sql_err(ctx, e));
+        for sql in MIGRATIONS.iter().skip(usize::try_from(seen.0).unwrap_or(0)) {
+            run(sql)?;
         }
-        Ok(())
+        run(&format!(
+            "PRAGMA application_id={APPLICATION_ID}; PRAGMA user_version={SCHEMA_VERSION};"
+        ))
     })();
     let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    let ended = conn.execute_batch(end);
-    result
-        .and(ended)
-        .map_err(|e: rusqlite::Error| sql_err(|| format!("migrating the schema of {shown}"), e))
+    let ended = conn.execute_batch(end).map_err(|e| sql_err(ctx, e));
+    result.and(ended)
 }
 
 /// The clock state kept in `leasehold_meta`, if the database has any.
