@@ -206,7 +206,7 @@ mod hand_pg {
         c.execute(
             &format!(
                 "INSERT INTO {schema}.jobs (queue, state, priority, token, payload)
-                 SELECT $1, 0, 0, 0, '\\x78' FROM generate_series(1, $2)"
+                 SELECT $1, 0, 0, 0, '\\x78' FROM generate_series(1, $2::int8)"
             ),
             &[&queue, &(JOBS as i64)],
         )

@@ -44,8 +44,9 @@ def section():
     m = mutants()
     if m:
         secs = read("soak-mutants.secs")
+        scope = read("soak-mutants.scope") or "src/core/** src/client/machine/**"
         lines += [
-            f"- cargo mutants on `src/core` and the client machines ({secs} s): "
+            f"- cargo mutants on `{scope}` ({secs} s): "
             f"{m['total_mutants']} mutants, {m['caught']} caught, {m['missed']} missed, "
             f"{m['timeout']} timeouts (hung tests: caught), {m['unviable']} unviable"
         ]
