@@ -51,6 +51,9 @@ def section():
             f"{m['timeout']} timeouts (hung tests: caught), {m['unviable']} unviable"
         ]
         lines += [f"  - missed: `{l}`" for l in m["missed_list"]]
+        note = read("soak-mutants.note")
+        if note:
+            lines += [f"  - {note}"]
     lines += ["", END]
     return "\n".join(lines)
 

@@ -1,0 +1,285 @@
+//! A transaction's journal, as the rules fill it: one event per transition
+//! (key or job id, token, attempt, and what happened) and the wake-ups the
+//! transaction causes. Tracing, metrics and the idle workers' and blocked
+//! acquirers' wake-ups are all built from it, so each rule's entry is
+//! pinned here, on the mem store with a manual clock.
+
+use leasehold::core::{self, Event, JobChange, LeaseChange, Txn, Wake};
+use leasehold::{
+    Holder, HolderId, JobId, JobSpec, JobState, ManualClock, MemStore, QueuePolicy, Result,
+    StoreExt,
+};
+use std::sync::Arc;
+
+const T0: u64 = 1_000_000;
+const Q: &str = "q";
+
+fn policy(quarantine_expiries: u32) -> QueuePolicy {
+    QueuePolicy {
+        backoff_base_ms: 1000,
+        backoff_max_ms: 60_000,
+        jitter_seed: 7,
+        quarantine_expiries,
+    }
+}
+
+struct World {
+    clock: ManualClock,
+    store: MemStore,
+    policy: QueuePolicy,
+}
+
+/// What one transaction recorded: its result, its events, its wake-ups.
+struct Journaled<R> {
+    value: R,
+    events: Vec<Event>,
+    woke: [bool; 2],
+}
+
+impl World {
+    fn new(quarantine_expiries: u32) -> World {
+        let clock = ManualClock::new(T0);
+        let store = MemStore::with_clock(Arc::new(clock.clone()));
+        World {
+            clock,
+            store,
+            policy: policy(quarantine_expiries),
+        }
+    }
+
+    fn tx<R>(&self, recording: bool, mut f: impl FnMut(&mut dyn Txn) -> Result<R>) -> Journaled<R> {
+        self.store
+            .txn(|tx| {
+                tx.journal().set_recording(recording);
+                let value = f(tx)?;
+                let journal = tx.journal();
+                Ok(Journaled {
+                    value,
+                    events: journal.take_events(),
+                    woke: journal.woke(),
+                })
+            })
+            .unwrap()
+    }
+
+    fn push(&self, spec: JobSpec) -> JobId {
+        let p = self.policy;
+        self.tx(false, |tx| core::job::enqueue(tx, Q, &spec, &p))
+            .value
+            .id
+    }
+
+    /// Claim the one ready job (lease 1 s) as holder 1: its id and token.
+    fn claim(&self) -> (JobId, u64) {
+        let p = self.policy;
+        let jobs = self
+            .tx(false, |tx| {
+                core::job::claim(tx, Q, HolderId(1), 1000, 1, &p)
+            })
+            .value;
+        let job = jobs.first().expect("a job to claim");
+        (job.id, job.claim.unwrap().token)
+    }
+}
+
+fn job(id: JobId, token: u64, attempt: u32, change: JobChange) -> Event {
+    Event::Job {
+        queue: Arc::from(Q),
+        id,
+        token,
+        attempt,
+        change,
+    }
+}
+
+const READY: usize = Wake::JobReady as usize;
+const FREED: usize = Wake::LeaseFreed as usize;
+
+#[test]
+fn nothing_is_recorded_unless_asked() {
+    let w = World::new(0);
+    let p = w.policy;
+    let j = w.tx(false, |tx| {
+        core::job::enqueue(tx, Q, &JobSpec::new("x"), &p)
+    });
+    assert!(j.events.is_empty(), "{:?}", j.events);
+    // The wake-up is not an event: it is kept either way.
+    assert!(j.woke[READY]);
+}
+
+#[test]
+fn a_ready_push_wakes_workers_and_a_delayed_one_does_not() {
+    let w = World::new(0);
+    let p = w.policy;
+    let ready = w.tx(true, |tx| core::job::enqueue(tx, Q, &JobSpec::new("x"), &p));
+    let id = ready.value.id;
+    assert_eq!(ready.events, vec![job(id, 0, 0, JobChange::Enqueued)]);
+    assert_eq!(ready.woke, [false, true]);
+    let mut later = JobSpec::new("y");
+    later.delay_ms = 5000;
+    let delayed = w.tx(true, |tx| core::job::enqueue(tx, Q, &later, &p));
+    assert_eq!(
+        delayed.events,
+        vec![job(delayed.value.id, 0, 0, JobChange::Enqueued)]
+    );
+    assert_eq!(delayed.woke, [false, false], "a scheduled job wakes nobody");
+    // A claim (the job goes running) wakes nobody either.
+    let claimed = w.tx(true, |tx| core::job::claim(tx, Q, HolderId(1), 1000, 1, &p));
+    assert!(!claimed.woke[READY]);
+}
+
+#[test]
+fn a_claim_a_heartbeat_and_a_completion_are_recorded_with_token_and_attempt() {
+    let w = World::new(0);
+    let p = w.policy;
+    let id = w.push(JobSpec::new("x"));
+    w.clock.advance(250);
+    let claimed = w.tx(true, |tx| core::job::claim(tx, Q, HolderId(1), 1000, 1, &p));
+    let token = claimed.value[0].claim.unwrap().token;
+    assert_eq!(
+        claimed.events,
+        vec![job(id, token, 1, JobChange::Claimed { wait_ms: 250 })]
+    );
+    let beat = w.tx(true, |tx| {
+        core::job::heartbeat(tx, id, HolderId(1), token, 1000)
+    });
+    assert_eq!(beat.events, vec![job(id, token, 1, JobChange::Heartbeat)]);
+    let done = w.tx(true, |tx| core::job::complete(tx, id, HolderId(1), token));
+    assert_eq!(done.events, vec![job(id, token, 1, JobChange::Completed)]);
+    assert!(!done.woke[READY]);
+}
+
+#[test]
+fn a_failure_is_followed_by_where_it_left_the_job() {
+    let w = World::new(0);
+    let p = w.policy;
+    let mut spec = JobSpec::new("x");
+    spec.max_attempts = 2;
+    let id = w.push(spec);
+    let (_, token) = w.claim();
+    let failed = w.tx(true, |tx| {
+        core::job::fail(tx, id, HolderId(1), token, "boom", &p)
+    });
+    assert_eq!(failed.value, JobState::Scheduled);
+    let delay = core::backoff_ms(&p, id, 1);
+    assert_eq!(
+        failed.events,
+        vec![
+            job(id, token, 1, JobChange::Failed),
+            job(id, token, 1, JobChange::Retried { delay_ms: delay }),
+        ]
+    );
+    w.clock.advance(delay);
+    let (_, token) = w.claim();
+    let last = w.tx(true, |tx| {
+        core::job::fail(tx, id, HolderId(1), token, "boom", &p)
+    });
+    assert_eq!(last.value, JobState::Dead);
+    assert_eq!(
+        last.events,
+        vec![
+            job(id, token, 2, JobChange::Failed),
+            job(id, token, 2, JobChange::Dead),
+        ]
+    );
+    // A dead job retried by hand is ready at once: recorded, and it wakes.
+    let retried = w.tx(true, |tx| core::job::retry(tx, id, &p));
+    assert_eq!(
+        retried.events,
+        vec![job(id, token, 0, JobChange::Retried { delay_ms: 0 })]
+    );
+    assert!(retried.woke[READY]);
+}
+
+/// A claim that runs out: `Expired`, then what the expiry left: a retry
+/// after backoff, dead (no attempt left), or quarantined (a crash loop).
+fn expiry(quarantine_expiries: u32, max_attempts: u32) -> (JobId, u64, Vec<Event>) {
+    let w = World::new(quarantine_expiries);
+    let p = w.policy;
+    let mut spec = JobSpec::new("x");
+    spec.max_attempts = max_attempts;
+    let id = w.push(spec);
+    let (_, token) = w.claim();
+    w.clock.advance(1000);
+    let events = w.tx(true, |tx| core::job::maintain(tx, Q, &p)).events;
+    (id, token, events)
+}
+
+#[test]
+fn an_expiry_is_followed_by_a_retry_a_death_or_a_quarantine() {
+    let (id, token, events) = expiry(0, 3);
+    let delay = core::backoff_ms(&policy(0), id, 1);
+    assert_eq!(
+        events,
+        vec![
+            job(id, token, 1, JobChange::Expired),
+            job(id, token, 1, JobChange::Retried { delay_ms: delay }),
+        ]
+    );
+    let (id, token, events) = expiry(0, 1);
+    assert_eq!(
+        events,
+        vec![
+            job(id, token, 1, JobChange::Expired),
+            job(id, token, 1, JobChange::Dead),
+        ]
+    );
+    let (id, token, events) = expiry(1, 3);
+    assert_eq!(
+        events,
+        vec![
+            job(id, token, 1, JobChange::Expired),
+            job(id, token, 1, JobChange::Quarantined),
+        ]
+    );
+}
+
+#[test]
+fn a_cancel_and_a_give_back_are_recorded() {
+    let w = World::new(0);
+    let p = w.policy;
+    let id = w.push(JobSpec::new("x"));
+    let cancelled = w.tx(true, |tx| core::job::cancel(tx, id, &p));
+    assert_eq!(cancelled.value, JobState::Cancelled);
+    assert_eq!(cancelled.events, vec![job(id, 0, 0, JobChange::Cancelled)]);
+    let id = w.push(JobSpec::new("y"));
+    let (_, token) = w.claim();
+    let back = w.tx(true, |tx| {
+        core::job::abandon(tx, id, HolderId(1), token, false)
+    });
+    assert_eq!(back.value, JobState::Ready);
+    assert_eq!(back.events, vec![job(id, token, 0, JobChange::Abandoned)]);
+    assert!(back.woke[READY], "a job given back is ready for the others");
+}
+
+#[test]
+fn lease_grants_renewals_and_releases_are_recorded_and_a_release_wakes() {
+    let w = World::new(0);
+    let holder = Holder {
+        id: HolderId(9),
+        label: None,
+    };
+    let granted = w.tx(true, |tx| core::lease::acquire(tx, "k", &holder, 3000, 1));
+    let token = granted.value.token;
+    let event = |change| Event::Lease {
+        key: Arc::from("k"),
+        holder: HolderId(9),
+        token,
+        change,
+    };
+    assert_eq!(
+        granted.events,
+        vec![event(LeaseChange::Granted { ttl_ms: 3000 })]
+    );
+    assert!(!granted.woke[FREED]);
+    let renewed = w.tx(true, |tx| {
+        core::lease::renew(tx, "k", HolderId(9), token, 4000)
+    });
+    assert_eq!(
+        renewed.events,
+        vec![event(LeaseChange::Renewed { ttl_ms: 4000 })]
+    );
+    let released = w.tx(true, |tx| core::lease::release(tx, "k", HolderId(9), token));
+    assert_eq!(released.events, vec![event(LeaseChange::Released)]);
+    assert_eq!(released.woke, [true, false]);
+}
