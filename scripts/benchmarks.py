@@ -143,7 +143,7 @@ def main():
         lines += [
             "## simulator",
             "",
-            "`leasehold-sim --seeds 2000` (all four scenarios, mem store, full oracle with the lockstep model):",
+            "`leasehold-sim --seeds 2000` (every scenario, mem store, full oracle with the lockstep model):",
             "",
             "    " + sim.read_text().strip(),
             "",
