@@ -145,6 +145,11 @@ fn migrate(conn: &Connection, shown: &str) -> Result<()> {
     })();
     let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
     let ended = conn.execute_batch(end).map_err(|e| sql_err(ctx, e));
+    if !conn.is_autocommit() {
+        // A COMMIT refused (BUSY) leaves the transaction open: end it, so
+        // the caller's retry starts from a clean connection.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
     result.and(ended)
 }
 
