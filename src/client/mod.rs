@@ -398,13 +398,13 @@ impl Client {
     }
 
     /// The local clock deadlines are kept on.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the tokio drivers
+    #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] // the tokio drivers (not built under loom)
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
         &self.inner.clock
     }
 
     /// Fail with [`Error::Forked`] in a forked child.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // the tokio drivers
+    #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] // the tokio drivers (not built under loom)
     pub(crate) fn check_fork(&self) -> Result<()> {
         self.inner.fork.check()
     }

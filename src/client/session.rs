@@ -94,7 +94,7 @@ pub(crate) enum Next {
     Start(Arc<ClaimedJob>),
     /// The handler of this job should stop now (its handle already says
     /// it may not act): a driver that can interrupt it does.
-    Stop(#[cfg_attr(not(feature = "tokio"), allow(dead_code))] JobId),
+    Stop(#[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] JobId),
     /// The loop is over.
     End(Result<WorkReport>),
 }
