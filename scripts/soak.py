@@ -16,15 +16,39 @@ def read(name):
     return p.read_text().strip() if p.exists() else ""
 
 
+def outcomes(path):
+    """Each mutant's outcome in one cargo-mutants run: name -> summary."""
+    data = json.loads(path.read_text())
+    result = {}
+    for o in data["outcomes"]:
+        scenario = o["scenario"]
+        if isinstance(scenario, dict) and "Mutant" in scenario:
+            result[scenario["Mutant"]["name"]] = o["summary"]
+    return result
+
+
 def mutants():
-    out = ROOT / "mutants.out" / "outcomes.json"
-    if not out.exists():
+    """Both passes merged: a mutant the second pass ran again takes its
+    outcome there (the second pass runs the wider test set)."""
+    last = ROOT / "mutants.out" / "outcomes.json"
+    if not last.exists():
         return None
-    data = json.loads(out.read_text())
-    keys = ["total_mutants", "caught", "missed", "timeout", "unviable"]
-    summary = {k: data.get(k, 0) for k in keys}
-    missed = ROOT / "mutants.out" / "missed.txt"
-    summary["missed_list"] = missed.read_text().strip().splitlines() if missed.exists() else []
+    first = ROOT / "target" / "soak-mutants-pass1.json"
+    merged = outcomes(first) if first.exists() else {}
+    merged.update(outcomes(last))
+    kinds = {
+        "CaughtMutant": "caught",
+        "MissedMutant": "missed",
+        "Timeout": "timeout",
+        "Unviable": "unviable",
+    }
+    summary = {k: 0 for k in kinds.values()}
+    summary["total_mutants"] = len(merged)
+    for outcome in merged.values():
+        if outcome in kinds:
+            summary[kinds[outcome]] += 1
+    summary["missed_list"] = sorted(n for n, o in merged.items() if o == "MissedMutant")
+    summary["timeout_list"] = sorted(n for n, o in merged.items() if o == "Timeout")
     return summary
 
 
@@ -51,6 +75,7 @@ def section():
             f"{m['timeout']} timeouts (hung tests: caught), {m['unviable']} unviable"
         ]
         lines += [f"  - missed: `{l}`" for l in m["missed_list"]]
+        lines += [f"  - timeout: `{l}`" for l in m["timeout_list"]]
         note = read("soak-mutants.note")
         if note:
             lines += [f"  - {note}"]

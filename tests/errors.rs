@@ -298,3 +298,203 @@ fn limits_are_inclusive() {
         .unwrap();
     assert_eq!(MAX_KEY_BYTES, 1024);
 }
+
+/// A store that implements the rules' interface but not every listing
+/// (the listings have defaults, so a store written elsewhere compiles
+/// without them) answers each listing it lacks with a typed error naming
+/// what it cannot list, never an empty page that would read as "no
+/// leases" or "no jobs".
+#[test]
+fn a_store_that_cannot_list_says_so() {
+    use lacking::Lacking;
+    let w = world();
+    let policy = QueuePolicy::default();
+    let calls: [(
+        &str,
+        fn(&mut dyn core::Txn, &QueuePolicy) -> leasehold::Result<()>,
+    ); 5] = [
+        ("leases", |tx, _| core::lease::list(tx, "", 10).map(drop)),
+        ("queues", |tx, _| core::job::queues(tx, "", 10).map(drop)),
+        ("jobs by state", |tx, p| {
+            core::job::page(tx, "q", JobState::Ready, None, 10, 0, p).map(drop)
+        }),
+        ("job counts", |tx, p| {
+            core::job::summary(tx, "q", p, &Default::default()).map(drop)
+        }),
+        ("finished jobs", |tx, p| {
+            core::job::summary(tx, "q", p, &Default::default()).map(drop)
+        }),
+    ];
+    for (lacks, call) in calls {
+        // With every listing, the call works...
+        w.store
+            .txn(|tx| {
+                call(
+                    &mut Lacking {
+                        inner: tx,
+                        lacks: "",
+                    },
+                    &policy,
+                )
+            })
+            .unwrap();
+        // ...and with one missing, it names what is missing.
+        let r = w
+            .store
+            .txn(|tx| call(&mut Lacking { inner: tx, lacks }, &policy));
+        match r {
+            Err(Error::Invalid {
+                field: "store",
+                reason,
+            }) => {
+                assert!(
+                    reason.ends_with(&format!("cannot list {lacks}")),
+                    "{reason}"
+                )
+            }
+            other => panic!("{lacks}: expected the store to say it cannot list, got {other:?}"),
+        }
+    }
+}
+
+/// The wrappers of that test.
+mod lacking {
+    use leasehold::core::{
+        JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
+        Pending, ScheduleRecord, StateCounts, Txn,
+    };
+    use leasehold::Result;
+
+    /// Forward the interface's required methods to the transaction in
+    /// field `$f`.
+    macro_rules! required {
+        ($t:ident, $f:tt) => {
+            impl Txn for $t<'_> {
+                fn now_ms(&self) -> u64 {
+                    self.$f.now_ms()
+                }
+                fn lease_mut(&mut self, key: &str, c: bool) -> Result<Option<&mut LeaseRecord>> {
+                    self.$f.lease_mut(key, c)
+                }
+                fn journal(&mut self) -> &mut Journal {
+                    self.$f.journal()
+                }
+                fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
+                    Ok(self)
+                }
+                listings!(lease_scan);
+            }
+            impl JobTxn for $t<'_> {
+                fn now_ms(&self) -> u64 {
+                    self.$f.now_ms()
+                }
+                fn journal(&mut self) -> &mut Journal {
+                    self.$f.journal()
+                }
+                required!(@jobs $f;
+                    next_job_id() -> JobId;
+                    job(id: JobId) -> Option<JobRecord>;
+                    jobs_by_id(ids: &[JobId]) -> Vec<JobRecord>;
+                    put_job(job: &JobRecord) -> ();
+                    delete_job(id: JobId) -> ();
+                    live_unique(queue: &str, key: &str) -> Option<JobId>;
+                    pending(queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Pending;
+                    scan(queue: &str, query: JobQuery, limit: usize, out: &mut Vec<JobId>) -> ();
+                    counts(queue: &str) -> StateCounts;
+                    list(queue: &str, state: Option<JobState>, after: JobId, limit: usize)
+                        -> Vec<JobRecord>;
+                    schedules(queue: &str) -> Vec<ScheduleRecord>;
+                    put_schedule(schedule: &ScheduleRecord) -> ();
+                    delete_schedule(queue: &str, name: &str) -> bool;
+                );
+                listings!(queue_names, page, counts_capped, finished_histogram);
+            }
+        };
+        (@jobs $f:tt; $($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+            $(fn $name(&mut self, $($arg: $ty),*) -> Result<$ret> {
+                self.$f.jobs()?.$name($($arg),*)
+            })*
+        };
+    }
+
+    /// No listing at all: its calls reach the interface's defaults.
+    pub struct Bare<'a>(pub &'a mut dyn Txn);
+    macro_rules! listings {
+        ($($name:ident),*) => {};
+    }
+    required!(Bare, 0);
+
+    /// Every listing of the store it wraps but the one it `lacks`, which
+    /// it answers as a store without it does.
+    pub struct Lacking<'a> {
+        pub inner: &'a mut dyn Txn,
+        pub lacks: &'static str,
+    }
+    macro_rules! listings {
+        (lease_scan) => {
+            fn lease_scan(
+                &mut self,
+                after: &str,
+                limit: usize,
+                out: &mut Vec<(String, LeaseRecord)>,
+            ) -> Result<()> {
+                match self.lacks {
+                    "leases" => Bare(&mut *self.inner).lease_scan(after, limit, out),
+                    _ => self.inner.lease_scan(after, limit, out),
+                }
+            }
+        };
+        ($($name:ident),*) => {
+            fn queue_names(
+                &mut self,
+                after: &str,
+                limit: usize,
+                out: &mut Vec<String>,
+            ) -> Result<()> {
+                match self.lacks {
+                    "queues" => Bare(&mut *self.inner).queue_names(after, limit, out),
+                    _ => self.inner.jobs()?.queue_names(after, limit, out),
+                }
+            }
+            fn page(
+                &mut self,
+                queue: &str,
+                state: JobState,
+                after: Option<JobCursor>,
+                limit: usize,
+                preview: usize,
+            ) -> Result<Vec<JobPeek>> {
+                match self.lacks {
+                    "jobs by state" => {
+                        Bare(&mut *self.inner).page(queue, state, after, limit, preview)
+                    }
+                    _ => self.inner.jobs()?.page(queue, state, after, limit, preview),
+                }
+            }
+            fn counts_capped(&mut self, queue: &str, cap: u64) -> Result<StateCounts> {
+                match self.lacks {
+                    "job counts" => Bare(&mut *self.inner).counts_capped(queue, cap),
+                    _ => self.inner.jobs()?.counts_capped(queue, cap),
+                }
+            }
+            fn finished_histogram(
+                &mut self,
+                queue: &str,
+                from_ms: u64,
+                bucket_ms: u64,
+                out: &mut [StateCounts],
+            ) -> Result<()> {
+                match self.lacks {
+                    "finished jobs" => {
+                        Bare(&mut *self.inner).finished_histogram(queue, from_ms, bucket_ms, out)
+                    }
+                    _ => self
+                        .inner
+                        .jobs()?
+                        .finished_histogram(queue, from_ms, bucket_ms, out),
+                }
+            }
+        };
+    }
+    required!(Lacking, inner);
+}

@@ -283,3 +283,144 @@ fn lease_grants_renewals_and_releases_are_recorded_and_a_release_wakes() {
     assert_eq!(released.events, vec![event(LeaseChange::Released)]);
     assert_eq!(released.woke, [true, false]);
 }
+
+#[test]
+fn expired_slots_are_recorded_when_a_grant_or_a_release_removes_them() {
+    let w = World::new(0);
+    let holder = |id| Holder {
+        id: HolderId(id),
+        label: None,
+    };
+    let event = |id, token, change| Event::Lease {
+        key: Arc::from("k"),
+        holder: HolderId(id),
+        token,
+        change,
+    };
+    // Two slots of a counting lease: holder 1's ends first.
+    let acquire = |id, ttl| {
+        w.tx(true, |tx| {
+            core::lease::acquire(tx, "k", &holder(id), ttl, 2)
+        })
+    };
+    let short = acquire(1, 1_000).value.token;
+    let long = acquire(2, 30_000).value.token;
+    w.clock.advance(2_000);
+    let third = acquire(3, 10_000);
+    assert_eq!(
+        third.events,
+        vec![
+            event(1, short, LeaseChange::Expired),
+            event(
+                3,
+                third.value.token,
+                LeaseChange::Granted { ttl_ms: 10_000 }
+            ),
+        ],
+        "only the slot that ended is recorded expired"
+    );
+    // An acquire of one's own live slot is a renewal (it never shortens).
+    let again = acquire(3, 5_000);
+    assert_eq!(again.value.expires_at_ms, third.value.expires_at_ms);
+    assert_eq!(
+        again.events,
+        vec![event(
+            3,
+            third.value.token,
+            LeaseChange::Renewed { ttl_ms: 5_000 }
+        )]
+    );
+    w.clock.advance(11_000);
+    // Holder 3's slot has ended too; holder 2 releases and both go.
+    let released = w.tx(true, |tx| core::lease::release(tx, "k", HolderId(2), long));
+    assert_eq!(
+        released.events,
+        vec![
+            event(3, third.value.token, LeaseChange::Expired),
+            event(2, long, LeaseChange::Released),
+        ]
+    );
+}
+
+#[test]
+fn a_schedules_ticks_are_recorded_enqueued_caught_up_or_skipped() {
+    use core::schedule::{self, TickChange};
+    use core::{Missed, Rule, ScheduleSpec};
+    let w = World::new(0);
+    let wall = 1_768_478_400_000; // a multiple of 10 s
+    for (name, missed) in [("skip", Missed::Skip), ("catch", Missed::CatchUp)] {
+        let spec = ScheduleSpec {
+            name: name.into(),
+            rule: Rule::every(10_000),
+            job: JobSpec::new("tick"),
+            missed,
+        };
+        w.tx(false, |tx| schedule::put(tx, Q, &spec, wall));
+    }
+    // Two minutes later: the first tick is missed, the last six on time.
+    let p = w.policy;
+    let fired = w.tx(true, |tx| schedule::fire(tx, Q, wall + 120_000, &p));
+    let ticks: Vec<(String, u64, TickChange)> = fired
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Tick {
+                queue,
+                schedule,
+                tick_ms,
+                change,
+            } => {
+                assert_eq!(&**queue, Q);
+                Some((schedule.to_string(), tick_ms - wall, *change))
+            }
+            _ => None,
+        })
+        .collect();
+    let jobs: Vec<JobId> = fired.value.enqueued.iter().map(|e| e.2).collect();
+    let mut expected = vec![(
+        "catch".to_string(),
+        10_000,
+        TickChange::Enqueued {
+            id: jobs[0],
+            catch_up: true,
+        },
+    )];
+    for (i, t) in (60_000..=120_000).step_by(10_000).enumerate() {
+        expected.push((
+            "catch".into(),
+            t,
+            TickChange::Enqueued {
+                id: jobs[1 + i],
+                catch_up: false,
+            },
+        ));
+    }
+    expected.push(("skip".into(), 10_000, TickChange::Skipped));
+    for (i, t) in (60_000..=120_000).step_by(10_000).enumerate() {
+        expected.push((
+            "skip".into(),
+            t,
+            TickChange::Enqueued {
+                id: jobs[8 + i],
+                catch_up: false,
+            },
+        ));
+    }
+    assert_eq!(ticks, expected);
+    // Each created job is recorded too, and wakes the workers.
+    let enqueued = fired
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::Job {
+                    change: JobChange::Enqueued,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(enqueued, 15);
+    assert!(fired.woke[READY]);
+}

@@ -172,3 +172,89 @@ fn every_transition_is_a_tracing_event_with_its_fields() {
         assert_eq!(e["holder"], holder.as_str());
     }
 }
+
+/// The README's metric table is the contract dashboards are built on:
+/// every transition's label is one it lists, and no two transitions share
+/// a label.
+#[test]
+fn transition_labels_are_the_ones_the_readme_documents() {
+    use leasehold::core::schedule::TickChange;
+    use leasehold::core::{JobChange, JobId, LeaseChange};
+    let readme = include_str!("../README.md");
+    let documented = |metric: &str| -> Vec<String> {
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{metric}`")))
+            .unwrap_or_else(|| panic!("README has no row for {metric}"));
+        let labels = row.rsplit('|').nth(1).unwrap();
+        let list = labels.split_once(':').expect("a label list").1;
+        list.split(',')
+            .map(|s| {
+                s.trim()
+                    .trim_end_matches(|c: char| !c.is_alphanumeric() && c != '_')
+            })
+            .map(|s| s.split_whitespace().next().unwrap_or("").to_string())
+            .collect()
+    };
+    fn check(names: &[&str], documented: &[String], metric: &str) {
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            assert!(
+                documented.iter().any(|d| d == name),
+                "{metric}: {name:?} is not among {documented:?}"
+            );
+            assert!(
+                seen.insert(*name),
+                "{metric}: {name:?} names two transitions"
+            );
+        }
+    }
+    let lease = [
+        LeaseChange::Granted { ttl_ms: 1 },
+        LeaseChange::Renewed { ttl_ms: 1 },
+        LeaseChange::Released,
+        LeaseChange::Expired,
+    ];
+    let lease: Vec<&str> = lease.iter().map(|c| c.name()).collect();
+    check(
+        &lease,
+        &documented("leasehold_lease_transitions_total"),
+        "lease",
+    );
+    let job = [
+        JobChange::Enqueued,
+        JobChange::Claimed { wait_ms: 1 },
+        JobChange::Heartbeat,
+        JobChange::Completed,
+        JobChange::Failed,
+        JobChange::Expired,
+        JobChange::Retried { delay_ms: 1 },
+        JobChange::Dead,
+        JobChange::Quarantined,
+        JobChange::Cancelled,
+        JobChange::Abandoned,
+    ];
+    let job: Vec<&str> = job.iter().map(|c| c.name()).collect();
+    let job_documented = documented("leasehold_job_transitions_total");
+    check(&job, &job_documented, "job");
+    assert_eq!(
+        job.len(),
+        job_documented.len(),
+        "every documented job label is a transition"
+    );
+    let tick = [
+        TickChange::Enqueued {
+            id: JobId(1),
+            catch_up: false,
+        },
+        TickChange::Enqueued {
+            id: JobId(1),
+            catch_up: true,
+        },
+        TickChange::Skipped,
+    ];
+    let tick: Vec<&str> = tick.iter().map(|c| c.name()).collect();
+    let tick_documented = documented("leasehold_schedule_ticks_total");
+    check(&tick, &tick_documented, "tick");
+    assert_eq!(tick.len(), tick_documented.len());
+}

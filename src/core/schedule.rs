@@ -192,12 +192,6 @@ enum Ticker {
     Cron(Box<croner::Cron>, jiff::tz::TimeZone),
 }
 
-fn cron_parser() -> croner::parser::CronParser {
-    croner::parser::CronParser::builder()
-        .seconds(croner::parser::Seconds::Optional)
-        .build()
-}
-
 impl Rule {
     /// `every 5m`-style rule of `period_ms`.
     pub fn every(period_ms: u64) -> Rule {
@@ -228,7 +222,9 @@ impl Rule {
                 Ok(Ticker::Every(*period_ms))
             }
             Rule::Cron { expr, tz } => {
-                let cron = cron_parser()
+                // croner's default parser takes five fields, or six with
+                // seconds first (the conformance suite's cron case pins it).
+                let cron = croner::parser::CronParser::default()
                     .parse(expr)
                     .map_err(|e| Error::invalid("cron", format!("{expr:?}: {e}")))?;
                 let zone = jiff::tz::TimeZone::get(tz).map_err(|e| {
@@ -314,10 +310,11 @@ pub fn tick_key(name: &str, tick_ms: u64) -> String {
 fn check_spec(queue: &str, spec: &ScheduleSpec) -> Result<()> {
     check_key("queue", queue)?;
     check_key("schedule", &spec.name)?;
+    // The template's unique key is not the schedule's (each tick's job is
+    // keyed by its tick): it is not checked either. Its delay and run_at
+    // are ignored too, and the job check reads neither.
     let probe = JobSpec {
         unique_key: None,
-        delay_ms: 0,
-        run_at_ms: None,
         ..spec.job.clone()
     };
     job::check_spec(&probe)

@@ -210,16 +210,15 @@ fn refresh(
             put(tx, &job)?;
             note(tx, &job, JobChange::Expired);
             note_end(tx, &job, quarantined);
-            if job.state == JobState::Ready && ready_max > 0 {
+            // (`maintain` keeps none: its `ready_max` of 0 truncates them.)
+            if job.state == JobState::Ready {
                 ready.push(job);
             }
         }
         for mut job in read.due {
             job.state = JobState::Ready;
             put(tx, &job)?;
-            if ready_max > 0 {
-                ready.push(job);
-            }
+            ready.push(job);
         }
         if !more {
             break;

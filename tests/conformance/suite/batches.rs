@@ -228,6 +228,10 @@ pub fn job_batch_heartbeat_and_settle(make: &Make) {
         assert_eq!(r.as_ref().unwrap().lease_until_ms, T0 + 150);
     }
     assert_eq!(lost_reason(replies[4].clone()), LostReason::StaleToken);
+    for job in &jobs[..4] {
+        let claim = w.get(job.id).claim.unwrap();
+        assert_eq!(claim.lease_until_ms, T0 + 150, "job {} extended", job.id);
+    }
     assert_eq!(
         w.get(jobs[4].id).claim.unwrap().lease_until_ms,
         T0 + 100,

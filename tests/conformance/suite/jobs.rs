@@ -163,6 +163,37 @@ pub fn job_expiry_counts_attempt(make: &Make) {
     assert_eq!(w.stats("q"), counts(0, 0, 0, 0, 1, 0));
 }
 
+/// A claim that finds claims run out settles them first and claims only
+/// those now ready: not one out of attempts (dead) nor one waiting out
+/// its backoff (scheduled), even when nothing else brought the queue up
+/// to date in between.
+pub fn job_claim_after_expiry_takes_only_ready_jobs(make: &Make) {
+    let w = World::new(make);
+    let once = w.push(
+        "q",
+        JobSpec {
+            max_attempts: 1,
+            ..JobSpec::new("once")
+        },
+    );
+    let thrice = w.push(
+        "q",
+        JobSpec {
+            max_attempts: 3,
+            ..JobSpec::new("thrice")
+        },
+    );
+    assert_eq!(w.claim("q", 1, 100, 2).len(), 2);
+    w.at(T0 + 100);
+    assert_eq!(w.claim("q", 2, 100, 10), vec![], "nothing is ready");
+    assert_eq!(w.get(once).state, JobState::Dead);
+    let backing_off = w.get(thrice);
+    assert_eq!(backing_off.state, JobState::Scheduled);
+    w.at(backing_off.run_at_ms);
+    let again = w.claim("q", 2, 100, 10);
+    assert_eq!(again.iter().map(|j| j.id).collect::<Vec<_>>(), [thrice]);
+}
+
 pub fn job_quarantine_crash_loop(make: &Make) {
     let mut w = World::new(make);
     w.policy.quarantine_expiries = 2;

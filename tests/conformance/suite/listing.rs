@@ -121,11 +121,15 @@ pub fn lease_list_pages_through_every_key(make: &Make) {
     held.sort();
     assert_eq!(held, keys);
     // Bad paging arguments are refused by name.
-    let r = w.tx(|tx| core::lease::list(tx, "", 0));
-    assert!(
-        matches!(r, Err(Error::Invalid { field: "limit", .. })),
-        "{r:?}"
-    );
+    for limit in [0, core::MAX_BATCH + 1] {
+        let r = w.tx(|tx| core::lease::list(tx, "", limit));
+        assert!(
+            matches!(r, Err(Error::Invalid { field: "limit", .. })),
+            "{limit}: {r:?}"
+        );
+    }
+    // The largest page is allowed.
+    assert_eq!(w.lease_page("", core::MAX_BATCH).leases.len(), keys.len());
     let r = w.tx(|tx| core::lease::list(tx, "a\0b", 5));
     assert!(
         matches!(r, Err(Error::Invalid { field: "after", .. })),

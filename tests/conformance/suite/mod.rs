@@ -203,6 +203,7 @@ macro_rules! conformance_cases {
             txn_rolls_back_on_error,
             job_claim_order, job_priority_beats_earlier_run_at, job_lifecycle_complete,
             job_heartbeat_extends_claim, job_expiry_counts_attempt, job_quarantine_crash_loop,
+            job_claim_after_expiry_takes_only_ready_jobs,
             job_fail_backoff_then_dead, job_cancel_and_retry, job_unique_key, job_batch_claim,
             job_purge, job_list_pages_and_filters, job_drain_rule, job_scans_are_ordered,
             job_unique_key_freed_by_a_final_expiry, job_batch_heartbeat_and_settle,
@@ -214,7 +215,8 @@ macro_rules! conformance_cases {
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
             schedule_missed_ticks_skipped_or_caught_up, schedule_cron_in_a_time_zone,
-            schedule_bad_input_changes_nothing, schedule_txn_rolls_back
+            schedule_bad_input_changes_nothing, schedule_txn_rolls_back,
+            schedule_jobs_follow_the_template_but_not_its_key_or_delay
         );
     };
     (@cases $guard:expr, $make:expr; $($case:ident),* $(,)?) => {

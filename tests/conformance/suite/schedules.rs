@@ -175,6 +175,17 @@ pub fn schedule_missed_ticks_skipped_or_caught_up(make: &Make) {
         .contains(&"catch@2026-01-15T12:00:10Z".to_owned()));
     assert_eq!(w.stats("q").get(JobState::Ready), 15);
     assert!(w.schedules("q").iter().all(|s| s.next_ms == wall + 10_000));
+    // A tick exactly ON_TIME_MS old is still on time: enqueued, not skipped.
+    w.put_schedule(
+        "edge",
+        &spec("skip", Rule::every(10_000), Missed::Skip),
+        WALL,
+    )
+    .unwrap();
+    let f = w.fire("edge", WALL + 10_000 + ON_TIME_MS);
+    assert_eq!(f.skipped, vec![]);
+    assert_eq!(f.enqueued.len(), 7);
+    assert_eq!(f.enqueued[0].1, WALL + 10_000);
 }
 
 pub fn schedule_cron_in_a_time_zone(make: &Make) {
@@ -213,6 +224,32 @@ pub fn schedule_bad_input_changes_nothing(make: &Make) {
     let every = |ms| spec("x", Rule::every(ms), Missed::Skip);
     assert_eq!(field(w.put_schedule("q", &every(999), WALL)), "every");
     assert_eq!(field(w.put_schedule("q", &every(u64::MAX), WALL)), "every");
+    let year = core::MAX_TTL_MS;
+    assert_eq!(field(w.put_schedule("q", &every(year + 1), WALL)), "every");
+    // A year is the longest period, and allowed.
+    assert!(Rule::every(year).next_at_or_after(WALL).unwrap().is_some());
+    // A rule that never ticks is refused, and the error names it.
+    let feb_30 = spec(
+        "never",
+        Rule::cron("0 0 30 2 *", "UTC").unwrap(),
+        Missed::Skip,
+    );
+    match w.put_schedule("q", &feb_30, WALL) {
+        Err(Error::Invalid {
+            field: "cron",
+            reason,
+        }) => {
+            assert!(reason.contains("\"0 0 30 2 *\""), "{reason}")
+        }
+        other => panic!("expected the rule refused, got {other:?}"),
+    }
+    // So is a first tick at the end of time (NEVER_MS, "no next tick").
+    let period = 7 * 7 * 73 * 127 * 337; // divides i64::MAX
+    assert_eq!(schedule::NEVER_MS % period, 0);
+    let last = schedule::NEVER_MS - 1;
+    assert_eq!(field(w.put_schedule("q", &every(period), last)), "cron");
+    assert!(w.put_schedule("q", &every(period), last - period).is_ok());
+    w.tx(|tx| schedule::remove(tx, "q", "x")).unwrap();
     assert_eq!(field(w.put_schedule("", &every(1_000), WALL)), "queue");
     for name in ["", "a\0b", "line\nbreak"] {
         let mut s = every(1_000);
@@ -250,6 +287,41 @@ pub fn schedule_bad_input_changes_nothing(make: &Make) {
         })
     ));
     assert_eq!(before, format!("{:?}", w.schedules("q")));
+}
+
+/// Each tick's job takes the template's payload, priority and attempts;
+/// the template's unique key, delay and run_at are not the schedule's
+/// (documented on `ScheduleSpec::job`): the job is keyed by its tick and
+/// due at once, so a key that would be refused on its own does not refuse
+/// the schedule. A rule that ends (a cron with a year) fires its last
+/// tick and then has no next.
+pub fn schedule_jobs_follow_the_template_but_not_its_key_or_delay(make: &Make) {
+    let w = World::new(make);
+    let mut s = spec("beat", Rule::every(1_000), Missed::Skip);
+    s.job.priority = 5;
+    s.job.max_attempts = 7;
+    s.job.unique_key = Some(String::new());
+    s.job.delay_ms = 3_600_000;
+    s.job.run_at_ms = Some(u64::MAX);
+    assert_eq!(w.put_schedule("q", &s, WALL).unwrap(), PutOutcome::Created);
+    w.fire("q", WALL + 1_000);
+    assert_eq!(w.unique_keys("q"), ["beat@2026-01-15T12:00:01Z"]);
+    let job = &w.list("q", Some(JobState::Ready))[0];
+    assert_eq!(
+        (&job.payload[..], job.priority, job.max_attempts),
+        (&b"tick of beat"[..], 5, 7)
+    );
+    // Noon on 16 January 2026, that year only: seconds first, year last.
+    let once = Rule::cron("0 0 12 16 1 * 2026", "UTC").unwrap();
+    w.put_schedule("once", &spec("noon", once, Missed::Skip), WALL)
+        .unwrap();
+    let noon = WALL + 86_400_000;
+    assert_eq!(w.fire("once", noon - 1).next_ms, Some(noon));
+    let f = w.fire("once", noon);
+    assert_eq!(f.enqueued.len(), 1);
+    assert_eq!(f.next_ms, None, "no tick after the last");
+    assert_eq!(w.schedules("once")[0].next_ms, schedule::NEVER_MS);
+    assert!(w.fire("once", noon + 86_400_000 * 400).enqueued.is_empty());
 }
 
 pub fn schedule_txn_rolls_back(make: &Make) {
