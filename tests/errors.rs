@@ -206,6 +206,57 @@ fn bad_text_fields() {
     assert_eq!(JobState::parse("dead").unwrap(), JobState::Dead);
 }
 
+/// A result larger than a payload is refused by name, alone or in a
+/// batch (where it fails only its own entry), and the claim is kept; one
+/// of exactly the largest size is kept with the job.
+#[test]
+fn oversized_results_are_refused_and_the_claim_kept() {
+    use core::job::Settle;
+    let w = world();
+    let p = QueuePolicy::default();
+    let job = w
+        .store
+        .txn(|tx| core::job::claim(tx, "q", HolderId(1), 10_000, 1, &p))
+        .unwrap()
+        .remove(0);
+    let token = job.claim.unwrap().token;
+    let too_big: Arc<[u8]> = vec![1u8; MAX_PAYLOAD_BYTES + 1].into();
+    w.expect_invalid("result", |tx| {
+        core::job::complete_with(tx, job.id, HolderId(1), token, &too_big)
+    });
+    let batch = [(job.id, token, Settle::CompleteWith(too_big.clone()))];
+    let before = w.snapshot();
+    let states = w
+        .store
+        .txn(|tx| core::job::settle_many(tx, HolderId(1), &batch, &p))
+        .unwrap();
+    assert!(
+        matches!(
+            &states[..],
+            [Err(Error::Invalid {
+                field: "result",
+                ..
+            })]
+        ),
+        "{states:?}"
+    );
+    let after = w.snapshot();
+    assert_eq!(
+        before.rsplit_once(' ').unwrap().0,
+        after.rsplit_once(' ').unwrap().0,
+        "the job is still claimed, with no result"
+    );
+    let largest: Arc<[u8]> = vec![2u8; MAX_PAYLOAD_BYTES].into();
+    let batch = [(job.id, token, Settle::CompleteWith(largest))];
+    let states = w
+        .store
+        .txn(|tx| core::job::settle_many(tx, HolderId(1), &batch, &p))
+        .unwrap();
+    assert!(matches!(&states[..], [Ok(JobState::Done)]), "{states:?}");
+    let stored = w.store.txn(|tx| core::job::get(tx, job.id, &p)).unwrap();
+    assert_eq!(stored.result.map(|r| r.len()), Some(MAX_PAYLOAD_BYTES));
+}
+
 #[test]
 fn unknown_jobs_and_wrong_states() {
     let w = world();
@@ -309,10 +360,8 @@ fn a_store_that_cannot_list_says_so() {
     use lacking::Lacking;
     let w = world();
     let policy = QueuePolicy::default();
-    let calls: [(
-        &str,
-        fn(&mut dyn core::Txn, &QueuePolicy) -> leasehold::Result<()>,
-    ); 5] = [
+    type Call = fn(&mut dyn core::Txn, &QueuePolicy) -> leasehold::Result<()>;
+    let calls: [(&str, Call); 5] = [
         ("leases", |tx, _| core::lease::list(tx, "", 10).map(drop)),
         ("queues", |tx, _| core::job::queues(tx, "", 10).map(drop)),
         ("jobs by state", |tx, p| {

@@ -360,12 +360,7 @@ pub struct LeasePage {
 /// may hold fewer than `limit` keys (even none) and still have a `next`.
 pub fn list(tx: &mut dyn Txn, after: &str, limit: usize) -> Result<LeasePage> {
     super::job::check_after_key(after)?;
-    if limit == 0 || limit > super::MAX_BATCH {
-        return Err(Error::invalid(
-            "limit",
-            format!("{limit} is outside 1..={}", super::MAX_BATCH),
-        ));
-    }
+    super::check_count("limit", limit)?;
     let now_ms = tx.now_ms();
     let mut records = Vec::new();
     tx.lease_scan(after, limit, &mut records)?;

@@ -202,6 +202,18 @@ pub fn check_text(field: &'static str, text: &str) -> Result<()> {
     Ok(())
 }
 
+/// Check how many items one call may take or return (a batch claim, a
+/// listing's page): 1..=[`MAX_BATCH`].
+pub fn check_count(field: &'static str, n: usize) -> Result<()> {
+    if n == 0 || n > MAX_BATCH {
+        return Err(Error::invalid(
+            field,
+            format!("{n} is outside 1..={MAX_BATCH}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Check a TTL and compute `now_ms + ttl_ms` without overflow.
 pub fn expiry_ms(field: &'static str, now_ms: u64, ttl_ms: u64) -> Result<u64> {
     if ttl_ms == 0 {

@@ -7,8 +7,8 @@ use super::{
     QueuePolicy, StateCounts,
 };
 use crate::core::{
-    check_key, check_text, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn, Txn, Wake,
-    MAX_ATTEMPTS, MAX_BATCH, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
+    check_count, check_key, check_text, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn,
+    Txn, Wake, MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
 };
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -18,16 +18,6 @@ const CHUNK: usize = 256;
 
 fn check_queue(queue: &str) -> Result<()> {
     check_key("queue", queue)
-}
-
-fn check_batch(max: usize) -> Result<()> {
-    if max == 0 || max > MAX_BATCH {
-        return Err(Error::invalid(
-            "batch",
-            format!("{max} is outside 1..={MAX_BATCH}"),
-        ));
-    }
-    Ok(())
 }
 
 pub(super) fn load(tx: &mut dyn JobTxn, id: JobId) -> Result<JobRecord> {
@@ -288,7 +278,7 @@ pub fn claim(
 ) -> Result<Vec<JobRecord>> {
     let tx = tx.jobs()?;
     check_queue(queue)?;
-    check_batch(max)?;
+    check_count("batch", max)?;
     let now_ms = tx.now_ms();
     let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
     let mut jobs = refresh(tx, queue, policy, max)?;
@@ -449,7 +439,7 @@ pub fn purge(
 ) -> Result<usize> {
     let tx = tx.jobs()?;
     check_queue(queue)?;
-    check_batch(limit)?;
+    check_count("batch", limit)?;
     refresh(tx, queue, policy, 0)?;
     let cutoff_ms = tx.now_ms().saturating_sub(older_than_ms);
     let mut ids = Vec::new();
@@ -495,7 +485,7 @@ pub fn list(
 ) -> Result<Vec<JobRecord>> {
     let tx = tx.jobs()?;
     check_queue(queue)?;
-    check_batch(limit)?;
+    check_count("batch", limit)?;
     refresh(tx, queue, policy, 0)?;
     tx.list(queue, state, after, limit)
 }

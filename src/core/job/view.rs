@@ -18,7 +18,7 @@
 //! probes, the finished histogram by the jobs finished in its window.
 
 use super::{maintain, JobId, JobRecord, JobState, QueuePolicy, StateCounts};
-use crate::core::{check_key, Txn, MAX_BATCH, MAX_PAYLOAD_BYTES, MAX_TTL_MS};
+use crate::core::{check_count, check_key, Txn, MAX_PAYLOAD_BYTES, MAX_TTL_MS};
 use crate::error::{Error, Result};
 use std::fmt;
 use std::sync::Arc;
@@ -114,8 +114,9 @@ impl JobPeek {
     pub fn of(job: &JobRecord, preview_bytes: usize) -> JobPeek {
         let mut job = job.clone();
         let payload_bytes = job.payload.len() as u64;
-        if job.payload.len() > preview_bytes {
-            job.payload = Arc::from(&job.payload[..preview_bytes]);
+        let keep = job.payload.len().min(preview_bytes);
+        if keep != job.payload.len() {
+            job.payload = Arc::from(&job.payload[..keep]);
         }
         JobPeek { job, payload_bytes }
     }
@@ -175,16 +176,6 @@ impl QueueSummary {
     }
 }
 
-fn check_limit(field: &'static str, limit: usize) -> Result<()> {
-    if limit == 0 || limit > MAX_BATCH {
-        return Err(Error::invalid(
-            field,
-            format!("{limit} is outside 1..={MAX_BATCH}"),
-        ));
-    }
-    Ok(())
-}
-
 /// A page's `after`: empty (from the first) or a valid name.
 pub(crate) fn check_after_key(after: &str) -> Result<()> {
     if after.is_empty() {
@@ -198,7 +189,7 @@ pub(crate) fn check_after_key(after: &str) -> Result<()> {
 /// not listed.
 pub fn queues(tx: &mut dyn Txn, after: &str, limit: usize) -> Result<Vec<String>> {
     check_after_key(after)?;
-    check_limit("limit", limit)?;
+    check_count("limit", limit)?;
     let mut names = Vec::new();
     tx.jobs()?.queue_names(after, limit, &mut names)?;
     debug_assert!(names.len() <= limit);
@@ -218,7 +209,7 @@ pub fn page(
     preview_bytes: usize,
     policy: &QueuePolicy,
 ) -> Result<Vec<JobPeek>> {
-    check_limit("limit", limit)?;
+    check_count("limit", limit)?;
     if preview_bytes > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
             "preview_bytes",

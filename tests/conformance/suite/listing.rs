@@ -231,6 +231,18 @@ pub fn job_pages_follow_each_states_index_order(make: &Make) {
         let c = w.push("q", spec_cancel(round));
         w.cancel(c);
     }
+    // The claims took the higher priorities: leave ready jobs of several
+    // priorities (and ties) too, so the ready order's priority is tested.
+    for (i, p) in [3, -1, 7, 3].into_iter().enumerate() {
+        w.at(T0 + 40 + i as u64);
+        w.push(
+            "q",
+            JobSpec {
+                priority: p,
+                ..JobSpec::new(format!("late-{i}"))
+            },
+        );
+    }
     w.at(T0 + 50);
     for state in JobState::ALL {
         let mut expected = w.list("q", Some(state));
@@ -241,7 +253,9 @@ pub fn job_pages_follow_each_states_index_order(make: &Make) {
         for _ in 0..100 {
             let page = w.page("q", state, after, 2);
             let Some(last) = page.last() else { break };
-            after = Some(JobCursor::of(&last.job));
+            // As the dashboard pages: the cursor goes out as text and back.
+            let text = JobCursor::of(&last.job).to_string();
+            after = Some(JobCursor::parse(&text).unwrap());
             got.extend(page);
         }
         let ids = |jobs: &[JobRecord]| jobs.iter().map(|j| j.id).collect::<Vec<_>>();
@@ -256,6 +270,23 @@ pub fn job_pages_follow_each_states_index_order(make: &Make) {
         }
     }
     assert!(w.page("none", JobState::Ready, None, 5).is_empty());
+    // A preview may be as long as the longest payload, and no longer.
+    let policy = w.policy;
+    let preview =
+        |bytes| w.tx(|tx| core::job::page(tx, "q", JobState::Ready, None, 1, bytes, &policy));
+    let whole = preview(core::MAX_PAYLOAD_BYTES).unwrap();
+    assert_eq!(whole[0].job.payload.len() as u64, whole[0].payload_bytes);
+    let r = preview(core::MAX_PAYLOAD_BYTES + 1);
+    assert!(
+        matches!(
+            r,
+            Err(Error::Invalid {
+                field: "preview_bytes",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 fn spec_cancel(round: u64) -> JobSpec {
@@ -351,11 +382,44 @@ pub fn job_summary_settles_expired_claims_and_refuses_bad_options(make: &Make) {
             },
             "bucket",
         ),
+        (
+            SummaryOptions {
+                buckets: core::job::BUCKETS_MAX + 1,
+                ..opts
+            },
+            "buckets",
+        ),
+        (
+            SummaryOptions {
+                buckets: 1,
+                bucket_ms: core::MAX_TTL_MS + 1,
+                ..opts
+            },
+            "bucket",
+        ),
     ] {
         let r = w.tx(|tx| core::job::summary(tx, "q", &policy, &bad));
         assert!(
             matches!(r, Err(Error::Invalid { field: f, .. }) if f == field),
             "{r:?}"
         );
+    }
+    // The limits themselves are allowed: the most intervals, a year's span.
+    for good in [
+        SummaryOptions {
+            buckets: core::job::BUCKETS_MAX,
+            bucket_ms: 1_000,
+            ..opts
+        },
+        SummaryOptions {
+            buckets: 1,
+            bucket_ms: core::MAX_TTL_MS,
+            ..opts
+        },
+    ] {
+        let s = w
+            .tx(|tx| core::job::summary(tx, "q", &policy, &good))
+            .unwrap();
+        assert_eq!(s.finished.len(), good.buckets);
     }
 }
