@@ -28,14 +28,16 @@ def outcomes(path):
 
 
 def mutants():
-    """Both passes merged: a mutant the second pass ran again takes its
-    outcome there (the second pass runs the wider test set)."""
-    last = ROOT / "mutants.out" / "outcomes.json"
-    if not last.exists():
-        return None
+    """Both passes merged: a mutant the first pass missed takes the second
+    pass's outcome when the second caught it (or hung on it)."""
     first = ROOT / "target" / "soak-mutants-pass1.json"
+    last = ROOT / "mutants.out" / "outcomes.json"
+    if not first.exists() and not last.exists():
+        return None
     merged = outcomes(first) if first.exists() else {}
-    merged.update(outcomes(last))
+    for name, outcome in (outcomes(last) if last.exists() else {}).items():
+        if name not in merged or outcome in ("CaughtMutant", "Timeout"):
+            merged[name] = outcome
     kinds = {
         "CaughtMutant": "caught",
         "MissedMutant": "missed",
@@ -52,25 +54,51 @@ def mutants():
     return summary
 
 
-def section():
+def blocks(text):
+    """The previous section's parts: the simulator's and the mutation
+    run's lines (each a `- ` line and its `  - ` sub-lines), by name."""
+    found, current = {}, None
+    inside = False
+    for line in text.splitlines():
+        if line == START:
+            inside = True
+        elif line == END:
+            inside = False
+        elif inside and line.startswith("- "):
+            current = "sim" if line.startswith("- simulator") else "mutants"
+            found[current] = [line]
+        elif inside and line.startswith("  ") and current:
+            found[current].append(line)
+        elif inside:
+            current = None
+    return found
+
+
+def section(previous):
+    """The new section: each part run now replaces its previous lines; a
+    part not run (SIM=0, MUTANTS=0) keeps them, with their own date and
+    commit."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    date = datetime.date.today().isoformat()
+    when = f"{datetime.date.today().isoformat()}, commit {commit}"
+    old = blocks(previous)
     lines = [START, "## Soak (before a release)", ""]
-    lines += [f"`bash scripts/soak.sh` on {date}, commit {commit}:", ""]
+    lines += ["`bash scripts/soak.sh`, on this 2-core machine (each part says when it ran):", ""]
     sim = read("soak-sim.log").splitlines()
     if sim:
         secs = read("soak-sim.secs")
-        lines += [f"- simulator ({secs} s): `{sim[-1]}`"]
+        lines += [f"- simulator ({when}, {secs} s): `{sim[-1]}`"]
         bad = [l for l in sim if l.startswith("VIOLATION")]
         lines += [f"  - {l}" for l in bad[:20]]
+    else:
+        lines += old.get("sim", [])
     m = mutants()
     if m:
         secs = read("soak-mutants.secs")
         scope = read("soak-mutants.scope") or "src/core/** src/client/machine/**"
         lines += [
-            f"- cargo mutants on `{scope}` ({secs} s): "
+            f"- cargo mutants on `{scope}` ({when}, {secs} s): "
             f"{m['total_mutants']} mutants, {m['caught']} caught, {m['missed']} missed, "
             f"{m['timeout']} timeouts (hung tests: caught), {m['unviable']} unviable"
         ]
@@ -79,6 +107,8 @@ def section():
         note = read("soak-mutants.note")
         if note:
             lines += [f"  - {note}"]
+    else:
+        lines += old.get("mutants", [])
     lines += ["", END]
     return "\n".join(lines)
 
@@ -86,7 +116,7 @@ def section():
 def main():
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    new = section()
+    new = section(text)
     if START in text and END in text:
         text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: new, text, flags=re.S)
     else:

@@ -204,7 +204,7 @@ pub fn check_text(field: &'static str, text: &str) -> Result<()> {
 
 /// Check how many items one call may take or return (a batch claim, a
 /// listing's page): 1..=[`MAX_BATCH`].
-pub fn check_count(field: &'static str, n: usize) -> Result<()> {
+pub(crate) fn check_count(field: &'static str, n: usize) -> Result<()> {
     if n == 0 || n > MAX_BATCH {
         return Err(Error::invalid(
             field,

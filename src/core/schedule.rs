@@ -222,8 +222,9 @@ impl Rule {
                 Ok(Ticker::Every(*period_ms))
             }
             Rule::Cron { expr, tz } => {
-                // croner's default parser takes five fields, or six with
-                // seconds first (the conformance suite's cron case pins it).
+                // croner's default parser takes five fields, six with
+                // seconds first, or seven with a year last (the
+                // conformance suite's schedule cases pin each).
                 let cron = croner::parser::CronParser::default()
                     .parse(expr)
                     .map_err(|e| Error::invalid("cron", format!("{expr:?}: {e}")))?;
@@ -342,7 +343,11 @@ pub fn put(tx: &mut dyn Txn, queue: &str, spec: &ScheduleSpec, wall_ms: u64) -> 
                 .next(wall_ms.saturating_add(1))
                 .filter(|t| *t < NEVER_MS);
             let first = first.ok_or_else(|| {
-                Error::invalid("cron", format!("{} never ticks after now", spec.rule))
+                let field = match spec.rule {
+                    Rule::Every { .. } => "every",
+                    Rule::Cron { .. } => "cron",
+                };
+                Error::invalid(field, format!("{} never ticks after now", spec.rule))
             })?;
             let outcome = if old.is_some() {
                 PutOutcome::Replaced

@@ -200,7 +200,6 @@ fn refresh(
             put(tx, &job)?;
             note(tx, &job, JobChange::Expired);
             note_end(tx, &job, quarantined);
-            // (`maintain` keeps none: its `ready_max` of 0 truncates them.)
             if job.state == JobState::Ready {
                 ready.push(job);
             }
@@ -210,12 +209,15 @@ fn refresh(
             put(tx, &job)?;
             ready.push(job);
         }
+        // Keep only the head after each chunk: memory stays within one
+        // chunk plus `ready_max` however long the backlog (`maintain`'s
+        // `ready_max` of 0 keeps nothing).
+        ready.sort_by_key(JobRecord::rank);
+        ready.truncate(ready_max);
         if !more {
             break;
         }
     }
-    ready.sort_by_key(JobRecord::rank);
-    ready.truncate(ready_max);
     Ok(ready)
 }
 

@@ -247,7 +247,7 @@ pub fn schedule_bad_input_changes_nothing(make: &Make) {
     let period = 7 * 7 * 73 * 127 * 337; // divides i64::MAX
     assert_eq!(schedule::NEVER_MS % period, 0);
     let last = schedule::NEVER_MS - 1;
-    assert_eq!(field(w.put_schedule("q", &every(period), last)), "cron");
+    assert_eq!(field(w.put_schedule("q", &every(period), last)), "every");
     assert!(w.put_schedule("q", &every(period), last - period).is_ok());
     w.tx(|tx| schedule::remove(tx, "q", "x")).unwrap();
     assert_eq!(field(w.put_schedule("", &every(1_000), WALL)), "queue");
