@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Write the soak figures (scripts/soak.sh) into BENCHMARKS.md, between the
-soak markers, replacing the previous ones; the rest of the file is kept."""
+soak markers; the rest of the file is kept.
+
+Usage: soak.py [sim] [mutants]: the parts that ran now, whose figures
+replace the previous ones; a part not named keeps its previous lines."""
 import datetime
 import json
 import pathlib
 import re
 import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 START, END = "<!-- soak:start -->", "<!-- soak:end -->"
@@ -74,7 +78,7 @@ def blocks(text):
     return found
 
 
-def section(previous):
+def section(previous, ran):
     """The new section: each part run now replaces its previous lines; a
     part not run (SIM=0, MUTANTS=0) keeps them, with their own date and
     commit."""
@@ -85,7 +89,7 @@ def section(previous):
     old = blocks(previous)
     lines = [START, "## Soak (before a release)", ""]
     lines += ["`bash scripts/soak.sh`, on this 2-core machine (each part says when it ran):", ""]
-    sim = read("soak-sim.log").splitlines()
+    sim = read("soak-sim.log").splitlines() if "sim" in ran else []
     if sim:
         secs = read("soak-sim.secs")
         lines += [f"- simulator ({when}, {secs} s): `{sim[-1]}`"]
@@ -93,7 +97,7 @@ def section(previous):
         lines += [f"  - {l}" for l in bad[:20]]
     else:
         lines += old.get("sim", [])
-    m = mutants()
+    m = mutants() if "mutants" in ran else None
     if m:
         secs = read("soak-mutants.secs")
         scope = read("soak-mutants.scope") or "src/core/** src/client/machine/**"
@@ -116,7 +120,7 @@ def section(previous):
 def main():
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    new = section(text)
+    new = section(text, set(sys.argv[1:]))
     if START in text and END in text:
         text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: new, text, flags=re.S)
     else:

@@ -82,5 +82,8 @@ if [ "$MUTANTS" != 0 ]; then
   tail -3 target/soak-mutants.log
 fi
 
-python3 scripts/soak.py
+ran=()
+if [ "$SIM" != 0 ]; then ran+=(sim); fi
+if [ "$MUTANTS" != 0 ]; then ran+=(mutants); fi
+python3 scripts/soak.py ${ran[@]+"${ran[@]}"}
 exit $sim_status
