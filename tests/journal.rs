@@ -378,35 +378,28 @@ fn a_schedules_ticks_are_recorded_enqueued_caught_up_or_skipped() {
         })
         .collect();
     let jobs: Vec<JobId> = fired.value.enqueued.iter().map(|e| e.2).collect();
-    let mut expected = vec![(
-        "catch".to_string(),
-        10_000,
-        TickChange::Enqueued {
-            id: jobs[0],
-            catch_up: true,
-        },
-    )];
-    for (i, t) in (60_000..=120_000).step_by(10_000).enumerate() {
-        expected.push((
-            "catch".into(),
-            t,
-            TickChange::Enqueued {
-                id: jobs[1 + i],
-                catch_up: false,
-            },
-        ));
-    }
+    // The seven on-time ticks of `name`, whose jobs start at `jobs[first]`.
+    let on_time = |name: &str, first: usize| -> Vec<(String, u64, TickChange)> {
+        (60_000..=120_000)
+            .step_by(10_000)
+            .enumerate()
+            .map(|(i, t)| {
+                let change = TickChange::Enqueued {
+                    id: jobs[first + i],
+                    catch_up: false,
+                };
+                (name.to_string(), t, change)
+            })
+            .collect()
+    };
+    let caught_up = TickChange::Enqueued {
+        id: jobs[0],
+        catch_up: true,
+    };
+    let mut expected = vec![("catch".to_string(), 10_000, caught_up)];
+    expected.extend(on_time("catch", 1));
     expected.push(("skip".into(), 10_000, TickChange::Skipped));
-    for (i, t) in (60_000..=120_000).step_by(10_000).enumerate() {
-        expected.push((
-            "skip".into(),
-            t,
-            TickChange::Enqueued {
-                id: jobs[8 + i],
-                catch_up: false,
-            },
-        ));
-    }
+    expected.extend(on_time("skip", 8));
     assert_eq!(ticks, expected);
     // Each created job is recorded too, and wakes the workers.
     let enqueued = fired
