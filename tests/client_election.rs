@@ -162,3 +162,58 @@ fn workers_fire_each_tick_of_a_schedule_once() {
     assert!(queue.fire_schedules().unwrap().enqueued.is_empty());
     assert_eq!(queue.schedules().unwrap()[0].next_ms, WALL + 4_000);
 }
+
+/// While a store call hangs (another connection holds SQLite's write lock
+/// for 3 s), the sync campaign's `Deposed` reaches `on_event` at the
+/// term's local deadline, not when the store answers.
+#[test]
+fn a_hung_store_call_does_not_delay_deposed() {
+    let dir = std::env::temp_dir().join(format!("leasehold-elect-hung-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("lh.db");
+    let client = Client::new(leasehold::SqliteStore::open(&db).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let election = client
+        .campaign(
+            "k",
+            ElectOptions::new(Duration::from_millis(600)),
+            move |e| {
+                let _ = tx.send((Instant::now(), e));
+            },
+        )
+        .unwrap();
+    let leader = loop {
+        match rx.recv_timeout(Duration::from_secs(5)).expect("elected") {
+            (_, LeaderEvent::Elected(leader)) => break leader,
+            _ => continue,
+        }
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(leader.is_valid());
+    let (held_tx, held_rx) = mpsc::channel();
+    let path = db.clone();
+    let blocker = std::thread::spawn(move || {
+        let c = rusqlite::Connection::open(path).unwrap();
+        c.execute_batch("BEGIN IMMEDIATE").unwrap();
+        held_tx.send(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        c.execute_batch("COMMIT").unwrap();
+    });
+    let locked = held_rx.recv().unwrap();
+    let deposed_at = loop {
+        match rx.recv_timeout(Duration::from_secs(5)).expect("deposed") {
+            (at, LeaderEvent::Deposed(Deposed::Lost(_))) => break at,
+            _ => continue,
+        }
+    };
+    assert!(!leader.is_valid());
+    let late = deposed_at.saturating_duration_since(locked);
+    assert!(
+        late < Duration::from_millis(1_500),
+        "Deposed {late:?} after the lock was taken (it is held 3 s)"
+    );
+    blocker.join().unwrap();
+    election.resign().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,10 +19,17 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 const USAGE: &str = "usage: leasehold-sim [--scenario NAME|all] [--seed S | --seeds N [--seed-start S] [--jobs N]] [--store mem|sqlite|file] [--trace] [--shrink] [--canary NAME|all]
-scenarios: leases, queue, mixed, clock-chaos, election, schedules
-canaries:  ignores-fencing, trusts-past-deadline, fork-reuses-handle, claim-ignores-lease, worker-stops-claiming,
-           deadline-from-reply, completer-drops-outcome, leader-ignores-deadline, scheduler-forgets-ticks
+(--canary NAME --seed S replays that canary's run of seed S; --trace prints it)
 the file store keeps leases only: use it with --scenario leases, clock-chaos or election";
+
+fn usage() -> String {
+    let names = |all: Vec<&str>| all.join(", ");
+    format!(
+        "{USAGE}\nscenarios: {}\ncanaries:  {}",
+        names(Scenario::ALL.iter().map(|s| s.name()).collect()),
+        names(Canary::ALL.iter().map(|c| c.name()).collect()),
+    )
+}
 
 struct Args {
     scenarios: Vec<Scenario>,
@@ -178,11 +185,11 @@ fn main() -> ExitCode {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("{USAGE}");
+            eprintln!("{}", usage());
             return ExitCode::from(2);
         }
     };
-    if !args.canaries.is_empty() {
+    if !args.canaries.is_empty() && args.seed.is_none() {
         return run_canaries(&args.canaries, args.shrink);
     }
     if let Some(seed) = args.seed {
@@ -194,8 +201,17 @@ fn main() -> ExitCode {
 /// Every scenario of `--seed S`, its trace on `--trace`.
 fn run_seed(args: &Args, seed: u64) -> ExitCode {
     let mut status = ExitCode::SUCCESS;
-    for &scenario in &args.scenarios {
-        let plan = Plan::generate(seed, scenario, None);
+    // A canary replays in its own scenario.
+    let runs: Vec<(Scenario, Option<Canary>)> = if args.canaries.is_empty() {
+        args.scenarios.iter().map(|&s| (s, None)).collect()
+    } else {
+        args.canaries
+            .iter()
+            .map(|&c| (c.scenario(), Some(c)))
+            .collect()
+    };
+    for (scenario, canary) in runs {
+        let plan = Plan::generate(seed, scenario, canary);
         let result = world::run_with(&plan, store_of(args.store));
         if args.trace {
             print!("{}", result.trace_text());

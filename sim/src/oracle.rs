@@ -20,6 +20,10 @@
 //!   sent to the store in a settle batch (again after a transient error),
 //!   unless its process dies first; every outcome sent is one a handler
 //!   reported, with the same verdict.
+//! - B2 (the worker loop's reports, what `observe` and the CLI's log
+//!   see): each claim's outcome is reported once, and only once the loop
+//!   is done with that claim: nothing is sent for a claim (no renewal, no
+//!   settle) after its outcome was reported.
 //! - P1 (schedules): every tick becomes at most one job.
 //! - L4, Q3 liveness, E1 (a dead leader replaced within its lease plus the
 //!   campaign's retry) and P2 (every tick due before the heal phase fired
@@ -80,6 +84,9 @@ pub struct Oracle {
     /// B1: outcomes handlers reported, by (owner, job, token): whether it
     /// completed, and whether a settle batch carried it yet.
     reported: BTreeMap<(Owner, u64, u64), (bool, bool)>,
+    /// B2: the claims whose outcome each worker reported, by (owner, job,
+    /// token).
+    reports: BTreeSet<(Owner, u64, u64)>,
     /// P1: the unique keys of every tick's job created so far.
     ticks: BTreeSet<String>,
     strict_l3: bool,
@@ -107,6 +114,7 @@ impl Oracle {
             claims: BTreeMap::new(),
             completed: BTreeMap::new(),
             reported: BTreeMap::new(),
+            reports: BTreeSet::new(),
             ticks: BTreeSet::new(),
             strict_l3,
         }
@@ -169,6 +177,38 @@ impl Oracle {
                 format!("p{}.{} sent an outcome for job {job} (token {token}) that no handler reported", owner.0, owner.1),
             ),
         }
+    }
+
+    /// B2: a worker reported the outcome of `job`'s claim `token` (to its
+    /// `observe`): once per claim.
+    pub fn outcome_reported(&mut self, t: u64, owner: Owner, job: u64, token: u64) -> Check {
+        if self.reports.insert((owner, job, token)) {
+            return Ok(());
+        }
+        violation(
+            "B2",
+            t,
+            format!(
+                "p{}.{} reported job {job}'s claim {token} a second time",
+                owner.0, owner.1
+            ),
+        )
+    }
+
+    /// B2: a worker sends a renewal or an outcome for `job`'s claim
+    /// `token`: it must not have reported that claim's outcome already.
+    pub fn sent_for_claim(&self, t: u64, owner: Owner, job: u64, token: u64) -> Check {
+        if !self.reports.contains(&(owner, job, token)) {
+            return Ok(());
+        }
+        violation(
+            "B2",
+            t,
+            format!(
+                "p{}.{} still acts for job {job}'s claim {token} after reporting its outcome",
+                owner.0, owner.1
+            ),
+        )
     }
 
     /// A process died: what it had not sent is gone with it (what it sent

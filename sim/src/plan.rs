@@ -90,11 +90,16 @@ pub enum Canary {
     /// stored): a tick whose job has finished is enqueued again, the unique
     /// key only guarding live jobs.
     SchedulerForgetsTicks,
+    /// The worker session keys its settle bookkeeping by job alone (the
+    /// bug issue 23 found): the late outcome of an old claim removes the
+    /// handle and record of the job's new claim, so its renewals no longer
+    /// reach its handler and its outcome is reported for the wrong claim.
+    SettleKeyedByJob,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 9] = [
+    pub const ALL: [Canary; 10] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -104,6 +109,7 @@ impl Canary {
         Canary::CompleterDropsOutcome,
         Canary::LeaderIgnoresDeadline,
         Canary::SchedulerForgetsTicks,
+        Canary::SettleKeyedByJob,
     ];
 
     /// Its command-line name.
@@ -118,6 +124,7 @@ impl Canary {
             Canary::CompleterDropsOutcome => "completer-drops-outcome",
             Canary::LeaderIgnoresDeadline => "leader-ignores-deadline",
             Canary::SchedulerForgetsTicks => "scheduler-forgets-ticks",
+            Canary::SettleKeyedByJob => "settle-keyed-by-job",
         }
     }
 
@@ -133,7 +140,8 @@ impl Canary {
             Canary::TrustsPastDeadline | Canary::DeadlineFromReply => Scenario::Leases,
             Canary::ClaimIgnoresLease
             | Canary::WorkerStopsClaiming
-            | Canary::CompleterDropsOutcome => Scenario::Queue,
+            | Canary::CompleterDropsOutcome
+            | Canary::SettleKeyedByJob => Scenario::Queue,
             Canary::LeaderIgnoresDeadline => Scenario::Election,
             Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }
@@ -213,6 +221,15 @@ pub enum Fault {
     },
     /// The prober fires at the next expiry, one ms before and one after.
     Boundary,
+    /// The store fails the process's renewals and settles transiently (as
+    /// when the rows they write are locked by another connection) while its
+    /// claims go on: a settle that stays unapplied past its claim's lease.
+    Stall {
+        /// Which process.
+        proc: usize,
+        /// For how long.
+        for_ms: u64,
+    },
 }
 
 impl fmt::Display for Fault {
@@ -227,6 +244,9 @@ impl fmt::Display for Fault {
             Fault::Burst => f.write_str("burst"),
             Fault::ClockStep { proc, delta_ms } => write!(f, "clock step p{proc} {delta_ms:+} ms"),
             Fault::Boundary => f.write_str("boundary probe"),
+            Fault::Stall { proc, for_ms } => {
+                write!(f, "stall p{proc}'s renewals and settles for {for_ms} ms")
+            }
         }
     }
 }
@@ -465,12 +485,30 @@ impl Plan {
                 faults.push((at, fault));
             }
         }
+        plan.add_stalls(&mut rng, &mut faults, 0.5, 3);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
         }
         faults.sort_by_key(|&(at, _)| at);
         plan.faults = faults;
         plan
+    }
+
+    /// With probability `p`, up to `most` stalls of workers' renewals and
+    /// settles, each longer than a claim's lease (queue and mixed runs).
+    fn add_stalls(&self, rng: &mut StdRng, faults: &mut Vec<(u64, Fault)>, p: f64, most: u32) {
+        if !matches!(self.scenario, Scenario::Queue | Scenario::Mixed) || !chance(rng, p) {
+            return;
+        }
+        let workers: Vec<usize> = (0..self.procs.len())
+            .filter(|&i| matches!(self.procs[i].role, Role::Worker { .. }))
+            .collect();
+        for _ in 0..rng.random_range(1..=most) {
+            let proc = workers[rng.random_range(0..workers.len())];
+            let at = rng.random_range(0..self.duration_ms);
+            let for_ms = rng.random_range(self.lease_ms + 50..=3 * self.lease_ms + 100);
+            faults.push((at, Fault::Stall { proc, for_ms }));
+        }
     }
 
     /// Make sure the broken behaviour has a chance to show.
@@ -509,6 +547,7 @@ impl Plan {
                 }
             }
             Canary::SchedulerForgetsTicks => {}
+            Canary::SettleKeyedByJob => self.add_stalls(rng, faults, 1.0, 8),
             Canary::DeadlineFromReply => {
                 // Slow replies: the deadline counted from them runs late.
                 self.latency_ms = (10, 25);

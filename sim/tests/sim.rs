@@ -106,6 +106,7 @@ fn every_canary_is_caught() {
             Canary::CompleterDropsOutcome => &["B1"],
             Canary::LeaderIgnoresDeadline => &["L3"],
             Canary::SchedulerForgetsTicks => &["P1"],
+            Canary::SettleKeyedByJob => &["B2"],
         };
         assert!(
             expected.contains(&v.guarantee),
@@ -176,6 +177,7 @@ fn the_world_exercises_its_faults() {
                     Fault::Burst => "burst",
                     Fault::ClockStep { .. } => "clock step",
                     Fault::Boundary => "boundary",
+                    Fault::Stall { .. } => "stall",
                 };
                 *seen.entry(name).or_default() += 1;
             }
@@ -190,6 +192,7 @@ fn the_world_exercises_its_faults() {
                 ("Lost(", "stale token refused"),
                 ("restarts with a new identity", "restart"),
                 ("State(Dead)", "job dead"),
+                ("Abandoned(", "claim given back"),
             ] {
                 if text.contains(needle) {
                     *seen.entry(name).or_default() += 1;
@@ -204,6 +207,7 @@ fn the_world_exercises_its_faults() {
         "burst",
         "clock step",
         "boundary",
+        "stall",
         "stale write fenced",
         "expired lease or claim refused",
         "ambiguous reply",
@@ -212,6 +216,7 @@ fn the_world_exercises_its_faults() {
         "lease held",
         "stale token refused",
         "restart",
+        "claim given back",
     ] {
         assert!(
             seen.get(name).copied().unwrap_or(0) > 0,

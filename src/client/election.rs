@@ -6,6 +6,7 @@
 //! tokio driver (`leasehold::tokio`) share: the machine, the store side of
 //! its requests, and what each of its events means for the leader's handle.
 
+use super::channel::Channel;
 use super::lifeline::Lifeline;
 use super::machine::{
     Deposed, ElectionAction, ElectionConfig, ElectionEvent, ElectionMachine, HolderReply,
@@ -364,8 +365,18 @@ impl Client {
     }
 }
 
-/// The election thread: the machine's requests, events and timeouts, and
-/// the application's commands (looked at least every 50 ms).
+/// What reaches the election thread.
+enum Delivery {
+    /// The store's answer to a request.
+    Reply(HolderReply),
+    /// The store announced a release.
+    Woke,
+}
+
+/// The election thread: the machine's events and timeouts, and the
+/// application's commands (looked at least every 50 ms). Requests run on a
+/// store thread of their own, so a store call that hangs never holds up a
+/// deadline: the term ends on time, its handle and `on_event` told at once.
 fn drive(
     client: &Client,
     session: &mut ElectionSession,
@@ -373,8 +384,46 @@ fn drive(
     on_event: &mut dyn FnMut(LeaderEvent),
 ) -> Result<()> {
     let store = client.store();
+    let requests: Channel<HolderRequest> = Channel::new();
+    let inbox: Channel<Delivery> = Channel::new();
+    let quit = AtomicBool::new(false);
+    let exec = session.exec().clone();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while let Some(request) = requests.pop() {
+                inbox.push(Delivery::Reply(exec.run(request)));
+            }
+        });
+        s.spawn(|| {
+            while !quit.load(Ordering::SeqCst) {
+                let epoch = store.epoch(Wake::LeaseFreed);
+                if store.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(50)) {
+                    inbox.push(Delivery::Woke);
+                }
+            }
+        });
+        let end = campaign(session, shared, on_event, &requests, &inbox);
+        quit.store(true, Ordering::SeqCst);
+        requests.close();
+        end
+    })
+}
+
+fn campaign(
+    session: &mut ElectionSession,
+    shared: &Shared,
+    on_event: &mut dyn FnMut(LeaderEvent),
+    requests: &Channel<HolderRequest>,
+    inbox: &Channel<Delivery>,
+) -> Result<()> {
+    let mut wait = Duration::ZERO;
     loop {
-        let epoch = store.epoch(Wake::LeaseFreed);
+        for delivery in inbox.drain_wait(wait) {
+            match delivery {
+                Delivery::Reply(reply) => session.reply(reply),
+                Delivery::Woke => session.machine.handle_wake(session.now()),
+            }
+        }
         let commands = std::mem::take(&mut *lock(&shared.commands));
         let now = session.now();
         if commands.resign {
@@ -385,10 +434,7 @@ fn drive(
         session.timeout();
         while let Some(next) = session.next() {
             match next {
-                Next::Send(request) => {
-                    let reply = session.exec().run(request);
-                    session.reply(reply);
-                }
+                Next::Send(request) => requests.push(request),
                 Next::Event(event) => {
                     *lock(&shared.leader) = session.leader();
                     on_event(event);
@@ -398,10 +444,7 @@ fn drive(
         }
         let now = session.now();
         let until = session.machine.poll_timeout().unwrap_or(u64::MAX);
-        let nap = until.saturating_sub(now).min(50);
-        if nap > 0 && store.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(nap)) {
-            session.machine.handle_wake(session.now());
-        }
+        wait = Duration::from_millis(until.saturating_sub(now).clamp(1, 50));
     }
 }
 

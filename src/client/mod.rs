@@ -16,6 +16,8 @@
 //! the local deadline: the instant the request was *sent*, plus the TTL,
 //! minus the drift allowance ([`crate::core::local_deadline_ms`]).
 
+pub(crate) mod acquire;
+mod channel;
 pub(crate) mod election;
 pub(crate) mod guard;
 pub(crate) mod job;
@@ -24,6 +26,14 @@ pub mod machine;
 mod queue;
 pub(crate) mod session;
 mod worker;
+
+/// The worker session as the simulator drives it (cargo feature
+/// `canaries`, the simulator's: not part of the API).
+#[cfg(feature = "canaries")]
+#[doc(hidden)]
+pub mod sim {
+    pub use super::session::{Exec, Next, Session, SessionBreakage};
+}
 
 pub use election::{ElectOptions, Election, Leader, LeaderEvent};
 pub use guard::LeaseGuard;
@@ -41,10 +51,15 @@ use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::{Store, StoreExt, Wake};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-use machine::{HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest};
+use acquire::{AcquireNext, Acquiring};
+use machine::HolderConfig;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Longest wait between two tries of a transaction refused by a transient
+/// store error.
+const RETRY_CAP_MS: u64 = 100;
 
 /// Milliseconds of a duration, saturating.
 pub(crate) fn ms_of(d: Duration) -> u64 {
@@ -298,7 +313,7 @@ impl Client {
         let give_up_ms = start_ms
             .saturating_add(ms_of(self.inner.busy_timeout))
             .min(until_local_ms.unwrap_or(u64::MAX));
-        let mut backoff_ms = 1u64;
+        let mut backoff = core::Backoff::new(1, RETRY_CAP_MS, self.jitter(u64::MAX));
         loop {
             match self.inner.store.txn_as(op, &mut f) {
                 Err(e) if e.is_transient() => {
@@ -309,11 +324,8 @@ impl Client {
                             last: Box::new(e),
                         });
                     }
-                    let sleep_ms = (backoff_ms / 2 + self.jitter(backoff_ms / 2 + 1))
-                        .min(give_up_ms - now_ms)
-                        .max(1);
+                    let sleep_ms = backoff.next_wait().min(give_up_ms - now_ms).max(1);
                     crate::sync::sleep(Duration::from_millis(sleep_ms));
-                    backoff_ms = (backoff_ms * 2).min(100);
                 }
                 other => return other,
             }
@@ -331,41 +343,34 @@ impl Client {
     /// client waits like any other contender (two guards never share one
     /// grant). Transient store errors are retried until the busy timeout.
     pub fn acquire(&self, key: &str, opts: LeaseOptions) -> Result<LeaseGuard> {
-        let cfg = self.holder_config(key, &opts)?;
-        let ttl_ms = cfg.ttl_ms;
+        let mut acquiring = Acquiring::new(self, key, &opts)?;
         let store = &self.inner.store;
-        let mut machine = HolderMachine::new(cfg, self.local_now_ms());
         loop {
             let epoch = store.epoch(Wake::LeaseFreed);
-            while let Some(action) = machine.poll_action() {
-                match action {
-                    HolderAction::Send(HolderRequest::Acquire) => {
-                        let reply = self.try_acquire_once(key, ttl_ms, opts.limit);
-                        machine.handle_reply(self.local_now_ms(), HolderReply::Acquired(reply));
+            while let Some(next) = acquiring.next() {
+                match next {
+                    AcquireNext::Send => {
+                        let reply = acquiring.exec().run();
+                        acquiring.reply(reply);
                     }
-                    HolderAction::Event(HolderEvent::Granted { token, renewed }) => {
-                        let life = machine.lifetime().cloned().ok_or_else(|| {
-                            Error::store("acquiring", "granted without a lifetime")
-                        })?;
+                    AcquireNext::Granted {
+                        token,
+                        renewed,
+                        life,
+                    } => {
+                        let ttl_ms = acquiring.ttl_ms();
                         let guard =
                             LeaseGuard::new(self.clone(), key, token, ttl_ms, renewed, life);
                         return Ok(guard);
                     }
-                    HolderAction::Event(HolderEvent::GaveUp(e) | HolderEvent::Failed(e)) => {
-                        return Err(e)
-                    }
-                    HolderAction::Event(_) | HolderAction::Send(_) => {}
+                    AcquireNext::Failed(e) => return Err(e),
                 }
             }
-            let now = self.local_now_ms();
-            let until = machine.poll_timeout().unwrap_or(now);
-            let woke = until > now
-                && store.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(until - now));
-            let now = self.local_now_ms();
-            if woke {
-                machine.handle_wake(now);
+            let wait = acquiring.wait_ms();
+            if wait > 0 && store.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(wait)) {
+                acquiring.wake();
             } else {
-                machine.handle_timeout(now);
+                acquiring.timeout();
             }
         }
     }

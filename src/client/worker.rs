@@ -6,16 +6,16 @@
 //! wake-ups into [`WorkerMachine::wake`]. Every timing rule is the
 //! machine's.
 
+use super::channel::Channel;
 use super::job::ClaimedJob;
-use super::machine::{HandlerOutcome, JobOutcome, WorkerReply, WorkerRequest};
+use super::machine::{ClaimId, HandlerOutcome, JobOutcome, WorkerReply, WorkerRequest};
 use super::queue::Queue;
 use super::session::{Next, Session};
 use super::{ms_of, Client};
-use crate::core::{self, JobId, JobRecord};
+use crate::core::{self, JobRecord};
 use crate::error::Result;
 use crate::store::Wake;
 use crate::sync::{lock, Condvar, Mutex};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,50 +132,8 @@ pub fn fit_reason(reason: &str) -> std::borrow::Cow<'_, str> {
     ))
 }
 
-/// A handler's result: the job, its claim's token, the outcome.
-type Done = (JobId, u64, HandlerOutcome);
-
-/// A closable queue between threads.
-struct Channel<T> {
-    items: Mutex<(VecDeque<T>, bool)>,
-    cv: Condvar,
-}
-
-impl<T> Channel<T> {
-    fn new() -> Self {
-        Channel {
-            items: Mutex::new((VecDeque::new(), false)),
-            cv: Condvar::new(),
-        }
-    }
-
-    fn push(&self, item: T) {
-        lock(&self.items).0.push_back(item);
-        self.cv.notify_one();
-    }
-
-    /// The next item, waiting for one; `None` once closed.
-    fn pop(&self) -> Option<T> {
-        let mut items = lock(&self.items);
-        loop {
-            if let Some(item) = items.0.pop_front() {
-                return Some(item);
-            }
-            if items.1 {
-                return None;
-            }
-            items = match self.cv.wait(items) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-        }
-    }
-
-    fn close(&self) {
-        lock(&self.items).1 = true;
-        self.cv.notify_all();
-    }
-}
+/// A handler's result: its claim and the outcome.
+type Done = (ClaimId, HandlerOutcome);
 
 /// What the driver is woken for.
 #[derive(Default)]
@@ -299,7 +257,8 @@ fn handler_thread(
             Ok(()) => HandlerOutcome::Completed(job.take_result()),
             Err(reason) => HandlerOutcome::Failed(reason),
         };
-        shared.deliver(|inbox| inbox.done.push((job.id(), job.token(), outcome)));
+        let claim = ClaimId::of(job.record());
+        shared.deliver(|inbox| inbox.done.push((claim, outcome)));
     }
 }
 
@@ -347,8 +306,8 @@ impl<'a> Driver<'a> {
                 machine.shutdown(now, now.saturating_add(grace));
             }
             let inbox = std::mem::take(&mut *lock(&self.shared.inbox));
-            for (id, token, result) in inbox.done {
-                machine.handler_done(now, id, token, result);
+            for (claim, result) in inbox.done {
+                machine.handler_done(now, claim, result);
             }
             if inbox.woke {
                 machine.wake(now);

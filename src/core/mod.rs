@@ -59,12 +59,14 @@
 //! makes ([`Event`]), which the store layer traces and counts on commit. A store that keeps no jobs says so in
 //! one place ([`Txn::jobs`]).
 
+mod backoff;
 pub mod event;
 pub mod job;
 pub mod lease;
 pub mod schedule;
 mod txn;
 
+pub use backoff::Backoff;
 pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
     backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobCursor, JobId, JobPeek,

@@ -1,10 +1,11 @@
 //! Leader election (async): a task drives the same `ElectionMachine`
 //! as the sync [`crate::Client::campaign`] (through the shared
-//! `ElectionSession`), its store requests on the blocking pool, waiting
-//! on a timer and the store's release announcements; events arrive on a
-//! channel ([`Election::next_event`]).
+//! `ElectionSession`), its store requests on the blocking pool (their
+//! replies come back on a channel, so the machine's deadlines fire while
+//! one is in flight), waiting on a timer and the store's release
+//! announcements; events arrive on a channel ([`Election::next_event`]).
 
-use super::{blocking, nap, Client};
+use super::{nap, Client};
 use crate::client::election::{ElectionSession, Next};
 use crate::error::Result;
 use crate::store::Wake;
@@ -102,9 +103,15 @@ impl Task {
         end
     }
 
+    /// The machine's requests go to the blocking pool and their replies
+    /// come back on a channel: a store call that hangs never holds up the
+    /// machine's deadlines (the term ends, and its cancellation fires, on
+    /// time).
     async fn drive(&mut self) -> Result<()> {
         let mut released = self.client.subscribe(Wake::LeaseFreed);
+        let (replies_tx, mut replies) = mpsc::unbounded_channel();
         let mut seen = Commands::default();
+        let mut handle_open = true;
         loop {
             let now = self.session.now();
             let asked = *self.commands.borrow_and_update();
@@ -119,8 +126,10 @@ impl Task {
                 match next {
                     Next::Send(request) => {
                         let exec = self.session.exec().clone();
-                        let reply = blocking(move || exec.run(request)).await;
-                        self.session.reply(reply);
+                        let tx = replies_tx.clone();
+                        drop(tokio::task::spawn_blocking(move || {
+                            let _ = tx.send(exec.run(request));
+                        }));
                     }
                     Next::Event(event) => {
                         *lock(&self.leader) = self.session.leader();
@@ -136,6 +145,7 @@ impl Task {
             let wait = until.saturating_sub(now).min(60_000);
             tokio::select! {
                 _ = nap(wait) => {}
+                Some(reply) = replies.recv() => self.session.reply(reply),
                 changed = released.changed() => {
                     if changed.is_ok() {
                         self.session.machine.handle_wake(self.session.now());
@@ -143,9 +153,10 @@ impl Task {
                         released = self.client.subscribe(Wake::LeaseFreed);
                     }
                 }
-                changed = self.commands.changed() => {
+                changed = self.commands.changed(), if handle_open => {
                     if changed.is_err() {
-                        // The handle is gone: resign.
+                        // The handle is gone: resign (once).
+                        handle_open = false;
                         self.session.machine.resign(self.session.now());
                     }
                 }

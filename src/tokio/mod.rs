@@ -64,11 +64,9 @@ pub use job::ClaimedJob;
 pub use queue::Queue;
 pub use tokio_util::sync::CancellationToken;
 
-use crate::client::machine::{
-    HolderAction, HolderEvent, HolderMachine, HolderReply, HolderRequest,
-};
+use crate::client::acquire::{AcquireNext, Acquiring};
 use crate::core::{lease::LeaseInfo, JobId, JobRecord, JobState};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::{Store, Wake};
 use crate::sync::{lock, Mutex};
 use crate::LeaseOptions;
@@ -140,7 +138,7 @@ impl Client {
         blocking(move || f(&sync)).await
     }
 
-    /// Try once to acquire `key`; [`Error::Held`] if it is taken.
+    /// Try once to acquire `key`; [`crate::Error::Held`] if it is taken.
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<LeaseGuard> {
         self.acquire(key, LeaseOptions::new(ttl)).await
     }
@@ -150,51 +148,46 @@ impl Client {
     /// the store sees a release. The guard's keep-alive task starts at
     /// once. Semantics as [`crate::Client::acquire`].
     pub async fn acquire(&self, key: &str, opts: LeaseOptions) -> Result<LeaseGuard> {
-        let cfg = self.sync.holder_config(key, &opts)?;
-        let (ttl_ms, limit) = (cfg.ttl_ms, cfg.limit);
+        let mut acquiring = Acquiring::new(&self.sync, key, &opts)?;
         // Listen before the first attempt, so a release right after it is
         // not missed (a try-once acquire has nothing to wait for).
-        let mut released = (cfg.wait_ms > 0).then(|| self.wakes.subscribe(Wake::LeaseFreed));
-        let mut machine = HolderMachine::new(cfg, self.local_now_ms());
+        let mut released = acquiring
+            .waits()
+            .then(|| self.wakes.subscribe(Wake::LeaseFreed));
         loop {
-            while let Some(action) = machine.poll_action() {
-                match action {
-                    HolderAction::Send(HolderRequest::Acquire) => {
-                        let key = key.to_owned();
-                        let reply = self
-                            .call(move |c| c.try_acquire_once(&key, ttl_ms, limit))
-                            .await;
-                        machine.handle_reply(self.local_now_ms(), HolderReply::Acquired(reply));
+            while let Some(next) = acquiring.next() {
+                match next {
+                    AcquireNext::Send => {
+                        let exec = acquiring.exec().clone();
+                        let reply = blocking(move || exec.run()).await;
+                        acquiring.reply(reply);
                     }
-                    HolderAction::Event(HolderEvent::Granted { token, renewed }) => {
-                        let life = machine.lifetime().cloned().ok_or_else(|| {
-                            Error::store("acquiring", "granted without a lifetime")
-                        })?;
+                    AcquireNext::Granted {
+                        token,
+                        renewed,
+                        life,
+                    } => {
+                        let ttl_ms = acquiring.ttl_ms();
                         return Ok(LeaseGuard::start(self, key, token, ttl_ms, renewed, life));
                     }
-                    HolderAction::Event(HolderEvent::GaveUp(e) | HolderEvent::Failed(e)) => {
-                        return Err(e)
-                    }
-                    HolderAction::Event(_) | HolderAction::Send(_) => {}
+                    AcquireNext::Failed(e) => return Err(e),
                 }
             }
-            let now = self.local_now_ms();
-            let until = machine.poll_timeout().unwrap_or(now);
+            let wait = acquiring.wait_ms();
             let woke = match &mut released {
                 Some(rx) => tokio::select! {
-                    _ = nap(until.saturating_sub(now)) => false,
+                    _ = nap(wait) => false,
                     changed = rx.changed() => changed.is_ok(),
                 },
                 None => {
-                    nap(until.saturating_sub(now)).await;
+                    nap(wait).await;
                     false
                 }
             };
-            let now = self.local_now_ms();
             if woke {
-                machine.handle_wake(now);
+                acquiring.wake();
             } else {
-                machine.handle_timeout(now);
+                acquiring.timeout();
             }
         }
     }

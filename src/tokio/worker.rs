@@ -8,10 +8,10 @@
 //! through the client's watcher.
 
 use super::{nap, ClaimedJob, Queue};
-use crate::client::machine::{HandlerOutcome, JobOutcome, WorkerReply};
+use crate::client::machine::{ClaimId, HandlerOutcome, JobOutcome, WorkerReply};
 use crate::client::session::{Next, Session};
 use crate::client::{ms_of, WorkOptions, WorkReport};
-use crate::core::{JobId, JobRecord};
+use crate::core::JobRecord;
 use crate::error::Result;
 use crate::store::Wake;
 use std::collections::HashMap;
@@ -20,8 +20,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-/// A handler's result: the job, its claim's token, the outcome.
-type Done = (JobId, u64, HandlerOutcome);
+/// A handler's result: its claim and the outcome.
+type Done = (ClaimId, HandlerOutcome);
 
 impl Queue {
     /// Claim and run jobs until `shutdown` resolves (or, with
@@ -88,8 +88,8 @@ struct Driver<'q, F> {
     queue: &'q Queue,
     session: Session,
     handler: Arc<F>,
-    /// Handles of the jobs whose handler runs, to stop them.
-    running: HashMap<JobId, ClaimedJob>,
+    /// Handles of the claims whose handler runs, to stop them.
+    running: HashMap<ClaimId, ClaimedJob>,
     tasks: JoinSet<()>,
     done: (mpsc::UnboundedSender<Done>, mpsc::UnboundedReceiver<Done>),
     replies: (
@@ -114,8 +114,8 @@ where
         let mut stopping = false;
         loop {
             let now = self.session.now();
-            while let Ok((id, token, result)) = self.done.1.try_recv() {
-                self.handler_done(now, id, token, result);
+            while let Ok((claim, result)) = self.done.1.try_recv() {
+                self.handler_done(now, claim, result);
             }
             while let Ok(reply) = self.replies.1.try_recv() {
                 self.session.reply(reply);
@@ -133,8 +133,8 @@ where
                         }));
                     }
                     Next::Start(job) => self.start(ClaimedJob::new(&self.queue.client, job)),
-                    Next::Stop(id) => {
-                        if let Some(job) = self.running.get(&id) {
+                    Next::Stop(claim) => {
+                        if let Some(job) = self.running.get(&claim) {
                             job.stop();
                         }
                     }
@@ -150,8 +150,8 @@ where
             let nap_ms = (until - now).min(60_000);
             tokio::select! {
                 _ = nap(nap_ms) => {}
-                Some((id, token, result)) = self.done.1.recv() => {
-                    self.handler_done(self.session.now(), id, token, result);
+                Some((claim, result)) = self.done.1.recv() => {
+                    self.handler_done(self.session.now(), claim, result);
                 }
                 Some(reply) = self.replies.1.recv() => self.session.reply(reply),
                 changed = ready.changed() => {
@@ -171,22 +171,16 @@ where
         }
     }
 
-    fn handler_done(&mut self, now: u64, id: JobId, token: u64, result: HandlerOutcome) {
-        if self
-            .running
-            .get(&id)
-            .is_some_and(|job| job.token() == token)
-        {
-            self.running.remove(&id);
-        }
-        self.session.machine.handler_done(now, id, token, result);
+    fn handler_done(&mut self, now: u64, claim: ClaimId, result: HandlerOutcome) {
+        self.running.remove(&claim);
+        self.session.machine.handler_done(now, claim, result);
     }
 
     /// Run the handler on `job` in a task of its own; its result (or its
     /// panic, or its cancellation) comes back on the channel.
     fn start(&mut self, job: ClaimedJob) {
-        let (id, token) = (job.id(), job.token());
-        self.running.insert(id, job.clone());
+        let claim = ClaimId::of(job.record());
+        self.running.insert(claim, job.clone());
         let handler = self.handler.clone();
         let done = self.done.0.clone();
         self.tasks.spawn(async move {
@@ -209,7 +203,7 @@ where
                 Ok(()) => HandlerOutcome::Completed(sync.take_result()),
                 Err(reason) => HandlerOutcome::Failed(reason),
             };
-            let _ = done.send((id, token, outcome));
+            let _ = done.send((claim, outcome));
         });
     }
 }

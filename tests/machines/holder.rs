@@ -271,3 +271,24 @@ fn transient_errors_are_retried_until_the_busy_timeout_then_reported_busy() {
     assert!(tries > 5, "only {tries} tries in the busy timeout");
     assert!(m.is_done());
 }
+
+#[test]
+fn the_invariant_check_catches_a_request_not_in_flight_and_a_timer_left_due() {
+    let mut m = HolderMachine::new(holder(1_000, true), 0);
+    assert_eq!(m.check(0, true), Ok(()), "the acquire queued is in flight");
+    // Stopping while the acquire still waits for the driver: it is queued
+    // but no longer in flight (drivers send before they stop).
+    let mut stopped = m.clone();
+    stopped.release(0);
+    let e = stopped.check(0, false).expect_err("queued, not in flight");
+    assert!(e.contains("1 acquire"), "{e}");
+    actions(&mut m);
+    m.handle_reply(1, HolderReply::Acquired(Err(held())));
+    let retry_at = m.poll_timeout().expect("a retry is scheduled");
+    assert_eq!(m.check(retry_at, false), Ok(()), "due, but no timeout yet");
+    let e = m.check(retry_at, true).expect_err("due and not done");
+    assert!(e.contains("left undone"), "{e}");
+    m.handle_timeout(retry_at);
+    assert_eq!(m.check(retry_at, true), Ok(()));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+}

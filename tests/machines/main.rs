@@ -3,7 +3,7 @@
 //! checks them at scale, under faults).
 
 use leasehold::client::machine::{
-    Deposed, ElectionAction, ElectionConfig, ElectionEvent, ElectionMachine, FireReport,
+    ClaimId, Deposed, ElectionAction, ElectionConfig, ElectionEvent, ElectionMachine, FireReport,
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest, JobOutcome,
     StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
 };

@@ -23,6 +23,7 @@ fn report(enqueued: usize, next_in_ms: Option<u64>) -> WorkerReply {
     WorkerReply::Fired(Ok(FireReport {
         enqueued,
         next_in_ms,
+        jobs: Vec::new(),
     }))
 }
 
@@ -61,14 +62,30 @@ fn a_failed_fire_is_retried_with_a_growing_backoff() {
     let mut m = WorkerMachine::new(firing(5_000), 0);
     drain(&mut m);
     let busy = || WorkerReply::Fired(Err(Error::transient("firing", "busy")));
-    m.handle_reply(0, busy());
-    m.handle_timeout(1);
-    assert_eq!(fires(&drain(&mut m)), 1, "first retry after 1 ms");
-    m.handle_reply(1, busy());
-    m.handle_timeout(2);
-    assert_eq!(fires(&drain(&mut m)), 0, "then 2 ms");
-    m.handle_timeout(3);
-    assert_eq!(fires(&drain(&mut m)), 1);
+    let mut now = 0;
+    let mut waits = Vec::new();
+    for n in 0..14u32 {
+        m.handle_reply(now, busy());
+        drain(&mut m);
+        let failed_at = now;
+        loop {
+            now += 1;
+            m.handle_timeout(now);
+            if fires(&drain(&mut m)) == 1 {
+                break;
+            }
+            assert!(now - failed_at <= 5_000, "retry {n} never came");
+        }
+        let wait = now - failed_at;
+        // Equal jitter around a doubling ceiling, capped by the poll.
+        let ceiling = (1u64 << n).min(5_000);
+        assert!(
+            (ceiling / 2).max(1) <= wait && wait <= ceiling,
+            "retry {n} after {wait} ms, ceiling {ceiling}"
+        );
+        waits.push(wait);
+    }
+    assert!(waits[13] > waits[3] * 100, "it grows: {waits:?}");
 }
 
 #[test]

@@ -20,6 +20,14 @@ pub(crate) fn worker(concurrency: usize, prefetch: usize, batch_max: usize) -> W
     }
 }
 
+/// Job `id`'s claim with `token`.
+pub(crate) fn c(id: u64, token: u64) -> ClaimId {
+    ClaimId {
+        job: JobId(id),
+        token,
+    }
+}
+
 pub(crate) fn job(id: u64, token: u64) -> JobRecord {
     JobRecord {
         id: JobId(id),
@@ -81,7 +89,7 @@ fn started(a: &[WorkerAction]) -> Vec<u64> {
 fn settled(a: &[WorkerAction]) -> Vec<(u64, JobOutcome)> {
     a.iter()
         .filter_map(|a| match a {
-            WorkerAction::Settled { id, outcome } => Some((id.0, *outcome)),
+            WorkerAction::Settled { claim, outcome } => Some((claim.job.0, *outcome)),
             _ => None,
         })
         .collect()
@@ -117,7 +125,7 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
         requests(&a).is_empty(),
         "one slot of four free: claims wait for half the room"
     );
-    m.handler_done(3, JobId(1), 1, Ok(()));
+    m.handler_done(3, c(1, 1), Ok(()));
     let a = drain(&mut m);
     assert_eq!(started(&a), [3], "a free slot starts the next queued job");
     assert_eq!(
@@ -126,7 +134,7 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
         "half the room is free"
     );
     m.handle_reply(4, WorkerReply::Claimed(Ok(vec![])));
-    m.handler_done(5, JobId(2), 1, Ok(()));
+    m.handler_done(5, c(2, 1), Ok(()));
     m.handle_timeout(40);
     assert!(
         requests(&drain(&mut m)).contains(&WorkerRequest::Claim { max: 3 }),
@@ -184,16 +192,16 @@ fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs
         WorkerReply::Claimed(Ok((100..103).map(|i| job(i, 1)).collect())),
     );
     let _ = drain(&mut m);
-    m.handler_done(1_000, JobId(100), 1, Ok(()));
-    m.handler_done(1_000, JobId(101), 1, Ok(()));
+    m.handler_done(1_000, c(100, 1), Ok(()));
+    m.handler_done(1_000, c(101, 1), Ok(()));
     let a = drain(&mut m);
     assert_eq!(max_of(&a), Some(2));
     m.handle_reply(
         1_001,
         WorkerReply::Claimed(Ok((103..105).map(|i| job(i, 1)).collect())),
     );
-    m.handler_done(2_000, JobId(102), 1, Ok(()));
-    m.handler_done(2_000, JobId(103), 1, Ok(()));
+    m.handler_done(2_000, c(102, 1), Ok(()));
+    m.handler_done(2_000, c(103, 1), Ok(()));
     let a = drain(&mut m);
     assert_eq!(max_of(&a), Some(2), "no growth: {a:?}");
 }
@@ -210,7 +218,7 @@ fn run_dry(m: &mut WorkerMachine, t: &mut u64) -> Vec<WorkerAction> {
             break;
         }
         for id in s {
-            m.handler_done(*t, JobId(id), 1, Ok(()));
+            m.handler_done(*t, c(id, 1), Ok(()));
         }
     }
     *t += 1;
@@ -220,10 +228,10 @@ fn run_dry(m: &mut WorkerMachine, t: &mut u64) -> Vec<WorkerAction> {
 #[test]
 fn outcomes_are_batched_until_full_delayed_or_idle() {
     let (mut m, _) = claimed(worker(4, 0, 3), &[1, 2, 3, 4]);
-    m.handler_done(10, JobId(1), 1, Ok(()));
+    m.handler_done(10, c(1, 1), Ok(()));
     assert!(settles(&drain(&mut m)).is_empty(), "waits for others");
-    m.handler_done(11, JobId(2), 1, Err("boom".into()));
-    m.handler_done(12, JobId(3), 1, Ok(()));
+    m.handler_done(11, c(2, 1), Err("boom".into()));
+    m.handler_done(12, c(3, 1), Ok(()));
     let sent = settles(&drain(&mut m));
     let [batch] = &sent[..] else {
         panic!("one batch when full: {sent:?}");
@@ -249,11 +257,11 @@ fn outcomes_are_batched_until_full_delayed_or_idle() {
         ]
     );
     // The last one: nothing else runs, so it goes at once.
-    m.handler_done(20, JobId(4), 1, Ok(()));
+    m.handler_done(20, c(4, 1), Ok(()));
     assert_eq!(settles(&drain(&mut m)).len(), 1);
 
     let (mut m, _) = claimed(worker(2, 0, 64), &[1, 2]);
-    m.handler_done(30, JobId(1), 1, Ok(()));
+    m.handler_done(30, c(1, 1), Ok(()));
     assert!(settles(&drain(&mut m)).is_empty());
     m.handle_timeout(34);
     assert!(
@@ -267,7 +275,7 @@ fn outcomes_are_batched_until_full_delayed_or_idle() {
 #[test]
 fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
     let (mut m, _) = claimed(worker(2, 1, 64), &[1, 2, 3]);
-    m.handler_done(5, JobId(1), 1, Ok(()));
+    m.handler_done(5, c(1, 1), Ok(()));
     let _ = drain(&mut m);
     // The outcome of job 1 is sent after the flush delay; its reply waits.
     m.handle_timeout(10);
@@ -298,7 +306,7 @@ fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
     let renewed: Vec<(u64, u64)> = drain(&mut m)
         .iter()
         .filter_map(|a| match a {
-            WorkerAction::Renewed { id, deadline } => Some((id.0, *deadline)),
+            WorkerAction::Renewed { claim, deadline } => Some((claim.job.0, *deadline)),
             _ => None,
         })
         .collect();
@@ -311,7 +319,7 @@ fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
 #[test]
 fn a_passed_deadline_stops_the_handler_and_its_late_outcome_is_dropped() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
-    assert!(m.is_valid(JobId(1), 1, 2_969));
+    assert!(m.is_valid(c(1, 1), 2_969));
     m.handle_timeout(2_970);
     let a = drain(&mut m);
     assert!(a.iter().any(|a| matches!(
@@ -322,7 +330,7 @@ fn a_passed_deadline_stops_the_handler_and_its_late_outcome_is_dropped() {
         }
     )));
     assert_eq!(settled(&a), [(1, JobOutcome::Lost)]);
-    m.handler_done(2_980, JobId(1), 1, Ok(()));
+    m.handler_done(2_980, c(1, 1), Ok(()));
     assert!(requests(&drain(&mut m))
         .iter()
         .all(|r| !matches!(r, WorkerRequest::Settle { .. })));
@@ -343,9 +351,9 @@ fn a_cancel_stops_a_running_handler_and_gives_back_a_queued_job() {
         WorkerReply::Heartbeated(Ok(vec![Ok(cancel), Ok(cancel)])),
     );
     let a = drain(&mut m);
-    assert!(a
-        .iter()
-        .any(|a| matches!(a, WorkerAction::Stop { id, why: StopWhy::Cancelled } if id.0 == 1)));
+    assert!(a.iter().any(
+        |a| matches!(a, WorkerAction::Stop { claim, why: StopWhy::Cancelled } if claim.job.0 == 1)
+    ));
     m.handle_timeout(at + 5);
     let sent = settles(&drain(&mut m));
     assert_eq!(
@@ -430,10 +438,7 @@ fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
     );
     m.handle_reply(11, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
     let _ = drain(&mut m);
-    assert!(
-        m.is_valid(JobId(1), 1, 999),
-        "the running handler may finish"
-    );
+    assert!(m.is_valid(c(1, 1), 999), "the running handler may finish");
     m.handle_timeout(1_000);
     let a = drain(&mut m);
     assert!(a.iter().any(|a| matches!(
@@ -458,7 +463,7 @@ fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
 #[test]
 fn a_transient_settle_is_resent_and_an_ambiguous_one_is_left_to_the_store() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
-    m.handler_done(5, JobId(1), 1, Ok(()));
+    m.handler_done(5, c(1, 1), Ok(()));
     let first = settles(&drain(&mut m));
     assert_eq!(first.len(), 1);
     m.handle_reply(
@@ -479,7 +484,7 @@ fn a_transient_settle_is_resent_and_an_ambiguous_one_is_left_to_the_store() {
 #[test]
 fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[7]);
-    m.handler_done(5, JobId(7), 1, Err("boom".into()));
+    m.handler_done(5, c(7, 1), Err("boom".into()));
     let _ = drain(&mut m);
     // Retried at once and claimed again by us, before the settle reply.
     m.handle_timeout(6);
@@ -489,14 +494,11 @@ fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
     m.handle_reply(8, WorkerReply::Settled(Ok(vec![Ok(JobState::Scheduled)])));
     let _ = drain(&mut m);
     assert!(
-        m.is_valid(JobId(7), 2, 9),
+        m.is_valid(c(7, 2), 9),
         "the new claim is still held and running"
     );
-    assert!(
-        !m.is_valid(JobId(7), 1, 9),
-        "not for the old claim's handler"
-    );
-    m.handler_done(10, JobId(7), 2, Ok(()));
+    assert!(!m.is_valid(c(7, 1), 9), "not for the old claim's handler");
+    m.handler_done(10, c(7, 2), Ok(()));
     let sent = requests(&drain(&mut m));
     assert!(
         sent.iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles == &vec![(JobId(7), 2, Settle::Complete)])),
@@ -523,7 +525,7 @@ fn a_store_error_that_retrying_cannot_fix_ends_the_loop() {
 #[test]
 fn a_late_outcome_of_an_old_claim_is_ignored() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[7]);
-    let deadline = m.deadline(JobId(7)).unwrap();
+    let deadline = m.deadline(c(7, 1)).unwrap();
     m.handle_timeout(deadline);
     let acts = drain(&mut m);
     assert_eq!(settled(&acts), [(7, JobOutcome::Lost)]);
@@ -531,9 +533,9 @@ fn a_late_outcome_of_an_old_claim_is_ignored() {
     let _ = drain(&mut m);
     m.handle_reply(deadline + 2, WorkerReply::Claimed(Ok(vec![job(7, 2)])));
     assert_eq!(started(&drain(&mut m)), [7]);
-    assert!(!m.is_valid(JobId(7), 1, deadline + 3));
-    assert!(m.is_valid(JobId(7), 2, deadline + 3));
-    m.handler_done(deadline + 3, JobId(7), 1, Ok(()));
+    assert!(!m.is_valid(c(7, 1), deadline + 3));
+    assert!(m.is_valid(c(7, 2), deadline + 3));
+    m.handler_done(deadline + 3, c(7, 1), Ok(()));
     m.handle_timeout(deadline + 10);
     let sent = requests(&drain(&mut m));
     assert!(
@@ -543,10 +545,10 @@ fn a_late_outcome_of_an_old_claim_is_ignored() {
         "the old handler's outcome was sent: {sent:?}"
     );
     assert!(
-        m.is_valid(JobId(7), 2, deadline + 10),
+        m.is_valid(c(7, 2), deadline + 10),
         "the new claim still runs"
     );
-    m.handler_done(deadline + 11, JobId(7), 2, Err("boom".into()));
+    m.handler_done(deadline + 11, c(7, 2), Err("boom".into()));
     m.handle_timeout(deadline + 20);
     let sent = requests(&drain(&mut m));
     assert!(
@@ -591,4 +593,48 @@ fn the_queue_is_sampled_on_its_schedule() {
     assert!(!acts.iter().any(|a| matches!(a, WorkerAction::Sampled(_))));
     m.handle_timeout(2_700);
     assert!(requests(&drain(&mut m)).contains(&WorkerRequest::Sample));
+}
+
+#[test]
+fn a_claim_answered_after_its_local_deadline_is_given_back_unstarted() {
+    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    drain(&mut m);
+    // Sent at 0: valid until 3000 - 1 % drift = 2970; answered at 3500.
+    m.handle_reply(3_500, WorkerReply::Claimed(Ok(vec![job(7, 1)])));
+    let a = drain(&mut m);
+    assert!(started(&a).is_empty(), "a late claim never starts");
+    assert_eq!(
+        settles(&a),
+        [vec![(JobId(7), 1, Settle::Abandon { started: false })]],
+        "given back at once, costing no attempt"
+    );
+    m.handle_reply(3_501, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
+    assert_eq!(
+        settled(&drain(&mut m)),
+        [(7, JobOutcome::Abandoned(JobState::Ready))]
+    );
+    // Answered one millisecond before the deadline, it runs.
+    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    drain(&mut m);
+    m.handle_reply(2_969, WorkerReply::Claimed(Ok(vec![job(7, 1)])));
+    assert_eq!(started(&drain(&mut m)), [7]);
+}
+
+#[test]
+fn a_queued_job_whose_deadline_passes_is_given_back_and_a_running_one_lost() {
+    let (mut m, a) = claimed(worker(1, 1, 64), &[1, 2]);
+    assert_eq!(started(&a), [1], "one handler: job 2 waits");
+    m.handle_timeout(2_970);
+    let a = drain(&mut m);
+    assert_eq!(
+        settled(&a),
+        [(1, JobOutcome::Lost)],
+        "the running one is lost"
+    );
+    assert_eq!(
+        settles(&a),
+        [vec![(JobId(2), 1, Settle::Abandon { started: false })]],
+        "the one never started is given back"
+    );
+    assert!(started(&a).is_empty());
 }

@@ -126,3 +126,67 @@ pub fn async_workers_fire_each_tick_once(make: &dyn Fn() -> Fresh) {
         );
     });
 }
+
+/// Found when tried as a new user would: while a store call hangs (another
+/// connection holds SQLite's write lock for 3 s), a leader's term must
+/// still end at its local deadline: `is_valid()` turns false, and the
+/// cancellation and `Deposed` come at about the same time, not when the
+/// store answers (they came 2.98 s late when the driver awaited each
+/// request inline).
+pub fn a_hung_store_call_does_not_delay_the_end_of_a_term(db: &std::path::Path) {
+    let store = leasehold::SqliteStore::open(db).unwrap();
+    runtime().block_on(async {
+        let client = Client::new(leasehold::Client::new(store));
+        let ttl = Duration::from_millis(600);
+        let mut election = client.campaign("k", ElectOptions::new(ttl)).unwrap();
+        let leader = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(LeaderEvent::Elected(leader)) = election.next_event().await {
+                    break leader;
+                }
+            }
+        })
+        .await
+        .expect("elected");
+        // Past its first renewal (about every 200 ms).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(leader.is_valid());
+        let path = db.to_path_buf();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let blocker = std::thread::spawn(move || {
+            let c = rusqlite::Connection::open(path).unwrap();
+            c.execute_batch("BEGIN IMMEDIATE").unwrap();
+            held_tx.send(Instant::now()).unwrap();
+            std::thread::sleep(Duration::from_secs(3));
+            c.execute_batch("COMMIT").unwrap();
+        });
+        let locked = held_rx.recv().unwrap();
+        let lost = leader.cancellation();
+        tokio::time::timeout(Duration::from_millis(2_000), lost.cancelled())
+            .await
+            .expect("the cancellation fires before the store answers");
+        let cancelled_after = locked.elapsed();
+        assert!(!leader.is_valid());
+        let deposed = tokio::time::timeout(Duration::from_millis(2_000), async {
+            loop {
+                if let Some(LeaderEvent::Deposed(why)) = election.next_event().await {
+                    break why;
+                }
+            }
+        })
+        .await
+        .expect("Deposed is reported before the store answers");
+        let deposed_after = locked.elapsed();
+        assert!(
+            matches!(deposed, leasehold::Deposed::Lost(_)),
+            "{deposed:?}"
+        );
+        assert!(
+            cancelled_after < Duration::from_millis(1_500)
+                && deposed_after < Duration::from_millis(1_500),
+            "cancelled after {cancelled_after:?}, deposed after {deposed_after:?} (the lock is held 3 s)"
+        );
+        blocker.join().unwrap();
+        election.resign().await.unwrap();
+    });
+}

@@ -109,6 +109,12 @@ mod postgres {
     });
 }
 
+#[test]
+fn a_hung_store_call_does_not_delay_the_end_of_a_term() {
+    let dir = temp_dir("hung");
+    election::a_hung_store_call_does_not_delay_the_end_of_a_term(&dir.0.join("lh.db"));
+}
+
 /// A PostgreSQL store dropped inside async code (the end of a
 /// `#[tokio::main]`): its sessions are closed without blocking a runtime
 /// thread (the driver's own close would panic there).

@@ -1,14 +1,16 @@
-//! The store side: a request arrives, the store applies it through the
-//! real core (or fails it transiently, or loses the reply after commit),
-//! the reference model is stepped in lockstep, and the oracle records what
-//! was granted, claimed, renewed and settled.
+//! The store side: a request arrives, the store applies it (a lease
+//! request through the real core; a worker's through the real `Exec` of
+//! the session that sent it), or fails it transiently, or loses the reply
+//! after commit; the reference model is stepped in lockstep, and the
+//! oracle records what was granted, claimed, renewed and settled.
 
 use super::msg::{Answer, Ev, Line, Rep, Req};
-use super::stores::Broken;
 use super::{key_name, Sim, QUEUE};
 use crate::model::Outcome;
 use crate::oracle::Owner;
 use crate::plan::Canary;
+use leasehold::client::machine::{WorkerReply, WorkerRequest};
+use leasehold::client::sim::Exec;
 use leasehold::core::{self, job::Settle};
 use leasehold::{Holder, HolderId, JobId, StoreExt};
 use rand::Rng;
@@ -23,25 +25,32 @@ pub(super) fn outcome_of(answer: &Answer) -> Outcome {
             id: o.id.0,
             created: o.created,
         }),
-        Answer::Jobs(r) => Outcome::of(r, |jobs| Outcome::claimed(jobs)),
-        Answer::Heartbeats(r) => Outcome::of(r, |all| {
-            Outcome::Batch(
+        Answer::Worker(reply) => worker_outcome(reply),
+    }
+}
+
+fn worker_outcome(reply: &WorkerReply) -> Outcome {
+    let batch = |all: Vec<Outcome>| Outcome::Batch(all);
+    match reply {
+        WorkerReply::Claimed(r) => Outcome::of(r, |jobs| Outcome::claimed(jobs)),
+        WorkerReply::Heartbeated(r) => Outcome::of(r, |all| {
+            batch(
                 all.iter()
                     .map(|r| Outcome::of(r, Outcome::heartbeat))
                     .collect(),
             )
         }),
-        Answer::States(r) => Outcome::of(r, |all| {
-            Outcome::Batch(
+        WorkerReply::Settled(r) => Outcome::of(r, |all| {
+            batch(
                 all.iter()
                     .map(|r| Outcome::of(r, |s| Outcome::State(*s)))
                     .collect(),
             )
         }),
-        Answer::Bool(r) => Outcome::of(r, |b| Outcome::Bool(*b)),
-        Answer::Fired(r) => Outcome::of(r, |f| {
-            Outcome::Batch(
-                f.enqueued
+        WorkerReply::Drained(r) => Outcome::of(r, |b| Outcome::Bool(*b)),
+        WorkerReply::Fired(r) => Outcome::of(r, |f| {
+            batch(
+                f.jobs
                     .iter()
                     .map(|e| Outcome::Enqueued {
                         id: e.2 .0,
@@ -50,6 +59,7 @@ pub(super) fn outcome_of(answer: &Answer) -> Outcome {
                     .collect(),
             )
         }),
+        WorkerReply::Sampled(r) => Outcome::of(r, |_| Outcome::Ok),
     }
 }
 
@@ -57,9 +67,20 @@ impl Sim<'_> {
     /// A request arrives at the store (`rid` 0: nobody waits for a reply).
     pub(super) fn arrive(&mut self, p: usize, gen: u32, holder: HolderId, req: Req, rid: u64) {
         let healing = self.healing;
-        if !healing
-            && self.plan.transient_ppm > 0
-            && self.net.random_range(0..1_000_000) < self.plan.transient_ppm
+        // A stall: the rows the process's renewals and settles write are
+        // locked elsewhere (claims, skipping locked rows, go on).
+        let stalled = self.procs[p].stalled_until > self.now
+            && matches!(
+                &req,
+                Req::Worker {
+                    request: WorkerRequest::Heartbeat { .. } | WorkerRequest::Settle { .. },
+                    ..
+                }
+            );
+        if stalled
+            || (!healing
+                && self.plan.transient_ppm > 0
+                && self.net.random_range(0..1_000_000) < self.plan.transient_ppm)
         {
             let what = "transient error (nothing applied)".to_owned();
             self.note(Line::Apply(p, gen, req.to_string(), what));
@@ -67,6 +88,7 @@ impl Sim<'_> {
             return;
         }
         self.clock.set(self.now);
+        self.set_clocks(p);
         self.oracle.model.tick(self.now);
         let answer = self.apply((p, gen), holder, &req);
         let shown = format!("{:?}", outcome_of(&answer));
@@ -108,16 +130,7 @@ impl Sim<'_> {
                 let expect = self.oracle.model.enqueue(QUEUE, spec);
                 (Answer::Enqueued(r), expect, "push".to_owned())
             }
-            Req::Claim { n } => self.apply_claim(owner, holder, *n),
-            Req::Heartbeats(claims) => self.apply_heartbeats(owner, holder, claims),
-            Req::Settles(settles) => self.apply_settles(owner, holder, settles),
-            Req::Drained => {
-                let policy = self.policy;
-                let r = self.store.txn(|tx| core::job::drained(tx, QUEUE, &policy));
-                let expect = self.oracle.model.drained(QUEUE);
-                (Answer::Bool(r), expect, "drained".to_owned())
-            }
-            Req::Fire { wall_ms } => self.apply_fire(owner, *wall_ms),
+            Req::Worker { exec, request } => self.apply_worker(owner, holder, exec, request),
         };
         if self.violation.is_none() {
             let c = self.oracle.compare(t, &what, &expect, &outcome_of(&answer));
@@ -221,23 +234,47 @@ impl Sim<'_> {
         (Answer::Unit(r), expect, format!("release {name}"))
     }
 
+    /// A worker session's request, run by its own `Exec` (on the canary's
+    /// broken store, where there is one), beside the model; the oracle
+    /// records what the store granted, renewed and settled.
+    fn apply_worker(
+        &mut self,
+        owner: Owner,
+        holder: HolderId,
+        exec: &Exec,
+        request: &WorkerRequest,
+    ) -> (Answer, Outcome, String) {
+        match request {
+            WorkerRequest::Claim { max } => self.apply_claim(owner, holder, exec, *max),
+            WorkerRequest::Heartbeat { claims } => {
+                self.apply_heartbeats(owner, holder, exec, claims)
+            }
+            WorkerRequest::Settle { settles } => self.apply_settles(owner, holder, exec, settles),
+            WorkerRequest::DrainCheck => {
+                let reply = exec.run(WorkerRequest::DrainCheck);
+                let expect = self.oracle.model.drained(QUEUE);
+                (Answer::Worker(reply), expect, "drained".to_owned())
+            }
+            WorkerRequest::Fire => self.apply_fire(exec),
+            WorkerRequest::Sample => {
+                // Simulated workers never sample; nothing to compare.
+                let answer = Answer::Worker(exec.run(WorkerRequest::Sample));
+                let got = outcome_of(&answer);
+                (answer, got, "sample".to_owned())
+            }
+        }
+    }
+
     fn apply_claim(
         &mut self,
         owner: Owner,
         holder: HolderId,
-        n: usize,
+        exec: &Exec,
+        max: usize,
     ) -> (Answer, Outcome, String) {
-        let (lease, t, policy) = (self.plan.lease_ms, self.now, self.policy);
-        let blind = self.plan.canary == Some(Canary::ClaimIgnoresLease);
-        let r = self.store.txn(|tx| {
-            if blind {
-                let mut tx = Broken::blind(tx.jobs()?);
-                core::job::claim(&mut tx, QUEUE, holder, lease, n, &policy)
-            } else {
-                core::job::claim(tx, QUEUE, holder, lease, n, &policy)
-            }
-        });
-        if let Ok(jobs) = &r {
+        let (lease, t) = (self.plan.lease_ms, self.now);
+        let reply = exec.run(WorkerRequest::Claim { max });
+        if let WorkerReply::Claimed(Ok(jobs)) = &reply {
             let claimed: Vec<(u64, u64, u64)> = jobs
                 .iter()
                 .map(|j| {
@@ -248,14 +285,15 @@ impl Sim<'_> {
             let c = self.oracle.claimed(t, owner, &claimed);
             self.check(c);
         }
-        let expect = self.oracle.model.claim(QUEUE, holder.0, lease, n);
-        (Answer::Jobs(r), expect, "claim".to_owned())
+        let expect = self.oracle.model.claim(QUEUE, holder.0, lease, max);
+        (Answer::Worker(reply), expect, "claim".to_owned())
     }
 
     fn apply_heartbeats(
         &mut self,
         owner: Owner,
         holder: HolderId,
+        exec: &Exec,
         claims: &[(JobId, u64)],
     ) -> (Answer, Outcome, String) {
         let (lease, t) = (self.plan.lease_ms, self.now);
@@ -266,22 +304,15 @@ impl Sim<'_> {
                 (h, id, tok)
             })
             .collect();
-        let fenced = self.plan.canary != Some(Canary::IgnoresFencing);
-        let r = self.store.txn(|tx| {
-            if fenced {
-                core::job::heartbeat_many(tx, holder, claims, lease)
-            } else {
-                Ok(swapped
-                    .iter()
-                    .map(|&(h, id, tok)| core::job::heartbeat(tx, id, h, tok, lease))
-                    .collect())
-            }
-        });
+        // Under the fencing canary the store sees the current tokens (and,
+        // its transactions broken, takes anyone for the holder).
+        let sent = swapped.iter().map(|&(_, id, tok)| (id, tok)).collect();
+        let reply = exec.run(WorkerRequest::Heartbeat { claims: sent });
         let mut expect = Vec::new();
         for &(h, id, tok) in &swapped {
             expect.push(self.oracle.model.heartbeat(id.0, h.0, tok, lease));
         }
-        if let Ok(replies) = &r {
+        if let WorkerReply::Heartbeated(Ok(replies)) = &reply {
             for (&(id, token), reply) in claims.iter().zip(replies) {
                 if let Ok(hb) = reply {
                     let c = self
@@ -292,7 +323,7 @@ impl Sim<'_> {
             }
         }
         (
-            Answer::Heartbeats(r),
+            Answer::Worker(reply),
             Outcome::Batch(expect),
             "heartbeats".to_owned(),
         )
@@ -302,9 +333,10 @@ impl Sim<'_> {
         &mut self,
         owner: Owner,
         holder: HolderId,
+        exec: &Exec,
         settles: &[(JobId, u64, Settle)],
     ) -> (Answer, Outcome, String) {
-        let (t, policy) = (self.now, self.policy);
+        let t = self.now;
         let swapped: Vec<(JobId, u64, Settle, HolderId)> = settles
             .iter()
             .map(|(id, tok, s)| {
@@ -312,19 +344,11 @@ impl Sim<'_> {
                 (*id, tok, s.clone(), h)
             })
             .collect();
-        let fenced = self.plan.canary != Some(Canary::IgnoresFencing);
-        let r = self.store.txn(|tx| {
-            if fenced {
-                core::job::settle_many(tx, holder, settles, &policy)
-            } else {
-                let mut out = Vec::new();
-                for (id, tok, s, h) in &swapped {
-                    let one = [(*id, *tok, s.clone())];
-                    out.extend(core::job::settle_many(tx, *h, &one, &policy)?);
-                }
-                Ok(out)
-            }
-        });
+        let sent = swapped
+            .iter()
+            .map(|(id, tok, s, _)| (*id, *tok, s.clone()))
+            .collect();
+        let reply = exec.run(WorkerRequest::Settle { settles: sent });
         let mut expect = Vec::new();
         for (id, tok, settle, h) in &swapped {
             let m = &mut self.oracle.model;
@@ -341,7 +365,7 @@ impl Sim<'_> {
                 Settle::Abandon { started } => m.abandon(id.0, h.0, *tok, *started),
             });
         }
-        if let Ok(states) = &r {
+        if let WorkerReply::Settled(Ok(states)) = &reply {
             for ((id, token, settle), state) in settles.iter().zip(states) {
                 if state.is_ok() {
                     let complete = matches!(settle, Settle::Complete | Settle::CompleteWith(_));
@@ -351,7 +375,7 @@ impl Sim<'_> {
             }
         }
         (
-            Answer::States(r),
+            Answer::Worker(reply),
             Outcome::Batch(expect),
             "settles".to_owned(),
         )

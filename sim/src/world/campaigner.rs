@@ -83,6 +83,10 @@ impl Sim<'_> {
             c.machine.resign(local);
         }
         self.campaigner(p).machine.handle_timeout(local);
+        if let Err(broken) = self.campaigner(p).machine.check(local) {
+            let detail = format!("p{p}'s election machine at local {local}: {broken}");
+            return self.fail(self.violation_at("invariant", detail));
+        }
         self.act_campaigner(p);
         if self.procs[p].exited {
             return;

@@ -1,4 +1,5 @@
-//! Faults (kill, pause, fork, burst, clock steps, boundary probes), the
+//! Faults (kill, pause, fork, burst, clock steps, boundary probes, store
+//! stalls), the
 //! heal phase, and the checks at the end of a run: every key acquirable
 //! (L4), every job finished and the counts agreeing with the model (Q3),
 //! every handler's outcome sent (B1).
@@ -7,6 +8,8 @@ use super::msg::{Ev, Line, Req};
 use super::{key_name, RoleState, Sim, QUEUE, T0};
 use crate::oracle::Violation;
 use crate::plan::{Fault, Role};
+use leasehold::client::machine::WorkerRequest;
+use leasehold::client::sim::Exec;
 use leasehold::core;
 use leasehold::{Holder, HolderId, JobId, JobState, StoreExt};
 use rand::rngs::StdRng;
@@ -37,6 +40,11 @@ impl Sim<'_> {
                 self.procs[proc].clock.step_ms += delta_ms;
             }
             Fault::Boundary => self.probe_boundary(),
+            Fault::Stall { proc, for_ms } => {
+                let until = self.now + for_ms;
+                let pr = &mut self.procs[proc];
+                pr.stalled_until = pr.stalled_until.max(until);
+            }
         }
     }
 
@@ -65,6 +73,11 @@ impl Sim<'_> {
         child.forked_child = true;
         child.inflight.clear();
         child.deferred.clear();
+        child.clocks = match &child.state {
+            // Its copy of the session reads its own copies of the clocks.
+            RoleState::Worker(w) => w.clocks().clone(),
+            _ => super::worker::ProcClocks::new(),
+        };
         let child_idx = self.procs.len();
         // The child keeps the parent's handles (same owner in the oracle's
         // eyes is exactly what must never act).
@@ -99,6 +112,7 @@ impl Sim<'_> {
     /// Land operations exactly at one ms before, at, and one ms after the
     /// next expiry in the store.
     fn probe_boundary(&mut self) {
+        self.prober_gen += 1;
         let prober = self.procs.len() - 1;
         let policy = self.policy;
         self.clock.set(self.now);
@@ -123,15 +137,16 @@ impl Sim<'_> {
                 .min_by_key(|c| c.lease_until_ms);
             if let Some(c) = first {
                 if target.as_ref().is_none_or(|(t, _)| c.lease_until_ms < *t) {
-                    target = Some((c.lease_until_ms, Req::Claim { n: 1 }));
+                    let request = WorkerRequest::Claim { max: 1 };
+                    let exec = self.prober_exec();
+                    target = Some((c.lease_until_ms, Req::Worker { exec, request }));
                 }
             }
         }
         let Some((at, req)) = target else {
             return;
         };
-        self.prober_gen += 1;
-        let holder = HolderId(0xB0B0_0000 + u128::from(self.prober_gen));
+        let holder = self.prober_holder();
         for t in [at.saturating_sub(1), at, at + 1] {
             if t >= self.now {
                 let gen = self.procs[prober].gen;
@@ -145,6 +160,21 @@ impl Sim<'_> {
                 self.push(t, ev);
             }
         }
+    }
+
+    /// The prober's holder id (a new one for each probe).
+    fn prober_holder(&self) -> HolderId {
+        HolderId(0xB0B0_0000 + u128::from(self.prober_gen))
+    }
+
+    /// The store side of the prober's claims: a real `Exec` of a client
+    /// with the next probe's holder id.
+    fn prober_exec(&self) -> Exec {
+        let client = leasehold::Client::builder_shared(self.store.clone())
+            .holder(Holder::new(self.prober_holder()))
+            .policy(self.policy)
+            .build();
+        Exec::new(&client, &std::sync::Arc::from(QUEUE), self.plan.lease_ms)
     }
 
     pub(super) fn restart(&mut self, p: usize) {

@@ -69,8 +69,14 @@ impl Sim<'_> {
             }
             self.start_acquire(p, local);
         }
+        let mut broken = None;
         if let Some(m) = &mut self.holder(p).machine {
             m.handle_timeout(local);
+            broken = m.check(local, true).err();
+        }
+        if let Some(broken) = broken {
+            let detail = format!("p{p}'s holder machine at local {local}: {broken}");
+            return self.fail(self.violation_at("invariant", detail));
         }
         self.act_holder(p);
         self.holder_app(p);

@@ -4,14 +4,17 @@
 //! (latency, lost replies, transient errors); each has its own drifting,
 //! skewed, stepping clock.
 //!
-//! The processes run the real client machines: a holder is a
+//! The processes run the real client code: a holder is a
 //! [`HolderMachine`](leasehold::client::machine::HolderMachine) (acquire,
-//! renewal schedule, local deadline, loss, release), a worker is a
-//! [`WorkerMachine`](leasehold::client::machine::WorkerMachine) (claims,
-//! handler slots, renewal rounds, the batching completer, the drain rule).
-//! The world only plays the network, the application around them (the
-//! protected writes, the handlers' work) and the faults; a bug in the
-//! client's timing rules is a bug the oracle sees.
+//! renewal schedule, local deadline, loss, release), a worker is the real
+//! worker session (`client::sim::Session`: the
+//! [`WorkerMachine`](leasehold::client::machine::WorkerMachine) with the
+//! records and handles of its claims, and `Exec`, the store side of every
+//! request, run when the request reaches the store). The world only plays
+//! the network, the application around them (the protected writes, the
+//! handlers' work) and the faults; a bug in the client's timing rules or
+//! its session bookkeeping is a bug the oracle sees, and every machine's
+//! invariants are checked after every event.
 //!
 //! Fork safety is modelled the way `ForkGuard` behaves: every handle
 //! remembers the incarnation that created it, and a forked child's use of
@@ -23,14 +26,16 @@
 //!
 //! Layout: this file (the world, its processes and the event loop),
 //! `msg.rs` (requests, replies, trace lines), `apply.rs` (the store side
-//! and the oracle), `holder.rs` and `worker.rs` (the processes' drivers),
-//! `faults.rs` (faults, heal, the final checks), `stores.rs`.
+//! and the oracle), `holder.rs`, `campaigner.rs`, `worker.rs` and
+//! `producer.rs` (the processes' drivers), `faults.rs` (faults, heal, the
+//! final checks), `schedules.rs`, `stores.rs`.
 
 mod apply;
 mod campaigner;
 mod faults;
 mod holder;
 mod msg;
+mod producer;
 mod schedules;
 mod stores;
 mod worker;
@@ -50,7 +55,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use worker::WorkerState;
+use worker::{ProcClocks, WorkerState};
 
 const QUEUE: &str = "jobs";
 const T0: u64 = 1_000_000;
@@ -110,6 +115,11 @@ struct Proc {
     forked_child: bool,
     /// A burst fault: the next requests arrive at this true instant.
     burst_at: Option<u64>,
+    /// A stall fault: until this true instant the store fails the
+    /// process's renewals and settles transiently.
+    stalled_until: u64,
+    /// Its clocks as the client reads them ([`Sim::set_clocks`]).
+    clocks: ProcClocks,
     state: RoleState,
 }
 
@@ -203,7 +213,8 @@ impl<'a> Sim<'a> {
         let policy = QueuePolicy {
             backoff_base_ms: 10,
             backoff_max_ms: 200,
-            jitter_seed: plan.seed,
+            // Never 0: a client takes 0 as "draw one from the holder id".
+            jitter_seed: leasehold::core::mix64(plan.seed) | 1,
             quarantine_expiries: 4,
         };
         let long = plan.ttl_ms.max(plan.lease_ms);
@@ -267,6 +278,8 @@ impl<'a> Sim<'a> {
                 timer: 0,
                 forked_child: false,
                 burst_at: None,
+                stalled_until: 0,
+                clocks: ProcClocks::new(),
                 state: RoleState::Prober,
             });
             sim.procs[i].state = sim.fresh_state(i, spec.role);
@@ -314,6 +327,13 @@ impl<'a> Sim<'a> {
 
     fn local(&self, p: usize) -> u64 {
         self.procs[p].clock.read(self.now)
+    }
+
+    /// Set the clocks process `p`'s client reads to its simulated readings.
+    fn set_clocks(&self, p: usize) {
+        let clocks = &self.procs[p].clocks;
+        clocks.local.set(self.local(p));
+        clocks.wall.set(self.wall(p));
     }
 
     fn owner(&self, p: usize) -> Owner {

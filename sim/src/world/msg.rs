@@ -1,9 +1,11 @@
 //! What travels between the simulated processes and the store, and what the
 //! trace records.
 
+use leasehold::client::machine::{WorkerReply, WorkerRequest};
+use leasehold::client::sim::Exec;
 use leasehold::core::job::Settle;
-use leasehold::core::{Grant, HeartbeatReply};
-use leasehold::{EnqueueOutcome, JobId, JobRecord, JobSpec, JobState};
+use leasehold::core::Grant;
+use leasehold::{EnqueueOutcome, JobSpec};
 use std::fmt;
 
 /// A request from a process to the store.
@@ -30,22 +32,13 @@ pub enum Req {
     },
     /// Push a job.
     Push(Box<JobSpec>),
-    /// Claim up to `n` jobs.
-    Claim {
-        /// Batch size.
-        n: usize,
-    },
-    /// A worker's renewal round.
-    Heartbeats(Vec<(JobId, u64)>),
-    /// A worker's completer batch.
-    Settles(Vec<(JobId, u64, Settle)>),
-    /// The drain rule's question.
-    Drained,
-    /// Fire the queue's schedules at this wall-clock instant (the
-    /// sender's wall clock).
-    Fire {
-        /// Unix ms.
-        wall_ms: u64,
+    /// A worker session's request, with the store side that runs it (the
+    /// real `Exec` of the incarnation that sent it).
+    Worker {
+        /// The sender's store side.
+        exec: Exec,
+        /// What its machine asked for.
+        request: WorkerRequest,
     },
 }
 
@@ -60,30 +53,37 @@ impl fmt::Display for Req {
                 "push prio {} delay {} attempts {} unique {:?}",
                 spec.priority, spec.delay_ms, spec.max_attempts, spec.unique_key
             ),
-            Req::Claim { n } => write!(f, "claim {n}"),
-            Req::Heartbeats(claims) => {
-                f.write_str("heartbeat")?;
-                for (id, token) in claims {
-                    write!(f, " job {id} token {token};")?;
-                }
-                Ok(())
-            }
-            Req::Settles(settles) => {
-                f.write_str("settle")?;
-                for (id, token, s) in settles {
-                    let what = match s {
-                        Settle::Complete => "complete".to_owned(),
-                        Settle::CompleteWith(r) => format!("complete with {} bytes", r.len()),
-                        Settle::Fail(_) => "fail".to_owned(),
-                        Settle::Abandon { started } => format!("abandon (started {started})"),
-                    };
-                    write!(f, " job {id} token {token} {what};")?;
-                }
-                Ok(())
-            }
-            Req::Drained => f.write_str("drained?"),
-            Req::Fire { wall_ms } => write!(f, "fire schedules at wall {wall_ms}"),
+            Req::Worker { request, .. } => show_request(f, request),
         }
+    }
+}
+
+fn show_request(f: &mut fmt::Formatter<'_>, request: &WorkerRequest) -> fmt::Result {
+    match request {
+        WorkerRequest::Claim { max } => write!(f, "claim {max}"),
+        WorkerRequest::Heartbeat { claims } => {
+            f.write_str("heartbeat")?;
+            for (id, token) in claims {
+                write!(f, " job {id} token {token};")?;
+            }
+            Ok(())
+        }
+        WorkerRequest::Settle { settles } => {
+            f.write_str("settle")?;
+            for (id, token, s) in settles {
+                let what = match s {
+                    Settle::Complete => "complete".to_owned(),
+                    Settle::CompleteWith(r) => format!("complete with {} bytes", r.len()),
+                    Settle::Fail(_) => "fail".to_owned(),
+                    Settle::Abandon { started } => format!("abandon (started {started})"),
+                };
+                write!(f, " job {id} token {token} {what};")?;
+            }
+            Ok(())
+        }
+        WorkerRequest::DrainCheck => f.write_str("drained?"),
+        WorkerRequest::Sample => f.write_str("sample"),
+        WorkerRequest::Fire => f.write_str("fire schedules"),
     }
 }
 
@@ -96,16 +96,8 @@ pub enum Answer {
     Unit(leasehold::Result<()>),
     /// To push.
     Enqueued(leasehold::Result<EnqueueOutcome>),
-    /// To claim.
-    Jobs(leasehold::Result<Vec<JobRecord>>),
-    /// To a renewal round.
-    Heartbeats(leasehold::Result<Vec<leasehold::Result<HeartbeatReply>>>),
-    /// To a completer batch.
-    States(leasehold::Result<Vec<leasehold::Result<JobState>>>),
-    /// To the drain question.
-    Bool(leasehold::Result<bool>),
-    /// To a fire.
-    Fired(leasehold::Result<leasehold::core::schedule::Fired>),
+    /// To a worker session's request: what its `Exec` answered.
+    Worker(WorkerReply),
 }
 
 /// What comes back.

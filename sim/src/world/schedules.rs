@@ -1,15 +1,14 @@
 //! Schedules in the simulated world: the schedules a run starts with, a
-//! process's wall clock, and the store side of a fire: the real
-//! `core::schedule::fire` (or, under the canary, one whose cursor is never
-//! stored), mirrored in the reference model job by job, every tick's job
-//! recorded by the oracle (P1).
+//! process's wall clock, and the store side of a fire: the worker's real
+//! `Exec` (under the canary, on a store whose cursor is never stored),
+//! mirrored in the reference model job by job, every tick's job recorded
+//! by the oracle (P1).
 
 use super::msg::Answer;
-use super::stores::Broken;
 use super::{RoleState, Sim, QUEUE, T0};
 use crate::model::Outcome;
-use crate::oracle::Owner;
-use crate::plan::Canary;
+use leasehold::client::machine::{WorkerReply, WorkerRequest};
+use leasehold::client::sim::Exec;
 use leasehold::core::schedule::{self, tick_key};
 use leasehold::core::{Missed, Rule, ScheduleSpec};
 use leasehold::{JobSpec, StoreExt};
@@ -86,22 +85,16 @@ impl Sim<'_> {
         }
     }
 
-    /// A fire at `wall_ms`: the store's, the model's enqueues of the same
-    /// jobs, and the oracle's record of every tick's job.
-    pub(super) fn apply_fire(&mut self, _owner: Owner, wall_ms: u64) -> (Answer, Outcome, String) {
-        let policy = self.policy;
-        let forgets = self.plan.canary == Some(Canary::SchedulerForgetsTicks);
-        let r = self.store.txn(|tx| {
-            if forgets {
-                schedule::fire(&mut Broken::forgetful(tx.jobs()?), QUEUE, wall_ms, &policy)
-            } else {
-                schedule::fire(tx, QUEUE, wall_ms, &policy)
-            }
-        });
+    /// A fire by a worker's `Exec` (at its process's wall clock; under the
+    /// canary, on a store that never stores a cursor), the model's
+    /// enqueues of the same jobs, and the oracle's record of every tick's
+    /// job.
+    pub(super) fn apply_fire(&mut self, exec: &Exec) -> (Answer, Outcome, String) {
+        let reply = exec.run(WorkerRequest::Fire);
         let mut expect = Vec::new();
-        if let Ok(fired) = &r {
+        if let WorkerReply::Fired(Ok(fired)) = &reply {
             let templates = specs();
-            for (name, tick, _, _) in &fired.enqueued {
+            for (name, tick, _, _) in &fired.jobs {
                 let Some(t) = templates.iter().find(|s| *s.name == **name) else {
                     continue;
                 };
@@ -111,14 +104,18 @@ impl Sim<'_> {
                 };
                 expect.push(self.oracle.model.enqueue(QUEUE, &spec));
             }
-            for (name, tick, _, created) in &fired.enqueued {
+            for (name, tick, _, created) in &fired.jobs {
                 if *created {
                     let c = self.oracle.tick_enqueued(self.now, &tick_key(name, *tick));
                     self.check(c);
                 }
             }
         }
-        (Answer::Fired(r), Outcome::Batch(expect), "fire".to_owned())
+        (
+            Answer::Worker(reply),
+            Outcome::Batch(expect),
+            "fire".to_owned(),
+        )
     }
 
     /// P2 at the end of a run: every tick from each schedule's first up to

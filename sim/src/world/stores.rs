@@ -1,8 +1,9 @@
 //! The stores a run can use (the real adapters, on the run's true clock),
-//! and the claim canary's broken transaction.
+//! and the canaries' broken store.
 
 use leasehold::core::{JobQuery, JobTxn, Pending, ScheduleRecord, Txn};
-use leasehold::{JobId, JobRecord, JobState, ManualClock, MemStore, StateCounts, Store};
+use leasehold::{HolderId, JobId, JobRecord, JobState, ManualClock, MemStore, StateCounts, Store};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Builds the store a run uses, on the run's true clock.
@@ -85,32 +86,67 @@ pub fn file_store(clock: &ManualClock) -> Arc<dyn Store> {
     })
 }
 
-/// A transaction wrapper for the canaries: with `blind_claims`, "ready"
-/// also yields running jobs whose lease has not expired; with
-/// `forget_schedules`, a schedule's cursor is never stored.
-pub(crate) struct Broken<'a> {
-    inner: &'a mut dyn JobTxn,
-    blind_claims: bool,
-    forget_schedules: bool,
+/// What a canary breaks in the store a worker's session sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Breakage {
+    /// "Ready" also yields running jobs whose lease has not expired.
+    pub(crate) blind_claims: bool,
+    /// A schedule's cursor is never stored.
+    pub(crate) forget_schedules: bool,
+    /// Every claim read looks like this holder's (fencing by holder is
+    /// ignored; the world swaps in the current tokens).
+    pub(crate) careless: Option<HolderId>,
 }
 
-impl<'a> Broken<'a> {
-    /// The claim canary's transaction.
-    pub(crate) fn blind(inner: &'a mut dyn JobTxn) -> Self {
-        Broken {
-            inner,
-            blind_claims: true,
-            forget_schedules: false,
-        }
+impl Breakage {
+    pub(crate) fn any(&self) -> bool {
+        *self != Breakage::default()
     }
+}
 
-    /// The schedule canary's transaction.
-    pub(crate) fn forgetful(inner: &'a mut dyn JobTxn) -> Self {
-        Broken {
-            inner,
-            blind_claims: false,
-            forget_schedules: true,
+/// A store whose transactions are [`Broken`] as `breakage` says: what a
+/// canary's worker session runs its `Exec` on.
+pub(crate) struct BrokenStore {
+    pub(crate) inner: Arc<dyn Store>,
+    pub(crate) breakage: Breakage,
+}
+
+impl Store for BrokenStore {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        let breakage = self.breakage;
+        self.inner.transact(&mut |tx| {
+            let mut broken = Broken {
+                inner: tx.jobs()?,
+                breakage,
+                holders: BTreeMap::new(),
+            };
+            f(&mut broken)
+        })
+    }
+    fn describe(&self) -> String {
+        format!("broken {}", self.inner.describe())
+    }
+}
+
+/// A transaction wrapper for the canaries (see [`Breakage`]).
+pub(crate) struct Broken<'a> {
+    inner: &'a mut dyn JobTxn,
+    breakage: Breakage,
+    /// The real holders of claims shown as the careless holder's, put
+    /// back when the job is written.
+    holders: BTreeMap<JobId, HolderId>,
+}
+
+impl Broken<'_> {
+    fn show(&mut self, mut job: JobRecord) -> JobRecord {
+        if let (Some(me), Some(c)) = (self.breakage.careless, job.claim.as_mut()) {
+            self.holders.insert(job.id, c.holder);
+            c.holder = me;
         }
+        job
     }
 }
 
@@ -144,13 +180,20 @@ impl JobTxn for Broken<'_> {
         self.inner.next_job_id()
     }
     fn job(&mut self, id: JobId) -> leasehold::Result<Option<JobRecord>> {
-        self.inner.job(id)
+        Ok(self.inner.job(id)?.map(|j| self.show(j)))
     }
     fn jobs_by_id(&mut self, ids: &[JobId]) -> leasehold::Result<Vec<JobRecord>> {
-        self.inner.jobs_by_id(ids)
+        let jobs = self.inner.jobs_by_id(ids)?;
+        Ok(jobs.into_iter().map(|j| self.show(j)).collect())
     }
     fn put_job(&mut self, job: &JobRecord) -> leasehold::Result<()> {
-        self.inner.put_job(job)
+        let mut job = job.clone();
+        if let (Some(real), Some(c)) = (self.holders.get(&job.id), job.claim.as_mut()) {
+            if Some(c.holder) == self.breakage.careless {
+                c.holder = *real;
+            }
+        }
+        self.inner.put_job(&job)
     }
     fn delete_job(&mut self, id: JobId) -> leasehold::Result<()> {
         self.inner.delete_job(id)
@@ -166,7 +209,7 @@ impl JobTxn for Broken<'_> {
         ready: usize,
     ) -> leasehold::Result<Pending> {
         let mut read = self.inner.pending(queue, now_ms, chunk, ready)?;
-        if ready > 0 && self.blind_claims {
+        if ready > 0 && self.breakage.blind_claims {
             // Broken on purpose: every running job looks claimable.
             let running = self.inner.pending(queue, u64::MAX, ready, 0)?.expired;
             let live = running
@@ -192,7 +235,7 @@ impl JobTxn for Broken<'_> {
         self.inner.schedules(queue)
     }
     fn put_schedule(&mut self, schedule: &ScheduleRecord) -> leasehold::Result<()> {
-        if self.forget_schedules {
+        if self.breakage.forget_schedules {
             // Broken on purpose: the cursor never moves.
             return Ok(());
         }

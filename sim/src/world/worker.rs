@@ -1,74 +1,195 @@
-//! Producers push jobs; workers run the real [`WorkerMachine`]: it decides
-//! what to claim and when, which handler to start, when to renew, how
-//! outcomes are batched, when the queue is drained. Around it the world
-//! plays the handlers: each takes a random time, performs the job's side
-//! effect at its end if the machine says the claim is still valid (L3 for
-//! jobs, checked by the oracle), and reports success or failure.
+//! Workers run the real worker session ([`Session`]: the
+//! [`WorkerMachine`](leasehold::client::machine::WorkerMachine), the
+//! records and handles of the claims it holds, and [`Exec`], the store
+//! side of its requests), as `Queue::work` and the tokio loop do. The world
+//! only carries the session's requests to the store and back and plays the
+//! handlers: each holds the handle the session gave it, takes a random
+//! time, performs the job's side effect at its end if that handle says the
+//! claim is still valid (L3 for jobs, checked by the oracle), and reports
+//! success or failure. What the session reports (`observe`) is judged too
+//! (B2), and the machine's invariants are checked after every event.
 
 use super::msg::{error_of, Answer, Line, Rep, Req};
-use super::{RoleState, Sim};
+use super::stores::{Breakage, BrokenStore};
+use super::{RoleState, Sim, QUEUE};
 use crate::plan::Canary;
-use leasehold::client::machine::{
-    StopWhy, WorkerAction, WorkerBreakage, WorkerConfig, WorkerMachine, WorkerReply, WorkerRequest,
-};
+use leasehold::client::machine::{ClaimId, WorkerBreakage, WorkerRequest};
+use leasehold::client::sim::{Exec, Next, Session, SessionBreakage};
 use leasehold::core::job::Settle;
-use leasehold::{JobId, JobRecord, JobSpec, StoreExt};
+use leasehold::{
+    ClaimedJob, Client, DriftBound, Holder, JobOutcome, JobRecord, ManualClock, Store, WorkOptions,
+};
 use rand::Rng;
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
 
+/// A process's clocks as its client reads them, set by the world to the
+/// process's simulated readings before anything of it runs. They outlive
+/// its incarnations: a request still in the network when it was killed
+/// runs on them too.
 #[derive(Debug, Clone)]
+pub(super) struct ProcClocks {
+    pub(super) local: ManualClock,
+    pub(super) wall: ManualClock,
+}
+
+impl ProcClocks {
+    pub(super) fn new() -> Self {
+        ProcClocks {
+            local: ManualClock::new(0),
+            wall: ManualClock::new(0),
+        }
+    }
+}
+
+/// A running handler: the simulator's only part of a worker.
 struct Handler {
+    claim: ClaimId,
+    job: Arc<ClaimedJob>,
     work_end: u64,
     fails: bool,
 }
 
-#[derive(Debug, Clone)]
 pub(super) struct WorkerState {
-    machine: WorkerMachine,
-    /// Running handlers by job and claim token. A handler the machine
-    /// stopped for a loss or a shutdown runs on to its end and reports
-    /// late, as a handler thread that cannot be interrupted does (by then
-    /// the job may be claimed again, by this worker too).
-    handlers: BTreeMap<(JobId, u64), Handler>,
+    session: Session,
+    client: Client,
+    drift: DriftBound,
+    clocks: ProcClocks,
+    /// Handlers in start order. A handler the session stopped for a loss or
+    /// a shutdown runs on to its end and reports late, as a handler thread
+    /// that cannot be interrupted does (by then the job may be claimed
+    /// again, by this worker too).
+    handlers: Vec<Handler>,
     draining: bool,
+}
+
+impl std::fmt::Debug for WorkerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerState")
+            .field("held", &self.session.machine.held())
+            .field("handlers", &self.handlers.len())
+            .finish()
+    }
+}
+
+/// A fork: the child has a copy of everything, sharing nothing that can
+/// change (its own clocks, client and handles).
+impl Clone for WorkerState {
+    fn clone(&self) -> Self {
+        let clocks = ProcClocks::new();
+        clocks
+            .local
+            .set(leasehold::Clock::now_ms(&self.clocks.local));
+        clocks.wall.set(leasehold::Clock::now_ms(&self.clocks.wall));
+        let client = worker_client(
+            self.client.store().clone(),
+            self.client.holder().clone(),
+            &clocks,
+            self.drift,
+            *self.client.policy(),
+        );
+        let session = self.session.forked(&client);
+        let handlers = self
+            .handlers
+            .iter()
+            .map(|h| Handler {
+                claim: h.claim,
+                // A handle the session no longer has has ended: nothing
+                // of it changes any more.
+                job: session.handle(h.claim).unwrap_or(&h.job).clone(),
+                work_end: h.work_end,
+                fails: h.fails,
+            })
+            .collect();
+        WorkerState {
+            session,
+            client,
+            drift: self.drift,
+            clocks,
+            handlers,
+            draining: self.draining,
+        }
+    }
 }
 
 impl WorkerState {
     /// A burst: claim now, whatever the idle backoff says.
     pub(super) fn wake_machine(&mut self, local: u64) {
-        self.machine.wake(local);
+        self.session.machine.wake(local);
     }
+
+    /// The clocks its client reads (a forked child's are its own).
+    pub(super) fn clocks(&self) -> &ProcClocks {
+        &self.clocks
+    }
+}
+
+fn worker_client(
+    store: Arc<dyn Store>,
+    holder: Holder,
+    clocks: &ProcClocks,
+    drift: DriftBound,
+    policy: leasehold::QueuePolicy,
+) -> Client {
+    Client::builder_shared(store)
+        .holder(holder)
+        .clock(Arc::new(clocks.local.clone()))
+        .wall_clock(Arc::new(clocks.wall.clone()))
+        .drift(drift)
+        .policy(policy)
+        .build()
 }
 
 impl Sim<'_> {
     pub(super) fn new_worker(&mut self, p: usize, concurrency: usize) -> WorkerState {
         let rng = &mut self.procs[p].rng;
-        let cfg = WorkerConfig {
-            lease_ms: self.plan.lease_ms,
+        let opts = WorkOptions {
+            lease: Duration::from_millis(self.plan.lease_ms),
             concurrency,
             prefetch: rng.random_range(0..=2),
-            batch_max: rng.random_range(1..=4),
-            flush_delay_ms: rng.random_range(0..=5),
-            idle_max_ms: 30,
-            heartbeat_ms: 0,
+            batch: rng.random_range(1..=4),
+            flush_delay: Duration::from_millis(rng.random_range(0..=5)),
+            idle_poll: Duration::from_millis(30),
+            heartbeat: None,
             drain: false,
-            drift: self.drift,
-            seed: rng.random(),
-            sample_ms: 0,
+            sample: None,
             // Schedulers look at the schedules at least this often.
-            fire_ms: if self.plan.scenario == crate::plan::Scenario::Schedules {
-                300
-            } else {
-                0
-            },
+            schedules: (self.plan.scenario == crate::plan::Scenario::Schedules)
+                .then(|| Duration::from_millis(300)),
+            ..WorkOptions::default()
         };
-        let breakage = WorkerBreakage {
-            drop_outcomes: self.plan.canary == Some(Canary::CompleterDropsOutcome),
+        let canary = self.plan.canary;
+        let breakage = Breakage {
+            blind_claims: canary == Some(Canary::ClaimIgnoresLease),
+            forget_schedules: canary == Some(Canary::SchedulerForgetsTicks),
+            careless: (canary == Some(Canary::IgnoresFencing)).then_some(self.procs[p].holder),
         };
-        let local = self.procs[p].clock.read(self.now);
+        let store: Arc<dyn Store> = if breakage.any() {
+            Arc::new(BrokenStore {
+                inner: self.store.clone(),
+                breakage,
+            })
+        } else {
+            self.store.clone()
+        };
+        self.set_clocks(p);
+        let clocks = self.procs[p].clocks.clone();
+        let holder = Holder::new(self.procs[p].holder);
+        let client = worker_client(store, holder, &clocks, self.drift, self.policy);
+        let mut session =
+            Session::new(&client, &Arc::from(QUEUE), &opts).with_breakage(SessionBreakage {
+                settle_by_job: canary == Some(Canary::SettleKeyedByJob),
+            });
+        session.machine = session.machine.with_breakage(WorkerBreakage {
+            drop_outcomes: canary == Some(Canary::CompleterDropsOutcome),
+        });
         WorkerState {
-            machine: WorkerMachine::new(cfg, local).with_breakage(breakage),
-            handlers: BTreeMap::new(),
+            session,
+            client,
+            drift: self.drift,
+            clocks,
+            handlers: Vec::new(),
             draining: false,
         }
     }
@@ -81,6 +202,7 @@ impl Sim<'_> {
     }
 
     pub(super) fn poll_worker(&mut self, p: usize) {
+        self.set_clocks(p);
         let local = self.local(p);
         if self.healing
             && !self.worker(p).draining
@@ -90,17 +212,21 @@ impl Sim<'_> {
             // The heal phase: the one drain rule decides when to leave.
             let w = self.worker(p);
             w.draining = true;
-            w.machine.set_drain(local, true);
+            w.session.machine.set_drain(local, true);
         }
-        self.worker(p).machine.handle_timeout(local);
+        self.worker(p).session.machine.handle_timeout(local);
         self.finish_handlers(p, local);
         self.act_worker(p);
-        if self.procs[p].exited {
+        if self.procs[p].exited || self.violation.is_some() {
             return;
         }
+        if let Err(broken) = self.worker(p).session.machine.check(local) {
+            let detail = format!("p{p}'s worker machine at local {local}: {broken}");
+            return self.fail(self.violation_at("invariant", detail));
+        }
         let w = self.worker(p);
-        let mut next = w.machine.poll_timeout().unwrap_or(u64::MAX);
-        for h in w.handlers.values() {
+        let mut next = w.session.machine.poll_timeout().unwrap_or(u64::MAX);
+        for h in &w.handlers {
             next = next.min(h.work_end);
         }
         if next < u64::MAX {
@@ -109,20 +235,18 @@ impl Sim<'_> {
     }
 
     /// Handlers whose work is done: the effect (if the claim is valid, as
-    /// the real handle says), then the outcome to the machine.
+    /// its handle says), then the outcome to the machine.
     fn finish_handlers(&mut self, p: usize, local: u64) {
         let forked = self.procs[p].forked_child;
         let fork_ok = !forked || self.plan.canary == Some(Canary::ForkReusesHandle);
-        let due: Vec<((JobId, u64), Handler)> = self
-            .worker(p)
-            .handlers
-            .iter()
-            .filter(|(_, h)| h.work_end <= local)
-            .map(|(k, h)| (*k, h.clone()))
-            .collect();
-        for ((id, token), h) in due {
-            self.worker(p).handlers.remove(&(id, token));
-            let valid = fork_ok && self.worker(p).machine.is_valid(id, token, local);
+        let w = self.worker(p);
+        let (due, running) = std::mem::take(&mut w.handlers)
+            .into_iter()
+            .partition(|h| h.work_end <= local);
+        w.handlers = running;
+        for h in due {
+            let (id, token) = (h.claim.job, h.claim.token);
+            let valid = fork_ok && h.job.is_valid();
             if !h.fails && valid {
                 let owner = self.owner(p);
                 let c = self.oracle.effect(self.now, id.0, owner, token);
@@ -143,30 +267,35 @@ impl Sim<'_> {
                 Ok(())
             };
             self.worker(p)
+                .session
                 .machine
-                .handler_done(local, id, token, result);
+                .handler_done(local, h.claim, result);
         }
     }
 
-    /// Do what the machine asks.
+    /// Do what the session asks; judge what it reports (B2).
     fn act_worker(&mut self, p: usize) {
-        while let Some(action) = self.worker(p).machine.poll_action() {
+        let observed = RefCell::new(Vec::new());
+        let observe = |record: &JobRecord, outcome: JobOutcome| {
+            observed.borrow_mut().push((ClaimId::of(record), outcome));
+        };
+        loop {
+            let next = self.worker(p).session.next(&observe);
+            self.judge_reports(p, observed.take());
+            let Some(next) = next else { return };
             let local = self.local(p);
-            match action {
-                WorkerAction::Send(WorkerRequest::Claim { .. })
+            match next {
+                Next::Send(WorkerRequest::Claim { .. })
                     if self.healing && self.plan.canary == Some(Canary::WorkerStopsClaiming) =>
                 {
                     // Broken on purpose: alive, renewing, settling, but the
                     // claim is never sent (and so never answered).
                     self.wake_in(p, 10);
                 }
-                WorkerAction::Send(request) => self.send_worker_request(p, request),
-                WorkerAction::Start(record) => self.start_handler(p, local, &record),
-                WorkerAction::Stop { id, why } => self.stop_handler(p, local, id, why),
-                WorkerAction::Renewed { .. }
-                | WorkerAction::Settled { .. }
-                | WorkerAction::Sampled(_) => {}
-                WorkerAction::Finished if self.healing && !self.queue_finished() => {
+                Next::Send(request) => self.send_worker_request(p, request),
+                Next::Start(job) => self.start_handler(p, local, job),
+                Next::Stop(claim) => self.stop_handler(p, local, claim),
+                Next::End(Ok(_)) if self.healing && !self.queue_finished() => {
                     // Drained, but jobs delayed before their first attempt
                     // remain (the drain rule does not wait for them): like a
                     // cron job running `queue work --drain`, start again.
@@ -176,57 +305,86 @@ impl Sim<'_> {
                     };
                     let mut fresh = self.new_worker(p, concurrency);
                     fresh.draining = true;
-                    fresh.machine.set_drain(local, true);
+                    fresh.session.machine.set_drain(local, true);
                     *self.worker(p) = fresh;
                     self.wake_in(p, 20);
                     return;
                 }
-                WorkerAction::Finished | WorkerAction::Failed(_) => {
+                Next::End(_) => {
                     self.exit(p);
                     return;
                 }
             }
+            if self.violation.is_some() {
+                return;
+            }
         }
     }
 
-    /// Send what the machine asks; B1 judges each settle as it leaves.
+    /// B2: what the session reported to `observe` (a forked child's
+    /// reports are its own business).
+    fn judge_reports(&mut self, p: usize, reports: Vec<(ClaimId, JobOutcome)>) {
+        if self.procs[p].forked_child {
+            return;
+        }
+        let (t, owner) = (self.now, self.owner(p));
+        for (claim, outcome) in reports {
+            let c = self
+                .oracle
+                .outcome_reported(t, owner, claim.job.0, claim.token);
+            self.note(Line::Note(format!(
+                "p{p}.{} reports {claim}: {outcome:?}",
+                owner.1
+            )));
+            self.check(c);
+        }
+    }
+
+    /// Send what the session asks; B1 judges each settle as it leaves, B2
+    /// that nothing is sent for a claim already reported.
     fn send_worker_request(&mut self, p: usize, request: WorkerRequest) {
-        let forked = self.procs[p].forked_child;
-        if let (WorkerRequest::Settle { settles }, false) = (&request, forked) {
+        if !self.procs[p].forked_child {
             // B1 judges what the client sends, when it sends it (a forked
             // child's sends are L5's business).
             let (t, owner) = (self.now, self.owner(p));
-            for (id, token, settle) in settles {
-                let verdict = match settle {
-                    Settle::Complete | Settle::CompleteWith(_) => Some(true),
-                    Settle::Fail(_) => Some(false),
-                    Settle::Abandon { .. } => None,
-                };
-                let c = self.oracle.settle_sent(t, owner, id.0, *token, verdict);
+            let claims: Vec<(u64, u64, Option<bool>)> = match &request {
+                WorkerRequest::Settle { settles } => settles
+                    .iter()
+                    .map(|(id, token, settle)| {
+                        let verdict = match settle {
+                            Settle::Complete | Settle::CompleteWith(_) => Some(true),
+                            Settle::Fail(_) => Some(false),
+                            Settle::Abandon { .. } => None,
+                        };
+                        (id.0, *token, verdict)
+                    })
+                    .collect(),
+                WorkerRequest::Heartbeat { claims } => claims
+                    .iter()
+                    .map(|(id, token)| (id.0, *token, None))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let settling = matches!(request, WorkerRequest::Settle { .. });
+            for (job, token, verdict) in claims {
+                let c = self.oracle.sent_for_claim(t, owner, job, token);
                 self.check(c);
+                if settling {
+                    let c = self.oracle.settle_sent(t, owner, job, token, verdict);
+                    self.check(c);
+                }
             }
         }
-        let req = match request {
-            WorkerRequest::Claim { max } => Req::Claim { n: max },
-            WorkerRequest::Heartbeat { claims } => Req::Heartbeats(claims),
-            WorkerRequest::Settle { settles } => Req::Settles(settles),
-            WorkerRequest::DrainCheck => Req::Drained,
-            // Simulated workers never sample (`sample_ms` is 0).
-            WorkerRequest::Sample => return,
-            WorkerRequest::Fire => Req::Fire {
-                wall_ms: self.wall(p),
-            },
-        };
-        self.send(p, req);
+        let exec: Exec = self.worker(p).session.exec().clone();
+        self.send(p, Req::Worker { exec, request });
     }
 
     /// A handler starts: it runs a random time and fails by chance.
-    fn start_handler(&mut self, p: usize, local: u64, record: &JobRecord) {
+    fn start_handler(&mut self, p: usize, local: u64, job: Arc<ClaimedJob>) {
         let gen = self.procs[p].gen;
-        let token = record.claim.map_or(0, |c| c.token);
+        let claim = ClaimId::of(job.record());
         self.note(Line::Note(format!(
-            "p{p}.{gen} worker machine starts job {} (token {token})",
-            record.id
+            "p{p}.{gen} worker session starts {claim}"
         )));
         // One handler in ten is slow: it runs past its claim's lease, so
         // a renewal that fails meanwhile loses the claim while it runs.
@@ -239,137 +397,50 @@ impl Sim<'_> {
             rng.random_range(1..=work_max)
         };
         let handler = Handler {
+            claim,
+            job,
             work_end: local + work_ms,
             fails: rng.random_range(0..1_000_000) < self.plan.fail_ppm,
         };
-        self.worker(p).handlers.insert((record.id, token), handler);
+        self.worker(p).handlers.push(handler);
     }
 
-    /// The machine stops a handler: a cancelled one reports failure at
-    /// once; one stopped for a loss or a shutdown runs on and reports late.
-    fn stop_handler(&mut self, p: usize, local: u64, id: JobId, why: StopWhy) {
+    /// The session stops a handler: a cancelled one reports failure at
+    /// once (its handle says cancel requested); one stopped for a loss or
+    /// a shutdown runs on and reports late.
+    fn stop_handler(&mut self, p: usize, local: u64, claim: ClaimId) {
         let gen = self.procs[p].gen;
+        let w = self.worker(p);
+        let at = w.handlers.iter().position(|h| h.claim == claim);
+        let cancelled = at.is_some_and(|i| w.handlers[i].job.cancel_requested());
         self.note(Line::Note(format!(
-            "p{p}.{gen} worker machine stops job {id}: {why:?}"
+            "p{p}.{gen} worker session stops {claim}{}",
+            if cancelled { ": cancelled" } else { "" }
         )));
-        if why != StopWhy::Cancelled {
+        let Some(i) = at.filter(|_| cancelled) else {
             return;
+        };
+        self.worker(p).handlers.remove(i);
+        let owner = self.owner(p);
+        if !self.procs[p].forked_child {
+            self.oracle
+                .handler_reported(owner, claim.job.0, claim.token, false);
         }
-        let running = self
-            .worker(p)
-            .handlers
-            .keys()
-            .rev()
-            .find(|(j, _)| *j == id)
-            .copied();
-        if let Some((_, token)) = running {
-            self.worker(p).handlers.remove(&(id, token));
-            let owner = self.owner(p);
-            if !self.procs[p].forked_child {
-                self.oracle.handler_reported(owner, id.0, token, false);
-            }
-            self.worker(p)
-                .machine
-                .handler_done(local, id, token, Err("cancelled".into()));
-        }
+        self.worker(p)
+            .session
+            .machine
+            .handler_done(local, claim, Err("cancelled".into()));
     }
 
     pub(super) fn worker_reply(&mut self, p: usize, req: Req, rep: Rep) {
-        let local = self.local(p);
-        let reply = match (&req, rep) {
-            (Req::Claim { .. }, Rep::Done(Answer::Jobs(r))) => WorkerReply::Claimed(r),
-            (Req::Claim { .. }, rep) => WorkerReply::Claimed(Err(error_of(&rep))),
-            (Req::Heartbeats(_), Rep::Done(Answer::Heartbeats(r))) => WorkerReply::Heartbeated(r),
-            (Req::Heartbeats(_), rep) => WorkerReply::Heartbeated(Err(error_of(&rep))),
-            (Req::Settles(_), Rep::Done(Answer::States(r))) => WorkerReply::Settled(r),
-            (Req::Settles(_), rep) => WorkerReply::Settled(Err(error_of(&rep))),
-            (Req::Drained, Rep::Done(Answer::Bool(r))) => WorkerReply::Drained(r),
-            (Req::Drained, rep) => WorkerReply::Drained(Err(error_of(&rep))),
-            (Req::Fire { wall_ms }, Rep::Done(Answer::Fired(r))) => {
-                let wall_ms = *wall_ms;
-                WorkerReply::Fired(r.map(|f| leasehold::client::machine::FireReport {
-                    enqueued: f.enqueued.iter().filter(|e| e.3).count(),
-                    next_in_ms: f.next_ms.map(|n| n.saturating_sub(wall_ms)),
-                }))
-            }
-            (Req::Fire { .. }, rep) => WorkerReply::Fired(Err(error_of(&rep))),
-            _ => return,
-        };
-        self.worker(p).machine.handle_reply(local, reply);
-    }
-
-    // ------------------------------------------------------------ producers
-
-    pub(super) fn poll_producer(&mut self, p: usize) {
-        let local = self.local(p);
-        let RoleState::Producer { left, next_local } = self.procs[p].state else {
+        let Req::Worker { request, .. } = req else {
             return;
         };
-        if left == 0 || self.healing || self.procs[p].forked_child {
-            self.exit(p);
-        } else if !self.procs[p].inflight.is_empty() {
-            // One push at a time; the reply wakes it.
-        } else if local >= next_local {
-            let spec = self.random_spec(p);
-            self.send(p, Req::Push(Box::new(spec)));
-        } else {
-            self.wake_at_local(p, next_local);
-        }
-    }
-
-    pub(super) fn producer_reply(&mut self, p: usize, rep: Rep) {
-        let local = self.local(p);
-        let wait = self.procs[p].rng.random_range(0..=20);
-        if let RoleState::Producer { left, next_local } = &mut self.procs[p].state {
-            if matches!(rep, Rep::Done(Answer::Enqueued(Ok(_)))) {
-                *left = left.saturating_sub(1);
-            }
-            *next_local = local + wait;
-        }
-    }
-
-    fn random_spec(&mut self, p: usize) -> JobSpec {
-        let rng = &mut self.procs[p].rng;
-        JobSpec {
-            priority: rng.random_range(-1..=2),
-            delay_ms: if rng.random_bool(0.3) {
-                rng.random_range(1..=200)
-            } else {
-                0
-            },
-            max_attempts: self.plan.max_attempts,
-            unique_key: rng
-                .random_bool(0.1)
-                .then(|| format!("u{}", rng.random_range(0..3))),
-            ..JobSpec::new(vec![rng.random::<u8>()])
-        }
-    }
-
-    /// Whether every job of the queue is done, dead or cancelled (the
-    /// world's own look at the store, not a process's).
-    fn queue_finished(&mut self) -> bool {
-        let policy = self.policy;
-        self.clock.set(self.now);
-        match self
-            .store
-            .txn(|tx| leasehold::core::job::stats(tx, super::QUEUE, &policy))
-        {
-            Ok(c) => {
-                use leasehold::JobState::{Ready, Running, Scheduled};
-                c.get(Ready) + c.get(Scheduled) + c.get(Running) == 0
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Every producer has stopped and none of its pushes is still in the
-    /// network (a worker that left earlier would strand them).
-    pub(super) fn producers_quiet(&self) -> bool {
-        let in_flight_bound = super::T0 + self.plan.duration_ms + 2 * self.plan.latency_ms.1 + 1;
-        self.now >= in_flight_bound
-            && self
-                .procs
-                .iter()
-                .all(|pr| !matches!(pr.state, RoleState::Producer { .. }) || pr.exited || !pr.alive)
+        let reply = match rep {
+            Rep::Done(Answer::Worker(reply)) => reply,
+            other => request.failed(error_of(&other)),
+        };
+        self.set_clocks(p);
+        self.worker(p).session.reply(reply);
     }
 }

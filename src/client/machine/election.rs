@@ -193,6 +193,21 @@ impl ElectionMachine {
         self.term.is_none()
     }
 
+    /// Check the machine's invariants at local instant `now`: its term's
+    /// ([`HolderMachine::check`]), and a leader always has its grant.
+    pub fn check(&self, now: u64) -> Result<(), String> {
+        if let Some(term) = &self.term {
+            term.check(now, false)?;
+        }
+        let granted = self.term.as_ref().is_some_and(|t| t.token().is_some());
+        super::ensure(!self.leading || granted, || {
+            "leading without a grant".to_owned()
+        })?;
+        super::ensure(!(self.leading && self.releasing.is_some()), || {
+            "leading while resigning".to_owned()
+        })
+    }
+
     /// Time passed to `now`.
     pub fn handle_timeout(&mut self, now: u64) {
         #[cfg(feature = "canaries")]

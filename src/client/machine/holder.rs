@@ -16,11 +16,17 @@
 //! or the local deadline is a loss; release → released.
 //!
 //! # Invariants
-//! At most one request in flight. Every event is reported once, and the
-//! holder is valid only while `Held` and before the lifetime's deadline.
+//! At most one acquire or renewal in flight (a release may overlap the
+//! renewal it makes pointless), and a request waits for the driver only
+//! while it is marked in flight. Every event is reported once, and the
+//! holder is valid only while `Held`, unreleased, and before the
+//! lifetime's deadline. After a timeout nothing due is left undone.
+//! Checked by [`HolderMachine::check`] after every step (by the machine in
+//! debug builds, by the simulator after every event).
 
+use super::ensure;
 use super::lifetime::{renew_every, Lifetime};
-use crate::core::{mix64, DriftBound, Grant};
+use crate::core::{Backoff, DriftBound, Grant};
 use crate::error::{Error, LostReason, Result};
 use std::collections::VecDeque;
 
@@ -107,7 +113,7 @@ enum Phase {
         in_flight: Option<u64>,
         started: u64,
         retry_at: u64,
-        backoff_ms: u64,
+        backoff: Backoff,
     },
     Held {
         token: u64,
@@ -123,7 +129,6 @@ pub struct HolderMachine {
     cfg: HolderConfig,
     phase: Phase,
     out: VecDeque<HolderAction>,
-    round: u64,
     #[cfg(feature = "canaries")]
     breakage: super::lifetime::Breakage,
 }
@@ -140,10 +145,9 @@ impl HolderMachine {
                 in_flight: None,
                 started: now,
                 retry_at: now,
-                backoff_ms: 1,
+                backoff: Backoff::new(1, BACKOFF_CAP_MS, cfg.seed),
             },
             out: VecDeque::new(),
-            round: 0,
             #[cfg(feature = "canaries")]
             breakage: super::lifetime::Breakage::default(),
         };
@@ -214,13 +218,66 @@ impl HolderMachine {
         matches!(self.phase, Phase::Done)
     }
 
-    fn jitter(&mut self, span: u64) -> u64 {
-        self.round += 1;
-        mix64(self.cfg.seed ^ self.round.rotate_left(32)) % span.max(1)
+    /// Check the machine's invariants at local instant `now`: `Err` names
+    /// the first one broken. `after_timeout`: nothing due may be left
+    /// undone (true only right after [`HolderMachine::handle_timeout`]).
+    pub fn check(&self, now: u64, after_timeout: bool) -> Result<(), String> {
+        let sends = |kind: fn(&HolderRequest) -> bool| {
+            self.out
+                .iter()
+                .filter(|a| matches!(a, HolderAction::Send(r) if kind(r)))
+                .count()
+        };
+        let acquires = sends(|r| matches!(r, HolderRequest::Acquire));
+        let renewals = sends(|r| matches!(r, HolderRequest::Renew { .. }));
+        let releases = sends(|r| matches!(r, HolderRequest::Release { .. }));
+        let flying = |f: bool| usize::from(f);
+        let (acquiring, renewing, releasing) = match &self.phase {
+            Phase::Acquiring { in_flight, .. } => (in_flight.is_some(), false, false),
+            Phase::Held { life, release, .. } => {
+                (false, life.in_flight().is_some(), release.is_some())
+            }
+            Phase::Done => (false, false, false),
+        };
+        ensure(
+            acquires <= flying(acquiring)
+                && renewals <= flying(renewing)
+                && releases <= flying(releasing),
+            || {
+                format!("requests queued: {acquires} acquire, {renewals} renew, {releases} release; in flight: {acquiring}, {renewing}, {releasing}")
+            },
+        )?;
+        let valid = self.is_valid(now);
+        let deadline = self.lifetime().map(Lifetime::deadline);
+        ensure(!valid || deadline.is_some_and(|d| now < d), || {
+            format!("valid at {now}, its deadline {deadline:?}")
+        })?;
+        if after_timeout {
+            let due = self.poll_timeout().filter(|&at| at <= now);
+            ensure(due.is_none(), || {
+                format!("a timer due at {due:?} was left undone at {now}")
+            })?;
+        }
+        Ok(())
     }
+
+    #[cfg(debug_assertions)]
+    fn debug_check(&self, now: u64, after_timeout: bool) {
+        if let Err(broken) = self.check(now, after_timeout) {
+            panic!("holder machine invariant broken at {now}: {broken}");
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    fn debug_check(&self, _now: u64, _after_timeout: bool) {}
 
     /// Time passed to `now`.
     pub fn handle_timeout(&mut self, now: u64) {
+        self.timeout(now);
+        self.debug_check(now, true);
+    }
+
+    fn timeout(&mut self, now: u64) {
         match &mut self.phase {
             Phase::Acquiring {
                 in_flight: None,
@@ -257,6 +314,7 @@ impl HolderMachine {
             *retry_at = now;
             self.send_acquire(now);
         }
+        self.debug_check(now, false);
     }
 
     /// The store answered the request in flight (at local instant `now`).
@@ -272,13 +330,14 @@ impl HolderMachine {
                 }
             }
         }
+        self.debug_check(now, false);
     }
 
     fn acquired(&mut self, now: u64, r: Result<Grant>) {
         let Phase::Acquiring {
             in_flight: Some(sent_at),
             started,
-            backoff_ms,
+            mut backoff,
             ..
         } = self.phase
         else {
@@ -324,7 +383,7 @@ impl HolderMachine {
             // ambiguous commit: acquiring again finds a grant that did
             // commit, as a renewal with the same token).
             Err(e) if matches!(e, Error::Held { .. }) || e.is_transient() || e.is_ambiguous() => {
-                let sleep = backoff_ms / 2 + self.jitter(backoff_ms / 2 + 1);
+                let sleep = backoff.next_wait();
                 let limit = if matches!(e, Error::Held { .. }) {
                     started.saturating_add(self.cfg.wait_ms)
                 } else {
@@ -334,7 +393,7 @@ impl HolderMachine {
                     in_flight: None,
                     started,
                     retry_at: now.saturating_add(sleep.max(1)).min(limit.max(now + 1)),
-                    backoff_ms: (backoff_ms * 2).min(BACKOFF_CAP_MS),
+                    backoff,
                 };
             }
             Err(e) => {

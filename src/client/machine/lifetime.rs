@@ -61,6 +61,21 @@ pub fn renew_every(ttl_ms: u64) -> u64 {
     (ttl_ms / 3).max(1)
 }
 
+/// The wait before the next renewal of something renewed about every
+/// `every_ms`: the interval with ±10 % of jitter (drawn from `draw`), so
+/// that many holders do not renew in step. The one renewal schedule of the
+/// lease keep-alive and the worker loop's rounds.
+pub(crate) fn renewal_wait(every_ms: u64, draw: u64) -> u64 {
+    let span = (every_ms / 5).max(1);
+    every_ms - every_ms / 10 + draw % span
+}
+
+/// After a renewal got no answer (a transient store error): try again after
+/// a quarter of the interval, while the deadline allows.
+pub(crate) fn renewal_retry(every_ms: u64) -> u64 {
+    (every_ms / 4).max(1)
+}
+
 impl Lifetime {
     /// A grant whose request was sent at `sent_at` (local clock), renewed
     /// every `every_ms` (0: never), with jitter drawn from `seed`.
@@ -129,8 +144,7 @@ impl Lifetime {
             self.next_renewal = u64::MAX;
             return;
         }
-        let span = (self.every_ms / 5).max(1);
-        let wait = self.every_ms - self.every_ms / 10 + mix64(self.seed ^ self.round) % span;
+        let wait = renewal_wait(self.every_ms, mix64(self.seed ^ self.round));
         self.round += 1;
         self.next_renewal = from.saturating_add(wait);
     }
@@ -196,7 +210,7 @@ impl Lifetime {
             self.in_flight = None;
         }
         if self.every_ms > 0 && self.end.is_none() {
-            self.next_renewal = now.saturating_add((self.every_ms / 4).max(1));
+            self.next_renewal = now.saturating_add(renewal_retry(self.every_ms));
         }
     }
 

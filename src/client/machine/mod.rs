@@ -26,6 +26,7 @@ mod holder;
 mod lifetime;
 mod scheduler;
 mod worker;
+mod worker_check;
 mod worker_io;
 mod worker_replies;
 
@@ -43,5 +44,15 @@ pub use scheduler::FireReport;
 pub use worker::WorkerBreakage;
 pub use worker::WorkerMachine;
 pub use worker_io::{
-    HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerReply, WorkerRequest,
+    ClaimId, HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerReply,
+    WorkerRequest,
 };
+
+/// An invariant of a machine: `Err` with what broke it unless it holds.
+pub(crate) fn ensure(holds: bool, broken: impl FnOnce() -> String) -> Result<(), String> {
+    if holds {
+        Ok(())
+    } else {
+        Err(broken())
+    }
+}

@@ -9,19 +9,23 @@
 //! due → sent → answered: the next fire is at the next tick the store
 //! reported (a wall-clock wait, counted on the local clock from the
 //! answer), at most one poll interval away, so schedules added or changed
-//! by others are seen within it; a failed fire is retried after a backoff
-//! (doubling, at most the poll interval).
+//! by others are seen within it; a failed fire is retried after a
+//! [`Backoff`] (doubling, at most the poll interval).
 //!
 //! # Invariants
 //! At most one fire in flight; off (`poll_ms` 0) means never.
 
+use crate::core::Backoff;
 use crate::error::Result;
 
 /// What a fire found, as the worker machine needs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FireReport {
     /// Jobs it enqueued (the worker claims at once when some were).
     pub enqueued: usize,
+    /// Each tick's job: (schedule, tick, job, created); `created` is false
+    /// when a live job already had the tick's key.
+    pub jobs: Vec<(std::sync::Arc<str>, u64, crate::core::JobId, bool)>,
     /// Wall-clock milliseconds until the next tick of any schedule of the
     /// queue (`None`: it has none).
     pub next_in_ms: Option<u64>,
@@ -33,17 +37,18 @@ pub(super) struct FireTimer {
     poll_ms: u64,
     next_at: u64,
     sent: bool,
-    backoff_ms: u64,
+    backoff: Backoff,
 }
 
 impl FireTimer {
-    /// A timer that fires first at `now` and polls every `poll_ms` (0: off).
-    pub(super) fn new(poll_ms: u64, now: u64) -> FireTimer {
+    /// A timer that fires first at `now` and polls every `poll_ms` (0:
+    /// off), its retries jittered from `seed`.
+    pub(super) fn new(poll_ms: u64, now: u64, seed: u64) -> FireTimer {
         FireTimer {
             poll_ms,
             next_at: now,
             sent: false,
-            backoff_ms: 1,
+            backoff: Backoff::new(1, poll_ms.max(1), crate::core::mix64(seed ^ 0xf1e)),
         }
     }
 
@@ -57,13 +62,9 @@ impl FireTimer {
         self.sent
     }
 
-    /// Whether a fire should be sent at `now` (it is then in flight).
-    pub(super) fn take_due(&mut self, now: u64) -> bool {
-        if self.poll_ms == 0 || self.sent || now < self.next_at {
-            return false;
-        }
+    /// The fire due was sent: it is in flight.
+    pub(super) fn sent(&mut self) {
         self.sent = true;
-        true
     }
 
     /// The fire in flight was answered at `now`; whether it enqueued jobs.
@@ -73,7 +74,7 @@ impl FireTimer {
         }
         match r {
             Ok(report) => {
-                self.backoff_ms = 1;
+                self.backoff.reset();
                 let wait = report
                     .next_in_ms
                     .map_or(self.poll_ms, |w| w.min(self.poll_ms));
@@ -81,8 +82,7 @@ impl FireTimer {
                 report.enqueued > 0
             }
             Err(_) => {
-                self.next_at = now.saturating_add(self.backoff_ms);
-                self.backoff_ms = (self.backoff_ms * 2).min(self.poll_ms.max(1));
+                self.next_at = now.saturating_add(self.backoff.next_wait().max(1));
                 false
             }
         }

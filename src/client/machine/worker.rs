@@ -17,8 +17,10 @@
 //!   running, up to `batch_max` per transaction, one claim in flight: at
 //!   once when a handler slot is free and nothing is queued, else once at
 //!   least half of that room is free (so that claims come in batches). An
-//!   empty claim backs off (jittered, doubling up to `idle_max_ms`); a
-//!   wake-up (a job became ready) cuts the backoff short.
+//!   empty claim backs off ([`Backoff`], doubling up to `idle_max_ms`); a
+//!   wake-up (a job became ready) cuts the backoff short. A claim answered
+//!   after its local deadline (sent during a store stall) is given back at
+//!   once, unstarted, costing no attempt.
 //! - **Prefetch adapts**: `ahead` starts at `prefetch`. A claim that came
 //!   back full while handlers ran out of work during its round trip (the
 //!   loop is waiting on claims, not on handlers) doubles it, up to
@@ -26,7 +28,8 @@
 //!   resets it to `prefetch`. Slow handlers never starve during a claim, so
 //!   they never make a worker hoard jobs another process could run.
 //! - **Start** queued jobs in claim order while fewer than `concurrency`
-//!   run, if still valid.
+//!   run, if still valid; a queued job whose local deadline passed is
+//!   given back unstarted.
 //! - **Renew** every held job in one transaction per round (about every
 //!   `heartbeat_ms`, by default a third of the lease and at most a second,
 //!   so a cancel is seen within a second); a refused renewal or a passed
@@ -34,7 +37,8 @@
 //!   request stops its handler.
 //! - **Settle** outcomes in batches: a flush when the completer holds
 //!   `batch_max` outcomes, when `flush_delay_ms` passed since the first, or
-//!   at once when no handler runs or waits to (nothing else is coming).
+//!   at once when no handler runs or waits to (nothing else is coming); a
+//!   batch refused by a transient error is sent again after a backoff.
 //!   Every outcome a handler reports is sent exactly once, unless the
 //!   process dies.
 //! - **Drain**: with `drain`, once a claim finds nothing and nothing is
@@ -49,18 +53,32 @@
 //!   handlers finish until the deadline, then give theirs back (counted as
 //!   attempts) and tell them to stop; finish once everything is settled.
 //!
+//! Everything about a held job names its claim ([`ClaimId`]: job and
+//! token): a job can be claimed again (a new token) before the outcome of
+//! its old claim commits.
+//!
+//! # Timers
+//! One table ([`Timer`], quinn-proto's shape): whether each timer is armed,
+//! and when, is decided in one place (`WorkerMachine::timer`);
+//! `poll_timeout` is the earliest armed one and `step` fires each one due.
+//!
 //! # Invariants
-//! A job is in exactly one phase; at most `concurrency` run; a job's
-//! handler is started at most once per claim and only while its claim is
-//! locally valid; nothing is claimed after shutdown; every reported
-//! outcome reaches one settle request.
+//! Checked after every step ([`WorkerMachine::check`]; in debug builds by
+//! the machine itself, in the simulator by the world after each event). A
+//! claim is in exactly one phase (queued, running, reported); `running`
+//! counts the running jobs and is at most `concurrency`; the queue holds
+//! exactly the held jobs not started; every outcome waiting in the
+//! completer or in flight is a reported claim, in one of the two; at most
+//! one request of each kind is in flight; after shutdown nothing is
+//! queued; and no timer is left due (everything due at `now` was done).
 
-use super::lifetime::Lifetime;
+use super::lifetime::{renewal_wait, Lifetime};
 pub use super::worker_io::{
-    HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerReply, WorkerRequest,
+    ClaimId, HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerReply,
+    WorkerRequest,
 };
 use crate::core::job::Settle;
-use crate::core::{mix64, JobId, JobRecord};
+use crate::core::{mix64, Backoff, JobId, JobRecord};
 use crate::error::{Error, LostReason};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -73,6 +91,46 @@ pub(super) struct Held {
     pub(super) life: Lifetime,
     pub(super) running: bool,
     pub(super) cancel_seen: bool,
+}
+
+impl Held {
+    pub(super) fn claim(&self) -> ClaimId {
+        ClaimId {
+            job: self.record.id,
+            token: self.token,
+        }
+    }
+}
+
+/// The machine's timers, in the order `step` fires them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Timer {
+    /// The earliest local deadline of a held job.
+    Deadline,
+    /// The end of the shutdown grace, while handlers run.
+    Shutdown,
+    /// The completer's flush (or its retry after a transient error).
+    Flush,
+    /// The next renewal round.
+    Round,
+    /// The next claim (while one is wanted).
+    Claim,
+    /// The next queue-depth sample.
+    Sample,
+    /// The next schedule fire.
+    Fire,
+}
+
+impl Timer {
+    pub(super) const ALL: [Timer; 7] = [
+        Timer::Deadline,
+        Timer::Shutdown,
+        Timer::Flush,
+        Timer::Round,
+        Timer::Claim,
+        Timer::Sample,
+        Timer::Fire,
+    ];
 }
 
 /// Deliberately broken variants, for the simulator's canaries.
@@ -91,14 +149,17 @@ pub struct WorkerMachine {
     pub(super) jobs: BTreeMap<JobId, Held>,
     pub(super) queued: VecDeque<JobId>,
     pub(super) running: usize,
-    /// Outcomes reported and not yet committed, by (job, token): a job may
-    /// be claimed again (a new token) before the reply for its old claim's
+    /// Outcomes reported and not yet committed, by claim: a job may be
+    /// claimed again (a new token) before the reply for its old claim's
     /// outcome arrives.
-    pub(super) reported: BTreeSet<(JobId, u64)>,
-    pub(super) completer: Vec<(JobId, u64, Settle)>,
-    pub(super) flush_at: Option<u64>,
-    pub(super) settle_sent: Option<Vec<(JobId, u64, Settle)>>,
-    pub(super) settle_backoff_ms: u64,
+    pub(super) reported: BTreeSet<ClaimId>,
+    pub(super) completer: Vec<(ClaimId, Settle)>,
+    /// When the completer flushes (while it holds outcomes).
+    pub(super) flush_at: u64,
+    /// Not before this: a batch refused by a transient error waits.
+    pub(super) settle_retry_at: u64,
+    pub(super) settle_backoff: Backoff,
+    pub(super) settle_sent: Option<Vec<(ClaimId, Settle)>>,
     pub(super) claim_sent: Option<u64>,
     /// How many the claim in flight asked for.
     pub(super) claim_asked: usize,
@@ -107,7 +168,7 @@ pub struct WorkerMachine {
     /// Jobs claimed ahead of a free handler (adapts; see the module docs).
     pub(super) ahead: usize,
     pub(super) next_claim: u64,
-    pub(super) idle_ms: u64,
+    pub(super) idle: Backoff,
     pub(super) round_sent: Option<(u64, Vec<(JobId, u64)>)>,
     pub(super) next_round: u64,
     pub(super) drain_sent: bool,
@@ -124,6 +185,10 @@ pub struct WorkerMachine {
     pub(super) outcomes: u64,
 }
 
+/// Longest wait before a settle batch refused by a transient error is sent
+/// again.
+const SETTLE_RETRY_CAP_MS: u64 = 100;
+
 impl WorkerMachine {
     /// A worker loop starting at local instant `now` (it claims at once).
     pub fn new(mut cfg: WorkerConfig, now: u64) -> Self {
@@ -139,22 +204,23 @@ impl WorkerMachine {
             running: 0,
             reported: BTreeSet::new(),
             completer: Vec::new(),
-            flush_at: None,
+            flush_at: now,
+            settle_retry_at: 0,
+            settle_backoff: Backoff::new(1, SETTLE_RETRY_CAP_MS, mix64(cfg.seed ^ 0x5e77)),
             settle_sent: None,
-            settle_backoff_ms: 1,
             claim_sent: None,
             claim_asked: 0,
             starved: 0,
             ahead: cfg.prefetch,
             next_claim: now,
-            idle_ms: 1,
+            idle: Backoff::new(1, cfg.idle_max_ms.max(1), mix64(cfg.seed ^ 0x1d1e)),
             round_sent: None,
             next_round: u64::MAX,
             drain_sent: false,
             sample_sent: false,
             next_sample: now,
             shutdown_at: None,
-            fire: super::scheduler::FireTimer::new(cfg.fire_ms, now),
+            fire: super::scheduler::FireTimer::new(cfg.fire_ms, now, cfg.seed),
             over: false,
             rounds: 0,
             out: VecDeque::new(),
@@ -179,36 +245,60 @@ impl WorkerMachine {
         self.out.pop_front()
     }
 
-    /// When [`WorkerMachine::handle_timeout`] should be called next.
+    /// When [`WorkerMachine::handle_timeout`] should be called next: the
+    /// earliest armed timer.
     pub fn poll_timeout(&self) -> Option<u64> {
         if self.over {
             return None;
         }
-        let mut t = u64::MAX;
-        if self.claim_sent.is_none() && self.may_claim() && self.claim_wanted() {
-            t = t.min(self.next_claim);
+        Timer::ALL.into_iter().filter_map(|t| self.timer(t)).min()
+    }
+
+    /// When `timer` fires, if it is armed: the one place that says.
+    pub(super) fn timer(&self, timer: Timer) -> Option<u64> {
+        match timer {
+            Timer::Deadline => self.jobs.values().map(|h| h.life.deadline()).min(),
+            Timer::Shutdown => self.shutdown_at.filter(|_| self.running > 0),
+            Timer::Flush => {
+                if self.settle_sent.is_some() || self.completer.is_empty() {
+                    return None;
+                }
+                // Nothing else is coming soon: no handler runs and none is
+                // about to; or the batch is full.
+                let idle = self.running == 0 && self.queued.is_empty();
+                let full = self.completer.len() >= self.cfg.batch_max;
+                let at = if idle || full { 0 } else { self.flush_at };
+                Some(at.max(self.settle_retry_at))
+            }
+            Timer::Round => {
+                let held = !(self.jobs.is_empty() && self.reported.is_empty());
+                (held && self.round_sent.is_none()).then_some(self.next_round)
+            }
+            Timer::Claim => (self.claim_sent.is_none() && self.may_claim() && self.claim_wanted())
+                .then_some(self.next_claim),
+            Timer::Sample => {
+                (self.cfg.sample_ms > 0 && !self.sample_sent).then_some(self.next_sample)
+            }
+            Timer::Fire => self.fire.poll_timeout().filter(|_| self.may_claim()),
         }
-        if self.round_sent.is_none() && !self.round_claims().is_empty() {
-            t = t.min(self.next_round);
-        }
-        if let (Some(at), None) = (self.flush_at, &self.settle_sent) {
-            t = t.min(at);
-        }
-        if self.cfg.sample_ms > 0 && !self.sample_sent {
-            t = t.min(self.next_sample);
-        }
-        if let (Some(at), true) = (self.fire.poll_timeout(), self.may_claim()) {
-            t = t.min(at);
-        }
-        for h in self.jobs.values() {
-            t = t.min(h.life.deadline());
-        }
-        if let Some(at) = self.shutdown_at {
-            if self.running > 0 {
-                t = t.min(at);
+    }
+
+    fn on_timer(&mut self, timer: Timer, now: u64) {
+        match timer {
+            Timer::Deadline => self.expire(now),
+            Timer::Shutdown => self.give_back_running(now),
+            Timer::Flush => self.flush(now),
+            Timer::Round => self.renew_round(now),
+            Timer::Claim => self.send_claim(now),
+            Timer::Sample => {
+                self.sample_sent = true;
+                self.send(WorkerRequest::Sample);
+            }
+            Timer::Fire => {
+                self.fire.sent();
+                self.send(WorkerRequest::Fire);
             }
         }
-        (t < u64::MAX).then_some(t)
     }
 
     /// Whether the loop is over.
@@ -221,17 +311,20 @@ impl WorkerMachine {
         self.jobs.len() + self.reported.len()
     }
 
-    /// The local deadline of a queued or running job.
-    pub fn deadline(&self, id: JobId) -> Option<u64> {
-        self.jobs.get(&id).map(|h| h.life.deadline())
+    /// The local deadline of a queued or running claim.
+    pub fn deadline(&self, claim: ClaimId) -> Option<u64> {
+        self.jobs
+            .get(&claim.job)
+            .filter(|h| h.token == claim.token)
+            .map(|h| h.life.deadline())
     }
 
-    /// Whether the handler of `id`'s claim `token` may act at `now` (a
-    /// handler of an older claim of the same job may not).
-    pub fn is_valid(&self, id: JobId, token: u64, now: u64) -> bool {
+    /// Whether the handler of `claim` may act at `now` (a handler of an
+    /// older claim of the same job may not).
+    pub fn is_valid(&self, claim: ClaimId, now: u64) -> bool {
         self.jobs
-            .get(&id)
-            .is_some_and(|h| h.token == token && h.running && h.life.is_valid(now))
+            .get(&claim.job)
+            .is_some_and(|h| h.token == claim.token && h.running && h.life.is_valid(now))
     }
 
     pub(super) fn may_claim(&self) -> bool {
@@ -250,29 +343,12 @@ impl WorkerMachine {
         room > 0 && (hungry || 2 * room >= self.cfg.concurrency + self.ahead)
     }
 
-    pub(super) fn jitter(&mut self, span: u64) -> u64 {
-        self.rounds += 1;
-        mix64(self.cfg.seed ^ self.rounds.rotate_left(17)) % span.max(1)
-    }
-
-    /// Every claim a renewal round carries: held jobs, and outcomes not yet
-    /// committed (their claims must outlive a slow settle).
-    fn round_claims(&self) -> Vec<(JobId, u64)> {
-        let mut claims: Vec<(JobId, u64)> =
-            self.jobs.iter().map(|(id, h)| (*id, h.token)).collect();
-        claims.extend(self.reported.iter().copied());
-        claims
+    pub(super) fn send(&mut self, request: WorkerRequest) {
+        self.out.push_back(WorkerAction::Send(request));
     }
 
     /// Time passed to `now`.
     pub fn handle_timeout(&mut self, now: u64) {
-        if self.over {
-            return;
-        }
-        self.expire(now);
-        if self.shutdown_at.is_some_and(|at| now >= at) {
-            self.give_back_running(now);
-        }
         self.step(now);
     }
 
@@ -280,7 +356,7 @@ impl WorkerMachine {
     pub fn wake(&mut self, now: u64) {
         if self.may_claim() {
             self.next_claim = self.next_claim.min(now);
-            self.idle_ms = 1;
+            self.idle.reset();
             self.step(now);
         }
     }
@@ -301,9 +377,6 @@ impl WorkerMachine {
         while let Some(id) = self.queued.pop_front() {
             self.report(id, Settle::Abandon { started: false }, now);
         }
-        if now >= deadline {
-            self.give_back_running(now);
-        }
         self.step(now);
     }
 
@@ -315,33 +388,30 @@ impl WorkerMachine {
             .map(|(id, _)| *id)
             .collect();
         for id in running {
-            self.out.push_back(WorkerAction::Stop {
-                id,
-                why: StopWhy::Shutdown,
-            });
+            if let Some(h) = self.jobs.get(&id) {
+                let claim = h.claim();
+                self.out.push_back(WorkerAction::Stop {
+                    claim,
+                    why: StopWhy::Shutdown,
+                });
+            }
             self.running -= 1;
             self.report(id, Settle::Abandon { started: true }, now);
         }
-        self.flush_at = Some(now);
+        self.flush_at = now;
     }
 
-    /// The handler of `id`'s claim `token` finished at `now`: `Ok`
-    /// completes the job, `Err(reason)` fails it (a reason too long for
-    /// the store is cut, [`crate::client::fit_reason`]). Ignored for a
-    /// claim no longer held: a handler stopped for a loss may report long
-    /// after, when the job is claimed again (by this worker, too).
-    pub fn handler_done(
-        &mut self,
-        now: u64,
-        id: JobId,
-        token: u64,
-        result: impl Into<HandlerOutcome>,
-    ) {
+    /// The handler of `claim` finished at `now`: `Ok` completes the job,
+    /// `Err(reason)` fails it (a reason too long for the store is cut,
+    /// [`crate::client::fit_reason`]). Ignored for a claim no longer held:
+    /// a handler stopped for a loss may report long after, when the job is
+    /// claimed again (by this worker, too).
+    pub fn handler_done(&mut self, now: u64, claim: ClaimId, result: impl Into<HandlerOutcome>) {
         self.expire(now);
         if !self
             .jobs
-            .get(&id)
-            .is_some_and(|h| h.running && h.token == token)
+            .get(&claim.job)
+            .is_some_and(|h| h.running && h.token == claim.token)
         {
             return;
         }
@@ -349,7 +419,7 @@ impl WorkerMachine {
         if self.queued.is_empty() && self.claim_sent.is_some() {
             self.starved += 1;
         }
-        self.report(id, result.into().settle(), now);
+        self.report(claim.job, result.into().settle(), now);
         self.step(now);
     }
 
@@ -366,15 +436,17 @@ impl WorkerMachine {
                 return;
             }
         }
-        self.reported.insert((id, h.token));
-        self.completer.push((id, h.token, settle));
-        let at = now.saturating_add(self.cfg.flush_delay_ms);
-        self.flush_at = Some(self.flush_at.map_or(at, |f| f.min(at)));
+        let claim = h.claim();
+        if self.completer.is_empty() {
+            self.flush_at = now.saturating_add(self.cfg.flush_delay_ms);
+        }
+        self.reported.insert(claim);
+        self.completer.push((claim, settle));
     }
 
     /// Local deadlines: a queued or running job whose deadline passed is
-    /// lost (its handler is told). A reported outcome is still sent (the
-    /// store decides).
+    /// lost (its handler is told; one never started is given back). A
+    /// reported outcome is still sent (the store decides).
     pub(super) fn expire(&mut self, now: u64) {
         let lost: Vec<(JobId, LostReason)> = self
             .jobs
@@ -382,52 +454,60 @@ impl WorkerMachine {
             .filter_map(|(id, h)| h.life.handle_timeout(now).map(|r| (*id, r)))
             .collect();
         for (id, reason) in lost {
-            self.lose(id, reason);
+            self.lose(id, reason, now);
         }
     }
 
-    pub(super) fn lose(&mut self, id: JobId, reason: LostReason) {
-        let Some(h) = self.jobs.remove(&id) else {
+    /// The claim of `id` may no longer be acted on. A running handler is
+    /// told to stop and the job counts as lost; a job never started whose
+    /// local deadline passed is given back at once, costing no attempt (the
+    /// store refuses if its claim ran out meanwhile); one the store refused
+    /// is just dropped.
+    pub(super) fn lose(&mut self, id: JobId, reason: LostReason, now: u64) {
+        let Some(h) = self.jobs.get(&id) else {
             return;
         };
-        if h.running {
+        let (claim, running) = (h.claim(), h.running);
+        if !running {
+            self.queued.retain(|q| *q != id);
+            if reason == LostReason::LocalDeadline {
+                return self.report(id, Settle::Abandon { started: false }, now);
+            }
+        }
+        self.jobs.remove(&id);
+        if running {
             self.running -= 1;
             self.out.push_back(WorkerAction::Stop {
-                id,
+                claim,
                 why: StopWhy::Lost(reason),
             });
-        } else {
-            self.queued.retain(|q| *q != id);
         }
         self.out.push_back(WorkerAction::Settled {
-            id,
+            claim,
             outcome: JobOutcome::Lost,
         });
     }
 
-    /// Do whatever is due at `now`.
+    /// Do whatever is due at `now`: every timer due, in [`Timer::ALL`]'s
+    /// order, with queued jobs started once deadlines and the shutdown
+    /// grace are seen to.
     pub(super) fn step(&mut self, now: u64) {
         if self.over {
             return;
         }
-        self.start_queued(now);
-        self.maybe_flush(now);
-        self.maybe_renew(now);
-        self.maybe_claim(now);
-        self.maybe_sample(now);
-        if self.may_claim() && self.fire.take_due(now) {
-            self.out.push_back(WorkerAction::Send(WorkerRequest::Fire));
+        for timer in Timer::ALL {
+            if timer == Timer::Flush {
+                self.start_queued(now);
+            }
+            if self.timer(timer).is_some_and(|at| now >= at) {
+                self.on_timer(timer, now);
+            }
         }
         self.maybe_finish();
-    }
-
-    fn maybe_sample(&mut self, now: u64) {
-        if self.cfg.sample_ms == 0 || self.sample_sent || now < self.next_sample {
-            return;
+        #[cfg(debug_assertions)]
+        if let Err(broken) = self.check(now) {
+            panic!("worker machine invariant broken at {now}: {broken}");
         }
-        self.sample_sent = true;
-        self.out
-            .push_back(WorkerAction::Send(WorkerRequest::Sample));
     }
 
     fn start_queued(&mut self, now: u64) {
@@ -439,7 +519,7 @@ impl WorkerMachine {
                 continue;
             };
             if !h.life.is_valid(now) {
-                self.lose(id, LostReason::LocalDeadline);
+                self.report(id, Settle::Abandon { started: false }, now);
                 continue;
             }
             h.running = true;
@@ -448,55 +528,35 @@ impl WorkerMachine {
         }
     }
 
-    fn maybe_flush(&mut self, now: u64) {
-        if self.settle_sent.is_some() || self.completer.is_empty() {
-            return;
-        }
-        // Nothing else is coming soon: no handler runs and none is about to.
-        let idle = self.running == 0 && self.queued.is_empty();
-        let due = self.flush_at.is_some_and(|at| now >= at);
-        if !(idle || due || self.completer.len() >= self.cfg.batch_max) {
-            return;
-        }
+    fn flush(&mut self, now: u64) {
         let n = self.completer.len().min(self.cfg.batch_max);
-        let settles: Vec<(JobId, u64, Settle)> = self.completer.drain(..n).collect();
-        self.settle_sent = Some(settles.clone());
-        self.flush_at = if self.completer.is_empty() {
-            None
-        } else {
-            Some(now)
-        };
-        self.out
-            .push_back(WorkerAction::Send(WorkerRequest::Settle { settles }));
+        let batch: Vec<(ClaimId, Settle)> = self.completer.drain(..n).collect();
+        let settles = batch
+            .iter()
+            .map(|(c, s)| (c.job, c.token, s.clone()))
+            .collect();
+        self.settle_sent = Some(batch);
+        // The rest (if any) goes as soon as this batch is answered.
+        self.flush_at = now;
+        self.send(WorkerRequest::Settle { settles });
     }
 
-    fn maybe_renew(&mut self, now: u64) {
-        if self.round_sent.is_some() || now < self.next_round {
-            return;
-        }
-        let claims = self.round_claims();
-        if claims.is_empty() {
-            self.next_round = u64::MAX;
-            return;
-        }
+    /// Every claim a renewal round carries: held jobs, and outcomes not yet
+    /// committed (their claims must outlive a slow settle).
+    fn renew_round(&mut self, now: u64) {
+        let mut claims: Vec<(JobId, u64)> =
+            self.jobs.iter().map(|(id, h)| (*id, h.token)).collect();
+        claims.extend(self.reported.iter().map(|c| (c.job, c.token)));
         self.round_sent = Some((now, claims.clone()));
-        self.out
-            .push_back(WorkerAction::Send(WorkerRequest::Heartbeat { claims }));
+        self.send(WorkerRequest::Heartbeat { claims });
     }
 
-    fn maybe_claim(&mut self, now: u64) {
-        if !self.may_claim() || self.claim_sent.is_some() || now < self.next_claim {
-            return;
-        }
-        if !self.claim_wanted() {
-            return;
-        }
-        self.claim_sent = Some(now);
+    fn send_claim(&mut self, now: u64) {
         let max = self.room().min(self.cfg.batch_max);
+        self.claim_sent = Some(now);
         self.claim_asked = max;
         self.starved = 0;
-        self.out
-            .push_back(WorkerAction::Send(WorkerRequest::Claim { max }));
+        self.send(WorkerRequest::Claim { max });
     }
 
     pub(super) fn quiet(&self) -> bool {
@@ -521,9 +581,10 @@ impl WorkerMachine {
         }
     }
 
+    /// The next renewal round after one sent (or a first claim) at `from`.
     pub(super) fn next_round_after(&mut self, from: u64) -> u64 {
-        let every = self.cfg.heartbeat_ms;
-        let span = (every / 5).max(1);
-        from.saturating_add(every - every / 10 + self.jitter(span))
+        self.rounds += 1;
+        let draw = mix64(self.cfg.seed ^ self.rounds.rotate_left(17));
+        from.saturating_add(renewal_wait(self.cfg.heartbeat_ms, draw))
     }
 }

@@ -7,6 +7,34 @@ use crate::core::{DriftBound, HeartbeatReply, JobId, JobRecord, JobState, StateC
 use crate::error::{Error, LostReason, Result};
 use std::sync::Arc;
 
+/// One claim of a job: the job and the claim's fencing token. A job can be
+/// claimed again (a new token) before the outcome of its old claim is
+/// committed, so everything about a held job names the claim, never the
+/// job alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimId {
+    /// The job.
+    pub job: JobId,
+    /// The claim's fencing token.
+    pub token: u64,
+}
+
+impl ClaimId {
+    /// The claim a claimed record carries (token 0 if it carries none).
+    pub fn of(record: &JobRecord) -> ClaimId {
+        ClaimId {
+            job: record.id,
+            token: record.claim.map_or(0, |c| c.token),
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job {} (token {})", self.job, self.token)
+    }
+}
+
 /// What a handler returned for its job ([`super::WorkerMachine::handler_done`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandlerOutcome {
@@ -118,6 +146,21 @@ pub enum WorkerRequest {
     Fire,
 }
 
+impl WorkerRequest {
+    /// The reply that says this request got no answer but `e` (a store
+    /// that could not be reached, a reply lost in the network).
+    pub fn failed(&self, e: Error) -> WorkerReply {
+        match self {
+            WorkerRequest::Claim { .. } => WorkerReply::Claimed(Err(e)),
+            WorkerRequest::Heartbeat { .. } => WorkerReply::Heartbeated(Err(e)),
+            WorkerRequest::Settle { .. } => WorkerReply::Settled(Err(e)),
+            WorkerRequest::DrainCheck => WorkerReply::Drained(Err(e)),
+            WorkerRequest::Sample => WorkerReply::Sampled(Err(e)),
+            WorkerRequest::Fire => WorkerReply::Fired(Err(e)),
+        }
+    }
+}
+
 /// The store's answer to a request (one per request sent).
 #[derive(Debug, Clone)]
 pub enum WorkerReply {
@@ -153,24 +196,24 @@ pub enum WorkerAction {
     Send(WorkerRequest),
     /// Run the handler for this job (a handler slot is now taken).
     Start(JobRecord),
-    /// Tell the handler of this job to stop.
+    /// Tell the handler of this claim to stop.
     Stop {
-        /// The job.
-        id: JobId,
+        /// The claim.
+        claim: ClaimId,
         /// Why.
         why: StopWhy,
     },
-    /// The job's claim was renewed: valid until this local instant.
+    /// The claim was renewed: valid until this local instant.
     Renewed {
-        /// The job.
-        id: JobId,
+        /// The claim.
+        claim: ClaimId,
         /// Its new local deadline.
         deadline: u64,
     },
-    /// The job's outcome is recorded (or known lost).
+    /// The claim's outcome is recorded (or known lost).
     Settled {
-        /// The job.
-        id: JobId,
+        /// The claim.
+        claim: ClaimId,
         /// How it ended.
         outcome: JobOutcome,
     },

@@ -2,9 +2,9 @@
 //! settle batch and a drain check mean when the store's reply arrives.
 //! Rules as in `worker.rs`; the state is private to the machine.
 
-use super::lifetime::Lifetime;
+use super::lifetime::{renewal_retry, Lifetime};
 use super::worker::{
-    Held, JobOutcome, StopWhy, WorkerAction, WorkerMachine, WorkerReply, WorkerRequest,
+    ClaimId, Held, JobOutcome, StopWhy, WorkerAction, WorkerMachine, WorkerReply, WorkerRequest,
 };
 use crate::core::job::Settle;
 use crate::core::{HeartbeatReply, JobId, JobRecord, JobState};
@@ -26,7 +26,7 @@ impl WorkerMachine {
             WorkerReply::Fired(r) => {
                 if self.fire.answered(now, &r) && self.may_claim() {
                     self.next_claim = self.next_claim.min(now);
-                    self.idle_ms = 1;
+                    self.idle.reset();
                 }
             }
             WorkerReply::Sampled(r) => {
@@ -69,28 +69,31 @@ impl WorkerMachine {
             self.idle(now);
             return;
         }
-        self.idle_ms = 1;
+        self.idle.reset();
         self.next_claim = now;
         if self.jobs.is_empty() && self.reported.is_empty() {
             self.next_round = self.next_round_after(sent_at);
         }
         for record in jobs {
-            let token = record.claim.map_or(0, |c| c.token);
+            let claim = ClaimId::of(&record);
             let id = record.id;
             if self.jobs.contains_key(&id) {
                 // Granted again: the store says our earlier claim ran out.
-                self.lose(id, LostReason::Expired);
+                self.lose(id, LostReason::Expired, now);
             }
             let life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
+            let late = !life.is_valid(now);
             let held = Held {
                 record,
-                token,
+                token: claim.token,
                 life,
                 running: false,
                 cancel_seen: false,
             };
             self.jobs.insert(id, held);
-            if self.shutdown_at.is_some() {
+            if self.shutdown_at.is_some() || late {
+                // Not ours to run: given back at once, unstarted (a claim
+                // answered after its local deadline costs no attempt).
                 self.report(id, Settle::Abandon { started: false }, now);
             } else {
                 self.queued.push_back(id);
@@ -113,13 +116,10 @@ impl WorkerMachine {
     /// An empty claim: back off (jittered, doubling); with the drain rule
     /// on and nothing held, ask the store whether the queue is drained.
     fn idle(&mut self, now: u64) {
-        let wait = self.idle_ms / 2 + self.jitter(self.idle_ms / 2 + 1);
-        self.next_claim = now.saturating_add(wait.max(1));
-        self.idle_ms = (self.idle_ms * 2).min(self.cfg.idle_max_ms.max(1));
+        self.next_claim = now.saturating_add(self.idle.next_wait().max(1));
         if self.cfg.drain && self.quiet() && !self.drain_sent && self.may_claim() {
             self.drain_sent = true;
-            self.out
-                .push_back(WorkerAction::Send(WorkerRequest::DrainCheck));
+            self.send(WorkerRequest::DrainCheck);
         }
     }
 
@@ -130,7 +130,7 @@ impl WorkerMachine {
         let replies = match r {
             Ok(replies) => replies,
             Err(e) if e.is_transient() || e.is_ambiguous() => {
-                self.next_round = now.saturating_add((self.cfg.heartbeat_ms / 4).max(1));
+                self.next_round = now.saturating_add(renewal_retry(self.cfg.heartbeat_ms));
                 return;
             }
             Err(e) => return self.fail(e),
@@ -143,8 +143,8 @@ impl WorkerMachine {
             }
             match reply {
                 Ok(hb) => self.renewed(now, sent_at, id, hb.cancel_requested),
-                Err(Error::Lost { reason, .. }) => self.lose(id, reason),
-                Err(Error::NotFound(_)) => self.lose(id, LostReason::StaleToken),
+                Err(Error::Lost { reason, .. }) => self.lose(id, reason, now),
+                Err(Error::NotFound(_)) => self.lose(id, LostReason::StaleToken, now),
                 Err(_) => {}
             }
         }
@@ -155,15 +155,16 @@ impl WorkerMachine {
             return;
         };
         h.life.renewed(sent_at, now);
-        let deadline = h.life.deadline();
-        self.out.push_back(WorkerAction::Renewed { id, deadline });
+        let (claim, deadline) = (h.claim(), h.life.deadline());
+        self.out
+            .push_back(WorkerAction::Renewed { claim, deadline });
         if !cancel || h.cancel_seen {
             return;
         }
         h.cancel_seen = true;
         if h.running {
             self.out.push_back(WorkerAction::Stop {
-                id,
+                claim,
                 why: StopWhy::Cancelled,
             });
         } else {
@@ -179,19 +180,20 @@ impl WorkerMachine {
         let states = match r {
             Ok(states) => states,
             Err(e) if e.is_transient() => {
-                // Nothing was applied: send the same outcomes again soon.
+                // Nothing was applied: send the same outcomes again after
+                // a backoff.
                 self.completer.splice(0..0, sent);
-                self.flush_at = Some(now.saturating_add(self.settle_backoff_ms));
-                self.settle_backoff_ms = (self.settle_backoff_ms * 2).min(100);
+                self.settle_retry_at = now.saturating_add(self.settle_backoff.next_wait().max(1));
                 return;
             }
             // They may or may not have been applied: the store decides.
             Err(e) if e.is_ambiguous() => sent.iter().map(|_| Err(e.clone())).collect(),
             Err(e) => return self.fail(e),
         };
-        self.settle_backoff_ms = 1;
-        for ((id, token, settle), state) in sent.into_iter().zip(states) {
-            if !self.reported.remove(&(id, token)) {
+        self.settle_backoff.reset();
+        self.settle_retry_at = 0;
+        for ((claim, settle), state) in sent.into_iter().zip(states) {
+            if !self.reported.remove(&claim) {
                 continue;
             }
             let outcome = match (state, settle) {
@@ -200,7 +202,7 @@ impl WorkerMachine {
                 (Ok(s), Settle::Abandon { .. }) => JobOutcome::Abandoned(s),
                 (Err(_), _) => JobOutcome::Lost,
             };
-            self.out.push_back(WorkerAction::Settled { id, outcome });
+            self.out.push_back(WorkerAction::Settled { claim, outcome });
         }
     }
 }

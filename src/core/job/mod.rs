@@ -297,15 +297,9 @@ impl Default for QueuePolicy {
 /// deterministically from the seed, the job and the attempt: a value in
 /// `[d/2, d]`.
 pub fn backoff_ms(policy: &QueuePolicy, id: JobId, attempts: u32) -> u64 {
-    let shift = attempts.saturating_sub(1).min(63);
-    let full = policy
-        .backoff_base_ms
-        .saturating_mul(1u64 << shift)
-        .min(policy.backoff_max_ms);
-    let half = full / 2;
-    let span = full - half;
-    let roll = mix64(policy.jitter_seed ^ mix64(id.0) ^ u64::from(attempts));
-    half + roll % (span + 1)
+    let seed = policy.jitter_seed ^ mix64(id.0);
+    crate::core::Backoff::new(policy.backoff_base_ms, policy.backoff_max_ms, seed)
+        .wait(attempts.saturating_sub(1))
 }
 
 /// What [`enqueue`] did.

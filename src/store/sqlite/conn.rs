@@ -61,11 +61,11 @@ pub(super) fn busy_wait(count: i32) -> bool {
         if now.duration_since(start) >= limit {
             return false;
         }
+        // The wait doubles every fourth call.
         let step = u32::try_from(count.clamp(0, 24) / 4).unwrap_or(0);
-        let base_us = (50u64 << step).min(2000);
         let seed = start.elapsed().as_nanos() as u64 ^ (count as u64).rotate_left(32);
-        let jitter = crate::core::mix64(seed) % (base_us / 2 + 1);
-        std::thread::sleep(Duration::from_micros(base_us / 2 + jitter));
+        let wait_us = crate::core::Backoff::new(50, 2_000, seed).wait(step);
+        std::thread::sleep(Duration::from_micros(wait_us));
         true
     })
 }

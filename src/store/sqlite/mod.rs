@@ -215,13 +215,12 @@ fn connect(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
     // the busy handler: each step is safe to run again, so the whole setup
     // is, until the busy timeout.
     let started = std::time::Instant::now();
-    let mut pause_us = 200u64;
+    let seed = started.elapsed().as_nanos() as u64 ^ u64::from(std::process::id());
+    let mut pause_us = crate::core::Backoff::new(200, 20_000, seed);
     loop {
         match prepare(&conn, &shown) {
             Err(e) if e.is_transient() && started.elapsed() < opts.busy_timeout => {
-                let jitter = crate::core::mix64(started.elapsed().as_nanos() as u64) % pause_us;
-                std::thread::sleep(Duration::from_micros(pause_us / 2 + jitter));
-                pause_us = (pause_us * 2).min(20_000);
+                std::thread::sleep(Duration::from_micros(pause_us.next_wait()));
             }
             other => break other?,
         }

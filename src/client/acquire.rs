@@ -1,0 +1,145 @@
+//! What the sync acquire ([`Client::acquire`]) and the tokio one
+//! (`leasehold::tokio::Client::acquire`) share: the [`HolderMachine`]
+//! acquiring one key, the store side of its requests ([`AcquireExec`]),
+//! and what each of its events means for the caller ([`AcquireNext`]). The
+//! two are thin executors of this one shape: the sync one runs the acquire
+//! on the caller's thread and waits on the store's release announcements,
+//! the tokio one runs it on the blocking pool and waits on a timer.
+
+use super::machine::{
+    HolderAction, HolderEvent, HolderMachine, HolderReply, HolderRequest, Lifetime,
+};
+use super::{Client, LeaseOptions};
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// The store side of an acquire: one transaction per request (the machine
+/// decides what an error means). Cheap to clone and `Send`.
+#[derive(Clone)]
+pub(crate) struct AcquireExec {
+    client: Client,
+    key: Arc<str>,
+    ttl_ms: u64,
+    limit: u32,
+}
+
+impl AcquireExec {
+    /// The acquire transaction, and its answer.
+    pub(crate) fn run(&self) -> HolderReply {
+        let reply = self
+            .client
+            .try_acquire_once(&self.key, self.ttl_ms, self.limit);
+        HolderReply::Acquired(reply)
+    }
+}
+
+/// What the executor must do next.
+pub(crate) enum AcquireNext {
+    /// Run [`AcquireExec::run`] and feed its reply to [`Acquiring::reply`].
+    Send,
+    /// The lease is ours: build the guard.
+    Granted {
+        token: u64,
+        renewed: bool,
+        life: Lifetime,
+    },
+    /// Held for the whole wait, or a store error retrying will not fix.
+    Failed(Error),
+}
+
+/// One acquire in progress.
+pub(crate) struct Acquiring {
+    machine: HolderMachine,
+    exec: AcquireExec,
+    waits: bool,
+}
+
+impl Acquiring {
+    /// Start acquiring `key` for `client` with `opts` (checked: same
+    /// process, a valid key).
+    pub(crate) fn new(client: &Client, key: &str, opts: &LeaseOptions) -> Result<Self> {
+        let cfg = client.holder_config(key, opts)?;
+        let exec = AcquireExec {
+            client: client.clone(),
+            key: Arc::from(key),
+            ttl_ms: cfg.ttl_ms,
+            limit: cfg.limit,
+        };
+        Ok(Acquiring {
+            machine: HolderMachine::new(cfg, client.local_now_ms()),
+            waits: cfg.wait_ms > 0,
+            exec,
+        })
+    }
+
+    /// The store side, to run requests with.
+    pub(crate) fn exec(&self) -> &AcquireExec {
+        &self.exec
+    }
+
+    /// Whether it may wait for the key (a try-once acquire has nothing to
+    /// listen for).
+    pub(crate) fn waits(&self) -> bool {
+        self.waits
+    }
+
+    /// The TTL of each grant.
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        self.exec.ttl_ms
+    }
+
+    /// What to do next; `None` when waiting ([`Acquiring::wait_ms`]).
+    pub(crate) fn next(&mut self) -> Option<AcquireNext> {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                HolderAction::Send(HolderRequest::Acquire) => return Some(AcquireNext::Send),
+                HolderAction::Event(HolderEvent::Granted { token, renewed }) => {
+                    return Some(match self.machine.lifetime() {
+                        Some(life) => AcquireNext::Granted {
+                            token,
+                            renewed,
+                            life: life.clone(),
+                        },
+                        None => AcquireNext::Failed(Error::store(
+                            "acquiring",
+                            "granted without a lifetime",
+                        )),
+                    });
+                }
+                HolderAction::Event(HolderEvent::GaveUp(e) | HolderEvent::Failed(e)) => {
+                    return Some(AcquireNext::Failed(e))
+                }
+                HolderAction::Event(_) | HolderAction::Send(_) => {}
+            }
+        }
+        None
+    }
+
+    /// The store answered.
+    pub(crate) fn reply(&mut self, reply: HolderReply) {
+        let now = self.exec.client.local_now_ms();
+        self.machine.handle_reply(now, reply);
+    }
+
+    /// How long to wait (local ms) before [`Acquiring::timeout`], unless a
+    /// release is announced first ([`Acquiring::wake`]).
+    pub(crate) fn wait_ms(&self) -> u64 {
+        let now = self.exec.client.local_now_ms();
+        self.machine
+            .poll_timeout()
+            .unwrap_or(now)
+            .saturating_sub(now)
+    }
+
+    /// The wait ran out.
+    pub(crate) fn timeout(&mut self) {
+        let now = self.exec.client.local_now_ms();
+        self.machine.handle_timeout(now);
+    }
+
+    /// The store announced a release: try again at once.
+    pub(crate) fn wake(&mut self) {
+        let now = self.exec.client.local_now_ms();
+        self.machine.handle_wake(now);
+    }
+}
