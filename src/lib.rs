@@ -75,6 +75,7 @@ mod json;
 mod observe;
 pub mod store;
 mod sync;
+pub mod time;
 #[cfg(all(feature = "tokio", not(loom)))]
 pub mod tokio;
 
@@ -94,6 +95,7 @@ pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt, Wake};
 pub use store::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteOptions, SqliteStore, Synchronous};
+pub use time::{LocalMs, StoreMs, WallMs};
 
 /// The README's examples compile and run as doctests.
 #[cfg(doctest)]

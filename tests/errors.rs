@@ -143,7 +143,7 @@ fn bad_job_specs() {
         });
     }
     let far = JobSpec {
-        run_at_ms: Some(u64::MAX),
+        run_at: Some(leasehold::StoreMs::MAX),
         ..JobSpec::new("x")
     };
     w.expect_invalid("run_at", |tx| {
@@ -176,7 +176,7 @@ fn bad_job_specs() {
 fn run_at_in_the_past_means_now() {
     let w = world();
     let spec = JobSpec {
-        run_at_ms: Some(0),
+        run_at: Some(leasehold::StoreMs::ZERO),
         ..JobSpec::new("x")
     };
     let id = w

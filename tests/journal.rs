@@ -355,12 +355,16 @@ fn a_schedules_ticks_are_recorded_enqueued_caught_up_or_skipped() {
             job: JobSpec::new("tick"),
             missed,
         };
-        w.tx(false, |tx| schedule::put(tx, Q, &spec, wall));
+        w.tx(false, |tx| {
+            schedule::put(tx, Q, &spec, leasehold::WallMs(wall))
+        });
     }
     // Two minutes later: the ticks at 10 s to 50 s are missed (one event
     // each schedule), the seven from 60 s to 120 s on time.
     let p = w.policy;
-    let fired = w.tx(true, |tx| schedule::fire(tx, Q, wall + 120_000, &p));
+    let fired = w.tx(true, |tx| {
+        schedule::fire(tx, Q, leasehold::WallMs(wall + 120_000), &p)
+    });
     let ticks: Vec<(String, u64, TickChange)> = fired
         .events
         .iter()

@@ -177,7 +177,9 @@ fn a_version_3_schema_gains_schedules_in_place() {
         job: leasehold::JobSpec::new("x"),
         missed: Missed::Skip,
     };
-    store.txn(|tx| schedule::put(tx, "q", &spec, 0)).unwrap();
+    store
+        .txn(|tx| schedule::put(tx, "q", &spec, leasehold::WallMs(0)))
+        .unwrap();
     assert_eq!(store.txn(|tx| schedule::list(tx, "q")).unwrap().len(), 1);
 }
 

@@ -442,7 +442,9 @@ fn a_version_3_database_gains_schedules_in_place() {
         job: JobSpec::new("x"),
         missed: Missed::Skip,
     };
-    store.txn(|tx| schedule::put(tx, "q", &spec, 0)).unwrap();
+    store
+        .txn(|tx| schedule::put(tx, "q", &spec, leasehold::WallMs(0)))
+        .unwrap();
     assert_eq!(store.txn(|tx| schedule::list(tx, "q")).unwrap().len(), 1);
     let counts = store
         .txn(|tx| core::job::stats(tx, "q", &QueuePolicy::default()))

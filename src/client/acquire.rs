@@ -66,7 +66,7 @@ impl Acquiring {
             limit: cfg.limit,
         };
         Ok(Acquiring {
-            machine: HolderMachine::new(cfg, client.local_now_ms()),
+            machine: HolderMachine::new(cfg, client.local_now()),
             waits: cfg.wait_ms > 0,
             exec,
         })
@@ -117,14 +117,14 @@ impl Acquiring {
 
     /// The store answered.
     pub(crate) fn reply(&mut self, reply: HolderReply) {
-        let now = self.exec.client.local_now_ms();
+        let now = self.exec.client.local_now();
         self.machine.handle_reply(now, reply);
     }
 
     /// How long to wait (local ms) before [`Acquiring::timeout`], unless a
     /// release is announced first ([`Acquiring::wake`]).
     pub(crate) fn wait_ms(&self) -> u64 {
-        let now = self.exec.client.local_now_ms();
+        let now = self.exec.client.local_now();
         self.machine
             .poll_timeout()
             .unwrap_or(now)
@@ -133,13 +133,13 @@ impl Acquiring {
 
     /// The wait ran out.
     pub(crate) fn timeout(&mut self) {
-        let now = self.exec.client.local_now_ms();
+        let now = self.exec.client.local_now();
         self.machine.handle_timeout(now);
     }
 
     /// The store announced a release: try again at once.
     pub(crate) fn wake(&mut self) {
-        let now = self.exec.client.local_now_ms();
+        let now = self.exec.client.local_now();
         self.machine.handle_wake(now);
     }
 }

@@ -18,6 +18,7 @@ use crate::error::{LostReason, Result, Target};
 use crate::fork::ForkGuard;
 use crate::store::{StoreExt, Wake};
 use crate::sync::{lock, thread, Mutex};
+use crate::time::LocalMs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,12 +84,12 @@ impl Leader {
     /// deadline (renewed by the election) has not passed. Check it before
     /// every protected action.
     pub fn is_valid(&self) -> bool {
-        self.life.is_valid(self.client.local_now_ms())
+        self.life.is_valid(self.client.local_now())
     }
 
     /// Time left before the local deadline (zero once not valid).
     pub fn remaining(&self) -> Duration {
-        self.life.remaining(self.client.local_now_ms())
+        self.life.remaining(self.client.local_now())
     }
 
     /// How the term was lost, if it was (a resignation is not a loss).
@@ -181,7 +182,7 @@ impl ElectionSession {
             once: opts.once,
         };
         Ok(ElectionSession {
-            machine: ElectionMachine::new(cfg, client.local_now_ms()),
+            machine: ElectionMachine::new(cfg, client.local_now()),
             exec: ElectionExec {
                 client: client.clone(),
                 key: Arc::from(key),
@@ -193,8 +194,8 @@ impl ElectionSession {
     }
 
     /// The local clock (ms).
-    pub(crate) fn now(&self) -> u64 {
-        self.exec.client.local_now_ms()
+    pub(crate) fn now(&self) -> LocalMs {
+        self.exec.client.local_now()
     }
 
     /// The store side, to run requests with.
@@ -246,7 +247,7 @@ impl ElectionSession {
         let client = &self.exec.client;
         match event {
             ElectionEvent::Elected { token } => {
-                let deadline = self.machine.deadline().unwrap_or(0);
+                let deadline = self.machine.deadline().unwrap_or(LocalMs::ZERO);
                 let target = Target::Lease {
                     key: self.exec.key.to_string(),
                     token,
@@ -443,7 +444,7 @@ fn campaign(
             }
         }
         let now = session.now();
-        let until = session.machine.poll_timeout().unwrap_or(u64::MAX);
+        let until = session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
         wait = Duration::from_millis(until.saturating_sub(now).clamp(1, 50));
     }
 }

@@ -85,12 +85,12 @@ impl LeaseGuard {
     /// and before the local deadline on the holder's own clock. This is the
     /// check to make before every protected action.
     pub fn is_valid(&self) -> bool {
-        self.life.is_valid(self.client.local_now_ms())
+        self.life.is_valid(self.client.local_now())
     }
 
     /// Time left before the local deadline (zero if not valid).
     pub fn remaining(&self) -> Duration {
-        self.life.remaining(self.client.local_now_ms())
+        self.life.remaining(self.client.local_now())
     }
 
     /// The loss seen by a renewal or keep-alive, if any.
@@ -105,10 +105,9 @@ impl LeaseGuard {
     /// Renew now, extending the local deadline.
     pub fn renew(&self) -> Result<()> {
         self.life.check_usable(false)?;
-        let sent_at = self.client.local_now_ms();
+        let sent_at = self.client.local_now();
         let outcome = (self.renew_fn())(self.life.deadline());
-        self.life
-            .record(sent_at, self.client.local_now_ms(), &outcome);
+        self.life.record(sent_at, self.client.local_now(), &outcome);
         outcome.map(drop)
     }
 

@@ -13,6 +13,7 @@ use crate::core::QueuePolicy;
 use crate::core::{self, JobId, JobRecord, JobState};
 use crate::error::{Error, LostReason, Result, Target};
 use crate::sync::{lock, Mutex};
+use crate::time::LocalMs;
 use std::sync::Arc;
 
 /// A claimed job. Valid while [`ClaimedJob::is_valid`]; heartbeat to keep
@@ -43,7 +44,7 @@ impl std::fmt::Debug for ClaimedJob {
 
 impl ClaimedJob {
     /// A job claimed by a request sent at `sent_at` (local clock).
-    pub(crate) fn claimed(client: Client, job: JobRecord, lease_ms: u64, sent_at: u64) -> Self {
+    pub(crate) fn claimed(client: Client, job: JobRecord, lease_ms: u64, sent_at: LocalMs) -> Self {
         let token = job.claim.map_or(0, |c| c.token);
         let seed = token ^ job.id.0;
         let drift = client.inner.drift;
@@ -52,7 +53,12 @@ impl ClaimedJob {
     }
 
     /// A job run by a worker loop, valid until the loop says otherwise.
-    pub(crate) fn managed(client: Client, job: JobRecord, lease_ms: u64, deadline: u64) -> Self {
+    pub(crate) fn managed(
+        client: Client,
+        job: JobRecord,
+        lease_ms: u64,
+        deadline: LocalMs,
+    ) -> Self {
         Self::with_life(client, job, lease_ms, Lifetime::until(deadline), true)
     }
 
@@ -105,7 +111,7 @@ impl ClaimedJob {
     /// settled or lost, before the claim's local deadline (see
     /// [`super::LeaseGuard::is_valid`]).
     pub fn is_valid(&self) -> bool {
-        self.life.is_valid(self.client.local_now_ms())
+        self.life.is_valid(self.client.local_now())
     }
 
     /// Whether a heartbeat has seen a cancel request.
@@ -161,10 +167,9 @@ impl ClaimedJob {
     pub fn heartbeat(&self) -> Result<bool> {
         self.by_hand("heartbeat")?;
         self.life.check_usable(false)?;
-        let sent_at = self.client.local_now_ms();
+        let sent_at = self.client.local_now();
         let outcome = (self.renew_fn())(self.life.deadline());
-        self.life
-            .record(sent_at, self.client.local_now_ms(), &outcome);
+        self.life.record(sent_at, self.client.local_now(), &outcome);
         outcome
     }
 

@@ -14,6 +14,7 @@ use crate::clock::Clock;
 use crate::error::{Error, LostReason, Result, Target};
 use crate::fork::ForkGuard;
 use crate::sync::{lock, thread, Condvar, Mutex, MutexGuard};
+use crate::time::LocalMs;
 use std::sync::Arc;
 
 /// Called once when a lease or claim is lost.
@@ -21,7 +22,7 @@ pub(crate) type OnLost = Box<dyn FnOnce(Error) + Send>;
 
 /// A renewal: given the local deadline (retry no later), renew; `Ok` says
 /// whether a cancel was requested (jobs).
-pub(crate) type RenewFn = Box<dyn FnMut(u64) -> Result<bool> + Send>;
+pub(crate) type RenewFn = Box<dyn FnMut(LocalMs) -> Result<bool> + Send>;
 
 pub(crate) struct Lifeline {
     pub(crate) target: Target,
@@ -74,22 +75,22 @@ impl Lifeline {
     }
 
     /// Valid in this process, not ended, before the local deadline.
-    pub(crate) fn is_valid(&self, now_ms: u64) -> bool {
+    pub(crate) fn is_valid(&self, now: LocalMs) -> bool {
         // The fork check comes first: in a child, the mutex may have been
         // copied locked by a keep-alive thread that does not exist there.
-        self.fork.is_origin() && lock(&self.state).life.is_valid(now_ms)
+        self.fork.is_origin() && lock(&self.state).life.is_valid(now)
     }
 
-    pub(crate) fn deadline(&self) -> u64 {
+    pub(crate) fn deadline(&self) -> LocalMs {
         lock(&self.state).life.deadline()
     }
 
     /// Time left at `now_ms` before the local deadline (zero if not valid).
-    pub(crate) fn remaining(&self, now_ms: u64) -> std::time::Duration {
-        if !self.is_valid(now_ms) {
+    pub(crate) fn remaining(&self, now: LocalMs) -> std::time::Duration {
+        if !self.is_valid(now) {
             return std::time::Duration::ZERO;
         }
-        std::time::Duration::from_millis(self.deadline().saturating_sub(now_ms))
+        std::time::Duration::from_millis(self.deadline().saturating_sub(now))
     }
 
     pub(crate) fn lost(&self) -> Option<LostReason> {
@@ -130,7 +131,7 @@ impl Lifeline {
 
     /// Record a renewal's outcome: sent at `sent_at`, answered at `now`.
     /// `scheduled`: it was the keep-alive's own (in flight in the machine).
-    pub(crate) fn record(&self, sent_at: u64, now: u64, outcome: &Result<bool>) {
+    pub(crate) fn record(&self, sent_at: LocalMs, now: LocalMs, outcome: &Result<bool>) {
         let mut st = lock(&self.state);
         let lost = match outcome {
             Ok(cancel) => {
@@ -158,7 +159,7 @@ impl Lifeline {
     }
 
     /// Renewed by someone else: valid until `deadline` (local).
-    pub(crate) fn extend_to(&self, deadline: u64) {
+    pub(crate) fn extend_to(&self, deadline: LocalMs) {
         lock(&self.state).life.extend_to(deadline);
     }
 
@@ -168,7 +169,11 @@ impl Lifeline {
     }
 
     /// Declare the loss if the local deadline has passed; true once ended.
-    fn check_deadline(&self, st: &mut MutexGuard<'_, LineState>, now: u64) -> Option<LostReason> {
+    fn check_deadline(
+        &self,
+        st: &mut MutexGuard<'_, LineState>,
+        now: LocalMs,
+    ) -> Option<LostReason> {
         st.life.handle_timeout(now)
     }
 
@@ -232,7 +237,7 @@ impl Lifeline {
     /// (the thread here, the tokio task) follow. A passed deadline is
     /// declared lost here (the callback runs), and a due renewal is marked
     /// sent.
-    pub(crate) fn step(&self, now: u64) -> Step {
+    pub(crate) fn step(&self, now: LocalMs) -> Step {
         let mut st = lock(&self.state);
         if st.life.end().is_some() {
             return Step::Stop;
@@ -292,12 +297,12 @@ impl Lifeline {
 
     fn keep_alive_loop(&self, clock: &dyn Clock, renew: &mut RenewFn) {
         loop {
-            let now = clock.now_ms();
+            let now = LocalMs::read(clock);
             match self.step(now) {
                 Step::Stop => return,
                 Step::Renew { sent_at, deadline } => {
                     let outcome = renew(deadline);
-                    self.record(sent_at, clock.now_ms(), &outcome);
+                    self.record(sent_at, LocalMs::read(clock), &outcome);
                 }
                 Step::SleepUntil(until) => {
                     let st = lock(&self.state);
@@ -323,10 +328,10 @@ pub(crate) enum Step {
     /// with `sent_at`.
     Renew {
         /// When the renewal was sent (local ms).
-        sent_at: u64,
+        sent_at: LocalMs,
         /// The local deadline.
-        deadline: u64,
+        deadline: LocalMs,
     },
     /// Nothing to do before this local instant.
-    SleepUntil(u64),
+    SleepUntil(LocalMs),
 }

@@ -51,6 +51,7 @@ use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::{Store, StoreExt, Wake};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::time::{LocalMs, StoreMs, WallMs};
 use acquire::{AcquireNext, Acquiring};
 use machine::HolderConfig;
 use std::collections::HashSet;
@@ -274,8 +275,9 @@ impl Client {
         &self.inner.policy
     }
 
-    pub(crate) fn local_now_ms(&self) -> u64 {
-        self.inner.clock.now_ms()
+    /// The local clock now (deadlines, renewal schedules, timers).
+    pub(crate) fn local_now(&self) -> LocalMs {
+        LocalMs(self.inner.clock.now_ms())
     }
 
     /// The wall clock (Unix ms) schedules' ticks are read on.
@@ -300,31 +302,34 @@ impl Client {
         self.run_until(op, None, f)
     }
 
-    /// [`Client::run`], but retrying no later than `until_local_ms` on the
+    /// [`Client::run`], but retrying no later than `until` on the
     /// local clock (a renewal is pointless past the local deadline).
     pub(crate) fn run_until<R>(
         &self,
         op: &'static str,
-        until_local_ms: Option<u64>,
+        until: Option<LocalMs>,
         mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
         self.inner.fork.check()?;
-        let start_ms = self.local_now_ms();
+        let start_ms = self.local_now();
         let give_up_ms = start_ms
             .saturating_add(ms_of(self.inner.busy_timeout))
-            .min(until_local_ms.unwrap_or(u64::MAX));
+            .min(until.unwrap_or(LocalMs::MAX));
         let mut backoff = core::Backoff::new(1, RETRY_CAP_MS, self.jitter(u64::MAX));
         loop {
             match self.inner.store.txn_as(op, &mut f) {
                 Err(e) if e.is_transient() => {
-                    let now_ms = self.local_now_ms();
+                    let now_ms = self.local_now();
                     if now_ms >= give_up_ms {
                         return Err(Error::Busy {
                             waited_ms: now_ms.saturating_sub(start_ms),
                             last: Box::new(e),
                         });
                     }
-                    let sleep_ms = backoff.next_wait().min(give_up_ms - now_ms).max(1);
+                    let sleep_ms = backoff
+                        .next_wait()
+                        .min(give_up_ms.saturating_sub(now_ms))
+                        .max(1);
                     crate::sync::sleep(Duration::from_millis(sleep_ms));
                 }
                 other => return other,
@@ -435,10 +440,29 @@ impl Client {
         })
     }
 
-    /// The store's clock now (ms), the time its rules run on: convert a
+    /// The store's clock now, the time its rules run on: convert a
     /// record's instants to wall-clock time from their distance to it.
-    pub fn store_now_ms(&self) -> Result<u64> {
-        self.run("now", |tx| Ok(tx.now_ms()))
+    pub fn store_now(&self) -> Result<StoreMs> {
+        self.run("now", |tx| Ok(StoreMs(tx.now_ms())))
+    }
+
+    /// A wall-clock time as an instant of the store's clock (for a job's
+    /// [`JobSpec::run_at`](crate::JobSpec::run_at): "at 18:00"), through
+    /// one reading of each: the store's now plus the time from this
+    /// client's wall clock's now to `at` (a time in the past comes out as
+    /// far in the store's past).
+    pub fn store_time(&self, at: std::time::SystemTime) -> Result<StoreMs> {
+        let store_now = self.store_now()?;
+        let wall_now = WallMs::read(&*self.inner.wall);
+        let at_ms = match at.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => ms_of(d),
+            Err(_) => 0,
+        };
+        Ok(if at_ms >= wall_now.ms() {
+            store_now.saturating_add(at_ms - wall_now.ms())
+        } else {
+            store_now.saturating_sub_ms(wall_now.ms() - at_ms)
+        })
     }
 
     /// Live holders of `key` and its token counter.

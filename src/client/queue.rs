@@ -9,6 +9,7 @@ use crate::core::{
     StateCounts,
 };
 use crate::error::{Error, LostReason, Result};
+use crate::time::WallMs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,7 +49,7 @@ impl Queue {
         let lease_ms = ms_of(lease);
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
-        let sent_at = self.client.local_now_ms();
+        let sent_at = self.client.local_now();
         let jobs = self.client.run("claim", |tx| {
             core::job::claim(tx, &self.name, holder, lease_ms, max, &policy)
         })?;
@@ -102,9 +103,9 @@ impl Queue {
     /// schedules at startup). Workers of the queue ([`Queue::work`]) fire
     /// it: each tick becomes one job, however many workers run.
     pub fn schedule(&self, spec: &ScheduleSpec) -> Result<PutOutcome> {
-        let wall_ms = self.client.wall_clock().now_ms();
+        let wall = WallMs::read(&**self.client.wall_clock());
         self.client.run("schedule", |tx| {
-            core::schedule::put(tx, &self.name, spec, wall_ms)
+            core::schedule::put(tx, &self.name, spec, wall)
         })
     }
 
@@ -124,10 +125,10 @@ impl Queue {
     /// Fire this queue's due ticks now (workers do it on their own; this is
     /// for a process that runs no worker).
     pub fn fire_schedules(&self) -> Result<Fired> {
-        let wall_ms = self.client.wall_clock().now_ms();
+        let wall = WallMs::read(&**self.client.wall_clock());
         let policy = self.client.inner.policy;
         self.client.run("fire", |tx| {
-            core::schedule::fire(tx, &self.name, wall_ms, &policy)
+            core::schedule::fire(tx, &self.name, wall, &policy)
         })
     }
 

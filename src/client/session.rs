@@ -31,6 +31,7 @@ use crate::clock::Clock;
 use crate::core::{self, HolderId, JobRecord, QueuePolicy};
 use crate::error::Result;
 use crate::store::{Store, StoreExt};
+use crate::time::{LocalMs, WallMs};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,14 +103,14 @@ impl Exec {
 
     /// Fire the queue's schedules at the wall clock's now.
     fn fire(&self) -> Result<FireReport> {
-        let wall_ms = self.wall.now_ms();
+        let wall = WallMs::read(&*self.wall);
         let fired = self.store.txn_as("fire", |tx| {
-            core::schedule::fire(tx, &self.queue, wall_ms, &self.policy)
+            core::schedule::fire(tx, &self.queue, wall, &self.policy)
         });
         match fired {
             Ok(f) => Ok(FireReport {
                 enqueued: f.enqueued.iter().filter(|e| e.3).count(),
-                next_in_ms: f.next_ms.map(|n| n.saturating_sub(wall_ms)),
+                next_in_ms: f.next_ms.map(|n| n.saturating_sub(wall.ms())),
                 jobs: f.enqueued,
             }),
             Err(e) => {
@@ -153,7 +154,7 @@ pub struct Session {
     exec: Exec,
     /// Claims held, as claimed (for the handler and the observer), with
     /// the local instant of the claim's reply (for their run time).
-    records: HashMap<ClaimId, (JobRecord, u64)>,
+    records: HashMap<ClaimId, (JobRecord, LocalMs)>,
     handles: HashMap<ClaimId, Arc<ClaimedJob>>,
     report: WorkReport,
     #[cfg(feature = "canaries")]
@@ -179,7 +180,7 @@ impl Session {
             fire_ms: opts.schedules.map_or(0, |d| ms_of(d).max(1)),
         };
         Session {
-            machine: WorkerMachine::new(cfg, client.local_now_ms()),
+            machine: WorkerMachine::new(cfg, client.local_now()),
             client: client.clone(),
             lease_ms,
             exec: Exec::new(client, queue, lease_ms),
@@ -207,7 +208,7 @@ impl Session {
             .handles
             .iter()
             .map(|(claim, job)| {
-                let deadline = self.machine.deadline(*claim).unwrap_or(0);
+                let deadline = self.machine.deadline(*claim).unwrap_or(LocalMs::ZERO);
                 let copy = ClaimedJob::managed(
                     client.clone(),
                     job.record().clone(),
@@ -237,8 +238,8 @@ impl Session {
     }
 
     /// The local clock (ms).
-    pub fn now(&self) -> u64 {
-        self.client.local_now_ms()
+    pub fn now(&self) -> LocalMs {
+        self.client.local_now()
     }
 
     /// The store side, to run requests with.
@@ -316,7 +317,7 @@ impl Session {
 
     fn start(&mut self, record: JobRecord) -> Arc<ClaimedJob> {
         let claim = ClaimId::of(&record);
-        let deadline = self.machine.deadline(claim).unwrap_or(0);
+        let deadline = self.machine.deadline(claim).unwrap_or(LocalMs::ZERO);
         let job = Arc::new(ClaimedJob::managed(
             self.client.clone(),
             record,

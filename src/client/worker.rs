@@ -16,6 +16,7 @@ use crate::core::{self, JobRecord};
 use crate::error::Result;
 use crate::store::Wake;
 use crate::sync::{lock, Condvar, Mutex};
+use crate::time::LocalMs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -333,7 +334,7 @@ impl<'a> Driver<'a> {
     /// store reply, at most 50 ms (the stop flag is polled).
     fn wait(&self) {
         let now = self.session.now();
-        let until = self.session.machine.poll_timeout().unwrap_or(u64::MAX);
+        let until = self.session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
         let ms = until.saturating_sub(now).clamp(0, 50);
         if ms == 0 {
             return;

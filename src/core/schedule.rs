@@ -35,6 +35,7 @@
 
 use super::{check_key, job, Event, JobId, JobSpec, QueuePolicy, Txn, MAX_TTL_MS};
 use crate::error::{Error, Result};
+use crate::time::WallMs;
 use std::sync::Arc;
 
 /// How late a tick may fire and still count as on time (a minute).
@@ -322,9 +323,10 @@ fn check_spec(queue: &str, spec: &ScheduleSpec) -> Result<()> {
 }
 
 /// Add the schedule `spec` to `queue`, or replace the one of the same name
-/// (see the module docs: the same rule keeps its cursor). `wall_ms` is the
+/// (see the module docs: the same rule keeps its cursor). `wall` is the
 /// caller's wall clock.
-pub fn put(tx: &mut dyn Txn, queue: &str, spec: &ScheduleSpec, wall_ms: u64) -> Result<PutOutcome> {
+pub fn put(tx: &mut dyn Txn, queue: &str, spec: &ScheduleSpec, wall: WallMs) -> Result<PutOutcome> {
+    let wall_ms = wall.ms();
     check_spec(queue, spec)?;
     let ticker = spec.rule.ticker()?;
     let tx = tx.jobs()?;
@@ -392,8 +394,9 @@ pub fn list(tx: &mut dyn Txn, queue: &str) -> Result<Vec<ScheduleRecord>> {
 }
 
 /// Turn every due tick of `queue`'s schedules into jobs, as of the
-/// caller's wall clock `wall_ms` (see the module docs).
-pub fn fire(tx: &mut dyn Txn, queue: &str, wall_ms: u64, policy: &QueuePolicy) -> Result<Fired> {
+/// caller's wall clock `wall` (see the module docs).
+pub fn fire(tx: &mut dyn Txn, queue: &str, wall: WallMs, policy: &QueuePolicy) -> Result<Fired> {
+    let wall_ms = wall.ms();
     check_key("queue", queue)?;
     let schedules = tx.jobs()?.schedules(queue)?;
     let mut fired = Fired::default();

@@ -10,6 +10,7 @@ use crate::client::election::{ElectionSession, Next};
 use crate::error::Result;
 use crate::store::Wake;
 use crate::sync::{lock, Mutex};
+use crate::time::LocalMs;
 use crate::{ElectOptions, Leader, LeaderEvent};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
@@ -140,7 +141,7 @@ impl Task {
                 }
             }
             let now = self.session.now();
-            let until = self.session.machine.poll_timeout().unwrap_or(u64::MAX);
+            let until = self.session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
             // At most a minute: nothing is lost by looking again.
             let wait = until.saturating_sub(now).min(60_000);
             tokio::select! {

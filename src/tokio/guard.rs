@@ -14,6 +14,7 @@ use crate::client::lifeline::{Lifeline, OnLost, RenewFn, Step};
 use crate::client::machine::Lifetime;
 use crate::clock::Clock;
 use crate::error::{Error, LostReason, Result, Target};
+use crate::time::LocalMs;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -46,7 +47,7 @@ async fn run_keep_alive(line: Arc<Lifeline>, clock: Arc<dyn Clock>, renew: Renew
     let _disarm = Disarm(line.clone());
     let mut renew = Some(renew);
     loop {
-        let now = clock.now_ms();
+        let now = LocalMs::read(&*clock);
         match line.step(now) {
             Step::Stop => return,
             Step::SleepUntil(until) => {
@@ -64,7 +65,7 @@ async fn run_keep_alive(line: Arc<Lifeline>, clock: Arc<dyn Clock>, renew: Renew
                     }
                     None => Err(Error::store("renewing", "an earlier renewal panicked")),
                 };
-                line.record(sent_at, clock.now_ms(), &outcome);
+                line.record(sent_at, LocalMs::read(&*clock), &outcome);
             }
         }
     }
@@ -76,7 +77,7 @@ async fn renew_before(
     line: &Lifeline,
     clock: &dyn Clock,
     mut f: RenewFn,
-    deadline: u64,
+    deadline: LocalMs,
 ) -> (Option<RenewFn>, Result<bool>) {
     let mut call = tokio::task::spawn_blocking(move || {
         let outcome = f(deadline);
@@ -84,8 +85,8 @@ async fn renew_before(
     });
     let joined = tokio::select! {
         joined = &mut call => joined,
-        _ = nap(deadline.saturating_sub(clock.now_ms())) => {
-            line.step(clock.now_ms());
+        _ = nap(deadline.saturating_sub(LocalMs::read(clock))) => {
+            line.step(LocalMs::read(clock));
             call.await
         }
     };
@@ -183,12 +184,12 @@ impl LeaseGuard {
     /// Whether the holder may act now (same process, not released or lost,
     /// before the local deadline). Check it before every protected action.
     pub fn is_valid(&self) -> bool {
-        self.life.is_valid(self.client.local_now_ms())
+        self.life.is_valid(self.client.local_now())
     }
 
     /// Time left before the local deadline (zero if not valid).
     pub fn remaining(&self) -> Duration {
-        self.life.remaining(self.client.local_now_ms())
+        self.life.remaining(self.client.local_now())
     }
 
     /// The loss seen so far, if any.
@@ -214,7 +215,7 @@ impl LeaseGuard {
     /// Renew now (besides the keep-alive's schedule).
     pub async fn renew(&self) -> Result<()> {
         self.life.check_usable(false)?;
-        let sent_at = self.client.local_now_ms();
+        let sent_at = self.client.local_now();
         let renew = lease_renewer(&self.client.sync, &self.key, self.token, self.ttl_ms);
         let deadline = self.life.deadline();
         let outcome = super::blocking(move || {
@@ -222,8 +223,7 @@ impl LeaseGuard {
             renew(deadline)
         })
         .await;
-        self.life
-            .record(sent_at, self.client.local_now_ms(), &outcome);
+        self.life.record(sent_at, self.client.local_now(), &outcome);
         outcome.map(drop)
     }
 

@@ -125,8 +125,8 @@ impl Client {
         self.sync.holder()
     }
 
-    pub(crate) fn local_now_ms(&self) -> u64 {
-        self.sync.local_now_ms()
+    pub(crate) fn local_now(&self) -> crate::time::LocalMs {
+        self.sync.local_now()
     }
 
     /// Run `f` with the sync client on the blocking pool.
@@ -193,8 +193,14 @@ impl Client {
     }
 
     /// The store's clock now (ms).
-    pub async fn store_now_ms(&self) -> Result<u64> {
-        self.call(|c| c.store_now_ms()).await
+    pub async fn store_now(&self) -> Result<crate::StoreMs> {
+        self.call(|c| c.store_now()).await
+    }
+
+    /// A wall-clock time as an instant of the store's clock (see
+    /// [`crate::Client::store_time`]).
+    pub async fn store_time(&self, at: std::time::SystemTime) -> Result<crate::StoreMs> {
+        self.call(move |c| c.store_time(at)).await
     }
 
     /// Live holders of `key` and its token counter.

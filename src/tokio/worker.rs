@@ -14,6 +14,7 @@ use crate::client::{ms_of, WorkOptions, WorkReport};
 use crate::core::JobRecord;
 use crate::error::Result;
 use crate::store::Wake;
+use crate::time::LocalMs;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -142,12 +143,12 @@ where
                 }
             }
             let now = self.session.now();
-            let until = self.session.machine.poll_timeout().unwrap_or(u64::MAX);
+            let until = self.session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
             if until <= now {
                 continue;
             }
             // At most a minute: nothing is lost by looking again.
-            let nap_ms = (until - now).min(60_000);
+            let nap_ms = until.saturating_sub(now).min(60_000);
             tokio::select! {
                 _ = nap(nap_ms) => {}
                 Some((claim, result)) = self.done.1.recv() => {
@@ -171,7 +172,7 @@ where
         }
     }
 
-    fn handler_done(&mut self, now: u64, claim: ClaimId, result: HandlerOutcome) {
+    fn handler_done(&mut self, now: LocalMs, claim: ClaimId, result: HandlerOutcome) {
         self.running.remove(&claim);
         self.session.machine.handler_done(now, claim, result);
     }

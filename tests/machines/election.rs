@@ -68,7 +68,7 @@ fn held_by(token: u64) -> HolderReply {
 }
 
 /// Elected at `at` with `token` (the acquire sent at `at`).
-fn elected(once: bool, at: u64, token: u64) -> ElectionMachine {
+fn elected(once: bool, at: LocalMs, token: u64) -> ElectionMachine {
     let mut m = ElectionMachine::new(config(once), at);
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     m.handle_reply(at, grant(token));
@@ -78,34 +78,34 @@ fn elected(once: bool, at: u64, token: u64) -> ElectionMachine {
 
 #[test]
 fn a_leader_acts_until_its_local_deadline_then_campaigns_again() {
-    let mut m = elected(false, 1_000, 4);
+    let mut m = elected(false, LocalMs(1_000), 4);
     assert_eq!(m.token(), Some(4));
     // 300 ms minus 1 % from the send.
-    assert!(m.is_leader(1_296));
-    assert!(!m.is_leader(1_297));
-    assert_eq!(m.deadline(), Some(1_297));
+    assert!(m.is_leader(LocalMs(1_296)));
+    assert!(!m.is_leader(LocalMs(1_297)));
+    assert_eq!(m.deadline(), Some(LocalMs(1_297)));
     // Renewals go out on the lease's schedule...
     let renew_at = m.poll_timeout().unwrap();
     m.handle_timeout(renew_at);
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 4 }]);
     // ...and when none is answered the deadline deposes the leader, which
     // campaigns again at once.
-    m.handle_timeout(1_297);
+    m.handle_timeout(LocalMs(1_297));
     let a = actions(&mut m);
     assert_eq!(
         events(&a),
         ["deposed: leadership lost: local validity deadline passed"]
     );
     assert_eq!(sends(&a), [HolderRequest::Acquire]);
-    assert!(!m.is_leader(1_297));
+    assert!(!m.is_leader(LocalMs(1_297)));
     assert_eq!(m.token(), None);
-    m.handle_reply(1_300, grant(6));
+    m.handle_reply(LocalMs(1_300), grant(6));
     assert_eq!(events(&actions(&mut m)), ["elected 6"]);
 }
 
 #[test]
 fn a_refused_renewal_deposes_and_once_stops_there() {
-    let mut m = elected(true, 0, 2);
+    let mut m = elected(true, LocalMs(0), 2);
     let renew_at = m.poll_timeout().unwrap();
     m.handle_timeout(renew_at);
     actions(&mut m);
@@ -125,9 +125,9 @@ fn a_refused_renewal_deposes_and_once_stops_there() {
 
 #[test]
 fn each_new_leader_is_reported_once_and_transient_errors_do_not_end_a_campaign() {
-    let mut m = ElectionMachine::new(config(false), 0);
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
     actions(&mut m);
-    let mut now = 0;
+    let mut now = LocalMs(0);
     let mut seen = Vec::new();
     for reply in [
         held_by(3),
@@ -155,13 +155,13 @@ fn each_new_leader_is_reported_once_and_transient_errors_do_not_end_a_campaign()
 
 #[test]
 fn resigning_releases_the_key_and_ends_the_election() {
-    let mut m = elected(false, 0, 7);
-    m.resign(50);
+    let mut m = elected(false, LocalMs(0), 7);
+    m.resign(LocalMs(50));
     let a = actions(&mut m);
     assert_eq!(events(&a), ["deposed: resigned"]);
     assert_eq!(sends(&a), [HolderRequest::Release { token: 7 }]);
-    assert!(!m.is_leader(50), "no acting once resigned");
-    m.handle_reply(55, HolderReply::Released(Ok(())));
+    assert!(!m.is_leader(LocalMs(50)), "no acting once resigned");
+    m.handle_reply(LocalMs(55), HolderReply::Released(Ok(())));
     assert!(actions(&mut m).is_empty());
     assert!(m.is_done());
     assert_eq!(m.poll_timeout(), None);
@@ -169,45 +169,48 @@ fn resigning_releases_the_key_and_ends_the_election() {
 
 #[test]
 fn stepping_down_releases_then_campaigns_again() {
-    let mut m = elected(false, 0, 7);
-    m.step_down(50);
+    let mut m = elected(false, LocalMs(0), 7);
+    m.step_down(LocalMs(50));
     let a = actions(&mut m);
     assert_eq!(events(&a), ["deposed: resigned"]);
     assert_eq!(sends(&a), [HolderRequest::Release { token: 7 }]);
-    m.handle_reply(55, HolderReply::Released(Ok(())));
+    m.handle_reply(LocalMs(55), HolderReply::Released(Ok(())));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     assert!(!m.is_done());
 }
 
 #[test]
 fn resigning_with_an_acquire_in_flight_gives_its_grant_back() {
-    let mut m = ElectionMachine::new(config(false), 0);
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
-    m.resign(1);
+    m.resign(LocalMs(1));
     assert!(!m.is_done(), "the acquire in flight may be granted");
-    m.handle_reply(2, grant(8));
+    m.handle_reply(LocalMs(2), grant(8));
     let a = actions(&mut m);
     assert!(events(&a).is_empty(), "never elected: {a:?}");
     assert_eq!(sends(&a), [HolderRequest::Release { token: 8 }]);
-    m.handle_reply(3, HolderReply::Released(Ok(())));
+    m.handle_reply(LocalMs(3), HolderReply::Released(Ok(())));
     assert!(m.is_done());
 
     // Resigning between attempts ends the campaign at once.
-    let mut m = ElectionMachine::new(config(false), 0);
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
     actions(&mut m);
-    m.handle_reply(1, held_by(2));
+    m.handle_reply(LocalMs(1), held_by(2));
     actions(&mut m);
-    m.resign(2);
+    m.resign(LocalMs(2));
     assert!(m.is_done());
-    m.handle_timeout(1_000);
+    m.handle_timeout(LocalMs(1_000));
     assert!(sends(&actions(&mut m)).is_empty());
 }
 
 #[test]
 fn a_permanent_store_error_ends_the_election() {
-    let mut m = ElectionMachine::new(config(false), 0);
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
     actions(&mut m);
-    m.handle_reply(1, HolderReply::Acquired(Err(Error::invalid("key", "bad"))));
+    m.handle_reply(
+        LocalMs(1),
+        HolderReply::Acquired(Err(Error::invalid("key", "bad"))),
+    );
     let a = actions(&mut m);
     assert_eq!(events(&a), ["failed: invalid key: bad"]);
     assert!(m.is_done());

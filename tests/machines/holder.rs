@@ -55,10 +55,10 @@ fn sends(a: &[HolderAction]) -> Vec<HolderRequest> {
 
 #[test]
 fn a_grant_is_valid_from_the_send_time_minus_drift_and_renewed_near_a_third() {
-    let mut m = HolderMachine::new(holder(0, true), 1_000);
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(1_000));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     // The reply comes 50 ms later: the deadline still counts from the send.
-    m.handle_reply(1_050, HolderReply::Acquired(Ok(grant(4))));
+    m.handle_reply(LocalMs(1_050), HolderReply::Acquired(Ok(grant(4))));
     let a = actions(&mut m);
     assert!(matches!(
         a[..],
@@ -68,11 +68,11 @@ fn a_grant_is_valid_from_the_send_time_minus_drift_and_renewed_near_a_third() {
         })]
     ));
     // 300 ms minus 1 % (3 ms): valid until 1,297 exclusive.
-    assert!(m.is_valid(1_296));
-    assert!(!m.is_valid(1_297));
+    assert!(m.is_valid(LocalMs(1_296)));
+    assert!(!m.is_valid(LocalMs(1_297)));
     let renew_at = m.poll_timeout().unwrap();
     assert!(
-        (1_090..=1_110).contains(&renew_at),
+        (1_090..=1_110).contains(&renew_at.ms()),
         "about TTL/3 after the send: {renew_at}"
     );
     m.handle_timeout(renew_at - 1);
@@ -87,9 +87,9 @@ fn a_grant_is_valid_from_the_send_time_minus_drift_and_renewed_near_a_third() {
 
 #[test]
 fn a_held_key_is_retried_with_growing_backoff_until_the_wait_runs_out() {
-    let mut m = HolderMachine::new(holder(100, true), 0);
+    let mut m = HolderMachine::new(holder(100, true), LocalMs(0));
     let _ = actions(&mut m);
-    let mut now = 0;
+    let mut now = LocalMs(0);
     let mut waits = Vec::new();
     loop {
         m.handle_reply(now, HolderReply::Acquired(Err(held())));
@@ -104,7 +104,7 @@ fn a_held_key_is_retried_with_growing_backoff_until_the_wait_runs_out() {
         assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     }
     assert!(
-        now >= 100,
+        now >= LocalMs(100),
         "gave up only once the wait had run out (at {now})"
     );
     assert!(waits.len() >= 4, "{waits:?}");
@@ -114,27 +114,27 @@ fn a_held_key_is_retried_with_growing_backoff_until_the_wait_runs_out() {
 
 #[test]
 fn a_release_seen_while_waiting_retries_at_once() {
-    let mut m = HolderMachine::new(holder(10_000, true), 0);
+    let mut m = HolderMachine::new(holder(10_000, true), LocalMs(0));
     let _ = actions(&mut m);
     for _ in 0..6 {
-        m.handle_reply(0, HolderReply::Acquired(Err(held())));
+        m.handle_reply(LocalMs(0), HolderReply::Acquired(Err(held())));
         let at = m.poll_timeout().unwrap();
         m.handle_timeout(at);
         let _ = actions(&mut m);
     }
-    m.handle_reply(40, HolderReply::Acquired(Err(held())));
-    assert!(m.poll_timeout().unwrap() > 41);
-    m.handle_wake(41);
+    m.handle_reply(LocalMs(40), HolderReply::Acquired(Err(held())));
+    assert!(m.poll_timeout().unwrap() > LocalMs(41));
+    m.handle_wake(LocalMs(41));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
 }
 
 #[test]
 fn no_answer_retries_and_a_committed_grant_is_found_again() {
-    let mut m = HolderMachine::new(holder(0, true), 0);
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(0));
     let _ = actions(&mut m);
     let ambiguous = Error::transient("committing", "reply lost")
         .with_failure(leasehold::StoreFailure::Ambiguous);
-    m.handle_reply(5, HolderReply::Acquired(Err(ambiguous)));
+    m.handle_reply(LocalMs(5), HolderReply::Acquired(Err(ambiguous)));
     assert!(
         actions(&mut m).is_empty(),
         "no give-up on an unknown outcome"
@@ -158,9 +158,9 @@ fn no_answer_retries_and_a_committed_grant_is_found_again() {
 
 #[test]
 fn a_loss_is_reported_once_whether_refused_or_timed_out() {
-    let mut m = HolderMachine::new(holder(0, true), 0);
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(0));
     let _ = actions(&mut m);
-    m.handle_reply(1, HolderReply::Acquired(Ok(grant(1))));
+    m.handle_reply(LocalMs(1), HolderReply::Acquired(Ok(grant(1))));
     let _ = actions(&mut m);
     let at = m.poll_timeout().unwrap();
     m.handle_timeout(at);
@@ -171,26 +171,26 @@ fn a_loss_is_reported_once_whether_refused_or_timed_out() {
         a[..],
         [HolderAction::Event(HolderEvent::Lost(LostReason::Expired))]
     ));
-    m.handle_timeout(10_000);
+    m.handle_timeout(LocalMs(10_000));
     assert!(actions(&mut m).is_empty(), "reported once");
     assert!(!m.is_valid(at + 2));
     // Releasing a lost lease sends nothing.
-    m.release(10_001);
+    m.release(LocalMs(10_001));
     assert!(matches!(
         actions(&mut m)[..],
         [HolderAction::Event(HolderEvent::Released)]
     ));
 
-    let mut m = HolderMachine::new(holder(0, false), 0);
+    let mut m = HolderMachine::new(holder(0, false), LocalMs(0));
     let _ = actions(&mut m);
-    m.handle_reply(1, HolderReply::Acquired(Ok(grant(2))));
+    m.handle_reply(LocalMs(1), HolderReply::Acquired(Ok(grant(2))));
     let _ = actions(&mut m);
     assert_eq!(
         m.poll_timeout(),
-        Some(297),
+        Some(LocalMs(297)),
         "without keep-alive: only the deadline"
     );
-    m.handle_timeout(297);
+    m.handle_timeout(LocalMs(297));
     assert!(matches!(
         actions(&mut m)[..],
         [HolderAction::Event(HolderEvent::Lost(
@@ -201,9 +201,9 @@ fn a_loss_is_reported_once_whether_refused_or_timed_out() {
 
 #[test]
 fn a_failed_renewal_is_retried_sooner() {
-    let mut m = HolderMachine::new(holder(0, true), 0);
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(0));
     let _ = actions(&mut m);
-    m.handle_reply(0, HolderReply::Acquired(Ok(grant(1))));
+    m.handle_reply(LocalMs(0), HolderReply::Acquired(Ok(grant(1))));
     let _ = actions(&mut m);
     let at = m.poll_timeout().unwrap();
     m.handle_timeout(at);
@@ -223,17 +223,17 @@ fn a_failed_renewal_is_retried_sooner() {
 
 #[test]
 fn release_sends_one_release_and_reports_it() {
-    let mut m = HolderMachine::new(holder(0, true), 0);
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(0));
     let _ = actions(&mut m);
-    m.handle_reply(0, HolderReply::Acquired(Ok(grant(3))));
+    m.handle_reply(LocalMs(0), HolderReply::Acquired(Ok(grant(3))));
     let _ = actions(&mut m);
-    m.release(10);
+    m.release(LocalMs(10));
     assert_eq!(
         sends(&actions(&mut m)),
         [HolderRequest::Release { token: 3 }]
     );
-    assert!(!m.is_valid(11), "not valid once released");
-    m.handle_reply(12, HolderReply::Released(Ok(())));
+    assert!(!m.is_valid(LocalMs(11)), "not valid once released");
+    m.handle_reply(LocalMs(12), HolderReply::Released(Ok(())));
     assert!(matches!(
         actions(&mut m)[..],
         [HolderAction::Event(HolderEvent::Released)]
@@ -243,10 +243,10 @@ fn release_sends_one_release_and_reports_it() {
 
 #[test]
 fn transient_errors_are_retried_until_the_busy_timeout_then_reported_busy() {
-    let mut m = HolderMachine::new(holder(0, true), 0);
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(0));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     let transient = || Error::transient("acquiring", "database is locked");
-    let mut now = 0;
+    let mut now = LocalMs(0);
     let mut tries = 1;
     loop {
         m.handle_reply(now, HolderReply::Acquired(Err(transient())));
@@ -266,7 +266,7 @@ fn transient_errors_are_retried_until_the_busy_timeout_then_reported_busy() {
         m.handle_timeout(now);
         assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
         tries += 1;
-        assert!(now <= 1_300, "still retrying at {now}");
+        assert!(now <= LocalMs(1_300), "still retrying at {now}");
     }
     assert!(tries > 5, "only {tries} tries in the busy timeout");
     assert!(m.is_done());
@@ -274,16 +274,22 @@ fn transient_errors_are_retried_until_the_busy_timeout_then_reported_busy() {
 
 #[test]
 fn the_invariant_check_catches_a_request_not_in_flight_and_a_timer_left_due() {
-    let mut m = HolderMachine::new(holder(1_000, true), 0);
-    assert_eq!(m.check(0, true), Ok(()), "the acquire queued is in flight");
+    let mut m = HolderMachine::new(holder(1_000, true), LocalMs(0));
+    assert_eq!(
+        m.check(LocalMs(0), true),
+        Ok(()),
+        "the acquire queued is in flight"
+    );
     // Stopping while the acquire still waits for the driver: it is queued
     // but no longer in flight (drivers send before they stop).
     let mut stopped = m.clone();
-    stopped.release(0);
-    let e = stopped.check(0, false).expect_err("queued, not in flight");
+    stopped.release(LocalMs(0));
+    let e = stopped
+        .check(LocalMs(0), false)
+        .expect_err("queued, not in flight");
     assert!(e.contains("1 acquire"), "{e}");
     actions(&mut m);
-    m.handle_reply(1, HolderReply::Acquired(Err(held())));
+    m.handle_reply(LocalMs(1), HolderReply::Acquired(Err(held())));
     let retry_at = m.poll_timeout().expect("a retry is scheduled");
     assert_eq!(m.check(retry_at, false), Ok(()), "due, but no timeout yet");
     let e = m.check(retry_at, true).expect_err("due and not done");

@@ -9,7 +9,9 @@ use leasehold::client::machine::{
 };
 use leasehold::core::job::Settle;
 use leasehold::core::{Claim, Grant, HeartbeatReply};
-use leasehold::{DriftBound, Error, HolderId, JobId, JobRecord, JobState, LostReason, Target};
+use leasehold::{
+    DriftBound, Error, HolderId, JobId, JobRecord, JobState, LocalMs, LostReason, Target,
+};
 use std::sync::Arc;
 
 const DRIFT: DriftBound = DriftBound {

@@ -29,27 +29,27 @@ fn report(enqueued: usize, next_in_ms: Option<u64>) -> WorkerReply {
 
 #[test]
 fn fires_at_the_next_tick_or_the_poll_interval_whichever_is_first() {
-    let mut m = WorkerMachine::new(firing(5_000), 0);
+    let mut m = WorkerMachine::new(firing(5_000), LocalMs(0));
     let a = drain(&mut m);
     assert_eq!(fires(&a), 1, "fires at once: {a:?}");
-    m.handle_reply(0, WorkerReply::Claimed(Ok(vec![])));
+    m.handle_reply(LocalMs(0), WorkerReply::Claimed(Ok(vec![])));
     drain(&mut m);
-    m.handle_timeout(10);
+    m.handle_timeout(LocalMs(10));
     assert_eq!(fires(&drain(&mut m)), 0, "one fire in flight");
-    m.handle_reply(20, report(0, Some(1_200)));
-    assert!(m.poll_timeout().unwrap() <= 1_220);
-    m.handle_timeout(1_219);
+    m.handle_reply(LocalMs(20), report(0, Some(1_200)));
+    assert!(m.poll_timeout().unwrap() <= LocalMs(1_220));
+    m.handle_timeout(LocalMs(1_219));
     assert_eq!(fires(&drain(&mut m)), 0, "not before the tick");
-    m.handle_timeout(1_220);
+    m.handle_timeout(LocalMs(1_220));
     assert_eq!(fires(&drain(&mut m)), 1);
     // No schedules (or a tick far away): look again after the interval.
-    m.handle_reply(1_230, report(0, None));
-    m.handle_timeout(6_229);
+    m.handle_reply(LocalMs(1_230), report(0, None));
+    m.handle_timeout(LocalMs(6_229));
     assert_eq!(fires(&drain(&mut m)), 0);
-    m.handle_timeout(6_230);
+    m.handle_timeout(LocalMs(6_230));
     assert_eq!(fires(&drain(&mut m)), 1);
-    m.handle_reply(6_240, report(0, Some(3_600_000)));
-    m.handle_timeout(11_240);
+    m.handle_reply(LocalMs(6_240), report(0, Some(3_600_000)));
+    m.handle_timeout(LocalMs(11_240));
     assert_eq!(
         fires(&drain(&mut m)),
         1,
@@ -59,10 +59,10 @@ fn fires_at_the_next_tick_or_the_poll_interval_whichever_is_first() {
 
 #[test]
 fn a_failed_fire_is_retried_with_a_growing_backoff() {
-    let mut m = WorkerMachine::new(firing(5_000), 0);
+    let mut m = WorkerMachine::new(firing(5_000), LocalMs(0));
     drain(&mut m);
     let busy = || WorkerReply::Fired(Err(Error::transient("firing", "busy")));
-    let mut now = 0;
+    let mut now = LocalMs(0);
     let mut waits = Vec::new();
     for n in 0..14u32 {
         m.handle_reply(now, busy());
@@ -90,9 +90,9 @@ fn a_failed_fire_is_retried_with_a_growing_backoff() {
 
 #[test]
 fn jobs_a_fire_enqueued_are_claimed_at_once() {
-    let mut m = WorkerMachine::new(firing(5_000), 0);
+    let mut m = WorkerMachine::new(firing(5_000), LocalMs(0));
     // Empty claims back off (the fire stays in flight meanwhile)...
-    let mut now = 0;
+    let mut now = LocalMs(0);
     for _ in 0..10 {
         if requests(&drain(&mut m)).contains(&WorkerRequest::Claim { max: 1 }) {
             m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
@@ -110,22 +110,22 @@ fn jobs_a_fire_enqueued_are_claimed_at_once() {
         requests(&a).contains(&WorkerRequest::Claim { max: 1 }),
         "{a:?}"
     );
-    m.handle_reply(2, WorkerReply::Claimed(Ok(vec![job(1, 1)])));
+    m.handle_reply(LocalMs(2), WorkerReply::Claimed(Ok(vec![job(1, 1)])));
     assert_eq!(m.held(), 1);
 }
 
 #[test]
 fn off_never_fires_and_shutdown_stops_firing() {
-    let mut m = WorkerMachine::new(firing(0), 0);
+    let mut m = WorkerMachine::new(firing(0), LocalMs(0));
     assert_eq!(fires(&drain(&mut m)), 0);
-    m.handle_timeout(1_000_000);
+    m.handle_timeout(LocalMs(1_000_000));
     assert_eq!(fires(&drain(&mut m)), 0);
 
-    let mut m = WorkerMachine::new(firing(1_000), 0);
+    let mut m = WorkerMachine::new(firing(1_000), LocalMs(0));
     drain(&mut m);
-    m.handle_reply(0, report(0, Some(100)));
-    m.shutdown(50, 50);
-    m.handle_timeout(100);
+    m.handle_reply(LocalMs(0), report(0, Some(100)));
+    m.shutdown(LocalMs(50), LocalMs(50));
+    m.handle_timeout(LocalMs(100));
     assert_eq!(fires(&drain(&mut m)), 0, "no fire after shutdown");
 }
 
@@ -136,16 +136,16 @@ fn a_draining_worker_waits_for_its_fire_before_it_finishes() {
             drain: true,
             ..firing(5_000)
         },
-        0,
+        LocalMs(0),
     );
     let a = drain(&mut m);
     assert_eq!(fires(&a), 1);
-    m.handle_reply(0, WorkerReply::Claimed(Ok(vec![])));
+    m.handle_reply(LocalMs(0), WorkerReply::Claimed(Ok(vec![])));
     let a = drain(&mut m);
     assert!(requests(&a).contains(&WorkerRequest::DrainCheck), "{a:?}");
-    m.handle_reply(1, WorkerReply::Drained(Ok(true)));
+    m.handle_reply(LocalMs(1), WorkerReply::Drained(Ok(true)));
     assert!(!m.is_finished(), "the fire may have enqueued a job");
-    m.handle_reply(2, report(1, Some(1_000)));
+    m.handle_reply(LocalMs(2), report(1, Some(1_000)));
     let a = drain(&mut m);
     assert!(requests(&a).contains(&WorkerRequest::Claim { max: 1 }));
 }

@@ -97,23 +97,23 @@ fn settled(a: &[WorkerAction]) -> Vec<(u64, JobOutcome)> {
 
 /// A machine that claimed `ids` (token 1 each) at time 0.
 fn claimed(cfg: WorkerConfig, ids: &[u64]) -> (WorkerMachine, Vec<WorkerAction>) {
-    let mut m = WorkerMachine::new(cfg, 0);
+    let mut m = WorkerMachine::new(cfg, LocalMs(0));
     let first = drain(&mut m);
     assert!(matches!(
         requests(&first)[..],
         [WorkerRequest::Claim { .. }]
     ));
     let jobs = ids.iter().map(|&i| job(i, 1)).collect();
-    m.handle_reply(1, WorkerReply::Claimed(Ok(jobs)));
+    m.handle_reply(LocalMs(1), WorkerReply::Claimed(Ok(jobs)));
     let a = drain(&mut m);
     (m, a)
 }
 
 #[test]
 fn claims_fill_handler_slots_and_the_bounded_prefetch() {
-    let mut m = WorkerMachine::new(worker(3, 2, 64), 0);
+    let mut m = WorkerMachine::new(worker(3, 2, 64), LocalMs(0));
     assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 5 }]);
-    let mut m = WorkerMachine::new(worker(3, 2, 4), 0);
+    let mut m = WorkerMachine::new(worker(3, 2, 4), LocalMs(0));
     assert_eq!(
         requests(&drain(&mut m)),
         [WorkerRequest::Claim { max: 4 }],
@@ -125,7 +125,7 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
         requests(&a).is_empty(),
         "one slot of four free: claims wait for half the room"
     );
-    m.handler_done(3, c(1, 1), Ok(()));
+    m.handler_done(LocalMs(3), c(1, 1), Ok(()));
     let a = drain(&mut m);
     assert_eq!(started(&a), [3], "a free slot starts the next queued job");
     assert_eq!(
@@ -133,9 +133,9 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
         [WorkerRequest::Claim { max: 2 }],
         "half the room is free"
     );
-    m.handle_reply(4, WorkerReply::Claimed(Ok(vec![])));
-    m.handler_done(5, c(2, 1), Ok(()));
-    m.handle_timeout(40);
+    m.handle_reply(LocalMs(4), WorkerReply::Claimed(Ok(vec![])));
+    m.handler_done(LocalMs(5), c(2, 1), Ok(()));
+    m.handle_timeout(LocalMs(40));
     assert!(
         requests(&drain(&mut m)).contains(&WorkerRequest::Claim { max: 3 }),
         "a free slot with nothing queued claims at once (after the idle backoff)"
@@ -153,7 +153,7 @@ fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs
             _ => None,
         })
     };
-    let mut m = WorkerMachine::new(worker(2, 1, 16), 0);
+    let mut m = WorkerMachine::new(worker(2, 1, 16), LocalMs(0));
     assert_eq!(max_of(&drain(&mut m)), Some(3));
     let mut next_id = 1;
     let mut batch = |n: usize| -> Vec<JobRecord> {
@@ -161,7 +161,7 @@ fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs
         next_id += n as u64;
         jobs
     };
-    let mut t = 1;
+    let mut t = LocalMs(1);
     let mut asked = Vec::new();
     let mut max = 3;
     // Fast handlers: everything held finishes while each claim is out.
@@ -185,30 +185,30 @@ fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs
     );
 
     // Slow handlers: nothing finishes while a claim is out: no growth.
-    let mut m = WorkerMachine::new(worker(2, 1, 16), 0);
+    let mut m = WorkerMachine::new(worker(2, 1, 16), LocalMs(0));
     let _ = drain(&mut m);
     m.handle_reply(
-        1,
+        LocalMs(1),
         WorkerReply::Claimed(Ok((100..103).map(|i| job(i, 1)).collect())),
     );
     let _ = drain(&mut m);
-    m.handler_done(1_000, c(100, 1), Ok(()));
-    m.handler_done(1_000, c(101, 1), Ok(()));
+    m.handler_done(LocalMs(1_000), c(100, 1), Ok(()));
+    m.handler_done(LocalMs(1_000), c(101, 1), Ok(()));
     let a = drain(&mut m);
     assert_eq!(max_of(&a), Some(2));
     m.handle_reply(
-        1_001,
+        LocalMs(1_001),
         WorkerReply::Claimed(Ok((103..105).map(|i| job(i, 1)).collect())),
     );
-    m.handler_done(2_000, c(102, 1), Ok(()));
-    m.handler_done(2_000, c(103, 1), Ok(()));
+    m.handler_done(LocalMs(2_000), c(102, 1), Ok(()));
+    m.handler_done(LocalMs(2_000), c(103, 1), Ok(()));
     let a = drain(&mut m);
     assert_eq!(max_of(&a), Some(2), "no growth: {a:?}");
 }
 
 /// Fast handlers: finish every job started, and every job that starts
 /// after, at `t`; the actions seen on the way.
-fn run_dry(m: &mut WorkerMachine, t: &mut u64) -> Vec<WorkerAction> {
+fn run_dry(m: &mut WorkerMachine, t: &mut LocalMs) -> Vec<WorkerAction> {
     let mut seen = Vec::new();
     loop {
         let a = drain(m);
@@ -228,10 +228,10 @@ fn run_dry(m: &mut WorkerMachine, t: &mut u64) -> Vec<WorkerAction> {
 #[test]
 fn outcomes_are_batched_until_full_delayed_or_idle() {
     let (mut m, _) = claimed(worker(4, 0, 3), &[1, 2, 3, 4]);
-    m.handler_done(10, c(1, 1), Ok(()));
+    m.handler_done(LocalMs(10), c(1, 1), Ok(()));
     assert!(settles(&drain(&mut m)).is_empty(), "waits for others");
-    m.handler_done(11, c(2, 1), Err("boom".into()));
-    m.handler_done(12, c(3, 1), Ok(()));
+    m.handler_done(LocalMs(11), c(2, 1), Err("boom".into()));
+    m.handler_done(LocalMs(12), c(3, 1), Ok(()));
     let sent = settles(&drain(&mut m));
     let [batch] = &sent[..] else {
         panic!("one batch when full: {sent:?}");
@@ -240,7 +240,7 @@ fn outcomes_are_batched_until_full_delayed_or_idle() {
     assert_eq!(ids, [1, 2, 3]);
     assert_eq!(batch[1].2, Settle::Fail("boom".into()));
     m.handle_reply(
-        13,
+        LocalMs(13),
         WorkerReply::Settled(Ok(vec![
             Ok(JobState::Done),
             Ok(JobState::Scheduled),
@@ -257,31 +257,31 @@ fn outcomes_are_batched_until_full_delayed_or_idle() {
         ]
     );
     // The last one: nothing else runs, so it goes at once.
-    m.handler_done(20, c(4, 1), Ok(()));
+    m.handler_done(LocalMs(20), c(4, 1), Ok(()));
     assert_eq!(settles(&drain(&mut m)).len(), 1);
 
     let (mut m, _) = claimed(worker(2, 0, 64), &[1, 2]);
-    m.handler_done(30, c(1, 1), Ok(()));
+    m.handler_done(LocalMs(30), c(1, 1), Ok(()));
     assert!(settles(&drain(&mut m)).is_empty());
-    m.handle_timeout(34);
+    m.handle_timeout(LocalMs(34));
     assert!(
         settles(&drain(&mut m)).is_empty(),
         "not before the flush delay"
     );
-    m.handle_timeout(35);
+    m.handle_timeout(LocalMs(35));
     assert_eq!(settles(&drain(&mut m)).len(), 1, "the flush delay");
 }
 
 #[test]
 fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
     let (mut m, _) = claimed(worker(2, 1, 64), &[1, 2, 3]);
-    m.handler_done(5, c(1, 1), Ok(()));
+    m.handler_done(LocalMs(5), c(1, 1), Ok(()));
     let _ = drain(&mut m);
     // The outcome of job 1 is sent after the flush delay; its reply waits.
-    m.handle_timeout(10);
+    m.handle_timeout(LocalMs(10));
     assert_eq!(settles(&drain(&mut m)).len(), 1);
     let at = m.poll_timeout().unwrap();
-    assert!((900..=1_101).contains(&at), "a second at most: {at}");
+    assert!((900..=1_101).contains(&at.ms()), "a second at most: {at}");
     m.handle_timeout(at);
     let sent: Vec<WorkerRequest> = requests(&drain(&mut m))
         .into_iter()
@@ -303,7 +303,7 @@ fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
     };
     let replies = claims.iter().map(|_| Ok(hb)).collect();
     m.handle_reply(at + 2, WorkerReply::Heartbeated(Ok(replies)));
-    let renewed: Vec<(u64, u64)> = drain(&mut m)
+    let renewed: Vec<(u64, LocalMs)> = drain(&mut m)
         .iter()
         .filter_map(|a| match a {
             WorkerAction::Renewed { claim, deadline } => Some((claim.job.0, *deadline)),
@@ -319,8 +319,8 @@ fn one_renewal_round_carries_every_claim_held_and_moves_their_deadlines() {
 #[test]
 fn a_passed_deadline_stops_the_handler_and_its_late_outcome_is_dropped() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
-    assert!(m.is_valid(c(1, 1), 2_969));
-    m.handle_timeout(2_970);
+    assert!(m.is_valid(c(1, 1), LocalMs(2_969)));
+    m.handle_timeout(LocalMs(2_970));
     let a = drain(&mut m);
     assert!(a.iter().any(|a| matches!(
         a,
@@ -330,7 +330,7 @@ fn a_passed_deadline_stops_the_handler_and_its_late_outcome_is_dropped() {
         }
     )));
     assert_eq!(settled(&a), [(1, JobOutcome::Lost)]);
-    m.handler_done(2_980, c(1, 1), Ok(()));
+    m.handler_done(LocalMs(2_980), c(1, 1), Ok(()));
     assert!(requests(&drain(&mut m))
         .iter()
         .all(|r| !matches!(r, WorkerRequest::Settle { .. })));
@@ -366,18 +366,18 @@ fn a_cancel_stops_a_running_handler_and_gives_back_a_queued_job() {
 fn drain_asks_the_store_once_idle_and_finishes_when_drained() {
     let mut cfg = worker(1, 0, 64);
     cfg.drain = true;
-    let mut m = WorkerMachine::new(cfg, 0);
+    let mut m = WorkerMachine::new(cfg, LocalMs(0));
     let _ = drain(&mut m);
-    m.handle_reply(1, WorkerReply::Claimed(Ok(vec![])));
+    m.handle_reply(LocalMs(1), WorkerReply::Claimed(Ok(vec![])));
     assert!(matches!(
         requests(&drain(&mut m))[..],
         [WorkerRequest::DrainCheck]
     ));
-    m.handle_reply(2, WorkerReply::Drained(Ok(false)));
+    m.handle_reply(LocalMs(2), WorkerReply::Drained(Ok(false)));
     assert!(!m.is_finished(), "a retry in backoff somewhere");
     // It goes on claiming (at once, or once its backoff is over).
     let mut sent = requests(&drain(&mut m));
-    let mut at = 2;
+    let mut at = LocalMs(2);
     if sent.is_empty() {
         at = m.poll_timeout().unwrap();
         m.handle_timeout(at);
@@ -398,9 +398,9 @@ fn drain_asks_the_store_once_idle_and_finishes_when_drained() {
 
 #[test]
 fn idle_claims_back_off_with_jitter_and_a_wake_cuts_it_short() {
-    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    let mut m = WorkerMachine::new(worker(1, 0, 64), LocalMs(0));
     let _ = drain(&mut m);
-    let mut now = 0;
+    let mut now = LocalMs(0);
     let mut waits = Vec::new();
     for _ in 0..10 {
         m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
@@ -428,18 +428,24 @@ fn idle_claims_back_off_with_jitter_and_a_wake_cuts_it_short() {
 #[test]
 fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
     let (mut m, _) = claimed(worker(1, 1, 64), &[1, 2]);
-    m.shutdown(10, 1_000);
+    m.shutdown(LocalMs(10), LocalMs(1_000));
     let _ = drain(&mut m);
-    m.handle_timeout(15);
+    m.handle_timeout(LocalMs(15));
     let sent = settles(&drain(&mut m));
     assert_eq!(
         sent,
         [vec![(JobId(2), 1, Settle::Abandon { started: false })]]
     );
-    m.handle_reply(11, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
+    m.handle_reply(
+        LocalMs(11),
+        WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])),
+    );
     let _ = drain(&mut m);
-    assert!(m.is_valid(c(1, 1), 999), "the running handler may finish");
-    m.handle_timeout(1_000);
+    assert!(
+        m.is_valid(c(1, 1), LocalMs(999)),
+        "the running handler may finish"
+    );
+    m.handle_timeout(LocalMs(1_000));
     let a = drain(&mut m);
     assert!(a.iter().any(|a| matches!(
         a,
@@ -449,7 +455,10 @@ fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
         }
     )));
     assert!(requests(&a).iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles[0].2 == Settle::Abandon { started: true })));
-    m.handle_reply(1_001, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
+    m.handle_reply(
+        LocalMs(1_001),
+        WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])),
+    );
     let a = drain(&mut m);
     assert!(matches!(a.last(), Some(WorkerAction::Finished)), "{a:?}");
     assert!(
@@ -463,18 +472,18 @@ fn shutdown_gives_queued_jobs_back_at_once_and_running_ones_at_the_deadline() {
 #[test]
 fn a_transient_settle_is_resent_and_an_ambiguous_one_is_left_to_the_store() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
-    m.handler_done(5, c(1, 1), Ok(()));
+    m.handler_done(LocalMs(5), c(1, 1), Ok(()));
     let first = settles(&drain(&mut m));
     assert_eq!(first.len(), 1);
     m.handle_reply(
-        6,
+        LocalMs(6),
         WorkerReply::Settled(Err(Error::transient("committing", "busy"))),
     );
-    m.handle_timeout(7);
+    m.handle_timeout(LocalMs(7));
     assert_eq!(settles(&drain(&mut m)), first, "the same outcome again");
     let ambiguous = Error::transient("committing", "reply lost")
         .with_failure(leasehold::StoreFailure::Ambiguous);
-    m.handle_reply(8, WorkerReply::Settled(Err(ambiguous)));
+    m.handle_reply(LocalMs(8), WorkerReply::Settled(Err(ambiguous)));
     assert_eq!(settled(&drain(&mut m)), [(1, JobOutcome::Lost)]);
 }
 
@@ -484,21 +493,27 @@ fn a_transient_settle_is_resent_and_an_ambiguous_one_is_left_to_the_store() {
 #[test]
 fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
     let (mut m, _) = claimed(worker(1, 0, 64), &[7]);
-    m.handler_done(5, c(7, 1), Err("boom".into()));
+    m.handler_done(LocalMs(5), c(7, 1), Err("boom".into()));
     let _ = drain(&mut m);
     // Retried at once and claimed again by us, before the settle reply.
-    m.handle_timeout(6);
+    m.handle_timeout(LocalMs(6));
     let _ = drain(&mut m);
-    m.handle_reply(7, WorkerReply::Claimed(Ok(vec![job(7, 2)])));
+    m.handle_reply(LocalMs(7), WorkerReply::Claimed(Ok(vec![job(7, 2)])));
     assert_eq!(started(&drain(&mut m)), [7]);
-    m.handle_reply(8, WorkerReply::Settled(Ok(vec![Ok(JobState::Scheduled)])));
+    m.handle_reply(
+        LocalMs(8),
+        WorkerReply::Settled(Ok(vec![Ok(JobState::Scheduled)])),
+    );
     let _ = drain(&mut m);
     assert!(
-        m.is_valid(c(7, 2), 9),
+        m.is_valid(c(7, 2), LocalMs(9)),
         "the new claim is still held and running"
     );
-    assert!(!m.is_valid(c(7, 1), 9), "not for the old claim's handler");
-    m.handler_done(10, c(7, 2), Ok(()));
+    assert!(
+        !m.is_valid(c(7, 1), LocalMs(9)),
+        "not for the old claim's handler"
+    );
+    m.handler_done(LocalMs(10), c(7, 2), Ok(()));
     let sent = requests(&drain(&mut m));
     assert!(
         sent.iter().any(|r| matches!(r, WorkerRequest::Settle { settles } if settles == &vec![(JobId(7), 2, Settle::Complete)])),
@@ -508,10 +523,10 @@ fn the_reply_for_an_old_claim_leaves_the_new_claim_alone() {
 
 #[test]
 fn a_store_error_that_retrying_cannot_fix_ends_the_loop() {
-    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    let mut m = WorkerMachine::new(worker(1, 0, 64), LocalMs(0));
     let _ = drain(&mut m);
     m.handle_reply(
-        1,
+        LocalMs(1),
         WorkerReply::Claimed(Err(Error::store("claiming", "disk I/O error"))),
     );
     assert!(matches!(drain(&mut m)[..], [WorkerAction::Failed(_)]));
@@ -565,42 +580,42 @@ fn the_queue_is_sampled_on_its_schedule() {
         sample_ms: 1_000,
         ..worker(1, 0, 64)
     };
-    let mut m = WorkerMachine::new(cfg, 0);
+    let mut m = WorkerMachine::new(cfg, LocalMs(0));
     let sent = requests(&drain(&mut m));
     assert!(sent.contains(&WorkerRequest::Sample), "{sent:?}");
-    m.handle_timeout(500);
+    m.handle_timeout(LocalMs(500));
     assert!(
         !requests(&drain(&mut m)).contains(&WorkerRequest::Sample),
         "one in flight"
     );
     let counts = leasehold::StateCounts::default();
-    m.handle_reply(600, WorkerReply::Sampled(Ok(counts)));
+    m.handle_reply(LocalMs(600), WorkerReply::Sampled(Ok(counts)));
     let acts = drain(&mut m);
     assert!(
         acts.iter().any(|a| matches!(a, WorkerAction::Sampled(_))),
         "{acts:?}"
     );
-    assert!(m.poll_timeout().is_some_and(|t| t <= 1_600));
-    m.handle_timeout(1_599);
+    assert!(m.poll_timeout().is_some_and(|t| t <= LocalMs(1_600)));
+    m.handle_timeout(LocalMs(1_599));
     assert!(!requests(&drain(&mut m)).contains(&WorkerRequest::Sample));
-    m.handle_timeout(1_600);
+    m.handle_timeout(LocalMs(1_600));
     assert!(requests(&drain(&mut m)).contains(&WorkerRequest::Sample));
     m.handle_reply(
-        1_700,
+        LocalMs(1_700),
         WorkerReply::Sampled(Err(Error::transient("counting", "busy"))),
     );
     let acts = drain(&mut m);
     assert!(!acts.iter().any(|a| matches!(a, WorkerAction::Sampled(_))));
-    m.handle_timeout(2_700);
+    m.handle_timeout(LocalMs(2_700));
     assert!(requests(&drain(&mut m)).contains(&WorkerRequest::Sample));
 }
 
 #[test]
 fn a_claim_answered_after_its_local_deadline_is_given_back_unstarted() {
-    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    let mut m = WorkerMachine::new(worker(1, 0, 64), LocalMs(0));
     drain(&mut m);
     // Sent at 0: valid until 3000 - 1 % drift = 2970; answered at 3500.
-    m.handle_reply(3_500, WorkerReply::Claimed(Ok(vec![job(7, 1)])));
+    m.handle_reply(LocalMs(3_500), WorkerReply::Claimed(Ok(vec![job(7, 1)])));
     let a = drain(&mut m);
     assert!(started(&a).is_empty(), "a late claim never starts");
     assert_eq!(
@@ -608,15 +623,18 @@ fn a_claim_answered_after_its_local_deadline_is_given_back_unstarted() {
         [vec![(JobId(7), 1, Settle::Abandon { started: false })]],
         "given back at once, costing no attempt"
     );
-    m.handle_reply(3_501, WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])));
+    m.handle_reply(
+        LocalMs(3_501),
+        WorkerReply::Settled(Ok(vec![Ok(JobState::Ready)])),
+    );
     assert_eq!(
         settled(&drain(&mut m)),
         [(7, JobOutcome::Abandoned(JobState::Ready))]
     );
     // Answered one millisecond before the deadline, it runs.
-    let mut m = WorkerMachine::new(worker(1, 0, 64), 0);
+    let mut m = WorkerMachine::new(worker(1, 0, 64), LocalMs(0));
     drain(&mut m);
-    m.handle_reply(2_969, WorkerReply::Claimed(Ok(vec![job(7, 1)])));
+    m.handle_reply(LocalMs(2_969), WorkerReply::Claimed(Ok(vec![job(7, 1)])));
     assert_eq!(started(&drain(&mut m)), [7]);
 }
 
@@ -624,7 +642,7 @@ fn a_claim_answered_after_its_local_deadline_is_given_back_unstarted() {
 fn a_queued_job_whose_deadline_passes_is_given_back_and_a_running_one_lost() {
     let (mut m, a) = claimed(worker(1, 1, 64), &[1, 2]);
     assert_eq!(started(&a), [1], "one handler: job 2 waits");
-    m.handle_timeout(2_970);
+    m.handle_timeout(LocalMs(2_970));
     let a = drain(&mut m);
     assert_eq!(
         settled(&a),

@@ -88,7 +88,7 @@ impl Model {
                     return Outcome::Invalid("unique_key");
                 }
             }
-            let run_at = match spec.run_at_ms {
+            let run_at = match spec.run_at.map(leasehold::StoreMs::ms) {
                 Some(at) if at > now.saturating_add(MAX_TTL_MS) => {
                     return Outcome::Invalid("run_at")
                 }

@@ -13,6 +13,7 @@ use leasehold::client::machine::{
     ElectionAction, ElectionBreakage, ElectionConfig, ElectionEvent, ElectionMachine, HolderConfig,
     HolderRequest,
 };
+use leasehold::LocalMs;
 use rand::Rng;
 
 /// Longest wait between two campaign attempts (the holder machine's
@@ -23,7 +24,7 @@ const RETRY_MAX_MS: u64 = 250;
 pub(super) struct CampaignerState {
     key: usize,
     machine: ElectionMachine,
-    next_write: u64,
+    next_write: LocalMs,
     greedy: bool,
     resigning: bool,
 }
@@ -46,11 +47,11 @@ impl Sim<'_> {
         let breakage = ElectionBreakage {
             ignores_deadline: self.plan.canary == Some(Canary::LeaderIgnoresDeadline),
         };
-        let local = self.procs[p].clock.read(self.now);
+        let local = self.local(p);
         CampaignerState {
             key,
             machine: ElectionMachine::new(cfg, local).with_breakage(breakage),
-            next_write: 0,
+            next_write: LocalMs::ZERO,
             greedy: false,
             resigning: false,
         }
@@ -96,14 +97,14 @@ impl Sim<'_> {
         if c.machine.is_done() {
             return self.exit(p);
         }
-        let mut next = c.machine.poll_timeout().unwrap_or(u64::MAX);
+        let mut next = c.machine.poll_timeout().unwrap_or(LocalMs::MAX);
         if c.machine.is_leader(local) {
             next = next.min(c.next_write);
         }
         if let Some(deadline) = c.machine.deadline() {
             next = next.min(deadline);
         }
-        if next < u64::MAX {
+        if next < LocalMs::MAX {
             self.wake_at_local(p, next);
         }
     }
@@ -158,7 +159,11 @@ impl Sim<'_> {
         if !fork_ok || local < c.next_write {
             return;
         }
-        let (key, greedy, deadline) = (c.key, c.greedy, c.machine.deadline().unwrap_or(0));
+        let (key, greedy, deadline) = (
+            c.key,
+            c.greedy,
+            c.machine.deadline().unwrap_or(LocalMs::ZERO),
+        );
         if !self.protected_write(p, key, token) {
             return;
         }
@@ -169,7 +174,10 @@ impl Sim<'_> {
         c.next_write = local + gap;
         if greedy {
             // Land a write on the last valid local millisecond.
-            c.next_write = c.next_write.min(deadline.saturating_sub(1)).max(local + 1);
+            c.next_write = c
+                .next_write
+                .min(deadline.saturating_sub_ms(1))
+                .max(local + 1);
         }
         if step_down {
             c.machine.step_down(local);

@@ -11,6 +11,7 @@ use crate::plan::Canary;
 use leasehold::client::machine::{
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,
 };
+use leasehold::LocalMs;
 use rand::Rng;
 
 #[derive(Debug, Clone)]
@@ -19,8 +20,8 @@ pub(super) struct HolderState {
     machine: Option<HolderMachine>,
     greedy: bool,
     writes_left: u32,
-    next_write: u64,
-    next_acquire: u64,
+    next_write: LocalMs,
+    next_acquire: LocalMs,
 }
 
 impl HolderState {
@@ -30,8 +31,8 @@ impl HolderState {
             machine: None,
             greedy: false,
             writes_left: 0,
-            next_write: 0,
-            next_acquire: 0,
+            next_write: LocalMs::ZERO,
+            next_acquire: LocalMs::ZERO,
         }
     }
 }
@@ -44,7 +45,7 @@ impl HolderState {
 
     /// A burst: acquire at the next poll, whatever the wait said.
     pub(super) fn acquire_now(&mut self) {
-        self.next_acquire = 0;
+        self.next_acquire = LocalMs::ZERO;
     }
 }
 
@@ -83,7 +84,7 @@ impl Sim<'_> {
         self.schedule_holder(p);
     }
 
-    fn start_acquire(&mut self, p: usize, local: u64) {
+    fn start_acquire(&mut self, p: usize, local: LocalMs) {
         let greedy = self.procs[p].rng.random_bool(0.3);
         let seed = self.procs[p].rng.random();
         let cfg = HolderConfig {
@@ -187,17 +188,18 @@ impl Sim<'_> {
         let gap = self.procs[p]
             .rng
             .random_range(1..=(self.plan.ttl_ms / 4).max(1));
-        let deadline = self
-            .holder(p)
-            .machine
-            .as_ref()
-            .map_or(0, |m| m.lifetime().map_or(0, |l| l.deadline()));
+        let deadline = self.holder(p).machine.as_ref().map_or(LocalMs::ZERO, |m| {
+            m.lifetime().map_or(LocalMs::ZERO, |l| l.deadline())
+        });
         let h = self.holder(p);
         h.writes_left = h.writes_left.saturating_sub(1);
         h.next_write = local + gap;
         if greedy {
             // Land the last write on the last valid local millisecond.
-            h.next_write = h.next_write.min(deadline.saturating_sub(1)).max(local + 1);
+            h.next_write = h
+                .next_write
+                .min(deadline.saturating_sub_ms(1))
+                .max(local + 1);
         }
     }
 
@@ -232,19 +234,19 @@ impl Sim<'_> {
             }
             return;
         };
-        let mut next = m.poll_timeout().unwrap_or(u64::MAX);
+        let mut next = m.poll_timeout().unwrap_or(LocalMs::MAX);
         if m.token().is_some() && (h.writes_left > 0 || h.greedy) {
             next = next.min(h.next_write);
         }
         if let Some(deadline) = m.lifetime().map(|l| l.deadline()) {
             next = next.min(deadline);
         }
-        if next < u64::MAX {
+        if next < LocalMs::MAX {
             self.wake_at_local(p, next);
         }
     }
 
-    pub(super) fn holder_reply(&mut self, p: usize, req: Req, _sent_local: u64, rep: Rep) {
+    pub(super) fn holder_reply(&mut self, p: usize, req: Req, _sent_local: LocalMs, rep: Rep) {
         let local = self.local(p);
         let Some(reply) = lease_reply(&req, rep) else {
             return;

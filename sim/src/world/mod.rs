@@ -49,7 +49,7 @@ use crate::plan::{Plan, Role};
 use campaigner::CampaignerState;
 use holder::HolderState;
 use leasehold::core::DriftBound;
-use leasehold::{HolderId, ManualClock, QueuePolicy, Store};
+use leasehold::{HolderId, LocalMs, ManualClock, QueuePolicy, Store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -91,7 +91,7 @@ impl LocalClock {
 #[derive(Debug, Clone)]
 enum RoleState {
     Holder(Box<HolderState>),
-    Producer { left: u32, next_local: u64 },
+    Producer { left: u32, next_local: LocalMs },
     Worker(Box<WorkerState>),
     Campaigner(Box<CampaignerState>),
     Prober,
@@ -110,7 +110,7 @@ struct Proc {
     clock: LocalClock,
     rng: StdRng,
     /// Requests awaiting replies: id → (request, local send time).
-    inflight: BTreeMap<u64, (Req, u64)>,
+    inflight: BTreeMap<u64, (Req, LocalMs)>,
     timer: u64,
     forked_child: bool,
     /// A burst fault: the next requests arrive at this true instant.
@@ -293,7 +293,7 @@ impl<'a> Sim<'a> {
             Role::Holder { key } => RoleState::Holder(Box::new(HolderState::new(key))),
             Role::Producer { jobs } => RoleState::Producer {
                 left: jobs,
-                next_local: 0,
+                next_local: LocalMs::ZERO,
             },
             Role::Worker { batch } => RoleState::Worker(Box::new(self.new_worker(p, batch))),
             Role::Campaigner { key } => {
@@ -325,14 +325,15 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn local(&self, p: usize) -> u64 {
-        self.procs[p].clock.read(self.now)
+    /// Process `p`'s local (monotonic) clock now.
+    fn local(&self, p: usize) -> LocalMs {
+        LocalMs(self.procs[p].clock.read(self.now))
     }
 
     /// Set the clocks process `p`'s client reads to its simulated readings.
     fn set_clocks(&self, p: usize) {
         let clocks = &self.procs[p].clocks;
-        clocks.local.set(self.local(p));
+        clocks.local.set(self.local(p).ms());
         clocks.wall.set(self.wall(p));
     }
 
@@ -353,7 +354,7 @@ impl<'a> Sim<'a> {
         self.push(self.now.saturating_add(delay), ev);
     }
 
-    fn wake_at_local(&mut self, p: usize, local_target: u64) {
+    fn wake_at_local(&mut self, p: usize, local_target: LocalMs) {
         let wait = local_target.saturating_sub(self.local(p)).max(1);
         self.wake_in(p, wait);
     }

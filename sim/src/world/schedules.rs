@@ -67,7 +67,9 @@ impl Sim<'_> {
         self.clock.set(self.now);
         let wall = self.true_wall();
         for spec in specs() {
-            let r = self.store.txn(|tx| schedule::put(tx, QUEUE, &spec, wall));
+            let r = self
+                .store
+                .txn(|tx| schedule::put(tx, QUEUE, &spec, leasehold::WallMs(wall)));
             if let Err(e) = r {
                 panic!(
                     "the simulator could not add its schedule {}: {e}",

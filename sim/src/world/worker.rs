@@ -17,7 +17,8 @@ use leasehold::client::machine::{ClaimId, WorkerBreakage, WorkerRequest};
 use leasehold::client::sim::{Exec, Next, Session, SessionBreakage};
 use leasehold::core::job::Settle;
 use leasehold::{
-    ClaimedJob, Client, DriftBound, Holder, JobOutcome, JobRecord, ManualClock, Store, WorkOptions,
+    ClaimedJob, Client, DriftBound, Holder, JobOutcome, JobRecord, LocalMs, ManualClock, Store,
+    WorkOptions,
 };
 use rand::Rng;
 use std::cell::RefCell;
@@ -47,7 +48,7 @@ impl ProcClocks {
 struct Handler {
     claim: ClaimId,
     job: Arc<ClaimedJob>,
-    work_end: u64,
+    work_end: LocalMs,
     fails: bool,
 }
 
@@ -115,7 +116,7 @@ impl Clone for WorkerState {
 
 impl WorkerState {
     /// A burst: claim now, whatever the idle backoff says.
-    pub(super) fn wake_machine(&mut self, local: u64) {
+    pub(super) fn wake_machine(&mut self, local: LocalMs) {
         self.session.machine.wake(local);
     }
 
@@ -225,18 +226,18 @@ impl Sim<'_> {
             return self.fail(self.violation_at("invariant", detail));
         }
         let w = self.worker(p);
-        let mut next = w.session.machine.poll_timeout().unwrap_or(u64::MAX);
+        let mut next = w.session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
         for h in &w.handlers {
             next = next.min(h.work_end);
         }
-        if next < u64::MAX {
+        if next < LocalMs::MAX {
             self.wake_at_local(p, next);
         }
     }
 
     /// Handlers whose work is done: the effect (if the claim is valid, as
     /// its handle says), then the outcome to the machine.
-    fn finish_handlers(&mut self, p: usize, local: u64) {
+    fn finish_handlers(&mut self, p: usize, local: LocalMs) {
         let forked = self.procs[p].forked_child;
         let fork_ok = !forked || self.plan.canary == Some(Canary::ForkReusesHandle);
         let w = self.worker(p);
@@ -380,7 +381,7 @@ impl Sim<'_> {
     }
 
     /// A handler starts: it runs a random time and fails by chance.
-    fn start_handler(&mut self, p: usize, local: u64, job: Arc<ClaimedJob>) {
+    fn start_handler(&mut self, p: usize, local: LocalMs, job: Arc<ClaimedJob>) {
         let gen = self.procs[p].gen;
         let claim = ClaimId::of(job.record());
         self.note(Line::Note(format!(
@@ -408,7 +409,7 @@ impl Sim<'_> {
     /// The session stops a handler: a cancelled one reports failure at
     /// once (its handle says cancel requested); one stopped for a loss or
     /// a shutdown runs on and reports late.
-    fn stop_handler(&mut self, p: usize, local: u64, claim: ClaimId) {
+    fn stop_handler(&mut self, p: usize, local: LocalMs, claim: ClaimId) {
         let gen = self.procs[p].gen;
         let w = self.worker(p);
         let at = w.handlers.iter().position(|h| h.claim == claim);

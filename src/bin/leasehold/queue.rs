@@ -5,7 +5,7 @@ use crate::out::{self, emit, parse_duration, Times};
 use crate::{client_for, work, CliResult, Fail, PolicyArgs, EXIT_ERROR};
 use clap::Subcommand;
 use leasehold::core::SummaryOptions;
-use leasehold::{Client, JobId, JobSpec, JobState, QueuePolicy, Store, StoreExt};
+use leasehold::{JobId, JobSpec, JobState, QueuePolicy, Store, StoreExt};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::sync::Arc;
@@ -78,15 +78,6 @@ fn parse_time(text: &str) -> Result<SystemTime, String> {
         .map_err(|e| format!("{text:?} is not an RFC 3339 time ({e}), e.g. 2026-12-24T18:00:00Z"))
 }
 
-/// A wall-clock time as store time, through the store's now.
-fn store_time(client: &Client, at: SystemTime) -> Result<u64, Fail> {
-    let now_ms = client.store_now_ms()?;
-    Ok(match at.duration_since(SystemTime::now()) {
-        Ok(ahead) => now_ms.saturating_add(out::ms(ahead)),
-        Err(behind) => now_ms.saturating_sub(out::ms(behind.duration())),
-    })
-}
-
 fn read_payload(payload: Option<String>) -> Result<Vec<u8>, Fail> {
     match payload {
         Some(p) => Ok(p.into_bytes()),
@@ -114,12 +105,12 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
             max_attempts,
             unique,
         } => {
-            let run_at_ms = at.map(|at| store_time(&client, at)).transpose()?;
+            let run_at = at.map(|at| client.store_time(at)).transpose()?;
             let spec = JobSpec {
                 payload: read_payload(payload)?,
                 priority,
                 delay_ms: delay.map_or(0, out::ms),
-                run_at_ms,
+                run_at,
                 max_attempts,
                 unique_key: unique,
             };
@@ -141,12 +132,12 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
             let jobs = client
                 .queue(&queue)?
                 .list(state, JobId(after), limit as usize)?;
-            let t = Times::new(client.store_now_ms()?);
+            let t = Times::new(client.store_now()?.ms());
             jobs.iter().map(|j| out::job_json(j, &t, false)).collect()
         }
         QueueCmd::Get { id } => {
             let job = client.job(JobId(id))?;
-            let t = Times::new(client.store_now_ms()?);
+            let t = Times::new(client.store_now()?.ms());
             vec![out::job_json(&job, &t, true)]
         }
         QueueCmd::Cancel { id } => {

@@ -30,6 +30,7 @@ use super::holder::{
 };
 use crate::core::HolderInfo;
 use crate::error::{Error, LostReason};
+use crate::time::LocalMs;
 use std::collections::VecDeque;
 
 /// How to campaign.
@@ -115,7 +116,7 @@ pub struct ElectionMachine {
 
 impl ElectionMachine {
     /// Start campaigning at local instant `now`.
-    pub fn new(cfg: ElectionConfig, now: u64) -> Self {
+    pub fn new(cfg: ElectionConfig, now: LocalMs) -> Self {
         let mut m = ElectionMachine {
             cfg,
             term: None,
@@ -138,7 +139,7 @@ impl ElectionMachine {
         self
     }
 
-    fn campaign(&mut self, now: u64) {
+    fn campaign(&mut self, now: LocalMs) {
         self.terms += 1;
         let lease = HolderConfig {
             wait_ms: u64::MAX,
@@ -157,13 +158,13 @@ impl ElectionMachine {
     }
 
     /// When [`ElectionMachine::handle_timeout`] should be called next.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<LocalMs> {
         self.term.as_ref().and_then(HolderMachine::poll_timeout)
     }
 
     /// Whether this campaigner may act as leader at `now`: leading, and
     /// before the term's local deadline.
-    pub fn is_leader(&self, now: u64) -> bool {
+    pub fn is_leader(&self, now: LocalMs) -> bool {
         let Some(term) = &self.term else { return false };
         #[cfg(feature = "canaries")]
         if self.breakage.ignores_deadline {
@@ -181,7 +182,7 @@ impl ElectionMachine {
     }
 
     /// The local deadline of the current term while leading.
-    pub fn deadline(&self) -> Option<u64> {
+    pub fn deadline(&self) -> Option<LocalMs> {
         self.term
             .as_ref()
             .filter(|_| self.leading)
@@ -195,7 +196,7 @@ impl ElectionMachine {
 
     /// Check the machine's invariants at local instant `now`: its term's
     /// ([`HolderMachine::check`]), and a leader always has its grant.
-    pub fn check(&self, now: u64) -> Result<(), String> {
+    pub fn check(&self, now: LocalMs) -> Result<(), String> {
         if let Some(term) = &self.term {
             term.check(now, false)?;
         }
@@ -209,7 +210,7 @@ impl ElectionMachine {
     }
 
     /// Time passed to `now`.
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: LocalMs) {
         #[cfg(feature = "canaries")]
         if self.breakage.ignores_deadline && self.leading {
             // Broken on purpose: the deadline is never looked at, so the
@@ -229,7 +230,7 @@ impl ElectionMachine {
     }
 
     /// The store announced a release: a campaign tries again now.
-    pub fn handle_wake(&mut self, now: u64) {
+    pub fn handle_wake(&mut self, now: LocalMs) {
         if self.releasing.is_some() {
             return;
         }
@@ -240,7 +241,7 @@ impl ElectionMachine {
     }
 
     /// The store answered the request in flight (at local instant `now`).
-    pub fn handle_reply(&mut self, now: u64, reply: HolderReply) {
+    pub fn handle_reply(&mut self, now: LocalMs, reply: HolderReply) {
         if let HolderReply::Acquired(Err(Error::Held { holders, .. })) = &reply {
             if let Some(leader) = holders.first() {
                 if self.seen != Some(leader.token) {
@@ -260,19 +261,19 @@ impl ElectionMachine {
 
     /// Give up leadership for good: release the key (the next campaigner
     /// takes over at once) and stop; a campaign in progress just stops.
-    pub fn resign(&mut self, now: u64) {
+    pub fn resign(&mut self, now: LocalMs) {
         self.release(now, false);
     }
 
     /// Give up this term (the key is released) and campaign again once
     /// the release is answered.
-    pub fn step_down(&mut self, now: u64) {
+    pub fn step_down(&mut self, now: LocalMs) {
         if self.leading {
             self.release(now, true);
         }
     }
 
-    fn release(&mut self, now: u64, again: bool) {
+    fn release(&mut self, now: LocalMs, again: bool) {
         if self.releasing.is_some() || self.term.is_none() {
             return;
         }
@@ -290,7 +291,7 @@ impl ElectionMachine {
 
     /// A resignation while campaigning: the campaign ends once no acquire
     /// is in flight (a grant that answers one is released at once).
-    fn end_campaign(&mut self, now: u64) {
+    fn end_campaign(&mut self, now: LocalMs) {
         let idle = self
             .term
             .as_ref()
@@ -310,7 +311,7 @@ impl ElectionMachine {
     }
 
     /// Turn what the term's machine did into this machine's actions.
-    fn pump(&mut self, now: u64) {
+    fn pump(&mut self, now: LocalMs) {
         let bound = 64;
         for _ in 0..bound {
             let Some(action) = self.term.as_mut().and_then(HolderMachine::poll_action) else {
@@ -323,7 +324,7 @@ impl ElectionMachine {
         }
     }
 
-    fn term_event(&mut self, now: u64, event: HolderEvent) {
+    fn term_event(&mut self, now: LocalMs, event: HolderEvent) {
         match event {
             HolderEvent::Granted { .. } if self.releasing.is_some() => {
                 // Resigned while this acquire was in flight: give it back.

@@ -28,6 +28,7 @@ use super::ensure;
 use super::lifetime::{renew_every, Lifetime};
 use crate::core::{Backoff, DriftBound, Grant};
 use crate::error::{Error, LostReason, Result};
+use crate::time::LocalMs;
 use std::collections::VecDeque;
 
 /// How to hold one lease.
@@ -110,15 +111,15 @@ pub enum HolderAction {
 #[derive(Debug, Clone)]
 enum Phase {
     Acquiring {
-        in_flight: Option<u64>,
-        started: u64,
-        retry_at: u64,
+        in_flight: Option<LocalMs>,
+        started: LocalMs,
+        retry_at: LocalMs,
         backoff: Backoff,
     },
     Held {
         token: u64,
         life: Lifetime,
-        release: Option<u64>,
+        release: Option<LocalMs>,
     },
     Done,
 }
@@ -138,7 +139,7 @@ const BACKOFF_CAP_MS: u64 = 250;
 
 impl HolderMachine {
     /// Start acquiring at local instant `now`.
-    pub fn new(cfg: HolderConfig, now: u64) -> Self {
+    pub fn new(cfg: HolderConfig, now: LocalMs) -> Self {
         let mut m = HolderMachine {
             cfg,
             phase: Phase::Acquiring {
@@ -162,7 +163,7 @@ impl HolderMachine {
         self
     }
 
-    fn send_acquire(&mut self, now: u64) {
+    fn send_acquire(&mut self, now: LocalMs) {
         if let Phase::Acquiring { in_flight, .. } = &mut self.phase {
             *in_flight = Some(now);
             self.out
@@ -176,7 +177,7 @@ impl HolderMachine {
     }
 
     /// When [`HolderMachine::handle_timeout`] should be called next.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<LocalMs> {
         match &self.phase {
             Phase::Acquiring {
                 in_flight: None,
@@ -193,7 +194,7 @@ impl HolderMachine {
     }
 
     /// Whether the holder may act at `now` (held, before its deadline).
-    pub fn is_valid(&self, now: u64) -> bool {
+    pub fn is_valid(&self, now: LocalMs) -> bool {
         matches!(&self.phase, Phase::Held { life, release: None, .. } if life.is_valid(now))
     }
 
@@ -221,7 +222,7 @@ impl HolderMachine {
     /// Check the machine's invariants at local instant `now`: `Err` names
     /// the first one broken. `after_timeout`: nothing due may be left
     /// undone (true only right after [`HolderMachine::handle_timeout`]).
-    pub fn check(&self, now: u64, after_timeout: bool) -> Result<(), String> {
+    pub fn check(&self, now: LocalMs, after_timeout: bool) -> Result<(), String> {
         let sends = |kind: fn(&HolderRequest) -> bool| {
             self.out
                 .iter()
@@ -262,22 +263,22 @@ impl HolderMachine {
     }
 
     #[cfg(debug_assertions)]
-    fn debug_check(&self, now: u64, after_timeout: bool) {
+    fn debug_check(&self, now: LocalMs, after_timeout: bool) {
         if let Err(broken) = self.check(now, after_timeout) {
             panic!("holder machine invariant broken at {now}: {broken}");
         }
     }
 
     #[cfg(not(debug_assertions))]
-    fn debug_check(&self, _now: u64, _after_timeout: bool) {}
+    fn debug_check(&self, _now: LocalMs, _after_timeout: bool) {}
 
     /// Time passed to `now`.
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: LocalMs) {
         self.timeout(now);
         self.debug_check(now, true);
     }
 
-    fn timeout(&mut self, now: u64) {
+    fn timeout(&mut self, now: LocalMs) {
         match &mut self.phase {
             Phase::Acquiring {
                 in_flight: None,
@@ -304,7 +305,7 @@ impl HolderMachine {
     }
 
     /// A release of the key was seen (a wake-up): retry the acquire now.
-    pub fn handle_wake(&mut self, now: u64) {
+    pub fn handle_wake(&mut self, now: LocalMs) {
         if let Phase::Acquiring {
             in_flight: None,
             retry_at,
@@ -318,7 +319,7 @@ impl HolderMachine {
     }
 
     /// The store answered the request in flight (at local instant `now`).
-    pub fn handle_reply(&mut self, now: u64, reply: HolderReply) {
+    pub fn handle_reply(&mut self, now: LocalMs, reply: HolderReply) {
         match reply {
             HolderReply::Acquired(r) => self.acquired(now, r),
             HolderReply::Renewed(r) => self.renewed(now, r),
@@ -333,7 +334,7 @@ impl HolderMachine {
         self.debug_check(now, false);
     }
 
-    fn acquired(&mut self, now: u64, r: Result<Grant>) {
+    fn acquired(&mut self, now: LocalMs, r: Result<Grant>) {
         let Phase::Acquiring {
             in_flight: Some(sent_at),
             started,
@@ -387,12 +388,13 @@ impl HolderMachine {
                 let limit = if matches!(e, Error::Held { .. }) {
                     started.saturating_add(self.cfg.wait_ms)
                 } else {
-                    u64::MAX
+                    LocalMs::MAX
                 };
+                let soonest = now.saturating_add(1);
                 self.phase = Phase::Acquiring {
                     in_flight: None,
                     started,
-                    retry_at: now.saturating_add(sleep.max(1)).min(limit.max(now + 1)),
+                    retry_at: now.saturating_add(sleep.max(1)).min(limit.max(soonest)),
                     backoff,
                 };
             }
@@ -404,7 +406,7 @@ impl HolderMachine {
         }
     }
 
-    fn renewed(&mut self, now: u64, r: Result<Grant>) {
+    fn renewed(&mut self, now: LocalMs, r: Result<Grant>) {
         let Phase::Held { life, .. } = &mut self.phase else {
             return;
         };
@@ -425,7 +427,7 @@ impl HolderMachine {
 
     /// A renewal sent outside the schedule (a manual renew at `sent_at`)
     /// was answered at `now`.
-    pub fn renewed_by_hand(&mut self, sent_at: u64, now: u64, r: &Result<Grant>) {
+    pub fn renewed_by_hand(&mut self, sent_at: LocalMs, now: LocalMs, r: &Result<Grant>) {
         let Phase::Held { life, .. } = &mut self.phase else {
             return;
         };
@@ -443,7 +445,7 @@ impl HolderMachine {
 
     /// The holder is done with the lease: release it (or, while still
     /// acquiring, stop trying).
-    pub fn release(&mut self, now: u64) {
+    pub fn release(&mut self, now: LocalMs) {
         match &mut self.phase {
             Phase::Held {
                 token,

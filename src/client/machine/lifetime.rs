@@ -21,6 +21,7 @@
 
 use crate::core::{local_deadline_ms, mix64, DriftBound};
 use crate::error::LostReason;
+use crate::time::LocalMs;
 
 /// Why a grant stopped being usable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +50,9 @@ pub struct Lifetime {
     every_ms: u64,
     seed: u64,
     round: u64,
-    deadline: u64,
-    next_renewal: u64,
-    in_flight: Option<u64>,
+    deadline: LocalMs,
+    next_renewal: LocalMs,
+    in_flight: Option<LocalMs>,
     end: Option<End>,
     breakage: Breakage,
 }
@@ -79,15 +80,21 @@ pub(crate) fn renewal_retry(every_ms: u64) -> u64 {
 impl Lifetime {
     /// A grant whose request was sent at `sent_at` (local clock), renewed
     /// every `every_ms` (0: never), with jitter drawn from `seed`.
-    pub fn granted(sent_at: u64, ttl_ms: u64, drift: DriftBound, every_ms: u64, seed: u64) -> Self {
+    pub fn granted(
+        sent_at: LocalMs,
+        ttl_ms: u64,
+        drift: DriftBound,
+        every_ms: u64,
+        seed: u64,
+    ) -> Self {
         let mut life = Lifetime {
             ttl_ms,
             drift,
             every_ms,
             seed,
             round: 0,
-            deadline: local_deadline_ms(sent_at, ttl_ms, drift),
-            next_renewal: u64::MAX,
+            deadline: deadline_of(sent_at, ttl_ms, drift),
+            next_renewal: LocalMs::MAX,
             in_flight: None,
             end: None,
             breakage: Breakage::default(),
@@ -98,7 +105,7 @@ impl Lifetime {
 
     /// A grant valid until local instant `deadline`, renewed by someone
     /// else (a worker loop's renewal rounds): no schedule of its own.
-    pub fn until(deadline: u64) -> Self {
+    pub fn until(deadline: LocalMs) -> Self {
         Lifetime {
             ttl_ms: 0,
             drift: DriftBound::default(),
@@ -106,7 +113,7 @@ impl Lifetime {
             seed: 0,
             round: 0,
             deadline,
-            next_renewal: u64::MAX,
+            next_renewal: LocalMs::MAX,
             in_flight: None,
             end: None,
             breakage: Breakage::default(),
@@ -115,7 +122,7 @@ impl Lifetime {
 
     /// The deadline moves to `deadline` (never back): a renewal made by
     /// someone else (a worker loop's round).
-    pub fn extend_to(&mut self, deadline: u64) {
+    pub fn extend_to(&mut self, deadline: LocalMs) {
         if self.end.is_none() {
             self.deadline = self.deadline.max(deadline);
         }
@@ -129,19 +136,19 @@ impl Lifetime {
 
     /// The same grant with a deliberate breakage (the simulator's canaries).
     #[cfg(feature = "canaries")]
-    pub fn broken(mut self, breakage: Breakage, replied_at: u64) -> Self {
+    pub fn broken(mut self, breakage: Breakage, replied_at: LocalMs) -> Self {
         self.breakage = breakage;
         if breakage.deadline_from_reply {
-            self.deadline = local_deadline_ms(replied_at, self.ttl_ms, self.drift);
+            self.deadline = deadline_of(replied_at, self.ttl_ms, self.drift);
         }
         self
     }
 
     /// The next renewal after one sent (or granted) at `from`: the interval
     /// with ±10 % of jitter, so that many holders do not renew in step.
-    fn schedule(&mut self, from: u64) {
+    fn schedule(&mut self, from: LocalMs) {
         if self.every_ms == 0 {
-            self.next_renewal = u64::MAX;
+            self.next_renewal = LocalMs::MAX;
             return;
         }
         let wait = renewal_wait(self.every_ms, mix64(self.seed ^ self.round));
@@ -150,12 +157,12 @@ impl Lifetime {
     }
 
     /// Whether the holder may act at local instant `now`.
-    pub fn is_valid(&self, now: u64) -> bool {
+    pub fn is_valid(&self, now: LocalMs) -> bool {
         self.end.is_none() && now < self.deadline
     }
 
     /// The local deadline.
-    pub fn deadline(&self) -> u64 {
+    pub fn deadline(&self) -> LocalMs {
         self.deadline
     }
 
@@ -165,7 +172,7 @@ impl Lifetime {
     }
 
     /// Whether a scheduled renewal should be sent now.
-    pub fn renewal_due(&self, now: u64) -> bool {
+    pub fn renewal_due(&self, now: LocalMs) -> bool {
         self.end.is_none()
             && self.in_flight.is_none()
             && now >= self.next_renewal
@@ -173,19 +180,19 @@ impl Lifetime {
     }
 
     /// A scheduled renewal was sent at `now`.
-    pub fn renewal_sent(&mut self, now: u64) {
+    pub fn renewal_sent(&mut self, now: LocalMs) {
         self.in_flight = Some(now);
     }
 
     /// The send time of the scheduled renewal awaiting its reply.
-    pub fn in_flight(&self) -> Option<u64> {
+    pub fn in_flight(&self) -> Option<LocalMs> {
         self.in_flight
     }
 
     /// A renewal sent at `sent_at` succeeded (reply at `now`). Renewals
     /// sent by anyone count (a manual renew beside the schedule); the
     /// deadline never moves back.
-    pub fn renewed(&mut self, sent_at: u64, now: u64) {
+    pub fn renewed(&mut self, sent_at: LocalMs, now: LocalMs) {
         if self.in_flight == Some(sent_at) {
             self.in_flight = None;
         }
@@ -199,13 +206,13 @@ impl Lifetime {
         };
         self.deadline = self
             .deadline
-            .max(local_deadline_ms(from, self.ttl_ms, self.drift));
+            .max(deadline_of(from, self.ttl_ms, self.drift));
         self.schedule(sent_at);
     }
 
     /// A renewal failed without an answer (a transient store error): retry
     /// sooner, while the deadline allows.
-    pub fn renewal_failed(&mut self, sent_at: u64, now: u64) {
+    pub fn renewal_failed(&mut self, sent_at: LocalMs, now: LocalMs) {
         if self.in_flight == Some(sent_at) {
             self.in_flight = None;
         }
@@ -216,7 +223,7 @@ impl Lifetime {
 
     /// The store refused a renewal: the grant is lost. Returns the reason
     /// if this is the first loss (report it once).
-    pub fn refused(&mut self, sent_at: u64, reason: LostReason) -> Option<LostReason> {
+    pub fn refused(&mut self, sent_at: LocalMs, reason: LostReason) -> Option<LostReason> {
         if self.in_flight == Some(sent_at) {
             self.in_flight = None;
         }
@@ -232,7 +239,7 @@ impl Lifetime {
     }
 
     /// Time passed: the loss, the first time the deadline is seen passed.
-    pub fn handle_timeout(&mut self, now: u64) -> Option<LostReason> {
+    pub fn handle_timeout(&mut self, now: LocalMs) -> Option<LostReason> {
         if now >= self.deadline {
             return self.lose(LostReason::LocalDeadline);
         }
@@ -241,14 +248,14 @@ impl Lifetime {
 
     /// The next instant something happens: the renewal due (unless one is
     /// in flight) or the deadline. `None` once ended.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<LocalMs> {
         if self.end.is_some() {
             return None;
         }
         let renewal = if self.in_flight.is_none() {
             self.next_renewal
         } else {
-            u64::MAX
+            LocalMs::MAX
         };
         Some(renewal.min(self.deadline))
     }
@@ -266,6 +273,11 @@ impl Lifetime {
     /// Stop renewing on a schedule (renewals already sent still count).
     pub fn stop_renewing(&mut self) {
         self.every_ms = 0;
-        self.next_renewal = u64::MAX;
+        self.next_renewal = LocalMs::MAX;
     }
+}
+
+/// The local deadline of a grant requested at `sent_at` (L3).
+fn deadline_of(sent_at: LocalMs, ttl_ms: u64, drift: DriftBound) -> LocalMs {
+    LocalMs(local_deadline_ms(sent_at.ms(), ttl_ms, drift))
 }

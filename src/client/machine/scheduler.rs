@@ -17,6 +17,7 @@
 
 use crate::core::Backoff;
 use crate::error::Result;
+use crate::time::LocalMs;
 
 /// What a fire found, as the worker machine needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -35,7 +36,7 @@ pub struct FireReport {
 #[derive(Debug, Clone)]
 pub(super) struct FireTimer {
     poll_ms: u64,
-    next_at: u64,
+    next_at: LocalMs,
     sent: bool,
     backoff: Backoff,
 }
@@ -43,7 +44,7 @@ pub(super) struct FireTimer {
 impl FireTimer {
     /// A timer that fires first at `now` and polls every `poll_ms` (0:
     /// off), its retries jittered from `seed`.
-    pub(super) fn new(poll_ms: u64, now: u64, seed: u64) -> FireTimer {
+    pub(super) fn new(poll_ms: u64, now: LocalMs, seed: u64) -> FireTimer {
         FireTimer {
             poll_ms,
             next_at: now,
@@ -53,7 +54,7 @@ impl FireTimer {
     }
 
     /// When the next fire is due, unless off or in flight.
-    pub(super) fn poll_timeout(&self) -> Option<u64> {
+    pub(super) fn poll_timeout(&self) -> Option<LocalMs> {
         (self.poll_ms > 0 && !self.sent).then_some(self.next_at)
     }
 
@@ -68,7 +69,7 @@ impl FireTimer {
     }
 
     /// The fire in flight was answered at `now`; whether it enqueued jobs.
-    pub(super) fn answered(&mut self, now: u64, r: &Result<FireReport>) -> bool {
+    pub(super) fn answered(&mut self, now: LocalMs, r: &Result<FireReport>) -> bool {
         if !std::mem::take(&mut self.sent) {
             return false;
         }

@@ -80,6 +80,7 @@ pub use super::worker_io::{
 use crate::core::job::Settle;
 use crate::core::{mix64, Backoff, JobId, JobRecord};
 use crate::error::{Error, LostReason};
+use crate::time::LocalMs;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// A claimed job whose outcome is not yet reported: queued (claimed ahead
@@ -155,26 +156,26 @@ pub struct WorkerMachine {
     pub(super) reported: BTreeSet<ClaimId>,
     pub(super) completer: Vec<(ClaimId, Settle)>,
     /// When the completer flushes (while it holds outcomes).
-    pub(super) flush_at: u64,
+    pub(super) flush_at: LocalMs,
     /// Not before this: a batch refused by a transient error waits.
-    pub(super) settle_retry_at: u64,
+    pub(super) settle_retry_at: LocalMs,
     pub(super) settle_backoff: Backoff,
     pub(super) settle_sent: Option<Vec<(ClaimId, Settle)>>,
-    pub(super) claim_sent: Option<u64>,
+    pub(super) claim_sent: Option<LocalMs>,
     /// How many the claim in flight asked for.
     pub(super) claim_asked: usize,
     /// Handler slots that freed with nothing queued while it was in flight.
     pub(super) starved: usize,
     /// Jobs claimed ahead of a free handler (adapts; see the module docs).
     pub(super) ahead: usize,
-    pub(super) next_claim: u64,
+    pub(super) next_claim: LocalMs,
     pub(super) idle: Backoff,
-    pub(super) round_sent: Option<(u64, Vec<(JobId, u64)>)>,
-    pub(super) next_round: u64,
+    pub(super) round_sent: Option<(LocalMs, Vec<(JobId, u64)>)>,
+    pub(super) next_round: LocalMs,
     pub(super) drain_sent: bool,
     pub(super) sample_sent: bool,
-    pub(super) next_sample: u64,
-    pub(super) shutdown_at: Option<u64>,
+    pub(super) next_sample: LocalMs,
+    pub(super) shutdown_at: Option<LocalMs>,
     pub(super) fire: super::scheduler::FireTimer,
     pub(super) over: bool,
     pub(super) rounds: u64,
@@ -191,7 +192,7 @@ const SETTLE_RETRY_CAP_MS: u64 = 100;
 
 impl WorkerMachine {
     /// A worker loop starting at local instant `now` (it claims at once).
-    pub fn new(mut cfg: WorkerConfig, now: u64) -> Self {
+    pub fn new(mut cfg: WorkerConfig, now: LocalMs) -> Self {
         cfg.concurrency = cfg.concurrency.max(1);
         cfg.batch_max = cfg.batch_max.max(1);
         if cfg.heartbeat_ms == 0 {
@@ -205,7 +206,7 @@ impl WorkerMachine {
             reported: BTreeSet::new(),
             completer: Vec::new(),
             flush_at: now,
-            settle_retry_at: 0,
+            settle_retry_at: LocalMs::ZERO,
             settle_backoff: Backoff::new(1, SETTLE_RETRY_CAP_MS, mix64(cfg.seed ^ 0x5e77)),
             settle_sent: None,
             claim_sent: None,
@@ -215,7 +216,7 @@ impl WorkerMachine {
             next_claim: now,
             idle: Backoff::new(1, cfg.idle_max_ms.max(1), mix64(cfg.seed ^ 0x1d1e)),
             round_sent: None,
-            next_round: u64::MAX,
+            next_round: LocalMs::MAX,
             drain_sent: false,
             sample_sent: false,
             next_sample: now,
@@ -247,7 +248,7 @@ impl WorkerMachine {
 
     /// When [`WorkerMachine::handle_timeout`] should be called next: the
     /// earliest armed timer.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<LocalMs> {
         if self.over {
             return None;
         }
@@ -255,7 +256,7 @@ impl WorkerMachine {
     }
 
     /// When `timer` fires, if it is armed: the one place that says.
-    pub(super) fn timer(&self, timer: Timer) -> Option<u64> {
+    pub(super) fn timer(&self, timer: Timer) -> Option<LocalMs> {
         match timer {
             Timer::Deadline => self.jobs.values().map(|h| h.life.deadline()).min(),
             Timer::Shutdown => self.shutdown_at.filter(|_| self.running > 0),
@@ -267,7 +268,11 @@ impl WorkerMachine {
                 // about to; or the batch is full.
                 let idle = self.running == 0 && self.queued.is_empty();
                 let full = self.completer.len() >= self.cfg.batch_max;
-                let at = if idle || full { 0 } else { self.flush_at };
+                let at = if idle || full {
+                    LocalMs::ZERO
+                } else {
+                    self.flush_at
+                };
                 Some(at.max(self.settle_retry_at))
             }
             Timer::Round => {
@@ -283,7 +288,7 @@ impl WorkerMachine {
         }
     }
 
-    fn on_timer(&mut self, timer: Timer, now: u64) {
+    fn on_timer(&mut self, timer: Timer, now: LocalMs) {
         match timer {
             Timer::Deadline => self.expire(now),
             Timer::Shutdown => self.give_back_running(now),
@@ -312,7 +317,7 @@ impl WorkerMachine {
     }
 
     /// The local deadline of a queued or running claim.
-    pub fn deadline(&self, claim: ClaimId) -> Option<u64> {
+    pub fn deadline(&self, claim: ClaimId) -> Option<LocalMs> {
         self.jobs
             .get(&claim.job)
             .filter(|h| h.token == claim.token)
@@ -321,7 +326,7 @@ impl WorkerMachine {
 
     /// Whether the handler of `claim` may act at `now` (a handler of an
     /// older claim of the same job may not).
-    pub fn is_valid(&self, claim: ClaimId, now: u64) -> bool {
+    pub fn is_valid(&self, claim: ClaimId, now: LocalMs) -> bool {
         self.jobs
             .get(&claim.job)
             .is_some_and(|h| h.token == claim.token && h.running && h.life.is_valid(now))
@@ -348,12 +353,12 @@ impl WorkerMachine {
     }
 
     /// Time passed to `now`.
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: LocalMs) {
         self.step(now);
     }
 
     /// A job became ready somewhere: claim without waiting out the backoff.
-    pub fn wake(&mut self, now: u64) {
+    pub fn wake(&mut self, now: LocalMs) {
         if self.may_claim() {
             self.next_claim = self.next_claim.min(now);
             self.idle.reset();
@@ -362,14 +367,14 @@ impl WorkerMachine {
     }
 
     /// Switch the drain rule on or off (the simulator's heal phase).
-    pub fn set_drain(&mut self, now: u64, drain: bool) {
+    pub fn set_drain(&mut self, now: LocalMs, drain: bool) {
         self.cfg.drain = drain;
         self.step(now);
     }
 
     /// Stop claiming; queued jobs are given back at once; running handlers
     /// have until `deadline` (local), then their jobs are given back too.
-    pub fn shutdown(&mut self, now: u64, deadline: u64) {
+    pub fn shutdown(&mut self, now: LocalMs, deadline: LocalMs) {
         if self.over || self.shutdown_at.is_some() {
             return;
         }
@@ -380,7 +385,7 @@ impl WorkerMachine {
         self.step(now);
     }
 
-    fn give_back_running(&mut self, now: u64) {
+    fn give_back_running(&mut self, now: LocalMs) {
         let running: Vec<JobId> = self
             .jobs
             .iter()
@@ -406,7 +411,12 @@ impl WorkerMachine {
     /// [`crate::client::fit_reason`]). Ignored for a claim no longer held:
     /// a handler stopped for a loss may report long after, when the job is
     /// claimed again (by this worker, too).
-    pub fn handler_done(&mut self, now: u64, claim: ClaimId, result: impl Into<HandlerOutcome>) {
+    pub fn handler_done(
+        &mut self,
+        now: LocalMs,
+        claim: ClaimId,
+        result: impl Into<HandlerOutcome>,
+    ) {
         self.expire(now);
         if !self
             .jobs
@@ -425,7 +435,7 @@ impl WorkerMachine {
 
     /// The job's outcome goes to the completer (its claim is renewed until
     /// the outcome is committed).
-    pub(super) fn report(&mut self, id: JobId, settle: Settle, now: u64) {
+    pub(super) fn report(&mut self, id: JobId, settle: Settle, now: LocalMs) {
         let Some(h) = self.jobs.remove(&id) else {
             return;
         };
@@ -447,7 +457,7 @@ impl WorkerMachine {
     /// Local deadlines: a queued or running job whose deadline passed is
     /// lost (its handler is told; one never started is given back). A
     /// reported outcome is still sent (the store decides).
-    pub(super) fn expire(&mut self, now: u64) {
+    pub(super) fn expire(&mut self, now: LocalMs) {
         let lost: Vec<(JobId, LostReason)> = self
             .jobs
             .iter_mut()
@@ -463,7 +473,7 @@ impl WorkerMachine {
     /// local deadline passed is given back at once, costing no attempt (the
     /// store refuses if its claim ran out meanwhile); one the store refused
     /// is just dropped.
-    pub(super) fn lose(&mut self, id: JobId, reason: LostReason, now: u64) {
+    pub(super) fn lose(&mut self, id: JobId, reason: LostReason, now: LocalMs) {
         let Some(h) = self.jobs.get(&id) else {
             return;
         };
@@ -491,7 +501,7 @@ impl WorkerMachine {
     /// Do whatever is due at `now`: every timer due, in [`Timer::ALL`]'s
     /// order, with queued jobs started once deadlines and the shutdown
     /// grace are seen to.
-    pub(super) fn step(&mut self, now: u64) {
+    pub(super) fn step(&mut self, now: LocalMs) {
         if self.over {
             return;
         }
@@ -510,7 +520,7 @@ impl WorkerMachine {
         }
     }
 
-    fn start_queued(&mut self, now: u64) {
+    fn start_queued(&mut self, now: LocalMs) {
         while self.running < self.cfg.concurrency && self.shutdown_at.is_none() {
             let Some(id) = self.queued.pop_front() else {
                 break;
@@ -528,7 +538,7 @@ impl WorkerMachine {
         }
     }
 
-    fn flush(&mut self, now: u64) {
+    fn flush(&mut self, now: LocalMs) {
         let n = self.completer.len().min(self.cfg.batch_max);
         let batch: Vec<(ClaimId, Settle)> = self.completer.drain(..n).collect();
         let settles = batch
@@ -543,7 +553,7 @@ impl WorkerMachine {
 
     /// Every claim a renewal round carries: held jobs, and outcomes not yet
     /// committed (their claims must outlive a slow settle).
-    fn renew_round(&mut self, now: u64) {
+    fn renew_round(&mut self, now: LocalMs) {
         let mut claims: Vec<(JobId, u64)> =
             self.jobs.iter().map(|(id, h)| (*id, h.token)).collect();
         claims.extend(self.reported.iter().map(|c| (c.job, c.token)));
@@ -551,7 +561,7 @@ impl WorkerMachine {
         self.send(WorkerRequest::Heartbeat { claims });
     }
 
-    fn send_claim(&mut self, now: u64) {
+    fn send_claim(&mut self, now: LocalMs) {
         let max = self.room().min(self.cfg.batch_max);
         self.claim_sent = Some(now);
         self.claim_asked = max;
@@ -582,7 +592,7 @@ impl WorkerMachine {
     }
 
     /// The next renewal round after one sent (or a first claim) at `from`.
-    pub(super) fn next_round_after(&mut self, from: u64) -> u64 {
+    pub(super) fn next_round_after(&mut self, from: LocalMs) -> LocalMs {
         self.rounds += 1;
         let draw = mix64(self.cfg.seed ^ self.rounds.rotate_left(17));
         from.saturating_add(renewal_wait(self.cfg.heartbeat_ms, draw))

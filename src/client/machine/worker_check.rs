@@ -6,12 +6,13 @@
 use super::ensure;
 use super::worker::{ClaimId, Timer, WorkerAction, WorkerMachine, WorkerRequest};
 use crate::core::JobId;
+use crate::time::LocalMs;
 use std::collections::BTreeSet;
 
 impl WorkerMachine {
     /// Check the machine's invariants at local instant `now`, after a
     /// step: `Err` names the first one broken.
-    pub fn check(&self, now: u64) -> Result<(), String> {
+    pub fn check(&self, now: LocalMs) -> Result<(), String> {
         self.check_phases()?;
         self.check_outcomes()?;
         self.check_requests()?;
@@ -175,21 +176,28 @@ mod tests {
             sample_ms: 0,
             fire_ms: 0,
         };
-        let mut m = WorkerMachine::new(cfg, 0);
+        let mut m = WorkerMachine::new(cfg, LocalMs(0));
         while m.poll_action().is_some() {}
-        m.handle_reply(1, WorkerReply::Claimed(Ok(vec![job(3), job(1), job(2)])));
+        m.handle_reply(
+            LocalMs(1),
+            WorkerReply::Claimed(Ok(vec![job(3), job(1), job(2)])),
+        );
         let three = ClaimId {
             job: JobId(3),
             token: 1,
         };
-        m.handler_done(2, three, Ok(()));
+        m.handler_done(LocalMs(2), three, Ok(()));
         while m.poll_action().is_some() {}
-        assert_eq!(m.check(2), Ok(()), "a real state holds every invariant");
+        assert_eq!(
+            m.check(LocalMs(2)),
+            Ok(()),
+            "a real state holds every invariant"
+        );
         assert_eq!((m.running, m.queued.len(), m.completer.len()), (1, 1, 1));
         m
     }
 
-    fn broken(m: &WorkerMachine, now: u64, names: &str) {
+    fn broken(m: &WorkerMachine, now: LocalMs, names: &str) {
         match m.check(now) {
             Err(e) => assert!(e.contains(names), "{e:?} should name {names:?}"),
             Ok(()) => panic!("the broken invariant ({names}) was not caught"),
@@ -200,47 +208,47 @@ mod tests {
     fn each_broken_invariant_is_named() {
         let mut m = machine();
         m.running += 1;
-        broken(&m, 2, "the count says");
+        broken(&m, LocalMs(2), "the count says");
         let mut m = machine();
         m.cfg.concurrency = 0;
-        broken(&m, 2, "concurrency 0");
+        broken(&m, LocalMs(2), "concurrency 0");
         let mut m = machine();
         m.queued.push_back(JobId(2));
-        broken(&m, 2, "queued twice");
+        broken(&m, LocalMs(2), "queued twice");
         let mut m = machine();
         m.queued.clear();
-        broken(&m, 2, "not started are");
+        broken(&m, LocalMs(2), "not started are");
         let mut m = machine();
-        m.shutdown_at = Some(5);
-        broken(&m, 2, "after shutdown");
+        m.shutdown_at = Some(LocalMs(5));
+        broken(&m, LocalMs(2), "after shutdown");
         let mut m = machine();
         if let Some(h) = m.jobs.get_mut(&JobId(2)) {
             h.token = 9;
         }
-        broken(&m, 2, "another job's record");
+        broken(&m, LocalMs(2), "another job's record");
         let mut m = machine();
         let held = ClaimId {
             job: JobId(1),
             token: 1,
         };
         m.reported.insert(held);
-        broken(&m, 2, "both held and reported");
+        broken(&m, LocalMs(2), "both held and reported");
         let mut m = machine();
         m.reported.clear();
-        broken(&m, 2, "it is not reported");
+        broken(&m, LocalMs(2), "it is not reported");
         let mut m = machine();
         let (claim, settle) = m.completer[0].clone();
         m.completer.push((claim, settle));
-        broken(&m, 2, "sent twice");
+        broken(&m, LocalMs(2), "sent twice");
         let mut m = machine();
         m.reported.insert(ClaimId {
             job: JobId(9),
             token: 1,
         });
-        broken(&m, 2, "neither waiting nor in flight");
+        broken(&m, LocalMs(2), "neither waiting nor in flight");
         let mut m = machine();
         m.send(WorkerRequest::DrainCheck);
-        broken(&m, 2, "kind 3");
+        broken(&m, LocalMs(2), "kind 3");
         let mut m = machine();
         m.settle_sent = Some(Vec::new());
         m.send(WorkerRequest::Settle {
@@ -249,14 +257,14 @@ mod tests {
         m.send(WorkerRequest::Settle {
             settles: Vec::new(),
         });
-        broken(&m, 2, "2 requests of kind 2");
+        broken(&m, LocalMs(2), "2 requests of kind 2");
     }
 
     #[test]
     fn a_timer_left_due_is_caught_and_one_done_is_not() {
         let m = machine();
-        let flush = m.timer(Timer::Flush).unwrap_or(0);
-        assert_eq!(flush, 52, "the completer's flush is armed");
+        let flush = m.timer(Timer::Flush).unwrap_or(LocalMs::ZERO);
+        assert_eq!(flush, LocalMs(52), "the completer's flush is armed");
         broken(&m, flush, "Flush");
         let mut m = m;
         m.handle_timeout(flush);
@@ -264,7 +272,7 @@ mod tests {
         let mut over = machine();
         over.over = true;
         assert_eq!(
-            over.check(u64::MAX),
+            over.check(LocalMs::MAX),
             Ok(()),
             "a finished loop has no timers"
         );

@@ -5,6 +5,7 @@
 use crate::core::job::Settle;
 use crate::core::{DriftBound, HeartbeatReply, JobId, JobRecord, JobState, StateCounts};
 use crate::error::{Error, LostReason, Result};
+use crate::time::LocalMs;
 use std::sync::Arc;
 
 /// One claim of a job: the job and the claim's fencing token. A job can be
@@ -208,7 +209,7 @@ pub enum WorkerAction {
         /// The claim.
         claim: ClaimId,
         /// Its new local deadline.
-        deadline: u64,
+        deadline: LocalMs,
     },
     /// The claim's outcome is recorded (or known lost).
     Settled {

@@ -9,10 +9,11 @@ use super::worker::{
 use crate::core::job::Settle;
 use crate::core::{HeartbeatReply, JobId, JobRecord, JobState};
 use crate::error::{Error, LostReason, Result};
+use crate::time::LocalMs;
 
 impl WorkerMachine {
     /// The store answered a request (at local instant `now`).
-    pub fn handle_reply(&mut self, now: u64, reply: WorkerReply) {
+    pub fn handle_reply(&mut self, now: LocalMs, reply: WorkerReply) {
         if self.over {
             return;
         }
@@ -54,7 +55,7 @@ impl WorkerMachine {
         }
     }
 
-    fn claimed(&mut self, now: u64, r: Result<Vec<JobRecord>>) {
+    fn claimed(&mut self, now: LocalMs, r: Result<Vec<JobRecord>>) {
         let Some(sent_at) = self.claim_sent.take() else {
             return;
         };
@@ -115,7 +116,7 @@ impl WorkerMachine {
 
     /// An empty claim: back off (jittered, doubling); with the drain rule
     /// on and nothing held, ask the store whether the queue is drained.
-    fn idle(&mut self, now: u64) {
+    fn idle(&mut self, now: LocalMs) {
         self.next_claim = now.saturating_add(self.idle.next_wait().max(1));
         if self.cfg.drain && self.quiet() && !self.drain_sent && self.may_claim() {
             self.drain_sent = true;
@@ -123,7 +124,7 @@ impl WorkerMachine {
         }
     }
 
-    fn heartbeated(&mut self, now: u64, r: Result<Vec<Result<HeartbeatReply>>>) {
+    fn heartbeated(&mut self, now: LocalMs, r: Result<Vec<Result<HeartbeatReply>>>) {
         let Some((sent_at, claims)) = self.round_sent.take() else {
             return;
         };
@@ -150,7 +151,7 @@ impl WorkerMachine {
         }
     }
 
-    fn renewed(&mut self, now: u64, sent_at: u64, id: JobId, cancel: bool) {
+    fn renewed(&mut self, now: LocalMs, sent_at: LocalMs, id: JobId, cancel: bool) {
         let Some(h) = self.jobs.get_mut(&id) else {
             return;
         };
@@ -173,7 +174,7 @@ impl WorkerMachine {
         }
     }
 
-    fn settled(&mut self, now: u64, r: Result<Vec<Result<JobState>>>) {
+    fn settled(&mut self, now: LocalMs, r: Result<Vec<Result<JobState>>>) {
         let Some(sent) = self.settle_sent.take() else {
             return;
         };
@@ -191,7 +192,7 @@ impl WorkerMachine {
             Err(e) => return self.fail(e),
         };
         self.settle_backoff.reset();
-        self.settle_retry_at = 0;
+        self.settle_retry_at = LocalMs::ZERO;
         for ((claim, settle), state) in sent.into_iter().zip(states) {
             if !self.reported.remove(&claim) {
                 continue;

@@ -23,6 +23,7 @@ pub use view::{
 
 use super::{mix64, HolderId};
 use crate::error::{Error, LostReason, Result, Target};
+use crate::time::StoreMs;
 use std::cmp::Reverse;
 use std::fmt;
 use std::sync::Arc;
@@ -233,9 +234,10 @@ pub struct JobSpec {
     pub priority: i32,
     /// Run no earlier than this long after enqueue.
     pub delay_ms: u64,
-    /// Run no earlier than this instant (store clock); overrides `delay_ms`.
-    /// An instant in the past means now.
-    pub run_at_ms: Option<u64>,
+    /// Run no earlier than this instant of the store's clock; overrides
+    /// `delay_ms`. An instant in the past means now. A wall-clock time
+    /// becomes one through [`crate::Client::store_time`].
+    pub run_at: Option<StoreMs>,
     /// Attempts allowed (1..=[`MAX_ATTEMPTS`](super::MAX_ATTEMPTS)).
     pub max_attempts: u32,
     /// A second enqueue with the key of a live (non-terminal) job returns
@@ -249,7 +251,7 @@ impl Default for JobSpec {
             payload: Vec::new(),
             priority: 0,
             delay_ms: 0,
-            run_at_ms: None,
+            run_at: None,
             max_attempts: 3,
             unique_key: None,
         }

@@ -11,6 +11,7 @@ use crate::core::{
     Txn, Wake, MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
 };
 use crate::error::{Error, Result};
+use crate::time::StoreMs;
 use std::sync::Arc;
 
 /// Expired and due jobs handled per read while bringing a queue up to date.
@@ -93,7 +94,7 @@ pub fn enqueue(
     check_queue(queue)?;
     check_spec(spec)?;
     let now_ms = tx.now_ms();
-    let run_at_ms = match spec.run_at_ms {
+    let run_at_ms = match spec.run_at.map(StoreMs::ms) {
         Some(at) => {
             let latest = now_ms.saturating_add(MAX_TTL_MS);
             if at > latest {

@@ -100,7 +100,7 @@ pub fn job_time_driven_changes_are_complete_and_visible(make: &Make) {
     assert_eq!(w.get(id).state, JobState::Ready);
     // run_at at the far edge (now + one year) is accepted.
     let edge = JobSpec {
-        run_at_ms: Some(T0 + 15 + leasehold::core::MAX_TTL_MS),
+        run_at: Some(leasehold::StoreMs(T0 + 15 + leasehold::core::MAX_TTL_MS)),
         ..JobSpec::new("edge")
     };
     let edge = w.push("r", edge);

@@ -7,7 +7,7 @@ pub fn job_claim_order(make: &Make) {
     let w = World::new(make);
     let spec = |p: i32, run_at: Option<u64>| JobSpec {
         priority: p,
-        run_at_ms: run_at,
+        run_at: run_at.map(leasehold::StoreMs),
         ..JobSpec::new(format!("p{p}"))
     };
     let a = w.push("q", spec(0, None)); // fifo 1

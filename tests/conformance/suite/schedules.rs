@@ -25,7 +25,7 @@ impl World {
         s: &ScheduleSpec,
         wall: u64,
     ) -> Result<PutOutcome, Error> {
-        self.tx(|tx| schedule::put(tx, queue, s, wall))
+        self.tx(|tx| schedule::put(tx, queue, s, leasehold::WallMs(wall)))
     }
 
     pub fn schedules(&self, queue: &str) -> Vec<ScheduleRecord> {
@@ -34,7 +34,7 @@ impl World {
 
     pub fn fire(&self, queue: &str, wall: u64) -> Fired {
         let policy = self.policy;
-        self.tx(|tx| schedule::fire(tx, queue, wall, &policy))
+        self.tx(|tx| schedule::fire(tx, queue, leasehold::WallMs(wall), &policy))
             .unwrap()
     }
 
@@ -302,7 +302,7 @@ pub fn schedule_jobs_follow_the_template_but_not_its_key_or_delay(make: &Make) {
     s.job.max_attempts = 7;
     s.job.unique_key = Some(String::new());
     s.job.delay_ms = 3_600_000;
-    s.job.run_at_ms = Some(u64::MAX);
+    s.job.run_at = Some(leasehold::StoreMs::MAX);
     assert_eq!(w.put_schedule("q", &s, WALL).unwrap(), PutOutcome::Created);
     w.fire("q", WALL + 1_000);
     assert_eq!(w.unique_keys("q"), ["beat@2026-01-15T12:00:01Z"]);
@@ -330,12 +330,12 @@ pub fn schedule_txn_rolls_back(make: &Make) {
         .unwrap();
     let policy = w.policy;
     let r: leasehold::Result<()> = w.tx(|tx| {
-        schedule::fire(tx, "q", WALL + 5_000, &policy)?;
+        schedule::fire(tx, "q", leasehold::WallMs(WALL + 5_000), &policy)?;
         schedule::put(
             tx,
             "q",
             &spec("new", Rule::every(1_000), Missed::Skip),
-            WALL,
+            leasehold::WallMs(WALL),
         )?;
         Err(Error::invalid("test", "abort"))
     });
