@@ -117,6 +117,7 @@ impl Clock for BootClock {
 
 /// This boot's identity (`/proc/sys/kernel/random/boot_id`), if the kernel
 /// provides one.
+#[doc(hidden)]
 pub fn boot_id() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .ok()

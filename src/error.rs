@@ -100,8 +100,168 @@ fn unknown_outcome(failure: &StoreFailure) -> &'static str {
     }
 }
 
+/// The argument or stored field an [`Error::Invalid`] names: match on it
+/// (a command line maps it to the flag that set it) rather than on text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Field {
+    /// A lease key.
+    Key,
+    /// A queue name.
+    Queue,
+    /// A schedule's name.
+    Schedule,
+    /// A holder id.
+    Holder,
+    /// A holder's label.
+    HolderLabel,
+    /// A lease's time to live.
+    Ttl,
+    /// A job claim's lease.
+    Lease,
+    /// A job's delay before its first attempt.
+    Delay,
+    /// How many jobs one call claims or settles.
+    Batch,
+    /// How many holders a key allows, or how many items a listing returns.
+    Limit,
+    /// A failure reason.
+    Reason,
+    /// A job's unique key.
+    UniqueKey,
+    /// A job's payload.
+    Payload,
+    /// A job's result.
+    Result,
+    /// A job's attempts allowed.
+    MaxAttempts,
+    /// A job's start instant.
+    RunAt,
+    /// A job state's name.
+    State,
+    /// A store URL or one of its options.
+    Store,
+    /// A schedule's rule.
+    Rule,
+    /// A schedule's period.
+    Every,
+    /// A schedule's cron expression.
+    Cron,
+    /// A cron expression's time zone.
+    Tz,
+    /// What a schedule does with missed ticks.
+    Missed,
+    /// A listing's cursor (start after this one).
+    After,
+    /// A summary's bucket width.
+    Bucket,
+    /// How many buckets a summary has.
+    Buckets,
+    /// How much of a payload a listing shows.
+    PreviewBytes,
+    /// Where a listing's counts stop counting.
+    CountCap,
+    /// A job handle used where it does not belong.
+    Job,
+    /// A PostgreSQL schema name.
+    Schema,
+    /// PostgreSQL's `sslmode`.
+    Sslmode,
+    /// PostgreSQL's `sslrootcert`.
+    Sslrootcert,
+    /// A store's connection pool size.
+    MaxConnections,
+    /// A record's creation instant, as stored.
+    CreatedAt,
+    /// A lease's expiry, as stored.
+    ExpiresAt,
+    /// A job id, as stored.
+    Id,
+    /// A fencing token, as stored.
+    Token,
+    /// A job's end instant, as stored.
+    FinishedAt,
+    /// A claim's expiry, as stored.
+    LeaseUntil,
+    /// A job's last failure reason, as stored.
+    LastError,
+    /// A store's notification channel.
+    Channel,
+    /// A job's attempts so far, as stored.
+    Attempts,
+    /// A job's expired claims, as stored.
+    Expiries,
+    /// A purge's cutoff instant.
+    Cutoff,
+    /// A schedule's next tick, as stored.
+    NextAt,
+    /// The store's clock reading.
+    Now,
+}
+
+impl Field {
+    /// Its name as the error message shows it (snake case).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::Key => "key",
+            Field::Queue => "queue",
+            Field::Schedule => "schedule",
+            Field::Holder => "holder",
+            Field::HolderLabel => "holder label",
+            Field::Ttl => "ttl",
+            Field::Lease => "lease",
+            Field::Delay => "delay",
+            Field::Batch => "batch",
+            Field::Limit => "limit",
+            Field::Reason => "reason",
+            Field::UniqueKey => "unique_key",
+            Field::Payload => "payload",
+            Field::Result => "result",
+            Field::MaxAttempts => "max_attempts",
+            Field::RunAt => "run_at",
+            Field::State => "state",
+            Field::Store => "store",
+            Field::Rule => "rule",
+            Field::Every => "every",
+            Field::Cron => "cron",
+            Field::Tz => "tz",
+            Field::Missed => "missed",
+            Field::After => "after",
+            Field::Bucket => "bucket",
+            Field::Buckets => "buckets",
+            Field::PreviewBytes => "preview_bytes",
+            Field::CountCap => "count_cap",
+            Field::Job => "job",
+            Field::Schema => "schema",
+            Field::Sslmode => "sslmode",
+            Field::Sslrootcert => "sslrootcert",
+            Field::MaxConnections => "max_connections",
+            Field::CreatedAt => "created_at",
+            Field::ExpiresAt => "expires_at",
+            Field::Id => "id",
+            Field::Token => "token",
+            Field::FinishedAt => "finished_at",
+            Field::LeaseUntil => "lease_until",
+            Field::LastError => "last_error",
+            Field::Channel => "channel",
+            Field::Attempts => "attempts",
+            Field::Expiries => "expiries",
+            Field::Cutoff => "cutoff",
+            Field::NextAt => "next_at",
+            Field::Now => "now",
+        }
+    }
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Every error leasehold returns.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The lease is held by someone else (all of its holder slots are taken).
     #[error("lease {key:?} is held by {}", fmt_holders(holders))]
@@ -132,7 +292,7 @@ pub enum Error {
     #[error("invalid {field}: {reason}")]
     Invalid {
         /// The argument or field at fault.
-        field: &'static str,
+        field: Field,
         /// Why it was rejected.
         reason: String,
     },
@@ -181,7 +341,7 @@ fn fmt_holders(holders: &[HolderInfo]) -> String {
 
 impl Error {
     /// Shorthand for [`Error::Invalid`].
-    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+    pub fn invalid(field: Field, reason: impl Into<String>) -> Self {
         Error::Invalid {
             field,
             reason: reason.into(),

@@ -29,16 +29,17 @@
 //! ```
 
 use crate::core::{JobRecord, JobSpec};
+use crate::error::Field;
 use crate::error::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-fn encode(field: &'static str, value: &impl Serialize) -> Result<Vec<u8>> {
+fn encode(field: Field, value: &impl Serialize) -> Result<Vec<u8>> {
     serde_json::to_vec(value)
         .map_err(|e| Error::invalid(field, format!("cannot be written as JSON: {e}")))
 }
 
-fn decode<T: DeserializeOwned>(field: &'static str, bytes: &[u8]) -> Result<T> {
+fn decode<T: DeserializeOwned>(field: Field, bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| {
         Error::invalid(
             field,
@@ -50,14 +51,14 @@ fn decode<T: DeserializeOwned>(field: &'static str, bytes: &[u8]) -> Result<T> {
 impl JobSpec {
     /// A job whose payload is `value` as JSON, with default options.
     pub fn json(value: &impl Serialize) -> Result<JobSpec> {
-        Ok(JobSpec::new(encode("payload", value)?))
+        Ok(JobSpec::new(encode(Field::Payload, value)?))
     }
 }
 
 impl JobRecord {
     /// The payload, read as JSON for `T`.
     pub fn payload_json<T: DeserializeOwned>(&self) -> Result<T> {
-        decode("payload", &self.payload)
+        decode(Field::Payload, &self.payload)
     }
 
     /// The result the job completed with, read as JSON for `T` (`None`
@@ -65,7 +66,7 @@ impl JobRecord {
     pub fn result_json<T: DeserializeOwned>(&self) -> Result<Option<T>> {
         self.result
             .as_deref()
-            .map(|r| decode("result", r))
+            .map(|r| decode(Field::Result, r))
             .transpose()
     }
 }
@@ -78,12 +79,12 @@ impl crate::ClaimedJob {
 
     /// [`crate::ClaimedJob::set_result`] with `value` as JSON.
     pub fn set_result_json(&self, value: &impl Serialize) -> Result<()> {
-        self.set_result(encode("result", value)?)
+        self.set_result(encode(Field::Result, value)?)
     }
 
     /// [`crate::ClaimedJob::complete_with`] with `value` as JSON.
     pub fn complete_json(&self, value: &impl Serialize) -> Result<()> {
-        self.complete_with(&encode("result", value)?)
+        self.complete_with(&encode(Field::Result, value)?)
     }
 }
 
@@ -96,11 +97,11 @@ impl crate::tokio::ClaimedJob {
 
     /// [`crate::tokio::ClaimedJob::set_result`] with `value` as JSON.
     pub fn set_result_json(&self, value: &impl Serialize) -> Result<()> {
-        self.set_result(encode("result", value)?)
+        self.set_result(encode(Field::Result, value)?)
     }
 
     /// [`crate::tokio::ClaimedJob::complete_with`] with `value` as JSON.
     pub async fn complete_json(&self, value: &impl Serialize) -> Result<()> {
-        self.complete_with(&encode("result", value)?).await
+        self.complete_with(&encode(Field::Result, value)?).await
     }
 }

@@ -89,7 +89,7 @@ pub use core::{
     DriftBound, EnqueueOutcome, Holder, HolderId, HolderInfo, JobId, JobRecord, JobSpec, JobState,
     QueuePolicy, StateCounts,
 };
-pub use error::{Cause, Error, LostReason, Result, StoreFailure, Target};
+pub use error::{Cause, Error, Field, LostReason, Result, StoreFailure, Target};
 pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt, Wake};
 #[cfg(all(feature = "postgres", not(loom)))]
 pub use store::{PostgresOptions, PostgresStore};

@@ -456,7 +456,8 @@ fn fail_with_an_overlong_reason_keeps_the_claim() {
     let long = "e".repeat(6_600);
     match job.fail(&long) {
         Err(Error::Invalid {
-            field: "reason", ..
+            field: leasehold::Field::Reason,
+            ..
         }) => {}
         other => panic!("expected an invalid reason, got {other:?}"),
     }

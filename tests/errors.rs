@@ -54,7 +54,7 @@ impl World {
                 let Error::Invalid { field: got, .. } = &e else {
                     unreachable!()
                 };
-                assert_eq!(*got, field, "wrong field in {e}");
+                assert_eq!(got.as_str(), field, "wrong field in {e}");
                 assert!(
                     e.to_string().contains(field),
                     "message names the field: {e}"
@@ -194,7 +194,7 @@ fn bad_text_fields() {
     assert!(matches!(
         Holder::with_label(HolderId(1), "a\0b"),
         Err(Error::Invalid {
-            field: "holder label",
+            field: leasehold::Field::HolderLabel,
             ..
         })
     ));
@@ -234,7 +234,7 @@ fn oversized_results_are_refused_and_the_claim_kept() {
         matches!(
             &states[..],
             [Err(Error::Invalid {
-                field: "result",
+                field: leasehold::Field::Result,
                 ..
             })]
         ),
@@ -393,7 +393,7 @@ fn a_store_that_cannot_list_says_so() {
             .txn(|tx| call(&mut Lacking { inner: tx, lacks }, &policy));
         match r {
             Err(Error::Invalid {
-                field: "store",
+                field: leasehold::Field::Store,
                 reason,
             }) => {
                 assert!(

@@ -470,7 +470,7 @@ fn member(group: &Group, log: &CommitLog, m: u64, fate: Fate) -> bool {
                 c.write(2 * m + 1)?;
                 match fate {
                     Fate::Commit => Ok(()),
-                    Fate::Fail => Err(Error::invalid("test", "fails on purpose")),
+                    Fate::Fail => Err(Error::invalid(leasehold::Field::Reason, "fails on purpose")),
                     Fate::Panic => panic!("panics on purpose"),
                 }
             },

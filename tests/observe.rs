@@ -47,7 +47,7 @@ fn committed_transitions_are_counted_and_rolled_back_ones_are_not() {
                 &JobSpec::new(b"y".to_vec()),
                 &Default::default(),
             )?;
-            Err(Error::invalid("test", "roll back"))
+            Err(Error::invalid(leasehold::Field::Reason, "roll back"))
         });
         assert!(r.is_err());
         let guard = client

@@ -229,7 +229,8 @@ fn newer_foreign_and_misnamed_schemas_are_refused_and_left_untouched() {
         let sep = if base.contains('?') { '&' } else { '?' };
         match PostgresStore::open(&format!("{base}{sep}schema={bad}")) {
             Err(Error::Invalid {
-                field: "schema", ..
+                field: leasehold::Field::Schema,
+                ..
             }) => {}
             other => panic!("schema {bad:?}: {other:?}"),
         }

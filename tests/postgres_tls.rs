@@ -170,7 +170,7 @@ fn tls_parameters_that_cannot_work_are_refused_before_connecting() {
     ] {
         match PostgresStore::open(&format!("{base}&{params}")) {
             Err(Error::Invalid { field: f, reason }) => {
-                assert_eq!(f, field, "{params}: {reason}");
+                assert_eq!(f.as_str(), field, "{params}: {reason}");
                 assert!(reason.contains(says), "{params}: {reason}");
             }
             other => panic!("{params}: expected an invalid {field}, got {other:?}"),

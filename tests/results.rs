@@ -74,7 +74,7 @@ fn a_worker_handler_keeps_a_typed_result_with_its_job() {
     // Read back as the wrong type: a typed error naming the field.
     match job.result_json::<Resize>() {
         Err(Error::Invalid { field, reason }) => {
-            assert_eq!(field, "result");
+            assert_eq!(field, leasehold::Field::Result);
             assert!(reason.contains("Resize"), "{reason}");
         }
         other => panic!("{other:?}"),
@@ -90,7 +90,7 @@ fn a_result_given_by_hand_is_kept_and_an_oversized_one_changes_nothing() {
     let job = q.claim(Duration::from_secs(30)).unwrap().unwrap();
     let huge = vec![b'x'; leasehold::core::MAX_PAYLOAD_BYTES + 1];
     match job.complete_with(&huge) {
-        Err(Error::Invalid { field, .. }) => assert_eq!(field, "result"),
+        Err(Error::Invalid { field, .. }) => assert_eq!(field, leasehold::Field::Result),
         other => panic!("{other:?}"),
     }
     assert!(job.is_valid(), "the claim is untouched");
@@ -110,7 +110,7 @@ fn a_payload_that_is_not_json_for_the_type_is_a_typed_error() {
     let job = q.claim(Duration::from_secs(30)).unwrap().unwrap();
     match job.payload_json::<Resize>() {
         Err(Error::Invalid { field, reason }) => {
-            assert_eq!(field, "payload");
+            assert_eq!(field, leasehold::Field::Payload);
             assert!(reason.contains("not JSON"), "{reason}");
         }
         other => panic!("{other:?}"),

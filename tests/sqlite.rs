@@ -332,7 +332,10 @@ fn group_commit_keeps_every_transaction_atomic_and_visible_on_return() {
                         store.txn(|tx| {
                             core::lease::acquire(tx, &key, &holder, 60_000, 1)?;
                             match fate(i) {
-                                "fail" => Err(Error::invalid("test", "fails on purpose")),
+                                "fail" => Err(Error::invalid(
+                                    leasehold::Field::Reason,
+                                    "fails on purpose",
+                                )),
                                 "panic" => panic!("panics on purpose"),
                                 _ => Ok(()),
                             }

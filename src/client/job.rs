@@ -11,6 +11,7 @@ use super::Client;
 #[cfg(loom)]
 use crate::core::QueuePolicy;
 use crate::core::{self, JobId, JobRecord, JobState};
+use crate::error::Field;
 use crate::error::{Error, LostReason, Result, Target};
 use crate::sync::{lock, Mutex};
 use crate::time::LocalMs;
@@ -127,7 +128,7 @@ impl ClaimedJob {
     pub(crate) fn by_hand(&self, what: &str) -> Result<()> {
         if self.managed {
             return Err(Error::invalid(
-                "job",
+                Field::Job,
                 format!(
                     "job {} is run by a worker loop, which {what}s it: return from the handler instead",
                     self.job.id
@@ -250,7 +251,7 @@ impl ClaimedJob {
     /// stays valid and heartbeating, so the caller can fail it again with a
     /// shorter reason ([`super::fit_reason`] makes one).
     pub fn fail(&self, reason: &str) -> Result<JobState> {
-        core::check_text("reason", reason)?;
+        core::check_text(Field::Reason, reason)?;
         self.by_hand("settle")?;
         self.begin_settle()?;
         self.fail_txn(reason)

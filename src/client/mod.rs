@@ -22,6 +22,9 @@ pub(crate) mod election;
 pub(crate) mod guard;
 pub(crate) mod job;
 pub(crate) mod lifeline;
+// The sans-IO machines: the project's own drivers, the simulator and the
+// machine tests drive them (no API promise).
+#[doc(hidden)]
 pub mod machine;
 mod queue;
 pub(crate) mod session;
@@ -47,6 +50,7 @@ use crate::clock::{BootClock, Clock, SystemClock};
 use crate::core::{
     self, lease::LeaseInfo, DriftBound, Holder, HolderId, JobId, JobRecord, JobState, QueuePolicy,
 };
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::{Store, StoreExt, Wake};
@@ -343,7 +347,7 @@ impl Client {
     }
 
     /// Acquire `key`, waiting up to `opts.wait` (jittered backoff, woken
-    /// early when the store sees a release: [`HolderMachine`]). While a
+    /// early when the store sees a release: the holder machine). While a
     /// guard of this client holds the key, another acquire through this
     /// client waits like any other contender (two guards never share one
     /// grant). Transient store errors are retried until the busy timeout.
@@ -384,7 +388,7 @@ impl Client {
     /// (checked: same process, a valid key).
     pub(crate) fn holder_config(&self, key: &str, opts: &LeaseOptions) -> Result<HolderConfig> {
         self.inner.fork.check()?;
-        core::check_key("key", key)?;
+        core::check_key(Field::Key, key)?;
         Ok(HolderConfig {
             ttl_ms: ms_of(opts.ttl),
             limit: opts.limit,
@@ -506,7 +510,7 @@ impl Client {
 
     /// A handle on queue `name`.
     pub fn queue(&self, name: &str) -> Result<Queue> {
-        core::check_key("queue", name)?;
+        core::check_key(Field::Queue, name)?;
         Ok(Queue {
             client: self.clone(),
             name: Arc::from(name),

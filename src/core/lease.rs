@@ -8,6 +8,7 @@ use super::{
     check_key, expiry_ms, Event, Holder, HolderId, HolderInfo, LeaseChange, Txn, Wake,
     MAX_LEASE_LIMIT,
 };
+use crate::error::Field;
 use crate::error::{Error, LostReason, Result, Target};
 use std::sync::Arc;
 
@@ -128,7 +129,7 @@ pub struct LeaseInfo {
 fn check_limit(limit: u32) -> Result<()> {
     if limit == 0 || limit > MAX_LEASE_LIMIT {
         return Err(Error::invalid(
-            "limit",
+            Field::Limit,
             format!("{limit} is outside 1..={MAX_LEASE_LIMIT}"),
         ));
     }
@@ -161,17 +162,17 @@ pub fn acquire(
     ttl_ms: u64,
     limit: u32,
 ) -> Result<Grant> {
-    check_key("key", key)?;
+    check_key(Field::Key, key)?;
     check_limit(limit)?;
     let now_ms = tx.now_ms();
-    let expires_at_ms = expiry_ms("ttl", now_ms, ttl_ms)?;
+    let expires_at_ms = expiry_ms(Field::Ttl, now_ms, ttl_ms)?;
     let rec = tx
         .lease_mut(key, true)?
         .ok_or_else(|| Error::store(format!("acquiring {key:?}"), "record was not created"))?;
     let live = rec.live(now_ms).count();
     if live > 0 && rec.limit != 0 && rec.limit != limit {
         return Err(Error::invalid(
-            "limit",
+            Field::Limit,
             format!(
                 "{key:?} allows {} holder(s) and has {live}; a different limit ({limit}) is refused while it has holders",
                 rec.limit
@@ -249,9 +250,9 @@ pub fn renew(
     token: u64,
     ttl_ms: u64,
 ) -> Result<Grant> {
-    check_key("key", key)?;
+    check_key(Field::Key, key)?;
     let now_ms = tx.now_ms();
-    let expires_at_ms = expiry_ms("ttl", now_ms, ttl_ms)?;
+    let expires_at_ms = expiry_ms(Field::Ttl, now_ms, ttl_ms)?;
     let Some(rec) = tx.lease_mut(key, false)? else {
         return Err(lost(key, token, LostReason::StaleToken));
     };
@@ -306,7 +307,7 @@ fn note_expired(tx: &mut dyn Txn, key: &str, expired: Vec<LeaseSlot>) {
 
 /// Release the live slot named by `holder` and `token`.
 pub fn release(tx: &mut dyn Txn, key: &str, holder: HolderId, token: u64) -> Result<()> {
-    check_key("key", key)?;
+    check_key(Field::Key, key)?;
     let now_ms = tx.now_ms();
     let Some(rec) = tx.lease_mut(key, false)? else {
         return Err(lost(key, token, LostReason::StaleToken));
@@ -324,7 +325,7 @@ pub fn release(tx: &mut dyn Txn, key: &str, holder: HolderId, token: u64) -> Res
 
 /// The live holders of `key` and its token counter; changes nothing.
 pub fn inspect(tx: &mut dyn Txn, key: &str) -> Result<LeaseInfo> {
-    check_key("key", key)?;
+    check_key(Field::Key, key)?;
     let now_ms = tx.now_ms();
     Ok(match tx.lease_mut(key, false)? {
         Some(rec) => LeaseInfo {
@@ -360,7 +361,7 @@ pub struct LeasePage {
 /// may hold fewer than `limit` keys (even none) and still have a `next`.
 pub fn list(tx: &mut dyn Txn, after: &str, limit: usize) -> Result<LeasePage> {
     super::job::check_after_key(after)?;
-    super::check_count("limit", limit)?;
+    super::check_count(Field::Limit, limit)?;
     let now_ms = tx.now_ms();
     let mut records = Vec::new();
     tx.lease_scan(after, limit, &mut records)?;

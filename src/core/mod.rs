@@ -60,6 +60,7 @@
 //! one place ([`Txn::jobs`]).
 
 mod backoff;
+#[doc(hidden)]
 pub mod event;
 pub mod job;
 pub mod lease;
@@ -67,6 +68,7 @@ pub mod schedule;
 mod txn;
 
 pub use backoff::Backoff;
+#[doc(hidden)]
 pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
     backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobCursor, JobId, JobPeek,
@@ -78,6 +80,7 @@ pub use lease::{
 pub use schedule::{Missed, Rule, ScheduleRecord, ScheduleSpec};
 pub use txn::{JobQuery, JobTxn, Journal, Pending, Txn, Wake};
 
+use crate::error::Field;
 use crate::error::{Error, Result};
 use std::fmt;
 use std::sync::Arc;
@@ -106,7 +109,7 @@ impl HolderId {
     pub fn parse(text: &str) -> Result<Self> {
         uuid::Uuid::parse_str(text)
             .map(|u| HolderId(u.as_u128()))
-            .map_err(|e| Error::invalid("holder", format!("{text:?} is not a UUID: {e}")))
+            .map_err(|e| Error::invalid(Field::Holder, format!("{text:?} is not a UUID: {e}")))
     }
 }
 
@@ -134,7 +137,7 @@ impl Holder {
 
     /// A holder with a label.
     pub fn with_label(id: HolderId, label: &str) -> Result<Self> {
-        check_text("holder label", label)?;
+        check_text(Field::HolderLabel, label)?;
         Ok(Holder {
             id,
             label: Some(Arc::from(label)),
@@ -170,7 +173,8 @@ impl fmt::Display for HolderInfo {
 /// Check a key or queue name: 1..=[`MAX_KEY_BYTES`] bytes, no NUL, no
 /// control characters. Any other text (slashes, `..`, unicode) is a valid
 /// key; stores that map keys to file names encode them.
-pub fn check_key(field: &'static str, key: &str) -> Result<()> {
+#[doc(hidden)]
+pub fn check_key(field: Field, key: &str) -> Result<()> {
     if key.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
@@ -191,7 +195,8 @@ pub fn check_key(field: &'static str, key: &str) -> Result<()> {
 
 /// Check free text (labels, unique keys, error reasons): at most
 /// [`MAX_TEXT_BYTES`] bytes and no NUL.
-pub fn check_text(field: &'static str, text: &str) -> Result<()> {
+#[doc(hidden)]
+pub fn check_text(field: Field, text: &str) -> Result<()> {
     if text.len() > MAX_TEXT_BYTES {
         return Err(Error::invalid(
             field,
@@ -206,7 +211,7 @@ pub fn check_text(field: &'static str, text: &str) -> Result<()> {
 
 /// Check how many items one call may take or return (a batch claim, a
 /// listing's page): 1..=[`MAX_BATCH`].
-pub(crate) fn check_count(field: &'static str, n: usize) -> Result<()> {
+pub(crate) fn check_count(field: Field, n: usize) -> Result<()> {
     if n == 0 || n > MAX_BATCH {
         return Err(Error::invalid(
             field,
@@ -217,7 +222,8 @@ pub(crate) fn check_count(field: &'static str, n: usize) -> Result<()> {
 }
 
 /// Check a TTL and compute `now_ms + ttl_ms` without overflow.
-pub fn expiry_ms(field: &'static str, now_ms: u64, ttl_ms: u64) -> Result<u64> {
+#[doc(hidden)]
+pub fn expiry_ms(field: Field, now_ms: u64, ttl_ms: u64) -> Result<u64> {
     if ttl_ms == 0 {
         return Err(Error::invalid(field, "must be at least 1 ms"));
     }
@@ -234,6 +240,7 @@ pub fn expiry_ms(field: &'static str, now_ms: u64, ttl_ms: u64) -> Result<u64> {
 
 /// A deterministic 64-bit mix (SplitMix64 finalizer): jitter from a seed
 /// without any randomness source.
+#[doc(hidden)]
 pub fn mix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

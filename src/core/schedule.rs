@@ -34,6 +34,7 @@
 //! most 61 ticks); what is left waits for the next fire.
 
 use super::{check_key, job, Event, JobId, JobSpec, QueuePolicy, Txn, MAX_TTL_MS};
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::time::WallMs;
 use std::sync::Arc;
@@ -94,7 +95,7 @@ impl Missed {
             "skip" => Ok(Missed::Skip),
             "catch-up" => Ok(Missed::CatchUp),
             _ => Err(Error::invalid(
-                "missed",
+                Field::Missed,
                 format!("{text:?} is not skip or catch-up"),
             )),
         }
@@ -162,6 +163,7 @@ pub struct Fired {
 
 /// What happened to a tick, for traces and metrics ([`Event::Tick`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
 pub enum TickChange {
     /// It became this job.
     Enqueued {
@@ -214,7 +216,7 @@ impl Rule {
             Rule::Every { period_ms } => {
                 if *period_ms < PERIOD_MIN_MS || *period_ms > MAX_TTL_MS {
                     return Err(Error::invalid(
-                        "every",
+                        Field::Every,
                         format!(
                             "{period_ms} ms is outside {PERIOD_MIN_MS}..={MAX_TTL_MS} ms (a second to a year)"
                         ),
@@ -228,9 +230,9 @@ impl Rule {
                 // conformance suite's schedule cases pin each).
                 let cron = croner::parser::CronParser::default()
                     .parse(expr)
-                    .map_err(|e| Error::invalid("cron", format!("{expr:?}: {e}")))?;
+                    .map_err(|e| Error::invalid(Field::Cron, format!("{expr:?}: {e}")))?;
                 let zone = jiff::tz::TimeZone::get(tz).map_err(|e| {
-                    Error::invalid("tz", format!("{tz:?} is not a known time zone ({e})"))
+                    Error::invalid(Field::Tz, format!("{tz:?} is not a known time zone ({e})"))
                 })?;
                 Ok(Ticker::Cron(Box::new(cron), zone))
             }
@@ -249,7 +251,7 @@ impl Rule {
     pub fn decode(text: &str) -> Result<Rule> {
         let bad = || {
             Error::invalid(
-                "rule",
+                Field::Rule,
                 format!("{text:?} is not `every MS` or `cron TZ EXPR`"),
             )
         };
@@ -297,6 +299,7 @@ impl Ticker {
 }
 
 /// A tick as people read it: RFC 3339, UTC.
+#[doc(hidden)]
 pub fn tick_text(tick_ms: u64) -> String {
     i64::try_from(tick_ms)
         .ok()
@@ -305,13 +308,14 @@ pub fn tick_text(tick_ms: u64) -> String {
 }
 
 /// The unique key of `name`'s job for `tick_ms`.
+#[doc(hidden)]
 pub fn tick_key(name: &str, tick_ms: u64) -> String {
     format!("{name}@{}", tick_text(tick_ms))
 }
 
 fn check_spec(queue: &str, spec: &ScheduleSpec) -> Result<()> {
-    check_key("queue", queue)?;
-    check_key("schedule", &spec.name)?;
+    check_key(Field::Queue, queue)?;
+    check_key(Field::Schedule, &spec.name)?;
     // The template's unique key is not the schedule's (each tick's job is
     // keyed by its tick): it is not checked either. Its delay and run_at
     // are ignored too, and the job check reads neither.
@@ -334,7 +338,7 @@ pub fn put(tx: &mut dyn Txn, queue: &str, spec: &ScheduleSpec, wall: WallMs) -> 
     let old = existing.iter().find(|s| *s.name == *spec.name);
     if old.is_none() && existing.len() >= SCHEDULES_MAX {
         return Err(Error::invalid(
-            "schedule",
+            Field::Schedule,
             format!("queue {queue:?} has {SCHEDULES_MAX} schedules already"),
         ));
     }
@@ -346,8 +350,8 @@ pub fn put(tx: &mut dyn Txn, queue: &str, spec: &ScheduleSpec, wall: WallMs) -> 
                 .filter(|t| *t < NEVER_MS);
             let first = first.ok_or_else(|| {
                 let field = match spec.rule {
-                    Rule::Every { .. } => "every",
-                    Rule::Cron { .. } => "cron",
+                    Rule::Every { .. } => Field::Every,
+                    Rule::Cron { .. } => Field::Cron,
                 };
                 Error::invalid(field, format!("{} never ticks after now", spec.rule))
             })?;
@@ -375,13 +379,13 @@ pub fn put(tx: &mut dyn Txn, queue: &str, spec: &ScheduleSpec, wall: WallMs) -> 
 /// Remove `queue`'s schedule `name`; an error naming it if there is none.
 /// Jobs it enqueued stay.
 pub fn remove(tx: &mut dyn Txn, queue: &str, name: &str) -> Result<()> {
-    check_key("queue", queue)?;
-    check_key("schedule", name)?;
+    check_key(Field::Queue, queue)?;
+    check_key(Field::Schedule, name)?;
     if tx.jobs()?.delete_schedule(queue, name)? {
         Ok(())
     } else {
         Err(Error::invalid(
-            "schedule",
+            Field::Schedule,
             format!("queue {queue:?} has no schedule {name:?}"),
         ))
     }
@@ -389,7 +393,7 @@ pub fn remove(tx: &mut dyn Txn, queue: &str, name: &str) -> Result<()> {
 
 /// The schedules of `queue`, by name.
 pub fn list(tx: &mut dyn Txn, queue: &str) -> Result<Vec<ScheduleRecord>> {
-    check_key("queue", queue)?;
+    check_key(Field::Queue, queue)?;
     tx.jobs()?.schedules(queue)
 }
 
@@ -397,7 +401,7 @@ pub fn list(tx: &mut dyn Txn, queue: &str) -> Result<Vec<ScheduleRecord>> {
 /// caller's wall clock `wall` (see the module docs).
 pub fn fire(tx: &mut dyn Txn, queue: &str, wall: WallMs, policy: &QueuePolicy) -> Result<Fired> {
     let wall_ms = wall.ms();
-    check_key("queue", queue)?;
+    check_key(Field::Queue, queue)?;
     let schedules = tx.jobs()?.schedules(queue)?;
     let mut fired = Fired::default();
     for mut s in schedules {

@@ -13,6 +13,7 @@ use super::event::Event;
 use super::{
     JobCursor, JobId, JobPeek, JobRecord, JobState, LeaseRecord, ScheduleRecord, StateCounts,
 };
+use crate::error::Field;
 use crate::error::{Error, Result};
 
 /// What a transaction caused, for after it commits: the wake-ups its
@@ -36,22 +37,25 @@ impl Journal {
         self.woke[wake.index()] = true;
     }
 
-    /// The wake-ups caused, by [`Wake::index`].
+    /// The wake-ups caused, one flag per [`Wake`] (in the order of its variants).
     pub fn woke(&self) -> [bool; 2] {
         self.woke
     }
 
     /// Record events from now on (or not).
+    #[doc(hidden)]
     pub fn set_recording(&mut self, on: bool) {
         self.recording = on;
     }
 
     /// Whether events are recorded: check before building one.
+    #[doc(hidden)]
     pub fn is_recording(&self) -> bool {
         self.recording
     }
 
     /// The rules made this transition (dropped unless recording).
+    #[doc(hidden)]
     pub fn note(&mut self, event: Event) {
         if self.recording {
             self.events.push(event);
@@ -59,6 +63,7 @@ impl Journal {
     }
 
     /// The transitions recorded so far, leaving none.
+    #[doc(hidden)]
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
     }
@@ -81,7 +86,7 @@ impl Wake {
     pub const ALL: [Wake; 2] = [Wake::LeaseFreed, Wake::JobReady];
 
     /// Its index (0 or 1), for stores that keep one counter per event.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }
@@ -161,7 +166,7 @@ pub trait Txn {
 
 /// The answer of a store that does not implement a listing.
 fn unlisted(what: &str) -> Error {
-    Error::invalid("store", format!("this store cannot list {what}"))
+    Error::invalid(Field::Store, format!("this store cannot list {what}"))
 }
 
 /// The job side of a transaction ([`Txn::jobs`]).

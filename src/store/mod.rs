@@ -5,14 +5,22 @@
 //! is claimable.
 
 pub(crate) mod boottime;
+// The adapters' modules: their stores and options are re-exported here;
+// the rest (SQL, file encodings) is the project's own (`#[doc(hidden)]`,
+// no API promise), reachable for its tests.
+#[doc(hidden)]
 pub mod file;
+#[doc(hidden)]
 pub mod mem;
 #[cfg(all(feature = "postgres", not(loom)))]
+#[doc(hidden)]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
+#[doc(hidden)]
 pub mod sqlite;
 
 use crate::core::{LeaseRecord, Txn};
+use crate::error::Field;
 use crate::error::Result;
 use std::path::Path;
 use std::time::Duration;
@@ -77,7 +85,7 @@ fn bool_param(scheme: &str, name: &str, value: &str) -> Result<bool> {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
         _ => Err(crate::error::Error::invalid(
-            "store",
+            Field::Store,
             format!("{scheme}: parameter {name}={value:?} is not true or false"),
         )),
     }
@@ -85,7 +93,7 @@ fn bool_param(scheme: &str, name: &str, value: &str) -> Result<bool> {
 
 fn unknown_param(scheme: &str, name: &str, known: &str) -> crate::error::Error {
     crate::error::Error::invalid(
-        "store",
+        Field::Store,
         format!("{scheme}: unknown parameter {name:?} (known: {known})"),
     )
 }
@@ -116,7 +124,7 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
         )?));
         #[cfg(not(all(feature = "postgres", not(loom))))]
         return Err(Error::invalid(
-            "store",
+            Field::Store,
             "this build has no postgres feature (cargo build --features postgres)",
         ));
     }
@@ -124,7 +132,7 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     let reason = format!(
         "{url:?}: unknown store scheme {scheme:?}; expected sqlite:PATH, file:DIR, postgres://... or mem:"
     );
-    Err(Error::invalid("store", reason))
+    Err(Error::invalid(Field::Store, reason))
 }
 
 /// `sqlite:PATH?params` (after the scheme).
@@ -135,7 +143,7 @@ fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
     let path = path.strip_prefix("//").unwrap_or(path);
     if path.is_empty() {
         return Err(Error::invalid(
-            "store",
+            Field::Store,
             "sqlite: needs a path, as in sqlite:leasehold.db",
         ));
     }
@@ -148,7 +156,7 @@ fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
                     "full" => sqlite::Synchronous::Full,
                     _ => {
                         return Err(Error::invalid(
-                            "store",
+                            Field::Store,
                             format!("sqlite: synchronous={value:?} is not normal or full"),
                         ))
                     }
@@ -157,7 +165,7 @@ fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
             "busy_timeout_ms" => {
                 let ms: u64 = value.parse().map_err(|_| {
                     Error::invalid(
-                        "store",
+                        Field::Store,
                         format!("sqlite: busy_timeout_ms={value:?} is not a whole number"),
                     )
                 })?;
@@ -181,7 +189,7 @@ fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
 #[cfg(not(feature = "sqlite"))]
 fn open_sqlite_url(_rest: &str) -> Result<std::sync::Arc<dyn Store>> {
     Err(crate::error::Error::invalid(
-        "store",
+        Field::Store,
         "this build has no sqlite feature",
     ))
 }
@@ -192,7 +200,7 @@ fn open_file_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
     let dir = dir.strip_prefix("//").unwrap_or(dir);
     if dir.is_empty() {
         return Err(crate::error::Error::invalid(
-            "store",
+            Field::Store,
             "file: needs a directory, as in file:/run/leasehold",
         ));
     }
@@ -221,6 +229,7 @@ const NETWORK_FS: &[(i64, &str)] = &[
 /// The network filesystem a statfs magic number (`f_type`) names, if any.
 /// Magic numbers are 32 bits: a sign-extended `f_type` (32-bit targets)
 /// names the same filesystem.
+#[doc(hidden)]
 pub fn network_fs_name(magic: i64) -> Option<&'static str> {
     let magic = magic & 0xFFFF_FFFF;
     NETWORK_FS
@@ -244,6 +253,7 @@ fn statfs_magic(dir: &Path) -> Option<i64> {
 }
 
 /// The network filesystem `dir` is on, if any.
+#[doc(hidden)]
 pub fn network_fs(dir: &Path) -> Option<&'static str> {
     statfs_magic(dir).and_then(network_fs_name)
 }
@@ -258,7 +268,7 @@ pub(crate) fn dir_network_fs(dir: &Path, injected: Option<i64>) -> Option<&'stat
 
 /// A database integer for `v`, or an error naming `field` if it does not fit.
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
-pub(crate) fn i64_of(field: &'static str, v: u64) -> Result<i64> {
+pub(crate) fn i64_of(field: Field, v: u64) -> Result<i64> {
     i64::try_from(v)
         .map_err(|_| crate::error::Error::invalid(field, format!("{v} does not fit the database")))
 }

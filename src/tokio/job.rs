@@ -4,6 +4,7 @@
 use super::guard::keep_alive;
 use super::{CancellationToken, Client};
 use crate::core::{self, JobId, JobRecord, JobState};
+use crate::error::Field;
 use crate::error::{LostReason, Result};
 use crate::sync::{lock, Mutex};
 use std::sync::Arc;
@@ -173,7 +174,7 @@ impl ClaimedJob {
     /// Report the attempt failed (see [`crate::ClaimedJob::fail`]: a reason
     /// the store would refuse is rejected before anything changes).
     pub async fn fail(&self, reason: &str) -> Result<JobState> {
-        core::check_text("reason", reason)?;
+        core::check_text(Field::Reason, reason)?;
         let reason = reason.to_owned();
         self.settle(move |job| job.fail_txn(&reason)).await
     }

@@ -209,7 +209,7 @@ fn a_permanent_store_error_ends_the_election() {
     actions(&mut m);
     m.handle_reply(
         LocalMs(1),
-        HolderReply::Acquired(Err(Error::invalid("key", "bad"))),
+        HolderReply::Acquired(Err(Error::invalid(leasehold::Field::Key, "bad"))),
     );
     let a = actions(&mut m);
     assert_eq!(events(&a), ["failed: invalid key: bad"]);

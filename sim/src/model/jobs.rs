@@ -75,26 +75,26 @@ impl Model {
         let now = self.now_ms;
         self.last = (|| {
             if !key_ok(queue) {
-                return Outcome::Invalid("queue");
+                return Outcome::Invalid(leasehold::Field::Queue);
             }
             if spec.payload.len() > core::MAX_PAYLOAD_BYTES {
-                return Outcome::Invalid("payload");
+                return Outcome::Invalid(leasehold::Field::Payload);
             }
             if spec.max_attempts == 0 || spec.max_attempts > MAX_ATTEMPTS {
-                return Outcome::Invalid("max_attempts");
+                return Outcome::Invalid(leasehold::Field::MaxAttempts);
             }
             if let Some(k) = &spec.unique_key {
                 if k.is_empty() || k.contains('\0') || k.len() > core::MAX_TEXT_BYTES {
-                    return Outcome::Invalid("unique_key");
+                    return Outcome::Invalid(leasehold::Field::UniqueKey);
                 }
             }
             let run_at = match spec.run_at.map(leasehold::StoreMs::ms) {
                 Some(at) if at > now.saturating_add(MAX_TTL_MS) => {
-                    return Outcome::Invalid("run_at")
+                    return Outcome::Invalid(leasehold::Field::RunAt)
                 }
                 Some(at) => at.max(now),
                 None if spec.delay_ms == 0 => now,
-                None => match ttl_check("delay", now, spec.delay_ms) {
+                None => match ttl_check(leasehold::Field::Delay, now, spec.delay_ms) {
                     Ok(t) => t,
                     Err(o) => return o,
                 },
@@ -140,12 +140,12 @@ impl Model {
         let now = self.now_ms;
         self.last = (|| {
             if !key_ok(queue) {
-                return Outcome::Invalid("queue");
+                return Outcome::Invalid(leasehold::Field::Queue);
             }
             if max == 0 || max > MAX_BATCH {
-                return Outcome::Invalid("batch");
+                return Outcome::Invalid(leasehold::Field::Batch);
             }
-            let until = match ttl_check("lease", now, lease_ms) {
+            let until = match ttl_check(leasehold::Field::Lease, now, lease_ms) {
                 Ok(t) => t,
                 Err(o) => return o,
             };
@@ -188,7 +188,7 @@ impl Model {
         self.settle();
         let now = self.now_ms;
         self.last = (|| {
-            let until = match ttl_check("lease", now, lease_ms) {
+            let until = match ttl_check(leasehold::Field::Lease, now, lease_ms) {
                 Ok(t) => t,
                 Err(o) => return o,
             };
@@ -285,7 +285,7 @@ impl Model {
         let policy = self.policy;
         self.last = (|| {
             if reason.len() > core::MAX_TEXT_BYTES || reason.contains('\0') {
-                return Outcome::Invalid("reason");
+                return Outcome::Invalid(leasehold::Field::Reason);
             }
             let job = match self.claimed(id, holder, token) {
                 Ok(job) => job,
@@ -348,7 +348,7 @@ impl Model {
             }
             if let Some(k) = job.unique_key.clone() {
                 if self.unique_holder(&job.queue.clone(), &k).is_some() {
-                    return Outcome::Invalid("unique_key");
+                    return Outcome::Invalid(leasehold::Field::UniqueKey);
                 }
             }
             let Some(job) = self.live_job_mut(id) else {
@@ -371,10 +371,10 @@ impl Model {
         let cutoff = self.now_ms.saturating_sub(older_than_ms);
         self.last = (|| {
             if !key_ok(queue) {
-                return Outcome::Invalid("queue");
+                return Outcome::Invalid(leasehold::Field::Queue);
             }
             if limit == 0 || limit > MAX_BATCH {
-                return Outcome::Invalid("batch");
+                return Outcome::Invalid(leasehold::Field::Batch);
             }
             let mut victims: Vec<&mut Job> = self
                 .jobs

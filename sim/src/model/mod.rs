@@ -36,7 +36,7 @@ pub enum Outcome {
     /// Lost; `Some` when the model pins the reason, `None` for any reason.
     Lost(Option<LostReason>),
     /// Rejected input naming this field.
-    Invalid(&'static str),
+    Invalid(leasehold::Field),
     /// No such job.
     NotFound,
     /// The job's state does not allow the operation.
@@ -82,7 +82,7 @@ impl Outcome {
                 Outcome::Held(v)
             }
             Error::Lost { reason, .. } => Outcome::Lost(Some(*reason)),
-            Error::Invalid { field, .. } => Outcome::Invalid(field),
+            Error::Invalid { field, .. } => Outcome::Invalid(*field),
             Error::NotFound(_) => Outcome::NotFound,
             Error::InvalidState { state, .. } => Outcome::InvalidState(*state),
             other => Outcome::StoreError(other.to_string()),
@@ -216,7 +216,7 @@ pub struct Model {
     pub last: Outcome,
 }
 
-fn ttl_check(field: &'static str, now_ms: u64, ttl_ms: u64) -> Result<u64, Outcome> {
+fn ttl_check(field: leasehold::Field, now_ms: u64, ttl_ms: u64) -> Result<u64, Outcome> {
     if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
         return Err(Outcome::Invalid(field));
     }
@@ -284,12 +284,12 @@ impl Model {
         let now = self.now_ms;
         self.last = (|| {
             if !key_ok(key) {
-                return Outcome::Invalid("key");
+                return Outcome::Invalid(leasehold::Field::Key);
             }
             if limit == 0 || limit > MAX_LEASE_LIMIT {
-                return Outcome::Invalid("limit");
+                return Outcome::Invalid(leasehold::Field::Limit);
             }
-            let exp = match ttl_check("ttl", now, ttl_ms) {
+            let exp = match ttl_check(leasehold::Field::Ttl, now, ttl_ms) {
                 Ok(e) => e,
                 Err(o) => return o,
             };
@@ -297,7 +297,7 @@ impl Model {
             let k = self.key_mut(key);
             // The key's limit, not the caller's, while it has holders.
             if !live.is_empty() && k.limit != limit {
-                return Outcome::Invalid("limit");
+                return Outcome::Invalid(leasehold::Field::Limit);
             }
             if let Some(s) = k
                 .slots
@@ -349,9 +349,9 @@ impl Model {
         let now = self.now_ms;
         self.last = (|| {
             if !key_ok(key) {
-                return Outcome::Invalid("key");
+                return Outcome::Invalid(leasehold::Field::Key);
             }
-            let exp = match ttl_check("ttl", now, ttl_ms) {
+            let exp = match ttl_check(leasehold::Field::Ttl, now, ttl_ms) {
                 Ok(e) => e,
                 Err(o) => return o,
             };
@@ -383,7 +383,7 @@ impl Model {
         let now = self.now_ms;
         self.last = (|| {
             if !key_ok(key) {
-                return Outcome::Invalid("key");
+                return Outcome::Invalid(leasehold::Field::Key);
             }
             let lost = self.lease_lost(key, holder, token);
             let Some((_, k)) = self.keys.iter_mut().find(|(k, _)| k == key) else {

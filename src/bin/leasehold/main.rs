@@ -26,7 +26,7 @@ mod ui;
 mod work;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use leasehold::{Client, DriftBound, Error, Holder, HolderId, QueuePolicy, Store};
+use leasehold::{Client, DriftBound, Error, Field, Holder, HolderId, QueuePolicy, Store};
 use out::{note, parse_duration};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -125,30 +125,29 @@ enum Cmd {
 /// A failure with its exit code; the message goes to stderr.
 pub struct Fail(pub u8, pub String);
 
-/// The command-line name of a field an error names.
-fn flag_of(field: &str) -> &str {
+/// The command-line name of the field an error names.
+fn flag_of(field: Field) -> &'static str {
     match field {
-        "key" => "KEY",
-        "queue" => "QUEUE",
-        "ttl" => "--ttl",
-        "lease" => "--lease",
-        "limit" => "--limit",
-        "batch" => "--limit",
-        "payload" => "--payload",
-        "max_attempts" => "--max-attempts",
-        "delay" => "--delay",
-        "run_at" => "--at",
-        "unique_key" => "--unique",
-        "holder" => "--holder",
-        "holder label" => "--label",
-        "state" => "--state",
-        "store" => "--store",
-        "every" => "--every",
-        "cron" => "--cron",
-        "tz" => "--tz",
-        "missed" => "--missed",
-        "schedule" => "NAME",
-        other => other,
+        Field::Key => "KEY",
+        Field::Queue => "QUEUE",
+        Field::Ttl => "--ttl",
+        Field::Lease => "--lease",
+        Field::Limit | Field::Batch => "--limit",
+        Field::Payload => "--payload",
+        Field::MaxAttempts => "--max-attempts",
+        Field::Delay => "--delay",
+        Field::RunAt => "--at",
+        Field::UniqueKey => "--unique",
+        Field::Holder => "--holder",
+        Field::HolderLabel => "--label",
+        Field::State => "--state",
+        Field::Store => "--store",
+        Field::Every => "--every",
+        Field::Cron => "--cron",
+        Field::Tz => "--tz",
+        Field::Missed => "--missed",
+        Field::Schedule => "NAME",
+        other => other.as_str(),
     }
 }
 
@@ -157,7 +156,7 @@ impl From<Error> for Fail {
         match &e {
             Error::Held { .. } => Fail(EXIT_HELD, e.to_string()),
             Error::Invalid { field, reason } => {
-                Fail(EXIT_ERROR, format!("invalid {}: {reason}", flag_of(field)))
+                Fail(EXIT_ERROR, format!("invalid {}: {reason}", flag_of(*field)))
             }
             _ => Fail(EXIT_ERROR, e.to_string()),
         }

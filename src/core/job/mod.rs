@@ -22,6 +22,7 @@ pub use view::{
 };
 
 use super::{mix64, HolderId};
+use crate::error::Field;
 use crate::error::{Error, LostReason, Result, Target};
 use crate::time::StoreMs;
 use std::cmp::Reverse;
@@ -91,7 +92,7 @@ impl JobState {
             .find(|s| s.as_str() == text)
             .ok_or_else(|| {
                 Error::invalid(
-                    "state",
+                    Field::State,
                     format!(
                         "{text:?} is not one of ready, scheduled, running, done, dead, cancelled"
                     ),
@@ -106,6 +107,7 @@ impl JobState {
     /// The state's code in stores: 0 ready, 1 scheduled, 2 running, 3 done,
     /// 4 dead, 5 cancelled (the order of [`StateCounts`]). Every store
     /// writes and reads these, and indexes by them.
+    #[doc(hidden)]
     pub fn code(self) -> u8 {
         self as u8
     }
@@ -113,6 +115,7 @@ impl JobState {
     /// The state a stored code names; `None` for a code no state has (a
     /// row written by a newer leasehold, or damaged): the store reports it
     /// as an error naming the row, never guesses.
+    #[doc(hidden)]
     pub fn from_code(code: i64) -> Option<JobState> {
         usize::try_from(code)
             .ok()
@@ -179,10 +182,12 @@ pub struct JobRecord {
 
 /// The sort key of claim order (Q5): priority descending, then earlier
 /// `run_at_ms`, then lower id (FIFO).
+#[doc(hidden)]
 pub type ClaimRank = (Reverse<i32>, u64, JobId);
 
 impl JobRecord {
     /// Its position in claim order.
+    #[doc(hidden)]
     pub fn rank(&self) -> ClaimRank {
         (Reverse(self.priority), self.run_at_ms, self.id)
     }

@@ -10,6 +10,7 @@ use crate::core::{
     check_count, check_key, check_text, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn,
     Txn, Wake, MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
 };
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::time::StoreMs;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 const CHUNK: usize = 256;
 
 fn check_queue(queue: &str) -> Result<()> {
-    check_key("queue", queue)
+    check_key(Field::Queue, queue)
 }
 
 pub(super) fn load(tx: &mut dyn JobTxn, id: JobId) -> Result<JobRecord> {
@@ -99,14 +100,14 @@ pub fn enqueue(
             let latest = now_ms.saturating_add(MAX_TTL_MS);
             if at > latest {
                 return Err(Error::invalid(
-                    "run_at",
+                    Field::RunAt,
                     format!("{at} ms is more than a year after now ({now_ms} ms)"),
                 ));
             }
             at.max(now_ms)
         }
         None if spec.delay_ms == 0 => now_ms,
-        None => expiry_ms("delay", now_ms, spec.delay_ms)?,
+        None => expiry_ms(Field::Delay, now_ms, spec.delay_ms)?,
     };
     if let Some(key) = &spec.unique_key {
         if let Some(id) = tx.live_unique(queue, key)? {
@@ -152,7 +153,7 @@ pub fn enqueue(
 pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
     if spec.payload.len() > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
-            "payload",
+            Field::Payload,
             format!(
                 "{} bytes is larger than {MAX_PAYLOAD_BYTES}",
                 spec.payload.len()
@@ -161,14 +162,14 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
     }
     if spec.max_attempts == 0 || spec.max_attempts > MAX_ATTEMPTS {
         return Err(Error::invalid(
-            "max_attempts",
+            Field::MaxAttempts,
             format!("{} is outside 1..={MAX_ATTEMPTS}", spec.max_attempts),
         ));
     }
     if let Some(key) = &spec.unique_key {
-        check_text("unique_key", key)?;
+        check_text(Field::UniqueKey, key)?;
         if key.is_empty() {
-            return Err(Error::invalid("unique_key", "must not be empty"));
+            return Err(Error::invalid(Field::UniqueKey, "must not be empty"));
         }
     }
     Ok(())
@@ -281,9 +282,9 @@ pub fn claim(
 ) -> Result<Vec<JobRecord>> {
     let tx = tx.jobs()?;
     check_queue(queue)?;
-    check_count("batch", max)?;
+    check_count(Field::Batch, max)?;
     let now_ms = tx.now_ms();
-    let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
+    let lease_until_ms = expiry_ms(Field::Lease, now_ms, lease_ms)?;
     let mut jobs = refresh(tx, queue, policy, max)?;
     for job in &mut jobs {
         let token = job.last_token.checked_add(1).ok_or_else(|| {
@@ -317,7 +318,7 @@ pub fn heartbeat(
     lease_ms: u64,
 ) -> Result<HeartbeatReply> {
     let tx = tx.jobs()?;
-    let lease_until_ms = expiry_ms("lease", tx.now_ms(), lease_ms)?;
+    let lease_until_ms = expiry_ms(Field::Lease, tx.now_ms(), lease_ms)?;
     let mut job = load(tx, id)?;
     let reply = heartbeat_record(&mut job, holder, token, tx.now_ms(), lease_until_ms)?;
     tx.put_job(&job)?;
@@ -353,7 +354,7 @@ pub fn heartbeat_many(
 ) -> Result<Vec<Result<HeartbeatReply>>> {
     let tx = tx.jobs()?;
     let now_ms = tx.now_ms();
-    let lease_until_ms = expiry_ms("lease", now_ms, lease_ms)?;
+    let lease_until_ms = expiry_ms(Field::Lease, now_ms, lease_ms)?;
     let ids: Vec<JobId> = claims.iter().map(|c| c.0).collect();
     let mut jobs = tx.jobs_by_id(&ids)?;
     let mut replies = Vec::with_capacity(claims.len());
@@ -416,7 +417,7 @@ pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
         };
         if let Some(other) = holder {
             return Err(Error::invalid(
-                "unique_key",
+                Field::UniqueKey,
                 format!("job {other} already holds unique key {key:?}"),
             ));
         }
@@ -442,7 +443,7 @@ pub fn purge(
 ) -> Result<usize> {
     let tx = tx.jobs()?;
     check_queue(queue)?;
-    check_count("batch", limit)?;
+    check_count(Field::Batch, limit)?;
     refresh(tx, queue, policy, 0)?;
     let cutoff_ms = tx.now_ms().saturating_sub(older_than_ms);
     let mut ids = Vec::new();
@@ -488,7 +489,7 @@ pub fn list(
 ) -> Result<Vec<JobRecord>> {
     let tx = tx.jobs()?;
     check_queue(queue)?;
-    check_count("batch", limit)?;
+    check_count(Field::Batch, limit)?;
     refresh(tx, queue, policy, 0)?;
     tx.list(queue, state, after, limit)
 }

@@ -6,6 +6,7 @@
 use super::rules::{load, note, note_end, put, settle_failure};
 use super::{JobId, JobRecord, JobState, QueuePolicy};
 use crate::core::{check_text, HolderId, JobChange, JobTxn, Txn, MAX_PAYLOAD_BYTES};
+use crate::error::Field;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -58,7 +59,7 @@ pub fn complete_with(
 pub fn check_result(result: &[u8]) -> Result<()> {
     if result.len() > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
-            "result",
+            Field::Result,
             format!("{} bytes is larger than {MAX_PAYLOAD_BYTES}", result.len()),
         ));
     }
@@ -76,7 +77,7 @@ pub fn fail(
     reason: &str,
     policy: &QueuePolicy,
 ) -> Result<JobState> {
-    check_text("reason", reason)?;
+    check_text(Field::Reason, reason)?;
     settle_one(
         tx,
         id,
@@ -136,7 +137,7 @@ pub fn settle_many(
     let mut states = Vec::with_capacity(settles.len());
     for (id, token, settle) in settles {
         let checked = match settle {
-            Settle::Fail(reason) => check_text("reason", reason),
+            Settle::Fail(reason) => check_text(Field::Reason, reason),
             Settle::CompleteWith(result) => check_result(result),
             _ => Ok(()),
         };

@@ -19,6 +19,7 @@
 
 use super::{maintain, JobId, JobRecord, JobState, QueuePolicy, StateCounts};
 use crate::core::{check_count, check_key, Txn, MAX_PAYLOAD_BYTES, MAX_TTL_MS};
+use crate::error::Field;
 use crate::error::{Error, Result};
 use std::fmt;
 use std::sync::Arc;
@@ -74,7 +75,7 @@ impl JobCursor {
     pub fn parse(text: &str) -> Result<JobCursor> {
         let bad = || {
             Error::invalid(
-                "after",
+                Field::After,
                 format!("{text:?} is not a PRIORITY.AT_MS.ID cursor"),
             )
         };
@@ -181,7 +182,7 @@ pub(crate) fn check_after_key(after: &str) -> Result<()> {
     if after.is_empty() {
         return Ok(());
     }
-    check_key("after", after)
+    check_key(Field::After, after)
 }
 
 /// Up to `limit` names of queues that have jobs, after `after` (`""`: from
@@ -189,7 +190,7 @@ pub(crate) fn check_after_key(after: &str) -> Result<()> {
 /// not listed.
 pub fn queues(tx: &mut dyn Txn, after: &str, limit: usize) -> Result<Vec<String>> {
     check_after_key(after)?;
-    check_count("limit", limit)?;
+    check_count(Field::Limit, limit)?;
     let mut names = Vec::new();
     tx.jobs()?.queue_names(after, limit, &mut names)?;
     debug_assert!(names.len() <= limit);
@@ -209,10 +210,10 @@ pub fn page(
     preview_bytes: usize,
     policy: &QueuePolicy,
 ) -> Result<Vec<JobPeek>> {
-    check_count("limit", limit)?;
+    check_count(Field::Limit, limit)?;
     if preview_bytes > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
-            "preview_bytes",
+            Field::PreviewBytes,
             format!("{preview_bytes} is larger than {MAX_PAYLOAD_BYTES}"),
         ));
     }
@@ -257,18 +258,18 @@ pub fn summary(
 
 fn check_summary(opts: &SummaryOptions) -> Result<()> {
     if opts.count_cap == 0 {
-        return Err(Error::invalid("count_cap", "must be at least 1"));
+        return Err(Error::invalid(Field::CountCap, "must be at least 1"));
     }
     if opts.buckets == 0 || opts.buckets > BUCKETS_MAX {
         return Err(Error::invalid(
-            "buckets",
+            Field::Buckets,
             format!("{} is outside 1..={BUCKETS_MAX}", opts.buckets),
         ));
     }
     let span_ms = opts.bucket_ms.checked_mul(opts.buckets as u64);
     if opts.bucket_ms == 0 || span_ms.is_none_or(|s| s > MAX_TTL_MS) {
         return Err(Error::invalid(
-            "bucket",
+            Field::Bucket,
             format!(
                 "{} intervals of {} ms must be at least 1 ms each and span at most a year",
                 opts.buckets, opts.bucket_ms

@@ -98,6 +98,7 @@ pub use record::encode_key;
 
 use crate::clock::{BootClock, Clock};
 use crate::core::{JobTxn, Journal, LeaseRecord, Txn, Wake};
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::boottime::{current_boot, StoreClock};
@@ -248,6 +249,7 @@ impl FileStore {
     }
 
     /// The record file of `key`.
+    #[doc(hidden)]
     pub fn record_path(&self, key: &str) -> PathBuf {
         self.dir.join(format!("{}.lease", encode_key(key)))
     }
@@ -341,7 +343,7 @@ impl Txn for FileTxn<'_> {
     /// Leases only: the one place this store refuses job work.
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
         Err(Error::invalid(
-            "store",
+            Field::Store,
             format!(
                 "{} keeps leases only (run, lock); use a sqlite: or postgres:// store for queues",
                 self.store.describe()

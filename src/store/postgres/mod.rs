@@ -78,6 +78,7 @@ pub use migrate::SCHEMA_VERSION;
 
 use crate::clock::Clock;
 use crate::core::Txn;
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::{Store, Wake};
@@ -160,11 +161,16 @@ fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<(String, TlsParams
                     .ok()
                     .filter(|&n| (1..=1024).contains(&n))
                     .ok_or_else(|| {
-                        Error::invalid("store", format!("pool_size={value:?}: expected 1..=1024"))
+                        Error::invalid(
+                            Field::Store,
+                            format!("pool_size={value:?}: expected 1..=1024"),
+                        )
                     })?;
             }
             "sslmode" => tls.mode = Some(SslMode::parse(value)?),
-            "sslrootcert" => tls.root_cert = Some(percent_decode("sslrootcert", value)?.into()),
+            "sslrootcert" => {
+                tls.root_cert = Some(percent_decode(Field::Sslrootcert, value)?.into())
+            }
             _ => rest.push(pair),
         }
     }
@@ -177,7 +183,7 @@ fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<(String, TlsParams
 }
 
 /// A URL parameter's value with its `%XX` escapes decoded.
-fn percent_decode(field: &'static str, value: &str) -> Result<String> {
+fn percent_decode(field: Field, value: &str) -> Result<String> {
     let bad = || Error::invalid(field, format!("{value:?}: a bad %-escape or not UTF-8"));
     let mut bytes = Vec::with_capacity(value.len());
     let mut rest = value.as_bytes();
@@ -208,7 +214,7 @@ fn check_schema_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::invalid(
-            "schema",
+            Field::Schema,
             format!("{name:?}: use 1 to {MAX_SCHEMA_BYTES} lowercase letters, digits or _, not starting with a digit"),
         ))
     }
@@ -292,10 +298,10 @@ impl PostgresStore {
         let (driver_url, tls_params) = split_url(url, &mut opts)?;
         check_schema_name(&opts.schema)?;
         if opts.max_connections == 0 {
-            return Err(Error::invalid("max_connections", "must be at least 1"));
+            return Err(Error::invalid(Field::MaxConnections, "must be at least 1"));
         }
         let mut config: Config = driver_url.parse().map_err(|e: postgres::Error| {
-            Error::invalid("store", format!("not a PostgreSQL URL: {e}"))
+            Error::invalid(Field::Store, format!("not a PostgreSQL URL: {e}"))
         })?;
         if config.get_application_name().is_none() {
             config.application_name("leasehold");

@@ -3,6 +3,7 @@
 
 use super::statements::COLUMNS;
 use crate::core::{JobId, JobRecord, JobState, LeaseRecord};
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::store::{holder_bytes, i64_of};
 
@@ -20,7 +21,7 @@ impl Sql {
         self
     }
 
-    pub(super) fn text(&mut self, field: &'static str, text: &str) -> Result<&mut Self> {
+    pub(super) fn text(&mut self, field: Field, text: &str) -> Result<&mut Self> {
         if text.contains('\0') {
             return Err(Error::invalid(field, "contains a NUL byte"));
         }
@@ -36,11 +37,7 @@ impl Sql {
         Ok(self)
     }
 
-    pub(super) fn opt_text(
-        &mut self,
-        field: &'static str,
-        text: Option<&str>,
-    ) -> Result<&mut Self> {
+    pub(super) fn opt_text(&mut self, field: Field, text: Option<&str>) -> Result<&mut Self> {
         match text {
             Some(t) => self.text(field, t),
             None => Ok(self.raw("NULL")),
@@ -57,13 +54,13 @@ impl Sql {
         self.raw("'::bytea")
     }
 
-    pub(super) fn int(&mut self, field: &'static str, v: u64) -> Result<&mut Self> {
+    pub(super) fn int(&mut self, field: Field, v: u64) -> Result<&mut Self> {
         use std::fmt::Write;
         let _ = write!(self.0, "{}", i64_of(field, v)?);
         Ok(self)
     }
 
-    pub(super) fn opt_int(&mut self, field: &'static str, v: Option<u64>) -> Result<&mut Self> {
+    pub(super) fn opt_int(&mut self, field: Field, v: Option<u64>) -> Result<&mut Self> {
         match v {
             Some(v) => self.int(field, v),
             None => Ok(self.raw("NULL")),
@@ -74,39 +71,39 @@ impl Sql {
     pub(super) fn job_row(&mut self, job: &JobRecord) -> Result<&mut Self> {
         let claim = job.claim;
         self.raw("(")
-            .int("id", job.id.0)?
+            .int(Field::Id, job.id.0)?
             .raw(", ")
-            .text("queue", &job.queue)?
+            .text(Field::Queue, &job.queue)?
             .raw(", ")
             .bytes(&job.payload)
             .raw(&format!(", {}, ", job.priority))
-            .int("run_at", job.run_at_ms)?
+            .int(Field::RunAt, job.run_at_ms)?
             .raw(", ")
-            .int("created_at", job.created_at_ms)?
+            .int(Field::CreatedAt, job.created_at_ms)?
             .raw(&format!(
                 ", {}, {}, {}, ",
                 job.max_attempts, job.attempts, job.expiries
             ))
-            .int("token", job.last_token)?
+            .int(Field::Token, job.last_token)?
             .raw(&format!(", {}, ", job.state.code()));
         match claim {
             Some(c) => self.bytes(&holder_bytes(c.holder)),
             None => self.raw("NULL"),
         };
         self.raw(", ")
-            .opt_int("token", claim.map(|c| c.token))?
+            .opt_int(Field::Token, claim.map(|c| c.token))?
             .raw(", ")
-            .opt_int("lease_until", claim.map(|c| c.lease_until_ms))?
+            .opt_int(Field::LeaseUntil, claim.map(|c| c.lease_until_ms))?
             .raw(if job.cancel_requested {
                 ", true, "
             } else {
                 ", false, "
             })
-            .opt_text("last_error", job.last_error.as_deref())?
+            .opt_text(Field::LastError, job.last_error.as_deref())?
             .raw(", ")
-            .opt_text("unique_key", job.unique_key.as_deref())?
+            .opt_text(Field::UniqueKey, job.unique_key.as_deref())?
             .raw(", ")
-            .opt_int("finished_at", job.finished_at_ms)?
+            .opt_int(Field::FinishedAt, job.finished_at_ms)?
             .raw(", ");
         match &job.result {
             Some(result) => self.bytes(result),
@@ -147,13 +144,13 @@ impl Sql {
             }
         };
         let columns: [Each<'_>; 15] = [
-            &|o, j| int(o, "id", Some(j.id.0)),
+            &|o, j| int(o, Field::Id, Some(j.id.0)),
             &|o, j| write!(o, "{}", j.priority).map_err(fmt_err),
-            &|o, j| int(o, "run_at", Some(j.run_at_ms)),
-            &|o, j| int(o, "max_attempts", Some(j.max_attempts.into())),
-            &|o, j| int(o, "attempts", Some(j.attempts.into())),
-            &|o, j| int(o, "expiries", Some(j.expiries.into())),
-            &|o, j| int(o, "token", Some(j.last_token)),
+            &|o, j| int(o, Field::RunAt, Some(j.run_at_ms)),
+            &|o, j| int(o, Field::MaxAttempts, Some(j.max_attempts.into())),
+            &|o, j| int(o, Field::Attempts, Some(j.attempts.into())),
+            &|o, j| int(o, Field::Expiries, Some(j.expiries.into())),
+            &|o, j| int(o, Field::Token, Some(j.last_token)),
             &|o, j| write!(o, "{}", j.state.code()).map_err(fmt_err),
             &|o, j| {
                 match j.claim {
@@ -162,14 +159,14 @@ impl Sql {
                 }
                 Ok(())
             },
-            &|o, j| int(o, "token", j.claim.map(|c| c.token)),
-            &|o, j| int(o, "lease_until", j.claim.map(|c| c.lease_until_ms)),
+            &|o, j| int(o, Field::Token, j.claim.map(|c| c.token)),
+            &|o, j| int(o, Field::LeaseUntil, j.claim.map(|c| c.lease_until_ms)),
             &|o, j| {
                 o.push(if j.cancel_requested { 't' } else { 'f' });
                 Ok(())
             },
-            &|o, j| array_text(o, "last_error", j.last_error.as_deref()),
-            &|o, j| int(o, "finished_at", j.finished_at_ms),
+            &|o, j| array_text(o, Field::LastError, j.last_error.as_deref()),
+            &|o, j| int(o, Field::FinishedAt, j.finished_at_ms),
             &|o, j| {
                 match &j.result {
                     Some(result) => array_bytes(o, result),
@@ -186,10 +183,10 @@ impl Sql {
 
     /// A lease record's columns after its key: last token and slot arrays.
     pub(super) fn lease(&mut self, r: &LeaseRecord) -> Result<&mut Self> {
-        self.int("token", r.last_token)?.raw(", ARRAY[");
+        self.int(Field::Token, r.last_token)?.raw(", ARRAY[");
         for (i, slot) in r.slots.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " })
-                .int("token", slot.token)?;
+                .int(Field::Token, slot.token)?;
         }
         self.raw("]::int8[], ARRAY[");
         for (i, slot) in r.slots.iter().enumerate() {
@@ -199,12 +196,12 @@ impl Sql {
         self.raw("]::bytea[], ARRAY[");
         for (i, slot) in r.slots.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " })
-                .opt_text("holder label", slot.holder.label.as_deref())?;
+                .opt_text(Field::HolderLabel, slot.holder.label.as_deref())?;
         }
         self.raw("]::text[], ARRAY[");
         for (i, slot) in r.slots.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " })
-                .int("expires_at", slot.expires_at_ms)?;
+                .int(Field::ExpiresAt, slot.expires_at_ms)?;
         }
         Ok(self.raw(&format!("]::int8[], {}", r.limit)))
     }
@@ -290,7 +287,8 @@ pub(super) fn render_job_writes(
             .raw(schema)
             .raw(".jobs WHERE id IN (");
         for (i, id) in deleted.iter().enumerate() {
-            sql.raw(if i == 0 { "" } else { ", " }).int("id", id.0)?;
+            sql.raw(if i == 0 { "" } else { ", " })
+                .int(Field::Id, id.0)?;
         }
         sql.raw(");\n");
     }
@@ -334,7 +332,7 @@ fn array_bytes(out: &mut String, bytes: &[u8]) {
 /// A text element of an array literal, always quoted (so that `NULL` and
 /// blanks stay text): `"` and `\` escaped for the array parser, `'`
 /// doubled for the SQL literal around it. A NUL is refused.
-fn array_text(out: &mut String, field: &'static str, text: Option<&str>) -> Result<()> {
+fn array_text(out: &mut String, field: Field, text: Option<&str>) -> Result<()> {
     let Some(text) = text else {
         out.push_str("NULL");
         return Ok(());
@@ -446,14 +444,17 @@ mod tests {
     #[test]
     fn text_and_bytes_in_array_literals_are_escaped_for_both_parsers() {
         let mut out = String::new();
-        array_text(&mut out, "f", Some(r#"it's "q" \ NULL"#)).unwrap();
+        array_text(&mut out, Field::Reason, Some(r#"it's "q" \ NULL"#)).unwrap();
         assert_eq!(out, r#""it''s \"q\" \\ NULL""#);
         out.clear();
-        array_text(&mut out, "f", None).unwrap();
+        array_text(&mut out, Field::Reason, None).unwrap();
         assert_eq!(out, "NULL");
         assert!(matches!(
-            array_text(&mut out, "f", Some("a\0b")),
-            Err(Error::Invalid { field: "f", .. })
+            array_text(&mut out, Field::Reason, Some("a\0b")),
+            Err(Error::Invalid {
+                field: Field::Reason,
+                ..
+            })
         ));
         out.clear();
         array_bytes(&mut out, &[0x00, 0xab]);

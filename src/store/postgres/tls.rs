@@ -13,6 +13,7 @@
 //!   connected to (a DNS name or an IP address of its subjectAltName). Both
 //!   need `sslrootcert`: there is no default file and no system store.
 
+use crate::error::Field;
 use crate::error::{Error, Result};
 use postgres::config::SslMode as DriverMode;
 use postgres::Config;
@@ -55,7 +56,7 @@ impl SslMode {
             "verify-full" => SslMode::VerifyFull,
             _ => {
                 return Err(Error::invalid(
-                    "sslmode",
+                    Field::Sslmode,
                     format!(
                         "{value:?}: expected disable, prefer, require, verify-ca or verify-full"
                     ),
@@ -114,7 +115,7 @@ pub(super) fn configure(
         (Some(SslMode::VerifyFull), Some(_)) => (DriverMode::Require, Check::Full),
         (Some(mode @ (SslMode::VerifyCa | SslMode::VerifyFull)), None) => {
             return Err(Error::invalid(
-                "sslrootcert",
+                Field::Sslrootcert,
                 format!(
                     "sslmode={} needs sslrootcert=PATH: the PEM file of the CA that signed the server's certificate",
                     mode.as_str()
@@ -126,7 +127,7 @@ pub(super) fn configure(
                 format!("not with sslmode={}", m.as_str())
             });
             return Err(Error::invalid(
-                "sslrootcert",
+                Field::Sslrootcert,
                 format!("is used only with sslmode=require, verify-ca or verify-full ({given})"),
             ));
         }
@@ -138,7 +139,9 @@ pub(super) fn configure(
             let roots = Arc::new(load_roots(path)?);
             let full = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                 .build()
-                .map_err(|e| Error::invalid("sslrootcert", format!("{}: {e}", path.display())))?;
+                .map_err(|e| {
+                    Error::invalid(Field::Sslrootcert, format!("{}: {e}", path.display()))
+                })?;
             if check == Check::Full {
                 full
             } else {
@@ -148,7 +151,7 @@ pub(super) fn configure(
     };
     let tls = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::invalid("sslmode", format!("no TLS version to offer: {e}")))?
+        .map_err(|e| Error::invalid(Field::Sslmode, format!("no TLS version to offer: {e}")))?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
@@ -159,8 +162,9 @@ pub(super) fn configure(
 /// The CA certificates of a PEM file; an error names the file and what is
 /// wrong with it.
 fn load_roots(path: &Path) -> Result<RootCertStore> {
-    let bad =
-        |reason: String| Error::invalid("sslrootcert", format!("{}: {reason}", path.display()));
+    let bad = |reason: String| {
+        Error::invalid(Field::Sslrootcert, format!("{}: {reason}", path.display()))
+    };
     let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {

@@ -11,6 +11,7 @@ use crate::core::{
     Claim, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
     Pending, ScheduleRecord, StateCounts, Txn,
 };
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::store::{holder_from, i64_of, schedule_of_row, u64_of, LeaseCache, Wake};
 use postgres::types::ToSql;
@@ -170,13 +171,13 @@ impl<'c> PgTxn<'c> {
                     .raw(".leases SET (last_token, tokens, holders, labels, expires, lease_limit) = (")
                     .lease(&c.record)?
                     .raw(") WHERE key = ")
-                    .text("key", &c.key)?
+                    .text(Field::Key, &c.key)?
                     .raw(";\n");
             } else {
                 sql.raw("INSERT INTO ")
                     .raw(schema)
                     .raw(".leases (key, last_token, tokens, holders, labels, expires, lease_limit) VALUES (")
-                    .text("key", &c.key)?
+                    .text(Field::Key, &c.key)?
                     .raw(", ")
                     .lease(&c.record)?
                     .raw(");\n");
@@ -185,7 +186,7 @@ impl<'c> PgTxn<'c> {
         for wake in [Wake::LeaseFreed, Wake::JobReady] {
             if self.journal.woke()[wake.index()] {
                 sql.raw("SELECT pg_notify(")
-                    .text("channel", channel)?
+                    .text(Field::Channel, channel)?
                     .raw(&format!(", '{}');\n", wake as u8));
             }
         }
@@ -307,7 +308,7 @@ impl JobTxn for PgTxn<'_> {
         let rows = self.query(
             &format!("reading job {id}"),
             |st| &st.job_get,
-            &[&i64_of("id", id.0)?],
+            &[&i64_of(Field::Id, id.0)?],
         )?;
         let mut ids = Vec::new();
         self.absorb(&rows, &mut ids)?;
@@ -319,7 +320,7 @@ impl JobTxn for PgTxn<'_> {
         let mut missing = Vec::new();
         for id in ids {
             if !self.jobs.contains_key(id) && !self.deleted.contains(id) {
-                missing.push(i64_of("id", id.0)?);
+                missing.push(i64_of(Field::Id, id.0)?);
             }
         }
         missing.sort_unstable();
@@ -377,7 +378,7 @@ impl JobTxn for PgTxn<'_> {
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
         self.flush_jobs()?;
         let what = format!("reading queue {queue:?}");
-        let at = i64_of("now", now_ms)?;
+        let at = i64_of(Field::Now, now_ms)?;
         let n = i64::try_from(chunk).unwrap_or(i64::MAX);
         let rows = if ready > 0 {
             let max = i64::try_from(ready).unwrap_or(i64::MAX);
@@ -415,7 +416,7 @@ impl JobTxn for PgTxn<'_> {
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = match query {
             JobQuery::FinishedBy { cutoff_ms } => {
-                let at = i64_of("cutoff", cutoff_ms)?;
+                let at = i64_of(Field::Cutoff, cutoff_ms)?;
                 self.query(&what, |st| &st.scan_finished, &[&queue, &at, &n])?
             }
             JobQuery::Retrying => self.query(&what, |st| &st.scan_retrying, &[&queue, &n])?,
@@ -466,7 +467,7 @@ impl JobTxn for PgTxn<'_> {
             &s.priority,
             &i64::from(s.max_attempts),
             &s.missed.as_str(),
-            &i64_of("next_at", s.next_ms)?,
+            &i64_of(Field::NextAt, s.next_ms)?,
         ];
         self.query(&what, |st| &st.schedule_put, &params).map(drop)
     }
@@ -505,7 +506,7 @@ impl JobTxn for PgTxn<'_> {
     ) -> Result<Vec<JobRecord>> {
         self.flush_jobs()?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let after = i64_of("after", after.0)?;
+        let after = i64_of(Field::After, after.0)?;
         let state = state.map_or(-1i16, |s| i16::from(s.code()));
         let rows = self.query(
             &format!("listing queue {queue:?}"),

@@ -284,6 +284,7 @@ impl SqliteStore {
 
     /// Group commit at work: (transactions run, COMMITs issued) by this
     /// handle. With threads sharing the handle, transactions exceed commits.
+    #[doc(hidden)]
     pub fn group_stats(&self) -> (u64, u64) {
         self.group.stats()
     }

@@ -1,6 +1,7 @@
 //! Rows: how jobs map to columns, and the indexed scans.
 
 use crate::core::{Claim, JobId, JobRecord, JobState};
+use crate::error::Field;
 use crate::error::Result;
 use crate::store::{holder_bytes, holder_from, i64_of, u64_of};
 use rusqlite::Row;
@@ -109,18 +110,18 @@ impl JobRow {
     pub(super) fn of(job: &JobRecord) -> Result<JobRow> {
         let claim = job.claim;
         Ok(JobRow {
-            id: i64_of("id", job.id.0)?,
-            run_at: i64_of("run_at", job.run_at_ms)?,
-            created: i64_of("created_at", job.created_at_ms)?,
-            last_token: i64_of("token", job.last_token)?,
+            id: i64_of(Field::Id, job.id.0)?,
+            run_at: i64_of(Field::RunAt, job.run_at_ms)?,
+            created: i64_of(Field::CreatedAt, job.created_at_ms)?,
+            last_token: i64_of(Field::Token, job.last_token)?,
             holder: claim.map(|c| holder_bytes(c.holder).to_vec()),
-            token: claim.map(|c| i64_of("token", c.token)).transpose()?,
+            token: claim.map(|c| i64_of(Field::Token, c.token)).transpose()?,
             until: claim
-                .map(|c| i64_of("lease_until", c.lease_until_ms))
+                .map(|c| i64_of(Field::LeaseUntil, c.lease_until_ms))
                 .transpose()?,
             finished: job
                 .finished_at_ms
-                .map(|f| i64_of("finished_at", f))
+                .map(|f| i64_of(Field::FinishedAt, f))
                 .transpose()?,
         })
     }

@@ -2,6 +2,7 @@
 
 use super::conn::sql_err;
 use crate::core::ScheduleRecord;
+use crate::error::Field;
 use crate::error::Result;
 use crate::store::{i64_of, schedule_of_row, SCHEDULE_COLUMNS};
 use rusqlite::{params, Connection};
@@ -36,7 +37,7 @@ pub(super) fn read(conn: &Connection, queue: &str) -> Result<Vec<ScheduleRecord>
 
 /// Insert or replace one schedule.
 pub(super) fn write(conn: &Connection, s: &ScheduleRecord) -> Result<()> {
-    let next_at = i64_of("next_at", s.next_ms)?;
+    let next_at = i64_of(Field::NextAt, s.next_ms)?;
     let sql = format!(
         "INSERT OR REPLACE INTO schedules ({SCHEDULE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
     );

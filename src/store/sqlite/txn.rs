@@ -9,6 +9,7 @@ use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
     LeaseSlot, Pending, ScheduleRecord, StateCounts, Txn,
 };
+use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
 use crate::Holder;
@@ -99,7 +100,7 @@ impl SqlTxn<'_> {
         for c in self.leases.changed() {
             let key = c.key.as_str();
             let fail = |e| sql_err(|| ctx_key("writing", key), e);
-            let last = i64_of("token", c.record.last_token)?;
+            let last = i64_of(Field::Token, c.record.last_token)?;
             self.conn
                 .prepare_cached(
                     "INSERT INTO leases (key, last_token, lease_limit) VALUES (?1, ?2, ?3)
@@ -122,10 +123,10 @@ impl SqlTxn<'_> {
                 insert
                     .execute(params![
                         key,
-                        i64_of("token", s.token)?,
+                        i64_of(Field::Token, s.token)?,
                         &holder_bytes(s.holder.id)[..],
                         s.holder.label.as_deref(),
-                        i64_of("expires_at", s.expires_at_ms)?,
+                        i64_of(Field::ExpiresAt, s.expires_at_ms)?,
                     ])
                     .map_err(fail)?;
             }
@@ -308,7 +309,7 @@ impl JobTxn for SqlTxn<'_> {
 
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
-        let key = i64_of("id", id.0)?;
+        let key = i64_of(Field::Id, id.0)?;
         let job = self
             .conn
             .prepare_cached(&sql)
@@ -384,7 +385,7 @@ impl JobTxn for SqlTxn<'_> {
     }
 
     fn delete_job(&mut self, id: JobId) -> Result<()> {
-        let key = i64_of("id", id.0)?;
+        let key = i64_of(Field::Id, id.0)?;
         self.conn
             .prepare_cached("DELETE FROM jobs WHERE id = ?1")
             .and_then(|mut s| s.execute([key]))
@@ -477,7 +478,7 @@ impl JobTxn for SqlTxn<'_> {
     ) -> Result<Vec<JobRecord>> {
         let fail = |e| sql_err(|| format!("listing queue {queue:?}"), e);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let after = i64_of("after", after.0)?;
+        let after = i64_of(Field::After, after.0)?;
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE queue = ?1 AND id > ?2 AND (?3 < 0 OR state = ?3) ORDER BY id LIMIT ?4"
         );

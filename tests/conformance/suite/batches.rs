@@ -259,7 +259,7 @@ pub fn job_batch_heartbeat_and_settle(make: &Make) {
     assert!(matches!(
         states[3],
         Err(Error::Invalid {
-            field: "reason",
+            field: leasehold::Field::Reason,
             ..
         })
     ));

@@ -401,7 +401,7 @@ pub fn job_unique_key(make: &Make) {
     assert!(holder_now.created);
     match w.tx(|tx| core::job::retry(tx, after.id, &policy)) {
         Err(Error::Invalid {
-            field: "unique_key",
+            field: leasehold::Field::UniqueKey,
             ..
         }) => {}
         other => panic!("expected a unique_key refusal, got {other:?}"),

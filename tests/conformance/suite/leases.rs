@@ -145,7 +145,7 @@ pub fn lease_limit_belongs_to_the_key(make: &Make) {
     let before = w.snapshot(&["pool"], &[]);
     match w.acquire("pool", 3, 100, 3) {
         Err(Error::Invalid {
-            field: "limit",
+            field: leasehold::Field::Limit,
             reason,
         }) => {
             assert!(reason.contains('2') && reason.contains('3'), "{reason}");
@@ -155,7 +155,10 @@ pub fn lease_limit_belongs_to_the_key(make: &Make) {
     // A current holder asking with another limit is refused too.
     assert!(matches!(
         w.acquire("pool", 1, 100, 1),
-        Err(Error::Invalid { field: "limit", .. })
+        Err(Error::Invalid {
+            field: leasehold::Field::Limit,
+            ..
+        })
     ));
     assert_eq!(w.snapshot(&["pool"], &[]), before, "nothing changed");
     assert_eq!(w.inspect("pool").limit, 2);

@@ -124,7 +124,13 @@ pub fn lease_list_pages_through_every_key(make: &Make) {
     for limit in [0, core::MAX_BATCH + 1] {
         let r = w.tx(|tx| core::lease::list(tx, "", limit));
         assert!(
-            matches!(r, Err(Error::Invalid { field: "limit", .. })),
+            matches!(
+                r,
+                Err(Error::Invalid {
+                    field: leasehold::Field::Limit,
+                    ..
+                })
+            ),
             "{limit}: {r:?}"
         );
     }
@@ -132,7 +138,13 @@ pub fn lease_list_pages_through_every_key(make: &Make) {
     assert_eq!(w.lease_page("", core::MAX_BATCH).leases.len(), keys.len());
     let r = w.tx(|tx| core::lease::list(tx, "a\0b", 5));
     assert!(
-        matches!(r, Err(Error::Invalid { field: "after", .. })),
+        matches!(
+            r,
+            Err(Error::Invalid {
+                field: leasehold::Field::After,
+                ..
+            })
+        ),
         "{r:?}"
     );
 }
@@ -188,7 +200,13 @@ pub fn job_queues_are_listed(make: &Make) {
     assert_eq!(w.queues("", 10), ["a<q's>", "m", "z/y"]);
     let r = w.tx(|tx| core::job::queues(tx, "", 0));
     assert!(
-        matches!(r, Err(Error::Invalid { field: "limit", .. })),
+        matches!(
+            r,
+            Err(Error::Invalid {
+                field: leasehold::Field::Limit,
+                ..
+            })
+        ),
         "{r:?}"
     );
 }
@@ -281,7 +299,7 @@ pub fn job_pages_follow_each_states_index_order(make: &Make) {
         matches!(
             r,
             Err(Error::Invalid {
-                field: "preview_bytes",
+                field: leasehold::Field::PreviewBytes,
                 ..
             })
         ),
@@ -400,7 +418,7 @@ pub fn job_summary_settles_expired_claims_and_refuses_bad_options(make: &Make) {
     ] {
         let r = w.tx(|tx| core::job::summary(tx, "q", &policy, &bad));
         assert!(
-            matches!(r, Err(Error::Invalid { field: f, .. }) if f == field),
+            matches!(r, Err(Error::Invalid { field: f, .. }) if f.as_str() == field),
             "{r:?}"
         );
     }

@@ -99,7 +99,7 @@ pub fn schedule_put_list_remove(make: &Make) {
     assert_eq!(w.schedules("other").len(), 1);
     match w.tx(|tx| schedule::remove(tx, "q", "tidy")) {
         Err(Error::Invalid {
-            field: "schedule",
+            field: leasehold::Field::Schedule,
             reason,
         }) => assert!(reason.contains("tidy"), "{reason}"),
         other => panic!("removing a missing schedule: {other:?}"),
@@ -222,10 +222,19 @@ pub fn schedule_bad_input_changes_nothing(make: &Make) {
         other => panic!("expected an invalid argument, got {other:?}"),
     };
     let every = |ms| spec("x", Rule::every(ms), Missed::Skip);
-    assert_eq!(field(w.put_schedule("q", &every(999), WALL)), "every");
-    assert_eq!(field(w.put_schedule("q", &every(u64::MAX), WALL)), "every");
+    assert_eq!(
+        field(w.put_schedule("q", &every(999), WALL)),
+        leasehold::Field::Every
+    );
+    assert_eq!(
+        field(w.put_schedule("q", &every(u64::MAX), WALL)),
+        leasehold::Field::Every
+    );
     let year = core::MAX_TTL_MS;
-    assert_eq!(field(w.put_schedule("q", &every(year + 1), WALL)), "every");
+    assert_eq!(
+        field(w.put_schedule("q", &every(year + 1), WALL)),
+        leasehold::Field::Every
+    );
     // A year is the longest period, and allowed.
     assert!(Rule::every(year).next_at_or_after(WALL).unwrap().is_some());
     // A rule that never ticks is refused, and the error names it.
@@ -236,7 +245,7 @@ pub fn schedule_bad_input_changes_nothing(make: &Make) {
     );
     match w.put_schedule("q", &feb_30, WALL) {
         Err(Error::Invalid {
-            field: "cron",
+            field: leasehold::Field::Cron,
             reason,
         }) => {
             assert!(reason.contains("\"0 0 30 2 *\""), "{reason}")
@@ -247,42 +256,70 @@ pub fn schedule_bad_input_changes_nothing(make: &Make) {
     let period = 7 * 7 * 73 * 127 * 337; // divides i64::MAX
     assert_eq!(schedule::NEVER_MS % period, 0);
     let last = schedule::NEVER_MS - 1;
-    assert_eq!(field(w.put_schedule("q", &every(period), last)), "every");
+    assert_eq!(
+        field(w.put_schedule("q", &every(period), last)),
+        leasehold::Field::Every
+    );
     assert!(w.put_schedule("q", &every(period), last - period).is_ok());
     w.tx(|tx| schedule::remove(tx, "q", "x")).unwrap();
-    assert_eq!(field(w.put_schedule("", &every(1_000), WALL)), "queue");
+    assert_eq!(
+        field(w.put_schedule("", &every(1_000), WALL)),
+        leasehold::Field::Queue
+    );
     for name in ["", "a\0b", "line\nbreak"] {
         let mut s = every(1_000);
         s.name = name.to_owned();
-        assert_eq!(field(w.put_schedule("q", &s, WALL)), "schedule", "{name:?}");
+        assert_eq!(
+            field(w.put_schedule("q", &s, WALL)),
+            leasehold::Field::Schedule,
+            "{name:?}"
+        );
     }
     let mut s = every(1_000);
     s.job.max_attempts = 0;
-    assert_eq!(field(w.put_schedule("q", &s, WALL)), "max_attempts");
+    assert_eq!(
+        field(w.put_schedule("q", &s, WALL)),
+        leasehold::Field::MaxAttempts
+    );
     s.job.max_attempts = 1;
     s.job.payload = vec![0; core::MAX_PAYLOAD_BYTES + 1];
-    assert_eq!(field(w.put_schedule("q", &s, WALL)), "payload");
+    assert_eq!(
+        field(w.put_schedule("q", &s, WALL)),
+        leasehold::Field::Payload
+    );
     let cron = |expr: &str, tz: &str| Rule::cron(expr, tz).map(drop);
     assert!(matches!(
         cron("61 * * * *", "UTC"),
-        Err(Error::Invalid { field: "cron", .. })
+        Err(Error::Invalid {
+            field: leasehold::Field::Cron,
+            ..
+        })
     ));
     assert!(matches!(
         cron("not cron", "UTC"),
-        Err(Error::Invalid { field: "cron", .. })
+        Err(Error::Invalid {
+            field: leasehold::Field::Cron,
+            ..
+        })
     ));
     assert!(matches!(
         cron("0 3 * * *", "Mars/Olympus"),
-        Err(Error::Invalid { field: "tz", .. })
+        Err(Error::Invalid {
+            field: leasehold::Field::Tz,
+            ..
+        })
     ));
     assert!(matches!(
         Rule::decode("every soon"),
-        Err(Error::Invalid { field: "rule", .. })
+        Err(Error::Invalid {
+            field: leasehold::Field::Rule,
+            ..
+        })
     ));
     assert!(matches!(
         Missed::parse("sometimes"),
         Err(Error::Invalid {
-            field: "missed",
+            field: leasehold::Field::Missed,
             ..
         })
     ));
@@ -337,7 +374,7 @@ pub fn schedule_txn_rolls_back(make: &Make) {
             &spec("new", Rule::every(1_000), Missed::Skip),
             leasehold::WallMs(WALL),
         )?;
-        Err(Error::invalid("test", "abort"))
+        Err(Error::invalid(leasehold::Field::Reason, "abort"))
     });
     assert!(r.is_err());
     assert_eq!(w.schedules("q").len(), 1);

@@ -105,8 +105,9 @@ fn leases_only<T>(read: Result<T, UiError>) -> Result<Result<T, String>, UiError
     match read {
         Ok(v) => Ok(Ok(v)),
         Err(UiError::Store(leasehold::Error::Invalid {
-            field: "store",
+            field: leasehold::Field::Store,
             reason,
+            ..
         })) => Ok(Err(reason)),
         Err(e) => Err(e),
     }
