@@ -1,7 +1,7 @@
 //! `leasehold lock ...`: acquire, renew, release and inspect a lease from
 //! the shell; every command prints one JSON line.
 
-use crate::out::{self, emit, note, parse_duration, Times};
+use crate::out::{self, emit, parse_duration, say, Level, Times};
 use crate::{caller_label, client_for, CliResult, Fail, PolicyArgs};
 use clap::Subcommand;
 use leasehold::{Client, Error, LeaseOptions, Store, StoreExt};
@@ -178,10 +178,15 @@ fn acquire(client: &Client, key: &str, opts: LeaseOptions) -> CliResult {
     let t = Times::new(info.now_ms);
     let mine = info.holders.iter().find(|h| h.token == token);
     if renewed {
-        note(&format!(
-            "{} already held {key:?} with token {token}: the acquire renewed it",
-            client.holder().id
-        ));
+        let holder = client.holder().id.to_string();
+        let message =
+            format!("{holder} already held {key:?} with token {token}: the acquire renewed it");
+        let fields = [
+            ("key", json!(key)),
+            ("holder", json!(holder)),
+            ("token", json!(token)),
+        ];
+        say(Level::Info, &message, &fields);
     }
     emit(&json!({
         "key": key,

@@ -92,9 +92,9 @@ fn read_payload(payload: Option<String>) -> Result<Vec<u8>, Fail> {
         Some(p) => Ok(p.into_bytes()),
         None => {
             let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| Fail(EXIT_ERROR, format!("reading the payload from stdin: {e}")))?;
+            std::io::stdin().read_to_end(&mut buf).map_err(|e| {
+                Fail::new(EXIT_ERROR, format!("reading the payload from stdin: {e}"))
+            })?;
             Ok(buf)
         }
     }

@@ -95,7 +95,10 @@ pub fn schedule(client: &Client, cmd: ScheduleCmd) -> CliResult {
                 (Some(every), _) => Rule::every(crate::out::ms(every)),
                 (None, Some(expr)) => Rule::cron(&expr, &tz)?,
                 (None, None) => {
-                    return Err(Fail(EXIT_USAGE, "give --every DUR or --cron EXPR".into()))
+                    return Err(Fail::new(
+                        EXIT_USAGE,
+                        "give --every DUR or --cron EXPR".into(),
+                    ))
                 }
             };
             let spec = ScheduleSpec {

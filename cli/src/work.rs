@@ -5,10 +5,11 @@
 //! The payload goes to CMD's stdin from a thread of its own, so a loss or a
 //! cancel is acted on within the poll interval whatever the payload's size
 //! and whether or not CMD reads it. CMD's stdout goes to our stderr: stdout
-//! carries one JSON line per job.
+//! carries one JSON line per job. CMD's output is CMD's: under `--log
+//! json` it stays as CMD wrote it, among leasehold's JSON lines.
 
 use crate::contain::{self, Mode, Spec, StartError};
-use crate::out::{self, emit, note, parse_duration};
+use crate::out::{self, emit, parse_duration, Level};
 use crate::run::{install_signal_handlers, SIGNAL};
 use crate::{CliResult, Fail};
 use clap::Args;
@@ -176,7 +177,9 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
 
 /// A progress line on a terminal while draining: jobs done, rate, ETA.
 fn progress(client: &Client, queue: &str) -> Option<indicatif::ProgressBar> {
-    if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
+    // Under `--log json` stderr is for JSON lines only.
+    let terminal = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    if !terminal || out::json_notes() {
         return None;
     }
     let counts = client.queue(queue).ok()?.stats().ok()?;
@@ -285,11 +288,21 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
     }
     let report = report?;
     if args.drain {
-        let secs = started.elapsed().as_secs_f64().max(1e-3);
-        note(&format!(
+        let elapsed = started.elapsed();
+        let secs = elapsed.as_secs_f64().max(1e-3);
+        let message = format!(
             "drained {:?}: {} done, {} failed, {} lost in {secs:.1}s",
             args.queue, report.completed, report.failed, report.lost
-        ));
+        );
+        let fields = [
+            ("queue", json!(args.queue)),
+            ("done", json!(report.completed)),
+            ("failed", json!(report.failed)),
+            ("lost", json!(report.lost)),
+            ("abandoned", json!(report.abandoned)),
+            ("elapsed_ms", json!(out::ms(elapsed))),
+        ];
+        out::say(Level::Info, &message, &fields);
     }
     match tally.emit_failed.into_inner().ok().flatten() {
         Some(e) => Err(Fail::from(e)),
