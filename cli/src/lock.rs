@@ -1,6 +1,7 @@
 //! `leasehold lock ...`: acquire, renew, release and inspect a lease from
 //! the shell; every command prints one JSON line.
 
+use crate::defaults;
 use crate::out::{self, emit, parse_duration, say, Level, Times};
 use crate::{caller_label, client_for, CliResult, Fail, PolicyArgs};
 use clap::Subcommand;
@@ -25,11 +26,11 @@ pub enum LockCmd {
         #[arg(long)]
         label: Option<String>,
         /// Wait this long for the key if it is held.
-        #[arg(long, value_parser = parse_duration, default_value = "0s")]
+        #[arg(long, value_parser = parse_duration, default_value = defaults::WAIT.as_str())]
         wait: Duration,
         /// Allow up to N holders at once. The first grant fixes a key's
         /// limit while it has holders.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        #[arg(long, default_value_t = defaults::lease_limit(), value_parser = clap::value_parser!(u32).range(defaults::lease_limit_range()))]
         limit: u32,
     },
     /// Extend a held lease.

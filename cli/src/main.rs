@@ -10,6 +10,7 @@
 #![cfg_attr(loom, allow(dead_code))] // under loom, without the dashboard
 
 mod contain;
+mod defaults;
 mod elect;
 mod lock;
 mod out;
@@ -82,19 +83,19 @@ struct Cli {
 #[derive(Args)]
 pub struct PolicyArgs {
     /// Backoff after a job's first failed attempt (doubles per attempt, with jitter).
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "1s", help_heading = "Policy")]
+    #[arg(long, global = true, value_parser = parse_duration, default_value = defaults::BACKOFF.as_str(), help_heading = "Policy")]
     backoff: Duration,
     /// Longest backoff between attempts.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "1h", help_heading = "Policy")]
+    #[arg(long, global = true, value_parser = parse_duration, default_value = defaults::BACKOFF_MAX.as_str(), help_heading = "Policy")]
     backoff_max: Duration,
     /// A job whose claims expired this many times is dead (a crash loop); 0: never.
-    #[arg(long, global = true, default_value_t = 5, help_heading = "Policy")]
+    #[arg(long, global = true, default_value_t = defaults::quarantine_after(), help_heading = "Policy")]
     quarantine_after: u32,
     /// Largest drift between a holder's clock and the store's, in parts per million.
-    #[arg(long, global = true, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(0..=500_000), help_heading = "Policy")]
+    #[arg(long, global = true, default_value_t = defaults::drift_ppm(), value_parser = clap::value_parser!(u32).range(0..=500_000), help_heading = "Policy")]
     drift_ppm: u32,
     /// Extra margin a holder keeps before its lease's end.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "0s", help_heading = "Policy")]
+    #[arg(long, global = true, value_parser = parse_duration, default_value = defaults::DRIFT_MARGIN.as_str(), help_heading = "Policy")]
     drift_margin: Duration,
 }
 

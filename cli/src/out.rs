@@ -316,12 +316,10 @@ pub fn summary_json(queue: &str, s: &QueueSummary) -> Value {
         .finished
         .iter()
         .map(|c| {
-            let v = json!({
-                "from": t.at(from_ms),
-                "done": c.get(JobState::Done),
-                "dead": c.get(JobState::Dead),
-                "cancelled": c.get(JobState::Cancelled),
-            });
+            let mut v = json!({"from": t.at(from_ms)});
+            for state in JobState::ALL.into_iter().filter(|s| s.is_terminal()) {
+                v[state.as_str()] = json!(c.get(state));
+            }
             from_ms = from_ms.saturating_add(s.bucket_ms);
             v
         })

@@ -25,7 +25,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_duration)]
     ttl: Duration,
     /// Wait this long for the key if it is held (else exit 75 at once).
-    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    #[arg(long, value_parser = parse_duration, default_value = crate::defaults::WAIT.as_str())]
     wait: Duration,
     /// Between SIGTERM and SIGKILL when CMD's tree is stopped.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]

@@ -9,6 +9,7 @@
 //! json` it stays as CMD wrote it, among leasehold's JSON lines.
 
 use crate::contain::{self, Mode, Spec, StartError};
+use crate::defaults;
 use crate::out::{self, emit, parse_duration, Level};
 use crate::run::{install_signal_handlers, SIGNAL};
 use crate::{CliResult, Fail};
@@ -26,10 +27,10 @@ use std::time::{Duration, Instant};
 pub struct WorkArgs {
     queue: String,
     /// Lease of each claim; renewed about every third of it while CMD runs.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_duration, default_value = defaults::LEASE.as_str())]
     lease: Duration,
     /// Jobs run at once.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    #[arg(long, default_value_t = defaults::concurrency(), value_parser = clap::value_parser!(u64).range(1..=256))]
     concurrency: u64,
     /// Exit once nothing is ready, running or due (retries waiting out
     /// their backoff count as due; jobs delayed before their first attempt
@@ -43,9 +44,7 @@ pub struct WorkArgs {
     /// How each job's process tree is contained.
     #[arg(long, value_enum, env = "LEASEHOLD_CONTAIN", default_value = "auto")]
     contain: Mode,
-    /// Keep CMD's stdout as the job's result (shown by `queue get`) instead
-    /// of passing it to stderr; more than 16 MiB fails the job.
-    #[arg(long)]
+    #[arg(long, help = defaults::KEEP_STDOUT_HELP.as_str())]
     keep_stdout: bool,
     /// Serve Prometheus metrics at this address (e.g. 127.0.0.1:9187), and
     /// sample the queue's depth every 5 s for them.

@@ -25,6 +25,7 @@ mod pages;
 mod read;
 mod routes;
 
+use crate::defaults;
 use crate::out::{parse_duration, say, Level};
 use crate::{client_for, CliResult, Fail, PolicyArgs, EXIT_ERROR, EXIT_USAGE};
 use axum::http::StatusCode;
@@ -54,13 +55,11 @@ pub struct UiArgs {
     /// How often pages refresh themselves (0s: never).
     #[arg(long, value_parser = parse_duration, default_value = "3s")]
     refresh: Duration,
-    /// The length of one of the ten intervals of "finished per
-    /// interval" (the last one ends now).
-    #[arg(long, value_parser = parse_duration, default_value = "1m")]
+    #[arg(long, help = defaults::INTERVAL_HELP.as_str(), value_parser = parse_duration, default_value = defaults::INTERVAL.as_str())]
     interval: Duration,
     /// Count each state of a queue up to this many jobs (more shows as
     /// N+): what bounds a refresh's cost with millions of jobs.
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = defaults::count_cap(), value_parser = clap::value_parser!(u64).range(1..))]
     count_cap: u64,
 }
 
@@ -184,10 +183,11 @@ fn check_token(token: Option<&str>, loopback: bool, listen: &str) -> Result<(), 
 
 pub fn ui(store: Arc<dyn Store>, policy: &PolicyArgs, args: UiArgs) -> CliResult {
     let (addr, loopback) = listen_addr(&args.listen)?;
-    if args.interval.is_zero() || args.interval > Duration::from_secs(30 * 86_400) {
+    let longest = defaults::interval_max();
+    if args.interval < Duration::from_millis(1) || args.interval > longest {
         return Err(Fail::new(
             EXIT_USAGE,
-            "invalid --interval: must be between 1ms and 30d".to_owned(),
+            format!("invalid --interval: {}", *defaults::INTERVAL_BOUNDS),
         ));
     }
     check_token(args.auth_token.as_deref(), loopback, &args.listen)?;
