@@ -6,10 +6,8 @@
 //! a flag takes (`1s`, `1h`); clap wants a `&'static str`, hence the
 //! statics.
 
-use leasehold::core::{
-    self, schedule, DriftBound, JobSpec, JobState, Missed, QueuePolicy, SummaryOptions,
-};
-use leasehold::{LeaseOptions, WorkOptions};
+use leasehold::core::{self, schedule, Missed, SummaryOptions};
+use leasehold::{DriftBound, JobSpec, JobState, LeaseOptions, QueuePolicy, WorkOptions};
 use std::ops::RangeInclusive;
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -7,8 +7,8 @@
 
 #![allow(clippy::disallowed_methods)] // runs the binary
 
-use leasehold::core::{self, schedule, DriftBound, JobSpec, JobState, QueuePolicy, SummaryOptions};
-use leasehold::{LeaseOptions, WorkOptions};
+use leasehold::core::{self, schedule, SummaryOptions};
+use leasehold::{DriftBound, JobSpec, JobState, LeaseOptions, QueuePolicy, WorkOptions};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
