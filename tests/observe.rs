@@ -1,9 +1,7 @@
 //! Tracing and metrics: every transition a committed transaction made is
 //! counted and traced, with its fields; a transaction that rolls back
 //! reports nothing. (The command line's `--log json` and `--metrics` are
-//! tested in `cli_usage.rs`.)
-
-#![cfg(feature = "cli")] // the recorder and the subscriber come with the CLI's dependencies
+//! tested in the CLI package's `cli_usage.rs`.)
 
 use leasehold::core::{self, JobState};
 use leasehold::{Client, Error, JobSpec, LeaseOptions, MemStore, StoreExt};

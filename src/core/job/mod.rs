@@ -73,6 +73,12 @@ impl JobState {
         matches!(self, JobState::Done | JobState::Dead | JobState::Cancelled)
     }
 
+    /// Dead or cancelled: what [`retry`] makes ready again (a done job
+    /// stays done; a live one is not retried but waits or runs).
+    pub fn is_retryable(self) -> bool {
+        matches!(self, JobState::Dead | JobState::Cancelled)
+    }
+
     /// The lower-case name used in output and in stores.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -91,12 +97,8 @@ impl JobState {
             .into_iter()
             .find(|s| s.as_str() == text)
             .ok_or_else(|| {
-                Error::invalid(
-                    Field::State,
-                    format!(
-                        "{text:?} is not one of ready, scheduled, running, done, dead, cancelled"
-                    ),
-                )
+                let names = JobState::ALL.map(JobState::as_str).join(", ");
+                Error::invalid(Field::State, format!("{text:?} is not one of {names}"))
             })
     }
 

@@ -403,7 +403,7 @@ pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
     let tx = tx.jobs()?;
     let now_ms = tx.now_ms();
     let mut job = load_fresh(tx, id, policy)?;
-    if !matches!(job.state, JobState::Dead | JobState::Cancelled) {
+    if !job.state.is_retryable() {
         return Err(Error::InvalidState {
             id,
             state: job.state,

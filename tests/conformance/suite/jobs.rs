@@ -457,3 +457,49 @@ pub fn job_unique_key_freed_by_a_final_expiry(make: &Make) {
     assert_eq!(w.get(first.id).state, JobState::Dead);
     assert_eq!(w.get(second.id).state, JobState::Ready);
 }
+
+/// `retry` revives exactly the states [`JobState::is_retryable`] names
+/// (the dashboard offers its Retry button by that predicate).
+pub fn job_retry_takes_exactly_the_retryable_states(make: &Make) {
+    let w = World::new(make);
+    let policy = QueuePolicy::default();
+    let one_attempt = |name: &str| JobSpec {
+        max_attempts: 1,
+        ..JobSpec::new(name)
+    };
+    let done = w.push("q", one_attempt("done"));
+    let job = w.claim_one("q", 1, 100);
+    w.complete(&job, 1).unwrap();
+    let dead = w.push("q", one_attempt("dead"));
+    let job = w.claim_one("q", 1, 100);
+    assert_eq!(w.fail(&job, 1, "boom").unwrap(), JobState::Dead);
+    let running = w.push("q", one_attempt("running"));
+    assert_eq!(w.claim_one("q", 1, 100).id, running);
+    let cancelled = w.push("q", one_attempt("cancelled"));
+    w.tx(|tx| core::job::cancel(tx, cancelled, &policy))
+        .unwrap();
+    let scheduled = w.push(
+        "q",
+        JobSpec {
+            delay_ms: 1_000,
+            ..one_attempt("scheduled")
+        },
+    );
+    let ready = w.push("q", one_attempt("ready"));
+    let ids = [ready, scheduled, running, done, dead, cancelled];
+    for (state, id) in JobState::ALL.into_iter().zip(ids) {
+        assert_eq!(w.get(id).state, state);
+        let retried = w.tx(|tx| core::job::retry(tx, id, &policy));
+        match retried {
+            Ok(()) => assert!(state.is_retryable(), "{state} was retried"),
+            Err(Error::InvalidState { state: s, .. }) => {
+                assert!(!state.is_retryable(), "{state} was refused");
+                assert_eq!(s, state);
+                assert_eq!(w.get(id).state, state, "a refused retry changes nothing");
+            }
+            Err(e) => panic!("{state}: {e}"),
+        }
+    }
+    assert_eq!(w.get(dead).state, JobState::Ready);
+    assert_eq!(w.get(cancelled).state, JobState::Ready);
+}

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
 
 const here = dirname(fileURLToPath(import.meta.url));
-export const repo = resolve(here, "..", "..");
+export const repo = resolve(here, "..", "..", "..");
 
 /** The binary under test: LEASEHOLD_BIN, else the debug build. */
 export const bin = process.env.LEASEHOLD_BIN || join(repo, "target", "debug", "leasehold");

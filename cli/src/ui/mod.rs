@@ -25,13 +25,15 @@ mod pages;
 mod read;
 mod routes;
 
-use crate::out::{note, parse_duration};
+use crate::defaults;
+use crate::out::{parse_duration, say, Level};
 use crate::{client_for, CliResult, Fail, PolicyArgs, EXIT_ERROR, EXIT_USAGE};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use clap::Args;
 use leasehold::core::SummaryOptions;
 use leasehold::{Error, Store};
+use serde_json::json;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,13 +55,11 @@ pub struct UiArgs {
     /// How often pages refresh themselves (0s: never).
     #[arg(long, value_parser = parse_duration, default_value = "3s")]
     refresh: Duration,
-    /// The length of one of the ten intervals of "finished per
-    /// interval" (the last one ends now).
-    #[arg(long, value_parser = parse_duration, default_value = "1m")]
+    #[arg(long, help = defaults::INTERVAL_HELP.as_str(), value_parser = parse_duration, default_value = defaults::INTERVAL.as_str())]
     interval: Duration,
     /// Count each state of a queue up to this many jobs (more shows as
     /// N+): what bounds a refresh's cost with millions of jobs.
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = defaults::count_cap(), value_parser = clap::value_parser!(u64).range(1..))]
     count_cap: u64,
 }
 
@@ -134,7 +134,7 @@ fn listen_addr(listen: &str) -> Result<(SocketAddr, bool), Fail> {
     let addrs: Vec<SocketAddr> = listen
         .to_socket_addrs()
         .map_err(|e| {
-            Fail(
+            Fail::new(
                 EXIT_USAGE,
                 format!(
                     "invalid --listen {listen:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:8080)"
@@ -143,7 +143,7 @@ fn listen_addr(listen: &str) -> Result<(SocketAddr, bool), Fail> {
         })?
         .collect();
     let first = addrs.first().copied().ok_or_else(|| {
-        Fail(
+        Fail::new(
             EXIT_USAGE,
             format!("invalid --listen {listen:?}: names no address"),
         )
@@ -158,31 +158,36 @@ fn check_token(token: Option<&str>, loopback: bool, listen: &str) -> Result<(), 
         if loopback {
             return Ok(());
         }
-        return Err(Fail(
+        return Err(Fail::new(
             EXIT_USAGE,
             format!("--listen {listen} is not a loopback address: give --auth-token TOKEN (or LEASEHOLD_UI_TOKEN) so that only those who have it can use the dashboard"),
         ));
     };
     let fits = |c: char| c.is_ascii_graphic() && !"\";,\\".contains(c);
     if token.is_empty() || !token.chars().all(fits) {
-        return Err(Fail(
+        return Err(Fail::new(
             EXIT_USAGE,
             "invalid --auth-token: use printable ASCII without spaces, quotes, ';', ',' or '\\'"
                 .to_owned(),
         ));
     }
     if token.len() < 16 {
-        note("--auth-token is shorter than 16 characters: easy to guess");
+        say(
+            Level::Warn,
+            "--auth-token is shorter than 16 characters: easy to guess",
+            &[],
+        );
     }
     Ok(())
 }
 
 pub fn ui(store: Arc<dyn Store>, policy: &PolicyArgs, args: UiArgs) -> CliResult {
     let (addr, loopback) = listen_addr(&args.listen)?;
-    if args.interval.is_zero() || args.interval > Duration::from_secs(30 * 86_400) {
-        return Err(Fail(
+    let longest = defaults::interval_max();
+    if args.interval < Duration::from_millis(1) || args.interval > longest {
+        return Err(Fail::new(
             EXIT_USAGE,
-            "invalid --interval: must be between 1ms and 30d".to_owned(),
+            format!("invalid --interval: {}", *defaults::INTERVAL_BOUNDS),
         ));
     }
     check_token(args.auth_token.as_deref(), loopback, &args.listen)?;
@@ -210,13 +215,13 @@ pub fn ui(store: Arc<dyn Store>, policy: &PolicyArgs, args: UiArgs) -> CliResult
         .max_blocking_threads(16)
         .enable_all()
         .build()
-        .map_err(|e| Fail(EXIT_ERROR, format!("starting the web server: {e}")))?;
+        .map_err(|e| Fail::new(EXIT_ERROR, format!("starting the web server: {e}")))?;
     runtime.block_on(serve(ui, addr, args))
 }
 
 async fn serve(ui: Arc<Ui>, addr: SocketAddr, args: UiArgs) -> CliResult {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        Fail(
+        Fail::new(
             EXIT_ERROR,
             format!("--listen {}: cannot listen: {e}", args.listen),
         )
@@ -228,14 +233,22 @@ async fn serve(ui: Arc<Ui>, addr: SocketAddr, args: UiArgs) -> CliResult {
         (None, true) => " (read-only)",
         (None, false) => "",
     };
-    note(&format!(
-        "dashboard of {} at http://{bound}/{mode}",
-        ui.store_name
-    ));
+    let url = format!("http://{bound}/");
+    let fields = [
+        ("url", json!(url)),
+        ("store", json!(ui.store_name)),
+        ("token_required", json!(args.auth_token.is_some())),
+        ("read_only", json!(args.read_only)),
+    ];
+    say(
+        Level::Info,
+        &format!("dashboard of {} at {url}{mode}", ui.store_name),
+        &fields,
+    );
     axum::serve(listener, routes::router(ui))
         .with_graceful_shutdown(stopped())
         .await
-        .map_err(|e| Fail(EXIT_ERROR, format!("serving the dashboard: {e}")))?;
+        .map_err(|e| Fail::new(EXIT_ERROR, format!("serving the dashboard: {e}")))?;
     Ok(0)
 }
 

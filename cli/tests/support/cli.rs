@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-#[path = "pg.rs"]
+// The library's PostgreSQL test support, shared rather than copied.
+#[path = "../../../tests/support/pg.rs"]
 pub mod pg;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_leasehold");

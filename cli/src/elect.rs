@@ -8,11 +8,12 @@
 //! once instead of after the TTL.
 
 use crate::contain::Mode;
-use crate::out::{note, parse_duration};
+use crate::out::{parse_duration, say, Level};
 use crate::run::{install_signal_handlers, poll_of, start, supervise, Ended, SIGNAL};
 use crate::{CliResult, Fail, EXIT_ERROR, EXIT_LOST};
 use clap::Args;
 use leasehold::{Client, ElectOptions, Leader, LeaderEvent};
+use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
@@ -76,12 +77,12 @@ pub fn elect(client: Client, args: ElectArgs) -> CliResult {
             Wait::Over => {
                 election.join()?;
                 let why = format!("campaigning for {:?}: the election ended", args.key);
-                return Err(Fail(EXIT_ERROR, why));
+                return Err(Fail::new(EXIT_ERROR, why));
             }
         };
-        let who = format!("{} leads", client.holder().id);
+        let who = (client.holder().id, "leads");
         let token = leader.token();
-        let started = start(&args.cmd, &args.key, token, args.grace, args.contain, &who);
+        let started = start(&args.cmd, &args.key, token, args.grace, args.contain, who);
         let mut child = match started {
             Ok(c) => c,
             Err(e) => {
@@ -95,7 +96,7 @@ pub fn elect(client: Client, args: ElectArgs) -> CliResult {
             || lost(&leader),
             args.grace,
             poll_of(args.ttl),
-            &what,
+            (&what, &args.key),
             &args.cmd[0],
         );
         match ended {
@@ -104,17 +105,27 @@ pub fn elect(client: Client, args: ElectArgs) -> CliResult {
                 return Ok(code);
             }
             Ended::Exited { code, .. } => {
-                note(&format!(
+                let message = format!(
                     "{:?} exited with status {code}; stepping down and campaigning again",
                     args.cmd[0]
-                ));
+                );
+                let fields = [
+                    ("key", json!(args.key)),
+                    ("cmd", json!(args.cmd[0])),
+                    ("status", json!(code)),
+                ];
+                say(Level::Info, &message, &fields);
                 election.step_down();
             }
             Ended::Lost if args.once => {
                 let _ = election.resign();
                 return Ok(EXIT_LOST);
             }
-            Ended::Lost => note("campaigning again"),
+            Ended::Lost => say(
+                Level::Info,
+                "campaigning again",
+                &[("key", json!(args.key))],
+            ),
         }
     }
 }
@@ -139,11 +150,20 @@ fn elected(events: &Receiver<LeaderEvent>, key: &str) -> Wait {
             // A term that already ended (deposed before we looked) is skipped.
             Ok(LeaderEvent::Elected(leader)) if leader.is_valid() => return Wait::Leader(leader),
             Ok(LeaderEvent::NewLeader(h)) => {
-                let label = h.holder.label.as_deref().unwrap_or("no label");
-                note(&format!(
-                    "{key:?} is led by {} ({label}) with token {}",
-                    h.holder.id, h.token
-                ));
+                let label = h.holder.label.as_deref();
+                let message = format!(
+                    "{key:?} is led by {} ({}) with token {}",
+                    h.holder.id,
+                    label.unwrap_or("no label"),
+                    h.token
+                );
+                let fields = [
+                    ("key", json!(key)),
+                    ("holder", json!(h.holder.id.to_string())),
+                    ("label", json!(label)),
+                    ("token", json!(h.token)),
+                ];
+                say(Level::Info, &message, &fields);
             }
             Ok(_) | Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return Wait::Over,

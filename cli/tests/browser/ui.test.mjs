@@ -3,7 +3,7 @@
 // through its button and confirmation, hostile text shown as text, and
 // the page refreshing itself without a reload.
 //
-//   cargo build --bin leasehold && (cd tests/browser && npm ci && npm test)
+//   cargo build --bin leasehold && (cd cli/tests/browser && npm ci && npm test)
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";

@@ -1,11 +1,12 @@
 //! `leasehold queue ...`: push, inspect and manage jobs (`queue work` is
 //! in `work.rs`); every command prints JSON lines.
 
+use crate::defaults;
 use crate::out::{self, emit, parse_duration, Times};
 use crate::{client_for, work, CliResult, Fail, PolicyArgs, EXIT_ERROR};
 use clap::Subcommand;
 use leasehold::core::SummaryOptions;
-use leasehold::{JobId, JobSpec, JobState, QueuePolicy, Store, StoreExt};
+use leasehold::{Error, JobId, JobSpec, JobState, QueuePolicy, Store, StoreExt};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ pub enum QueueCmd {
         queue: String,
         #[arg(long)]
         payload: Option<String>,
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        #[arg(long, default_value_t = defaults::priority(), allow_negative_numbers = true)]
         priority: i32,
         /// Not claimable before this long from now.
         #[arg(long, value_parser = parse_duration, conflicts_with = "at")]
@@ -26,7 +27,7 @@ pub enum QueueCmd {
         /// Not claimable before this wall-clock time (RFC 3339, e.g. 2026-12-24T18:00:00Z).
         #[arg(long, value_parser = parse_time)]
         at: Option<SystemTime>,
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        #[arg(long, default_value_t = defaults::max_attempts(), value_parser = clap::value_parser!(u32).range(defaults::attempts_range()))]
         max_attempts: u32,
         /// Deduplicate: return the live job with this key instead.
         #[arg(long)]
@@ -39,8 +40,7 @@ pub enum QueueCmd {
     Schedule(crate::schedule::ScheduleCmd),
     /// Jobs per state.
     Stats { queue: String },
-    /// Every queue that has jobs, one JSON line each: jobs per state, the
-    /// oldest ready job's wait, and the jobs finished in the last minute.
+    #[command(about = defaults::QUEUES_ABOUT.as_str())]
     Queues,
     /// Jobs, one JSON line each (payload size and a short preview).
     List {
@@ -50,14 +50,14 @@ pub enum QueueCmd {
         /// Only jobs with an id greater than this (for paging).
         #[arg(long, default_value_t = 0)]
         after: u64,
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(defaults::batch_range()))]
         limit: u64,
     },
     /// One job, with its whole payload (text when UTF-8, else base64).
     Get { id: u64 },
     /// Cancel a job (a running one is asked to stop at its next heartbeat).
     Cancel { id: u64 },
-    /// Make a dead or cancelled job ready again.
+    #[command(about = defaults::RETRY_ABOUT.as_str())]
     Retry { id: u64 },
     /// Delete finished jobs older than a duration.
     Purge {
@@ -67,9 +67,11 @@ pub enum QueueCmd {
     },
 }
 
+/// A state by its name; the library's message names them all.
 fn parse_state(text: &str) -> Result<JobState, String> {
-    JobState::parse(text).map_err(|_| {
-        format!("{text:?} is not one of ready, scheduled, running, done, dead, cancelled")
+    JobState::parse(text).map_err(|e| match e {
+        Error::Invalid { reason, .. } => reason,
+        e => e.to_string(),
     })
 }
 
@@ -83,9 +85,9 @@ fn read_payload(payload: Option<String>) -> Result<Vec<u8>, Fail> {
         Some(p) => Ok(p.into_bytes()),
         None => {
             let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .map_err(|e| Fail(EXIT_ERROR, format!("reading the payload from stdin: {e}")))?;
+            std::io::stdin().read_to_end(&mut buf).map_err(|e| {
+                Fail::new(EXIT_ERROR, format!("reading the payload from stdin: {e}"))
+            })?;
             Ok(buf)
         }
     }
@@ -150,7 +152,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
         }
         QueueCmd::Retry { id } => {
             client.retry_job(JobId(id))?;
-            vec![json!({"id": id, "state": "ready"})]
+            vec![json!({"id": id, "state": JobState::Ready.as_str()})]
         }
         QueueCmd::Purge { queue, older_than } => {
             let n = client.queue(&queue)?.purge(older_than)?;
@@ -169,10 +171,11 @@ const QUEUES_PAGE: usize = 1000;
 /// `queue queues`: the names a page at a time, then each queue's summary
 /// (exact counts) in a transaction of its own.
 fn queues(store: &dyn Store, policy: &QueuePolicy) -> CliResult {
+    // Exact counts, and the last interval of the library's summary only.
     let opts = SummaryOptions {
         count_cap: u64::MAX,
-        bucket_ms: 60_000,
         buckets: 1,
+        ..SummaryOptions::default()
     };
     let mut after = String::new();
     loop {

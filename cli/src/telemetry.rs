@@ -1,12 +1,17 @@
 //! Logs and metrics for the command line: `--log text|json` prints the
-//! library's tracing events on stderr (quiet without it), and
+//! library's tracing events on stderr (quiet without it; `json` turns
+//! leasehold's own notes and errors into JSON lines too, see
+//! [`crate::out::say`]), and
 //! `queue work --metrics ADDR` serves the library's metrics as Prometheus
 //! text over HTTP (`leasehold ui` serves them at `/metrics` through the
 //! same recorder).
 
+use crate::out::{self, Level};
 use crate::{Fail, EXIT_USAGE};
 use clap::{Args, ValueEnum};
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
@@ -44,18 +49,68 @@ pub struct LogArgs {
     log_filter: Option<String>,
 }
 
-/// Install the subscriber `--log` asks for.
+/// Whether a command line clap refused asked for `--log json`: the flag
+/// among leasehold's arguments (not CMD's, after `--`), else
+/// `LEASEHOLD_LOG`.
+fn json_requested(args: impl IntoIterator<Item = OsString>) -> bool {
+    let mut args = args.into_iter().skip(1);
+    let mut given = None;
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--") => break,
+            Some("--log") => given = args.next(),
+            Some(a) => {
+                if let Some(value) = a.strip_prefix("--log=") {
+                    given = Some(value.into());
+                }
+            }
+            None => {}
+        }
+    }
+    given.or_else(|| std::env::var_os("LEASEHOLD_LOG")) == Some("json".into())
+}
+
+/// A command line clap refused: said as clap says it, or under `--log
+/// json` as an error event; the exit code (help and version go to
+/// stdout: 0). Neither panics when it cannot be written.
+pub fn usage_error(e: &clap::Error) -> u8 {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return 0;
+    }
+    if !json_requested(std::env::args_os()) {
+        let _ = e.print();
+        return EXIT_USAGE;
+    }
+    out::notes_as_json();
+    let text = e.to_string();
+    let text = text.trim();
+    let message = text.strip_prefix("error: ").unwrap_or(text);
+    let kind = format!("{:?}", e.kind());
+    let fields = [("kind", json!(kind)), ("exit_code", json!(EXIT_USAGE))];
+    out::say(Level::Error, message, &fields);
+    EXIT_USAGE
+}
+
+/// Install the subscriber `--log` asks for; under `json`, leasehold's own
+/// notes, errors and panics are JSON lines from here on.
 pub fn init_logging(args: &LogArgs) -> Result<(), Fail> {
     let Some(format) = args.log else {
         return Ok(());
     };
+    if format == LogFormat::Json {
+        out::notes_as_json();
+        std::panic::set_hook(Box::new(|info| {
+            out::say(Level::Error, &format!("internal error: {info}"), &[]);
+        }));
+    }
     let filter = args
         .log_filter
         .clone()
         .or_else(|| std::env::var("RUST_LOG").ok().filter(|f| !f.is_empty()))
         .unwrap_or_else(|| "info".to_owned());
     let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .map_err(|e| Fail(EXIT_USAGE, format!("invalid --log-filter {filter:?}: {e}")))?;
+        .map_err(|e| Fail::new(EXIT_USAGE, format!("invalid --log-filter {filter:?}: {e}")))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -64,7 +119,7 @@ pub fn init_logging(args: &LogArgs) -> Result<(), Fail> {
         LogFormat::Text => builder.with_ansi(false).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-    installed.map_err(|e| Fail(crate::EXIT_ERROR, format!("installing the logger: {e}")))
+    installed.map_err(|e| Fail::new(crate::EXIT_ERROR, format!("installing the logger: {e}")))
 }
 
 /// Install the Prometheus recorder: the library's metrics (and the
@@ -74,7 +129,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, Fail> {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|e| {
-        Fail(
+        Fail::new(
             crate::EXIT_ERROR,
             format!("installing the metrics recorder: {e}"),
         )
@@ -86,7 +141,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, Fail> {
 /// `/metrics` by convention) from a thread of its own.
 pub fn serve_metrics(addr: &str) -> Result<(), Fail> {
     let listener = TcpListener::bind(addr).map_err(|e| {
-        Fail(
+        Fail::new(
             EXIT_USAGE,
             format!("--metrics {addr:?}: cannot listen: {e}"),
         )
@@ -95,7 +150,12 @@ pub fn serve_metrics(addr: &str) -> Result<(), Fail> {
     let bound = listener
         .local_addr()
         .map_or_else(|_| addr.to_owned(), |a| a.to_string());
-    crate::out::note(&format!("metrics at http://{bound}/metrics"));
+    let url = format!("http://{bound}/metrics");
+    out::say(
+        Level::Info,
+        &format!("metrics at {url}"),
+        &[("url", json!(url))],
+    );
     std::thread::Builder::new()
         .name("leasehold-metrics".to_owned())
         .spawn(move || {
@@ -105,7 +165,7 @@ pub fn serve_metrics(addr: &str) -> Result<(), Fail> {
             }
         })
         .map_err(|e| {
-            Fail(
+            Fail::new(
                 crate::EXIT_ERROR,
                 format!("starting the metrics server: {e}"),
             )

@@ -67,7 +67,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Mode::Auto => "auto",
             Mode::Namespace => "namespace",

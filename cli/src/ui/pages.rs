@@ -197,13 +197,12 @@ fn throughput(h: &mut Html, s: &QueueSummary) {
     h.raw("<span class=\"spark\">");
     for (i, c) in s.finished.iter().enumerate() {
         let from_ms = s.from_ms + s.bucket_ms * i as u64;
-        let title = format!(
-            "from {}: {} done, {} dead, {} cancelled",
-            t.at(from_ms),
-            c.get(JobState::Done),
-            c.get(JobState::Dead),
-            c.get(JobState::Cancelled)
-        );
+        let counts: Vec<String> = JobState::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| format!("{} {s}", c.get(s)))
+            .collect();
+        let title = format!("from {}: {}", t.at(from_ms), counts.join(", "));
         h.raw("<b").attr("title", &title).raw("><i");
         h.attr("class", &format!("h{}", level(done(c))))
             .raw("></i><i");
@@ -446,7 +445,7 @@ fn claim(h: &mut Html, j: &JobRecord, worker: Option<&str>, t: &Times) {
 }
 
 fn job_actions(h: &mut Html, j: &JobRecord) {
-    let retry = matches!(j.state, JobState::Dead | JobState::Cancelled);
+    let retry = j.state.is_retryable();
     let cancel = !j.state.is_terminal() && !j.cancel_requested;
     if !(retry || cancel) {
         return;

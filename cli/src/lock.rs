@@ -1,7 +1,8 @@
 //! `leasehold lock ...`: acquire, renew, release and inspect a lease from
 //! the shell; every command prints one JSON line.
 
-use crate::out::{self, emit, note, parse_duration, Times};
+use crate::defaults;
+use crate::out::{self, emit, parse_duration, say, Level, Times};
 use crate::{caller_label, client_for, CliResult, Fail, PolicyArgs};
 use clap::Subcommand;
 use leasehold::{Client, Error, LeaseOptions, Store, StoreExt};
@@ -25,11 +26,11 @@ pub enum LockCmd {
         #[arg(long)]
         label: Option<String>,
         /// Wait this long for the key if it is held.
-        #[arg(long, value_parser = parse_duration, default_value = "0s")]
+        #[arg(long, value_parser = parse_duration, default_value = defaults::WAIT.as_str())]
         wait: Duration,
         /// Allow up to N holders at once. The first grant fixes a key's
         /// limit while it has holders.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        #[arg(long, default_value_t = defaults::lease_limit(), value_parser = clap::value_parser!(u32).range(defaults::lease_limit_range()))]
         limit: u32,
     },
     /// Extend a held lease.
@@ -178,10 +179,15 @@ fn acquire(client: &Client, key: &str, opts: LeaseOptions) -> CliResult {
     let t = Times::new(info.now_ms);
     let mine = info.holders.iter().find(|h| h.token == token);
     if renewed {
-        note(&format!(
-            "{} already held {key:?} with token {token}: the acquire renewed it",
-            client.holder().id
-        ));
+        let holder = client.holder().id.to_string();
+        let message =
+            format!("{holder} already held {key:?} with token {token}: the acquire renewed it");
+        let fields = [
+            ("key", json!(key)),
+            ("holder", json!(holder)),
+            ("token", json!(token)),
+        ];
+        say(Level::Info, &message, &fields);
     }
     emit(&json!({
         "key": key,

@@ -2,6 +2,11 @@
 //! write is an error: the caller lost data it was promised), messages for
 //! people on stderr (a failed write is ignored: never a panic), instants as
 //! RFC 3339 wall-clock times beside the milliseconds remaining.
+//!
+//! Under `--log json` a message for people is one JSON object instead,
+//! shaped like the library's tracing events (`timestamp`, `level`,
+//! `message`, its fields, `target`), so that every line leasehold writes
+//! on stderr parses as one; the text stays the event's `message`.
 
 use base64::Engine as _;
 use leasehold::core::lease::LeaseInfo;
@@ -9,6 +14,7 @@ use leasehold::core::{JobPeek, QueueSummary};
 use leasehold::{HolderInfo, JobRecord, JobState};
 use serde_json::{json, Value};
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -37,11 +43,74 @@ pub fn emit(v: &Value) -> std::io::Result<()> {
     })
 }
 
-/// A message for people on stderr. Unwritable stderr is ignored.
-pub fn note(message: &str) {
+/// Set by `--log json` (or `LEASEHOLD_LOG=json`): notes are JSON lines.
+static JSON_NOTES: AtomicBool = AtomicBool::new(false);
+
+/// Write notes as JSON lines from now on.
+pub fn notes_as_json() {
+    JSON_NOTES.store(true, Ordering::SeqCst);
+}
+
+/// Whether notes are JSON lines.
+pub fn json_notes() -> bool {
+    JSON_NOTES.load(Ordering::SeqCst)
+}
+
+/// The target of leasehold's own events (the library's are
+/// `leasehold::lease`, `leasehold::job`, ...).
+const TARGET: &str = "leasehold::cli";
+
+/// How much a note matters (the `level` of its JSON line).
+#[derive(Clone, Copy)]
+pub enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+impl Level {
+    fn as_str(self) -> &'static str {
+        match self {
+            Level::Info => "INFO",
+            Level::Warn => "WARN",
+            Level::Error => "ERROR",
+        }
+    }
+}
+
+/// A note's fields: what a JSON line carries beside its message.
+pub type Fields = Vec<(&'static str, Value)>;
+
+/// A message for people on stderr: `leasehold: MESSAGE`, or under
+/// `--log json` one JSON object with the level and the fields. Unwritable
+/// stderr is ignored.
+pub fn say(level: Level, message: &str, fields: &[(&'static str, Value)]) {
+    let line = if json_notes() {
+        json_line(level, message, fields)
+    } else {
+        format!("leasehold: {message}\n")
+    };
     with_progress_suspended(|| {
-        let _ = writeln!(std::io::stderr().lock(), "leasehold: {message}");
+        // One write per line: lines from several threads do not mix.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     });
+}
+
+/// A note as tracing-subscriber's JSON formatter writes an event (its
+/// field order too): timestamp, level, message, fields, target.
+fn json_line(level: Level, message: &str, fields: &[(&'static str, Value)]) -> String {
+    let timestamp = humantime::format_rfc3339_micros(SystemTime::now()).to_string();
+    let mut line = format!(
+        "{{\"timestamp\":{},\"level\":\"{}\",\"message\":{}",
+        json!(timestamp),
+        level.as_str(),
+        json!(message)
+    );
+    for (name, value) in fields {
+        line.push_str(&format!(",{}:{value}", json!(name)));
+    }
+    line.push_str(&format!(",\"target\":\"{TARGET}\"}}\n"));
+    line
 }
 
 /// `250ms`, `1.5s`, `1h30m`, `2d`: the humantime grammar. An overflow
@@ -247,12 +316,10 @@ pub fn summary_json(queue: &str, s: &QueueSummary) -> Value {
         .finished
         .iter()
         .map(|c| {
-            let v = json!({
-                "from": t.at(from_ms),
-                "done": c.get(JobState::Done),
-                "dead": c.get(JobState::Dead),
-                "cancelled": c.get(JobState::Cancelled),
-            });
+            let mut v = json!({"from": t.at(from_ms)});
+            for state in JobState::ALL.into_iter().filter(|s| s.is_terminal()) {
+                v[state.as_str()] = json!(c.get(state));
+            }
             from_ms = from_ms.saturating_add(s.bucket_ms);
             v
         })

@@ -10,6 +10,7 @@
 #![cfg_attr(loom, allow(dead_code))] // under loom, without the dashboard
 
 mod contain;
+mod defaults;
 mod elect;
 mod lock;
 mod out;
@@ -27,7 +28,7 @@ mod work;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use leasehold::{Client, DriftBound, Error, Field, Holder, HolderId, QueuePolicy, Store};
-use out::{note, parse_duration};
+use out::parse_duration;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,19 +83,19 @@ struct Cli {
 #[derive(Args)]
 pub struct PolicyArgs {
     /// Backoff after a job's first failed attempt (doubles per attempt, with jitter).
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "1s", help_heading = "Policy")]
+    #[arg(long, global = true, value_parser = parse_duration, default_value = defaults::BACKOFF.as_str(), help_heading = "Policy")]
     backoff: Duration,
     /// Longest backoff between attempts.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "1h", help_heading = "Policy")]
+    #[arg(long, global = true, value_parser = parse_duration, default_value = defaults::BACKOFF_MAX.as_str(), help_heading = "Policy")]
     backoff_max: Duration,
     /// A job whose claims expired this many times is dead (a crash loop); 0: never.
-    #[arg(long, global = true, default_value_t = 5, help_heading = "Policy")]
+    #[arg(long, global = true, default_value_t = defaults::quarantine_after(), help_heading = "Policy")]
     quarantine_after: u32,
     /// Largest drift between a holder's clock and the store's, in parts per million.
-    #[arg(long, global = true, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(0..=500_000), help_heading = "Policy")]
+    #[arg(long, global = true, default_value_t = defaults::drift_ppm(), value_parser = clap::value_parser!(u32).range(0..=500_000), help_heading = "Policy")]
     drift_ppm: u32,
     /// Extra margin a holder keeps before its lease's end.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "0s", help_heading = "Policy")]
+    #[arg(long, global = true, value_parser = parse_duration, default_value = defaults::DRIFT_MARGIN.as_str(), help_heading = "Policy")]
     drift_margin: Duration,
 }
 
@@ -122,8 +123,31 @@ enum Cmd {
     Man,
 }
 
-/// A failure with its exit code; the message goes to stderr.
-pub struct Fail(pub u8, pub String);
+/// A failure with its exit code; the message goes to stderr (under
+/// `--log json`, an event with the exit code and the fields).
+pub struct Fail {
+    pub code: u8,
+    pub message: String,
+    pub fields: out::Fields,
+}
+
+impl Fail {
+    pub fn new(code: u8, message: String) -> Fail {
+        Fail {
+            code,
+            message,
+            fields: Vec::new(),
+        }
+    }
+
+    /// Say what failed (an error event under `--log json`); the exit code.
+    fn report(self) -> u8 {
+        let mut fields = self.fields;
+        fields.push(("exit_code", self.code.into()));
+        out::say(out::Level::Error, &self.message, &fields);
+        self.code
+    }
+}
 
 /// The command-line name of the field an error names.
 fn flag_of(field: Field) -> &'static str {
@@ -154,18 +178,22 @@ fn flag_of(field: Field) -> &'static str {
 impl From<Error> for Fail {
     fn from(e: Error) -> Self {
         match &e {
-            Error::Held { .. } => Fail(EXIT_HELD, e.to_string()),
-            Error::Invalid { field, reason } => {
-                Fail(EXIT_ERROR, format!("invalid {}: {reason}", flag_of(*field)))
-            }
-            _ => Fail(EXIT_ERROR, e.to_string()),
+            Error::Held { key, .. } => Fail {
+                fields: vec![("key", key.as_str().into())],
+                ..Fail::new(EXIT_HELD, e.to_string())
+            },
+            Error::Invalid { field, reason } => Fail {
+                fields: vec![("flag", flag_of(*field).into())],
+                ..Fail::new(EXIT_ERROR, format!("invalid {}: {reason}", flag_of(*field)))
+            },
+            _ => Fail::new(EXIT_ERROR, e.to_string()),
         }
     }
 }
 
 impl From<std::io::Error> for Fail {
     fn from(e: std::io::Error) -> Self {
-        Fail(out::EXIT_IOERR, format!("writing to stdout: {e}"))
+        Fail::new(out::EXIT_IOERR, format!("writing to stdout: {e}"))
     }
 }
 
@@ -223,7 +251,7 @@ pub fn client_for(
 /// one process, so the command line refuses it.
 fn open_store(url: &str) -> Result<Arc<dyn Store>, Fail> {
     if url == "mem:" || url.starts_with("mem:") {
-        return Err(Fail(
+        return Err(Fail::new(
             EXIT_USAGE,
             "--store mem: keeps its state inside one process, and every leasehold command is a \
              process of its own: nothing would be shared (two commands would both get token 1). \
@@ -241,7 +269,7 @@ fn generated(completions: Option<clap_complete::Shell>) -> CliResult {
         Some(shell) => clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut buf),
         None => clap_mangen::Man::new(Cli::command())
             .render(&mut buf)
-            .map_err(|e| Fail(EXIT_ERROR, format!("rendering the man page: {e}")))?,
+            .map_err(|e| Fail::new(EXIT_ERROR, format!("rendering the man page: {e}")))?,
     }
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
@@ -256,12 +284,7 @@ fn main() -> ExitCode {
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            // Help and version go to stdout, errors to stderr; neither panics
-            // when it cannot be written.
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
-        }
+        Err(e) => return ExitCode::from(telemetry::usage_error(&e)),
     };
     let Cli {
         store,
@@ -269,9 +292,8 @@ fn main() -> ExitCode {
         log,
         command,
     } = cli;
-    if let Err(Fail(code, message)) = telemetry::init_logging(&log) {
-        note(&message);
-        return ExitCode::from(code);
+    if let Err(fail) = telemetry::init_logging(&log) {
+        return ExitCode::from(fail.report());
     }
     let result = match command {
         Cmd::Completions { shell } => generated(Some(shell)),
@@ -289,9 +311,6 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code),
-        Err(Fail(code, message)) => {
-            note(&message);
-            ExitCode::from(code)
-        }
+        Err(fail) => ExitCode::from(fail.report()),
     }
 }

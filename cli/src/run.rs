@@ -9,10 +9,11 @@
 
 use crate::contain::{self, Contained, Mode, Spec, StartError};
 use crate::lock::held_message;
-use crate::out::{ms, note, parse_duration};
+use crate::out::{ms, parse_duration, say, Level};
 use crate::{CliResult, Fail, EXIT_ERROR, EXIT_LOST};
 use clap::Args;
-use leasehold::{Client, LeaseOptions};
+use leasehold::{Client, HolderId, LeaseOptions};
+use serde_json::json;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_duration)]
     ttl: Duration,
     /// Wait this long for the key if it is held (else exit 75 at once).
-    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    #[arg(long, value_parser = parse_duration, default_value = crate::defaults::WAIT.as_str())]
     wait: Duration,
     /// Between SIGTERM and SIGKILL when CMD's tree is stopped.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
@@ -71,14 +72,13 @@ pub fn run(client: Client, args: RunArgs) -> CliResult {
     let lost = Arc::new(AtomicBool::new(false));
     let flag = lost.clone();
     guard.keep_alive(move |_| flag.store(true, Ordering::SeqCst))?;
-    let who = format!("{} holds", client.holder().id);
     let started = start(
         &args.cmd,
         &args.key,
         guard.token(),
         args.grace,
         args.contain,
-        &who,
+        (client.holder().id, "holds"),
     );
     let mut child = match started {
         Ok(c) => c,
@@ -100,13 +100,18 @@ pub fn run(client: Client, args: RunArgs) -> CliResult {
         is_lost,
         args.grace,
         poll_of(args.ttl),
-        &what,
+        (&what, &args.key),
         &args.cmd[0],
     );
     match ended {
         Ended::Exited { code, .. } => {
             if let Err(e) = guard.release() {
-                note(&format!("releasing {:?}: {e}", args.key));
+                let fields = [("key", json!(args.key)), ("error", json!(e.to_string()))];
+                say(
+                    Level::Warn,
+                    &format!("releasing {:?}: {e}", args.key),
+                    &fields,
+                );
             }
             Ok(code)
         }
@@ -123,15 +128,15 @@ pub fn poll_of(ttl: Duration) -> Duration {
 }
 
 /// Start CMD contained, with the lease's key and token in its environment
-/// (`run`, `elect`), and say so (`who`: "ID holds", "ID leads"); 126/127
-/// when it cannot be executed.
+/// (`run`, `elect`), and say so (`who`: the holder and "holds" or
+/// "leads"); 126/127 when it cannot be executed.
 pub fn start(
     cmd: &[String],
     key: &str,
     token: u64,
     grace: Duration,
     mode: Mode,
-    who: &str,
+    who: (HolderId, &str),
 ) -> Result<Contained, Fail> {
     let spawned = contain::spawn(Spec {
         cmd,
@@ -145,15 +150,25 @@ pub fn start(
         mode,
     });
     let child = spawned.map_err(|e| match e {
-        StartError::Exec { code, message } => Fail(code, message),
-        StartError::Other(message) => Fail(EXIT_ERROR, message),
+        StartError::Exec { code, message } => Fail::new(code, message),
+        StartError::Other(message) => Fail::new(EXIT_ERROR, message),
     })?;
-    note(&format!(
-        "{who} {key:?} with token {token}; running {:?} {} (supervisor pid {})",
+    let (holder, role) = who;
+    let message = format!(
+        "{holder} {role} {key:?} with token {token}; running {:?} {} (supervisor pid {})",
         cmd[0],
         child.mode.describe(),
         child.pid()
-    ));
+    );
+    let fields = [
+        ("key", json!(key)),
+        ("holder", json!(holder.to_string())),
+        ("token", json!(token)),
+        ("cmd", json!(cmd)),
+        ("contain", json!(child.mode.name())),
+        ("supervisor_pid", json!(child.pid())),
+    ];
+    say(Level::Info, &message, &fields);
     Ok(child)
 }
 
@@ -168,13 +183,14 @@ pub enum Ended {
 
 /// Wait for CMD while `lost` says nothing: SIGTERM/SIGINT to leasehold go
 /// to CMD's whole tree (SIGKILL after `grace`); once `lost` gives a
-/// reason, say so (naming `what`) and stop the tree.
+/// reason, say so (naming `what`: the lease or the leadership, and its
+/// key) and stop the tree.
 pub fn supervise(
     child: &mut Contained,
     lost: impl Fn() -> Option<String>,
     grace: Duration,
     poll: Duration,
-    what: &str,
+    what: (&str, &str),
     cmd: &str,
 ) -> Ended {
     let mut signalled = false;
@@ -189,7 +205,14 @@ pub fn supervise(
             child.stop(sig, grace);
         }
         if let Some(why) = lost() {
-            note(&format!("{what} lost ({why}); stopping {cmd:?}"));
+            let (what, key) = what;
+            let fields = [
+                ("key", json!(key)),
+                ("reason", json!(why)),
+                ("cmd", json!(cmd)),
+            ];
+            let message = format!("{what} lost ({why}); stopping {cmd:?}");
+            say(Level::Warn, &message, &fields);
             child.stop_and_wait(libc::SIGTERM, grace);
             return Ended::Lost;
         }

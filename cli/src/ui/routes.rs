@@ -288,7 +288,10 @@ async fn confirm_purge(
         .ok_or_else(|| UiError::BadRequest("which queue? (?queue=NAME)".to_owned()))?;
     let c = Confirm {
         title: "Purge finished jobs?",
-        what: format!("Delete the done, dead and cancelled jobs of queue “{queue}” that finished longer ago than this (e.g. 7d, 12h, 30m). Nothing else is touched."),
+        what: format!(
+            "Delete the {} jobs of queue “{queue}” that finished longer ago than this (e.g. 7d, 12h, 30m). Nothing else is touched.",
+            crate::defaults::states_text(JobState::is_terminal, "and")
+        ),
         action: Href::new("/purge"),
         hidden: vec![("queue", queue.clone())],
         input: Some(("Older than", "older_than", q.older_than.unwrap_or_else(|| "7d".to_owned()))),

@@ -6,9 +6,10 @@
 //! that does not announce itself (the library's own loop) shows its
 //! holder id alone.
 
-use crate::out::note;
+use crate::out::{say, Level};
 use leasehold::core::Txn;
 use leasehold::{Client, HolderId, LeaseGuard, LeaseOptions};
+use serde_json::json;
 use std::time::Duration;
 
 /// The prefix of the workers' presence keys.
@@ -26,16 +27,25 @@ pub fn announce(client: &Client, ttl: Duration) -> Option<LeaseGuard> {
     let guard = match client.acquire(&key, LeaseOptions::new(ttl)) {
         Ok(guard) => guard,
         Err(e) => {
-            note(&format!("announcing this worker as {key:?}: {e}"));
+            let fields = [("key", json!(key)), ("error", json!(e.to_string()))];
+            say(
+                Level::Warn,
+                &format!("announcing this worker as {key:?}: {e}"),
+                &fields,
+            );
             return None;
         }
     };
     let shown = key.clone();
-    let kept = guard.keep_alive(move |e| note(&format!("presence lease {shown:?} lost: {e}")));
+    let kept = guard.keep_alive(move |e| {
+        let fields = [("key", json!(shown)), ("reason", json!(e.to_string()))];
+        let message = format!("presence lease {shown:?} lost: {e}");
+        say(Level::Warn, &message, &fields);
+    });
     if let Err(e) = kept {
-        note(&format!(
-            "renewing this worker's presence lease {key:?}: {e}"
-        ));
+        let fields = [("key", json!(key)), ("error", json!(e.to_string()))];
+        let message = format!("renewing this worker's presence lease {key:?}: {e}");
+        say(Level::Warn, &message, &fields);
     }
     Some(guard)
 }

@@ -2,6 +2,7 @@
 //! (periodic jobs), kept in the store; `queue work` fires them, one job
 //! per tick however many workers run.
 
+use crate::defaults;
 use crate::out::{emit, parse_duration};
 use crate::{CliResult, Fail, EXIT_USAGE};
 use clap::Subcommand;
@@ -18,8 +19,7 @@ pub enum ScheduleCmd {
     Add {
         queue: String,
         name: String,
-        /// Tick every DUR (at least 1s), at its multiples since the Unix epoch.
-        #[arg(long, value_parser = parse_duration, required_unless_present = "cron", conflicts_with = "cron")]
+        #[arg(long, help = defaults::EVERY_HELP.as_str(), value_parser = parse_duration, required_unless_present = "cron", conflicts_with = "cron")]
         every: Option<Duration>,
         /// Tick on a cron expression: 5 fields, or 6 with seconds first
         /// ("0 3 * * *", "*/15 * * * * *", "@daily").
@@ -31,13 +31,11 @@ pub enum ScheduleCmd {
         /// Each job's payload.
         #[arg(long, default_value = "")]
         payload: String,
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        #[arg(long, default_value_t = defaults::priority(), allow_negative_numbers = true)]
         priority: i32,
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        #[arg(long, default_value_t = defaults::max_attempts(), value_parser = clap::value_parser!(u32).range(defaults::attempts_range()))]
         max_attempts: u32,
-        /// Ticks missed while no worker ran (over a minute late): skip
-        /// them, or catch up with one job.
-        #[arg(long, default_value = "skip", value_parser = ["skip", "catch-up"])]
+        #[arg(long, help = defaults::MISSED_HELP.as_str(), default_value = defaults::missed(), value_parser = defaults::missed_choices())]
         missed: String,
     },
     /// The queue's schedules, one JSON line each.
@@ -95,7 +93,10 @@ pub fn schedule(client: &Client, cmd: ScheduleCmd) -> CliResult {
                 (Some(every), _) => Rule::every(crate::out::ms(every)),
                 (None, Some(expr)) => Rule::cron(&expr, &tz)?,
                 (None, None) => {
-                    return Err(Fail(EXIT_USAGE, "give --every DUR or --cron EXPR".into()))
+                    return Err(Fail::new(
+                        EXIT_USAGE,
+                        "give --every DUR or --cron EXPR".into(),
+                    ))
                 }
             };
             let spec = ScheduleSpec {

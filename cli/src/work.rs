@@ -5,10 +5,12 @@
 //! The payload goes to CMD's stdin from a thread of its own, so a loss or a
 //! cancel is acted on within the poll interval whatever the payload's size
 //! and whether or not CMD reads it. CMD's stdout goes to our stderr: stdout
-//! carries one JSON line per job.
+//! carries one JSON line per job. CMD's output is CMD's: under `--log
+//! json` it stays as CMD wrote it, among leasehold's JSON lines.
 
 use crate::contain::{self, Mode, Spec, StartError};
-use crate::out::{self, emit, note, parse_duration};
+use crate::defaults;
+use crate::out::{self, emit, parse_duration, Level};
 use crate::run::{install_signal_handlers, SIGNAL};
 use crate::{CliResult, Fail};
 use clap::Args;
@@ -25,10 +27,10 @@ use std::time::{Duration, Instant};
 pub struct WorkArgs {
     queue: String,
     /// Lease of each claim; renewed about every third of it while CMD runs.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_duration, default_value = defaults::LEASE.as_str())]
     lease: Duration,
     /// Jobs run at once.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    #[arg(long, default_value_t = defaults::concurrency(), value_parser = clap::value_parser!(u64).range(1..=256))]
     concurrency: u64,
     /// Exit once nothing is ready, running or due (retries waiting out
     /// their backoff count as due; jobs delayed before their first attempt
@@ -42,9 +44,7 @@ pub struct WorkArgs {
     /// How each job's process tree is contained.
     #[arg(long, value_enum, env = "LEASEHOLD_CONTAIN", default_value = "auto")]
     contain: Mode,
-    /// Keep CMD's stdout as the job's result (shown by `queue get`) instead
-    /// of passing it to stderr; more than 16 MiB fails the job.
-    #[arg(long)]
+    #[arg(long, help = defaults::KEEP_STDOUT_HELP.as_str())]
     keep_stdout: bool,
     /// Serve Prometheus metrics at this address (e.g. 127.0.0.1:9187), and
     /// sample the queue's depth every 5 s for them.
@@ -176,7 +176,9 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
 
 /// A progress line on a terminal while draining: jobs done, rate, ETA.
 fn progress(client: &Client, queue: &str) -> Option<indicatif::ProgressBar> {
-    if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
+    // Under `--log json` stderr is for JSON lines only.
+    let terminal = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    if !terminal || out::json_notes() {
         return None;
     }
     let counts = client.queue(queue).ok()?.stats().ok()?;
@@ -285,11 +287,21 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
     }
     let report = report?;
     if args.drain {
-        let secs = started.elapsed().as_secs_f64().max(1e-3);
-        note(&format!(
+        let elapsed = started.elapsed();
+        let secs = elapsed.as_secs_f64().max(1e-3);
+        let message = format!(
             "drained {:?}: {} done, {} failed, {} lost in {secs:.1}s",
             args.queue, report.completed, report.failed, report.lost
-        ));
+        );
+        let fields = [
+            ("queue", json!(args.queue)),
+            ("done", json!(report.completed)),
+            ("failed", json!(report.failed)),
+            ("lost", json!(report.lost)),
+            ("abandoned", json!(report.abandoned)),
+            ("elapsed_ms", json!(out::ms(elapsed))),
+        ];
+        out::say(Level::Info, &message, &fields);
     }
     match tally.emit_failed.into_inner().ok().flatten() {
         Some(e) => Err(Fail::from(e)),
