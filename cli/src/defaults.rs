@@ -69,6 +69,11 @@ pub fn priority() -> i32 {
     JobSpec::default().priority
 }
 
+/// The handlers `queue work --concurrency` may run at once.
+pub fn concurrency_range() -> RangeInclusive<u64> {
+    1..=WorkOptions::MAX_CONCURRENCY as u64
+}
+
 /// `queue work --concurrency`.
 pub fn concurrency() -> u64 {
     u64::try_from(WorkOptions::default().concurrency).unwrap_or(1)
@@ -102,8 +107,8 @@ pub fn interval_max() -> Duration {
 }
 
 /// `queue schedule add --missed`: its choices, as stores name them.
-pub fn missed_choices() -> [&'static str; 2] {
-    [Missed::Skip, Missed::CatchUp].map(Missed::as_str)
+pub fn missed_choices() -> [&'static str; Missed::ALL.len()] {
+    Missed::ALL.map(Missed::as_str)
 }
 
 /// `queue schedule add --missed`: skip, the library's default.

@@ -30,7 +30,7 @@ pub struct WorkArgs {
     #[arg(long, value_parser = parse_duration, default_value = defaults::LEASE.as_str())]
     lease: Duration,
     /// Jobs run at once.
-    #[arg(long, default_value_t = defaults::concurrency(), value_parser = clap::value_parser!(u64).range(1..=256))]
+    #[arg(long, default_value_t = defaults::concurrency(), value_parser = clap::value_parser!(u64).range(defaults::concurrency_range()))]
     concurrency: u64,
     /// Exit once nothing is ready, running or due (retries waiting out
     /// their backoff count as due; jobs delayed before their first attempt

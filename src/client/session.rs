@@ -167,7 +167,7 @@ impl Session {
         let lease_ms = ms_of(opts.lease);
         let cfg = WorkerConfig {
             lease_ms,
-            concurrency: opts.concurrency.clamp(1, 1024),
+            concurrency: opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY),
             prefetch: opts.prefetch,
             batch_max: opts.batch.clamp(1, core::MAX_BATCH),
             flush_delay_ms: ms_of(opts.flush_delay),

@@ -59,6 +59,12 @@ pub struct WorkOptions {
     pub schedules: Option<Duration>,
 }
 
+impl WorkOptions {
+    /// The most handlers a worker loop runs at once (a larger
+    /// `concurrency` is taken as this).
+    pub const MAX_CONCURRENCY: usize = 1024;
+}
+
 impl Default for WorkOptions {
     fn default() -> Self {
         WorkOptions {
@@ -215,7 +221,7 @@ impl Queue {
             requests: Channel::new(),
             quit: AtomicBool::new(false),
         };
-        let threads = opts.concurrency.clamp(1, 1024);
+        let threads = opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY);
         let driver = Driver::new(self, opts, &shared);
         let exec = driver.session.exec().clone();
         std::thread::scope(|s| {

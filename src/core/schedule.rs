@@ -81,6 +81,9 @@ pub enum Missed {
 }
 
 impl Missed {
+    /// Every variant.
+    pub const ALL: [Missed; 2] = [Missed::Skip, Missed::CatchUp];
+
     /// Its name in stores and output.
     pub fn as_str(self) -> &'static str {
         match self {
