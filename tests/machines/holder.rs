@@ -298,3 +298,40 @@ fn the_invariant_check_catches_a_request_not_in_flight_and_a_timer_left_due() {
     assert_eq!(m.check(retry_at, true), Ok(()));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
 }
+
+#[test]
+fn a_retry_waits_out_its_backoff_and_a_stopped_acquire_sends_nothing_more() {
+    let mut m = HolderMachine::new(holder(10_000, true), LocalMs(0));
+    let _ = actions(&mut m);
+    for _ in 0..5 {
+        m.handle_reply(LocalMs(100), HolderReply::Acquired(Err(held())));
+        let _ = actions(&mut m);
+        let at = m.poll_timeout().expect("a retry");
+        assert!(at > LocalMs(100));
+        m.handle_timeout(at - 1);
+        assert!(sends(&actions(&mut m)).is_empty(), "not before its backoff");
+        m.handle_timeout(at);
+        assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    }
+    m.handle_reply(LocalMs(200), HolderReply::Acquired(Err(held())));
+    let _ = actions(&mut m);
+    m.release(LocalMs(201));
+    assert!(m.is_done(), "released while acquiring: stopped");
+    assert_eq!(m.poll_timeout(), None);
+    m.handle_timeout(LocalMs(5_000));
+    m.handle_wake(LocalMs(5_001));
+    assert!(actions(&mut m).is_empty(), "no acquire after it stopped");
+}
+
+#[test]
+fn a_grants_renewals_are_jittered_by_the_seed_and_its_token() {
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(1_000));
+    let _ = actions(&mut m);
+    m.handle_reply(LocalMs(1_010), HolderReply::Acquired(Ok(grant(4))));
+    let seed = 7 ^ 4;
+    let first = LocalMs(1_000)
+        + leasehold::client::machine::renewal_wait(100, leasehold::core::mix64(seed));
+    assert_eq!(m.poll_timeout(), Some(first));
+    assert_eq!(m.token(), Some(4));
+    assert!(!m.is_done());
+}

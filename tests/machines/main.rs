@@ -21,5 +21,6 @@ const DRIFT: DriftBound = DriftBound {
 
 mod election;
 mod holder;
+mod lifetime;
 mod scheduler;
 mod worker;

@@ -66,14 +66,14 @@ pub fn renew_every(ttl_ms: u64) -> u64 {
 /// `every_ms`: the interval with ±10 % of jitter (drawn from `draw`), so
 /// that many holders do not renew in step. The one renewal schedule of the
 /// lease keep-alive and the worker loop's rounds.
-pub(crate) fn renewal_wait(every_ms: u64, draw: u64) -> u64 {
+pub fn renewal_wait(every_ms: u64, draw: u64) -> u64 {
     let span = (every_ms / 5).max(1);
     every_ms - every_ms / 10 + draw % span
 }
 
 /// After a renewal got no answer (a transient store error): try again after
 /// a quarter of the interval, while the deadline allows.
-pub(crate) fn renewal_retry(every_ms: u64) -> u64 {
+pub fn renewal_retry(every_ms: u64) -> u64 {
     (every_ms / 4).max(1)
 }
 
