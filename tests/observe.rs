@@ -18,8 +18,16 @@ fn sample(text: &str, name: &str, labels: &str) -> f64 {
         .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
+/// The tests that emit events take turns: tracing caches, per callsite,
+/// whether anyone listens, and a callsite first reached on one test's
+/// thread while another test's scoped subscriber is being installed can
+/// cache "nobody" and drop that subscriber's events (seen as a flaky
+/// "no \"lease released\"" in CI, about one run in two under load).
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn committed_transitions_are_counted_and_rolled_back_ones_are_not() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
@@ -109,6 +117,7 @@ impl Write for Captured {
 
 #[test]
 fn every_transition_is_a_tracing_event_with_its_fields() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = Captured::default();
     let writer = out.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -119,6 +128,9 @@ fn every_transition_is_a_tracing_event_with_its_fields() {
         .finish();
     let mut holder = String::new();
     tracing::subscriber::with_default(subscriber, || {
+        // Callsites the other test reached before this subscriber existed
+        // cached "nobody listens": ask again, with it in place.
+        tracing::callsite::rebuild_interest_cache();
         let client = Client::new(MemStore::new());
         holder = client.holder().id.to_string();
         let q = client.queue("jobs").unwrap();
