@@ -5,6 +5,7 @@
 //! is claimable.
 
 pub(crate) mod boottime;
+pub(crate) mod doorbell;
 // The adapters' modules: their stores and options are re-exported here;
 // the rest (SQL, file encodings) is the project's own (`#[doc(hidden)]`,
 // no API promise), reachable for its tests.
@@ -349,9 +350,11 @@ impl LeaseCache {
 
 /// The in-process side of wake-ups: one counter per [`Wake`] event, bumped
 /// when a transaction that raised it commits, and the waiters blocked on
-/// them. Every store delivers its wake-ups to the waiters of its own
-/// process this way (PostgreSQL also tells other processes, by NOTIFY);
-/// waiters in other processes poll.
+/// them. The mem store delivers its wake-ups this way, PostgreSQL too
+/// (and tells other processes by NOTIFY); SQLite and the file store ring
+/// a doorbell every process of the machine hears
+/// ([`doorbell`](self::doorbell)), and fall back to this when they cannot
+/// make one.
 #[derive(Debug, Default)]
 pub(crate) struct Epochs {
     /// The counters, and how many threads wait on them (a notify is a

@@ -102,7 +102,8 @@ use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::boottime::{current_boot, StoreClock};
-use crate::store::{Epochs, Store};
+use crate::store::doorbell::Bell;
+use crate::store::Store;
 use crate::sync::{AtomicU64, Ordering};
 use clock::ClockFile;
 use slots::Locked;
@@ -146,8 +147,10 @@ pub struct FileStore {
     clock: StoreClock,
     clock_file: ClockFile,
     fork: ForkGuard,
-    /// Wake-ups for this process's waiters (a release wakes an acquire).
-    epochs: Epochs,
+    /// Wake-ups (a release wakes an acquire) for the waiters of every
+    /// process that opened the directory (its `wake` doorbell; this
+    /// process only if it cannot be made).
+    bell: Bell,
     /// `fdatasync`s of record files by this handle.
     record_syncs: AtomicU64,
 }
@@ -232,13 +235,14 @@ impl FileStore {
         let clock: Arc<dyn Clock> = opts.clock.unwrap_or_else(|| Arc::new(BootClock));
         let clock_file = ClockFile::new(&dir, opts.durable);
         let clock = clock_file.open(clock, &current_boot(opts.boot_id))?;
+        let bell = Bell::at(&dir.join("wake"));
         Ok(FileStore {
             dir,
             durable: opts.durable,
             clock,
             clock_file,
             fork: ForkGuard::new(),
-            epochs: Epochs::default(),
+            bell,
             record_syncs: AtomicU64::new(0),
         })
     }
@@ -371,7 +375,7 @@ impl Store for FileStore {
         }
         let woke = tx.journal.woke();
         drop(tx);
-        self.epochs.raise(woke);
+        self.bell.ring(woke);
         Ok(())
     }
 
@@ -380,10 +384,10 @@ impl Store for FileStore {
     }
 
     fn epoch(&self, wake: Wake) -> u64 {
-        self.epochs.epoch(wake)
+        self.bell.epoch(wake)
     }
 
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: std::time::Duration) -> bool {
-        self.epochs.wait(wake, epoch, timeout)
+        self.bell.wait(wake, epoch, timeout)
     }
 }

@@ -75,7 +75,8 @@ use crate::core::Txn;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::boottime::{current_boot, StoreClock};
-use crate::store::{Epochs, Store, Wake};
+use crate::store::doorbell::Bell;
+use crate::store::{Store, Wake};
 use conn::{busy_wait, sql_err, SqlConn};
 use group::{GroupCommit, GroupNote};
 use rusqlite::{Connection, OpenFlags};
@@ -133,8 +134,9 @@ pub struct SqliteStore {
     group: GroupCommit<SqlConn, SqlNote>,
     fork: ForkGuard,
     clock: StoreClock,
-    /// Wake-ups for this process's waiters (other processes poll).
-    epochs: Epochs,
+    /// Wake-ups for the waiters of every process that opened the file
+    /// (the doorbell `PATH-wake`; this process only if it cannot be made).
+    bell: Bell,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -160,6 +162,14 @@ impl GroupNote for SqlNote {
         self.woke[0] |= other.woke[0];
         self.woke[1] |= other.woke[1];
     }
+}
+
+/// The doorbell beside the database `path` (`PATH-wake`, as SQLite names
+/// its `-wal` and `-shm`).
+fn wake_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wake");
+    PathBuf::from(name)
 }
 
 fn parent_dir(path: &Path) -> PathBuf {
@@ -273,12 +283,13 @@ impl SqliteStore {
             shown,
             busy_timeout: opts.busy_timeout,
         };
+        let bell = Bell::at(&wake_path(&path));
         Ok(SqliteStore {
             path,
             group: GroupCommit::new(conn),
             fork: ForkGuard::new(),
             clock,
-            epochs: Epochs::default(),
+            bell,
         })
     }
 
@@ -350,7 +361,7 @@ impl Store for SqliteStore {
                 if note.high_water_ms > 0 {
                     self.clock.persisted(note.high_water_ms);
                 }
-                self.epochs.raise(note.woke);
+                self.bell.ring(note.woke);
             },
         )
     }
@@ -360,10 +371,10 @@ impl Store for SqliteStore {
     }
 
     fn epoch(&self, wake: Wake) -> u64 {
-        self.epochs.epoch(wake)
+        self.bell.epoch(wake)
     }
 
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
-        self.epochs.wait(wake, epoch, timeout)
+        self.bell.wait(wake, epoch, timeout)
     }
 }

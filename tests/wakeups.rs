@@ -1,0 +1,187 @@
+//! Wake-ups reach every process of the machine on the stores that have no
+//! server (SQLite, the file store): a release or a push committed through
+//! another handle, or by another process, wakes a waiter at once
+//! (`Store::wait_epoch` returns true) instead of leaving it to poll until
+//! its timeout. The doorbell behind it is `src/store/doorbell.rs`.
+
+#![allow(clippy::disallowed_methods)] // real processes and threads
+
+use leasehold::{Client, FileStore, JobSpec, SqliteStore, Store, Wake};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Long enough that a waiter that was not woken fails the test clearly.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "leasehold-wake-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn open(url: &str) -> Arc<dyn Store> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        Arc::new(SqliteStore::open(path).unwrap())
+    } else if let Some(dir) = url.strip_prefix("file:") {
+        Arc::new(FileStore::open(dir).unwrap())
+    } else {
+        panic!("no such store: {url}")
+    }
+}
+
+/// What a committer does to raise `wake`: release a lease, push a job.
+fn commit(store: Arc<dyn Store>, wake: Wake) {
+    let client = Client::builder_shared(store).build();
+    match wake {
+        Wake::LeaseFreed => {
+            let guard = client.try_acquire("k", Duration::from_secs(30)).unwrap();
+            guard.release().unwrap();
+        }
+        Wake::JobReady => {
+            client.queue("q").unwrap().push(&JobSpec::new("x")).unwrap();
+        }
+    }
+}
+
+fn wake_name(wake: Wake) -> &'static str {
+    match wake {
+        Wake::LeaseFreed => "lease",
+        Wake::JobReady => "job",
+    }
+}
+
+/// Wait on `waiter` for `wake` while `act` commits elsewhere; the wait
+/// must end woken, well before its patience runs out.
+fn woken_by(waiter: &dyn Store, wake: Wake, act: impl FnOnce() + Send) {
+    let epoch = waiter.epoch(wake);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(act);
+        assert!(
+            waiter.wait_epoch(wake, epoch, PATIENCE),
+            "not woken by the commit elsewhere ({:?} later)",
+            started.elapsed()
+        );
+    });
+}
+
+#[test]
+fn a_commit_through_another_handle_wakes_a_waiter() {
+    let dir = Dir::new("handle");
+    let sqlite = format!("sqlite:{}", dir.0.join("q.db").display());
+    let file = format!("file:{}", dir.0.join("leases").display());
+    for (url, wakes) in [
+        (&sqlite, &[Wake::LeaseFreed, Wake::JobReady][..]),
+        (&file, &[Wake::LeaseFreed][..]),
+    ] {
+        let waiter = open(url);
+        let other = open(url);
+        for &wake in wakes {
+            let other = other.clone();
+            woken_by(&*waiter, wake, move || commit(other, wake));
+        }
+    }
+    assert!(
+        dir.0.join("q.db-wake").exists(),
+        "the doorbell beside the database"
+    );
+    assert!(
+        dir.0.join("leases/wake").exists(),
+        "the doorbell in the directory"
+    );
+}
+
+#[test]
+fn a_commit_by_another_process_wakes_a_waiter() {
+    let dir = Dir::new("process");
+    let sqlite = format!("sqlite:{}", dir.0.join("q.db").display());
+    let file = format!("file:{}", dir.0.join("leases").display());
+    for (url, wakes) in [
+        (&sqlite, &[Wake::LeaseFreed, Wake::JobReady][..]),
+        (&file, &[Wake::LeaseFreed][..]),
+    ] {
+        let waiter = open(url);
+        for &wake in wakes {
+            woken_by(&*waiter, wake, || {
+                let status = Command::new(std::env::current_exe().unwrap())
+                    .args(["--ignored", "--exact", "child_commits", "--nocapture"])
+                    .env("LEASEHOLD_WAKE_CHILD", format!("{}|{url}", wake_name(wake)))
+                    .status()
+                    .unwrap();
+                assert!(status.success(), "the child: {status}");
+            });
+        }
+    }
+}
+
+/// Not a test of its own: the other process of the test above, which
+/// runs it with `LEASEHOLD_WAKE_CHILD=WAKE|URL`.
+#[test]
+#[ignore]
+fn child_commits() {
+    let Ok(spec) = std::env::var("LEASEHOLD_WAKE_CHILD") else {
+        return;
+    };
+    let (wake, url) = spec.split_once('|').unwrap();
+    let wake = if wake == "lease" {
+        Wake::LeaseFreed
+    } else {
+        Wake::JobReady
+    };
+    commit(open(url), wake);
+}
+
+#[test]
+fn without_a_doorbell_a_store_still_wakes_its_own_waiters() {
+    let dir = Dir::new("nobell");
+    let db = dir.0.join("q.db");
+    // Something that cannot be a doorbell where the doorbell goes.
+    std::fs::create_dir(dir.0.join("q.db-wake")).unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).unwrap());
+    let committer = store.clone();
+    woken_by(&*store, Wake::JobReady, move || {
+        commit(committer, Wake::JobReady)
+    });
+    // The next handle finds it the same way, opens and works.
+    let other: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).unwrap());
+    commit(other, Wake::LeaseFreed);
+}
+
+#[test]
+fn an_unrelated_wake_does_not_end_a_wait() {
+    let dir = Dir::new("unrelated");
+    let url = format!("sqlite:{}", dir.0.join("q.db").display());
+    let waiter = open(&url);
+    let epoch = waiter.epoch(Wake::LeaseFreed);
+    commit(open(&url), Wake::JobReady);
+    assert_eq!(
+        waiter.epoch(Wake::LeaseFreed),
+        epoch,
+        "a push frees no lease"
+    );
+    assert!(!waiter.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(50)));
+    assert_ne!(
+        waiter.epoch(Wake::JobReady),
+        0,
+        "the push rang its own bell"
+    );
+}
