@@ -220,3 +220,81 @@ fn a_permanent_store_error_ends_the_election() {
 fn deposed_variants_read_as_text() {
     assert_eq!(Deposed::Resigned.to_string(), "resigned");
 }
+
+#[test]
+fn each_term_renews_on_its_own_jitter_from_the_seed_the_term_and_the_token() {
+    use leasehold::client::machine::renewal_wait;
+    use leasehold::core::mix64;
+    // Term 1 (config seed 5): the holder's seed is mix64(5 ^ 1), its
+    // grant's lifetime seed that ^ the token, and the first renewal (round
+    // 0) comes renewal_wait(TTL / 3, mix64(seed ^ 0)) after the send.
+    let mut m = elected(false, LocalMs(0), 4);
+    let first = renewal_wait(100, mix64(mix64(5 ^ 1) ^ 4));
+    assert_eq!(m.poll_timeout(), Some(LocalMs(first)));
+    // Term 2 draws from mix64(5 ^ 2): terms do not renew in step.
+    m.step_down(LocalMs(10));
+    actions(&mut m);
+    m.handle_reply(LocalMs(11), HolderReply::Released(Ok(())));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.handle_reply(LocalMs(20), grant(6));
+    assert_eq!(events(&actions(&mut m)), ["elected 6"]);
+    let second = renewal_wait(100, mix64(mix64(5 ^ 2) ^ 6));
+    assert_eq!(m.poll_timeout(), Some(LocalMs(11 + second)));
+}
+
+#[test]
+fn a_leader_keeps_its_term_alive_even_if_its_lease_config_says_not_to() {
+    let mut cfg = config(false);
+    cfg.lease.keep_alive = false;
+    let mut m = ElectionMachine::new(cfg, LocalMs(0));
+    actions(&mut m);
+    m.handle_reply(LocalMs(0), grant(3));
+    actions(&mut m);
+    let renew_at = m.poll_timeout().unwrap();
+    assert!(
+        renew_at < m.deadline().unwrap(),
+        "a renewal before the deadline: {renew_at:?}"
+    );
+    m.handle_timeout(renew_at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 3 }]);
+}
+
+#[test]
+fn resigning_after_stepping_down_is_final() {
+    let mut m = elected(false, LocalMs(0), 7);
+    m.step_down(LocalMs(50));
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 7 }]
+    );
+    m.resign(LocalMs(51));
+    assert!(
+        actions(&mut m).is_empty(),
+        "the release is already on its way"
+    );
+    m.handle_reply(LocalMs(55), HolderReply::Released(Ok(())));
+    assert!(
+        sends(&actions(&mut m)).is_empty(),
+        "resigned: no second campaign"
+    );
+    assert!(m.is_done());
+    // Stepping down after stepping down changes nothing: it campaigns again.
+    let mut m = elected(false, LocalMs(0), 7);
+    m.step_down(LocalMs(50));
+    m.step_down(LocalMs(51));
+    actions(&mut m);
+    m.handle_reply(LocalMs(55), HolderReply::Released(Ok(())));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+}
+
+#[test]
+fn no_campaign_attempt_while_a_resignation_is_in_flight() {
+    let mut m = elected(false, LocalMs(0), 7);
+    m.step_down(LocalMs(50));
+    actions(&mut m);
+    // The release is unanswered: time passing sends nothing.
+    m.handle_timeout(LocalMs(5_000));
+    assert!(actions(&mut m).is_empty());
+    assert!(!m.is_leader(LocalMs(5_000)));
+    m.check(LocalMs(5_000)).unwrap();
+}

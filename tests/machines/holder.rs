@@ -335,3 +335,48 @@ fn a_grants_renewals_are_jittered_by_the_seed_and_its_token() {
     assert_eq!(m.token(), Some(4));
     assert!(!m.is_done());
 }
+
+#[test]
+fn a_renewal_by_hand_moves_the_deadline_from_its_send_and_a_refused_one_loses() {
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(0));
+    let _ = actions(&mut m);
+    m.handle_reply(LocalMs(0), HolderReply::Acquired(Ok(grant(5))));
+    let _ = actions(&mut m);
+    assert_eq!(m.lifetime().unwrap().deadline(), LocalMs(297));
+    // A manual renew sent at 200, answered at 250: valid until 200 + 297.
+    m.renewed_by_hand(LocalMs(200), LocalMs(250), &Ok(grant(5)));
+    assert_eq!(m.lifetime().unwrap().deadline(), LocalMs(497));
+    assert!(m.is_valid(LocalMs(496)));
+    // One that got no answer changes nothing.
+    m.renewed_by_hand(
+        LocalMs(260),
+        LocalMs(270),
+        &Err(Error::transient("renewing", "busy")),
+    );
+    assert_eq!(m.lifetime().unwrap().deadline(), LocalMs(497));
+    assert!(actions(&mut m).is_empty());
+    // One the store refused: lost, reported once.
+    m.renewed_by_hand(
+        LocalMs(300),
+        LocalMs(310),
+        &Err(lost(LostReason::StaleToken)),
+    );
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Lost(
+            LostReason::StaleToken
+        ))]
+    ));
+    assert!(!m.is_valid(LocalMs(311)));
+    m.renewed_by_hand(
+        LocalMs(320),
+        LocalMs(330),
+        &Err(lost(LostReason::StaleToken)),
+    );
+    assert!(actions(&mut m).is_empty(), "a loss is reported once");
+    // Before a grant there is nothing to renew.
+    let mut m = HolderMachine::new(holder(0, true), LocalMs(0));
+    let _ = actions(&mut m);
+    m.renewed_by_hand(LocalMs(1), LocalMs(2), &Err(lost(LostReason::StaleToken)));
+    assert!(actions(&mut m).is_empty());
+}

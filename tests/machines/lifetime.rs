@@ -187,3 +187,18 @@ fn marked_lost_finished_and_extended_by_someone_else() {
     assert!(!f.is_valid(LocalMs(10)));
     assert_eq!(f.mark_lost(LostReason::Expired), None);
 }
+
+#[test]
+fn a_renewal_due_at_the_deadline_is_not_due() {
+    // Renewed every 300 (± 10 %) with a TTL of 300: the first renewal
+    // falls at 270..=329, around the deadline (297).
+    let l = (0..64)
+        .map(|seed| Lifetime::granted(LocalMs(0), 300, DRIFT, 300, seed))
+        .find(|l| l.renewal_due(LocalMs(296)))
+        .expect("a seed whose renewal falls before the deadline");
+    assert!(l.renewal_due(LocalMs(296)), "one ms before the deadline");
+    assert!(
+        !l.renewal_due(LocalMs(297)),
+        "at the deadline: lost, not due"
+    );
+}

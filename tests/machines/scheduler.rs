@@ -115,6 +115,29 @@ fn jobs_a_fire_enqueued_are_claimed_at_once() {
 }
 
 #[test]
+fn a_fire_that_enqueued_nothing_leaves_the_claim_backoff_alone() {
+    let mut m = WorkerMachine::new(firing(5_000), LocalMs(0));
+    let mut now = LocalMs(0);
+    for _ in 0..10 {
+        if requests(&drain(&mut m)).contains(&WorkerRequest::Claim { max: 1 }) {
+            m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+        }
+        now = m.poll_timeout().unwrap();
+        m.handle_timeout(now);
+    }
+    assert!(requests(&drain(&mut m)).contains(&WorkerRequest::Claim { max: 1 }));
+    m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+    let backoff = m.poll_timeout().unwrap();
+    assert!(backoff > now + 10, "backing off");
+    m.handle_reply(now, report(0, Some(1_000)));
+    assert!(
+        !requests(&drain(&mut m)).contains(&WorkerRequest::Claim { max: 1 }),
+        "nothing new to claim"
+    );
+    assert_eq!(m.poll_timeout(), Some(backoff), "the backoff stands");
+}
+
+#[test]
 fn off_never_fires_and_shutdown_stops_firing() {
     let mut m = WorkerMachine::new(firing(0), LocalMs(0));
     assert_eq!(fires(&drain(&mut m)), 0);

@@ -656,3 +656,422 @@ fn a_queued_job_whose_deadline_passes_is_given_back_and_a_running_one_lost() {
     );
     assert!(started(&a).is_empty());
 }
+
+#[test]
+fn an_idle_worker_claims_again_when_the_queue_changes_by_time() {
+    let mut m = WorkerMachine::new(worker(1, 0, 8), LocalMs(0));
+    let mut now = LocalMs(0);
+    // Empty claims: the backoff grows to its cap (200 ms, equal jitter).
+    for _ in 0..12 {
+        assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+        m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+        now = m.poll_timeout().unwrap();
+        m.handle_timeout(now);
+    }
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+    // A retry falls due in 30 ms: the next claim goes out then (+1 ms),
+    // not at the end of the backoff.
+    m.handle_reply(
+        now,
+        WorkerReply::Idle {
+            next_change_in_ms: Some(30),
+        },
+    );
+    assert_eq!(m.poll_timeout(), Some(now + 31));
+    now += 31;
+    m.handle_timeout(now);
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+    // A change far away: the backoff decides (100-200 ms at its cap).
+    m.handle_reply(
+        now,
+        WorkerReply::Idle {
+            next_change_in_ms: Some(60_000),
+        },
+    );
+    let next = m.poll_timeout().unwrap();
+    assert!(
+        (now + 100..=now + 200).contains(&next),
+        "{next} after {now}"
+    );
+    m.handle_timeout(next);
+    now = next;
+    drain(&mut m);
+    // Nothing scheduled or running: the backoff too; a change due now: 1 ms.
+    m.handle_reply(
+        now,
+        WorkerReply::Idle {
+            next_change_in_ms: None,
+        },
+    );
+    let next = m.poll_timeout().unwrap();
+    assert!(next >= now + 100, "{next} after {now}");
+    now = next;
+    m.handle_timeout(now);
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+    assert_eq!(m.poll_timeout(), None, "the claim is in flight");
+    m.handle_reply(
+        now,
+        WorkerReply::Idle {
+            next_change_in_ms: Some(0),
+        },
+    );
+    assert_eq!(m.poll_timeout(), Some(now + 1));
+    // An Idle reply with no claim in flight changes nothing.
+    m.handle_reply(
+        now,
+        WorkerReply::Idle {
+            next_change_in_ms: Some(0),
+        },
+    );
+    assert_eq!(m.poll_timeout(), Some(now + 1));
+}
+
+#[test]
+fn held_counts_running_queued_and_reported_claims_until_settled() {
+    let (mut m, _) = claimed(worker(1, 2, 64), &[1, 2, 3]);
+    assert_eq!(m.held(), 3, "one running, two queued");
+    m.handler_done(LocalMs(2), c(1, 1), Ok(()));
+    assert_eq!(m.held(), 3, "its outcome is not committed yet");
+    m.handle_timeout(LocalMs(10));
+    let sent = settles(&drain(&mut m));
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    m.handle_reply(
+        LocalMs(11),
+        WorkerReply::Settled(Ok(vec![Ok(JobState::Done)])),
+    );
+    assert_eq!(m.held(), 2);
+}
+
+#[test]
+fn a_free_handler_with_nothing_queued_claims_at_once_even_with_little_room() {
+    // Four handlers, no prefetch: four claimed and started.
+    let (mut m, a) = claimed(worker(4, 0, 64), &[1, 2, 3, 4]);
+    assert_eq!(started(&a), [1, 2, 3, 4]);
+    // One finishes: a quarter of the room is free, less than half, but
+    // a handler would otherwise idle.
+    m.handler_done(LocalMs(2), c(1, 1), Ok(()));
+    let a = drain(&mut m);
+    assert!(
+        requests(&a).contains(&WorkerRequest::Claim { max: 1 }),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn switching_the_drain_rule_on_asks_whether_the_queue_is_drained() {
+    let mut m = WorkerMachine::new(worker(1, 0, 8), LocalMs(0));
+    drain(&mut m);
+    m.handle_reply(LocalMs(1), WorkerReply::Claimed(Ok(vec![])));
+    assert!(
+        requests(&drain(&mut m)).is_empty(),
+        "not draining: no check"
+    );
+    m.set_drain(LocalMs(1), true);
+    assert!(requests(&drain(&mut m)).is_empty(), "the claim backs off");
+    let next = m.poll_timeout().unwrap();
+    m.handle_timeout(next);
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+    m.handle_reply(next, WorkerReply::Claimed(Ok(vec![])));
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::DrainCheck]);
+    m.handle_reply(next, WorkerReply::Drained(Ok(true)));
+    assert!(m.is_finished());
+}
+
+#[test]
+fn a_second_shutdown_keeps_the_first_deadline() {
+    let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+    m.shutdown(LocalMs(10), LocalMs(1_000));
+    m.shutdown(LocalMs(20), LocalMs(5_000));
+    drain(&mut m);
+    assert!(m.is_valid(c(1, 1), LocalMs(999)));
+    m.handle_timeout(LocalMs(1_000));
+    let a = drain(&mut m);
+    assert!(
+        a.iter().any(|a| matches!(
+            a,
+            WorkerAction::Stop {
+                why: StopWhy::Shutdown,
+                ..
+            }
+        )),
+        "the handler is stopped at the first deadline: {a:?}"
+    );
+}
+
+#[test]
+fn prefetch_grows_only_when_handlers_starve_during_a_claim() {
+    // One handler, four ahead: five claimed, one running, four queued.
+    let (mut m, _) = claimed(worker(1, 4, 64), &[1, 2, 3, 4, 5]);
+    let mut now = LocalMs(2);
+    // Three finish (each starting the next queued job): then more than
+    // half the room is free, and a claim of three goes out while one job
+    // is still queued.
+    for id in 1..=3 {
+        m.handler_done(now, c(id, 1), Ok(()));
+        now += 1;
+    }
+    let a = drain(&mut m);
+    assert!(
+        requests(&a).contains(&WorkerRequest::Claim { max: 3 }),
+        "{a:?}"
+    );
+    // The fourth finishes while the fifth is still queued: not starved.
+    m.handler_done(now, c(4, 1), Ok(()));
+    drain(&mut m);
+    // The claim comes back full: prefetch stays four, so the room left
+    // (one) is less than half: no claim.
+    m.handle_reply(
+        now,
+        WorkerReply::Claimed(Ok((6..=8).map(|i| job(i, 1)).collect())),
+    );
+    let a = drain(&mut m);
+    assert!(
+        !requests(&a)
+            .iter()
+            .any(|r| matches!(r, WorkerRequest::Claim { .. })),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn a_queued_job_the_store_refuses_is_dropped_and_the_rest_stay_queued() {
+    let (mut m, _) = claimed(worker(1, 2, 64), &[1, 2, 3]);
+    let round = m.poll_timeout().unwrap();
+    m.handle_timeout(round);
+    let claims = match &requests(&drain(&mut m))[..] {
+        [WorkerRequest::Heartbeat { claims }] => claims.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(claims, [(JobId(1), 1), (JobId(2), 1), (JobId(3), 1)]);
+    let lost = Error::Lost {
+        target: Target::Job {
+            id: JobId(2),
+            token: 1,
+        },
+        reason: LostReason::Expired,
+    };
+    let ok = || {
+        Ok(HeartbeatReply {
+            lease_until_ms: 6_000,
+            cancel_requested: false,
+        })
+    };
+    m.handle_reply(
+        round,
+        WorkerReply::Heartbeated(Ok(vec![ok(), Err(lost), ok()])),
+    );
+    let a = drain(&mut m);
+    assert_eq!(
+        settled(&a),
+        [(2, JobOutcome::Lost)],
+        "dropped, not given back"
+    );
+    assert!(settles(&a).is_empty());
+    // Job 3 is still queued: it starts when job 1's handler is done.
+    m.handler_done(round + 1, c(1, 1), Ok(()));
+    assert_eq!(started(&drain(&mut m)), [3]);
+}
+
+#[test]
+fn renewal_rounds_follow_the_seed_and_the_round_number() {
+    use leasehold::client::machine::renewal_wait;
+    use leasehold::core::mix64;
+    // Seed 11, heartbeat a third of 3 s (at most 1 s): round n comes
+    // renewal_wait(1000, mix64(11 ^ n.rotate_left(17))) after the send
+    // of the claim (n = 1) or of the round before.
+    let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+    let first = renewal_wait(1_000, mix64(11 ^ 1u64.rotate_left(17)));
+    assert_eq!(m.poll_timeout(), Some(LocalMs(first)));
+    m.handle_timeout(LocalMs(first));
+    drain(&mut m);
+    let ok = Ok(HeartbeatReply {
+        lease_until_ms: 9_000,
+        cancel_requested: false,
+    });
+    m.handle_reply(LocalMs(first + 3), WorkerReply::Heartbeated(Ok(vec![ok])));
+    drain(&mut m);
+    let second = renewal_wait(1_000, mix64(11 ^ 2u64.rotate_left(17)));
+    assert_eq!(m.poll_timeout(), Some(LocalMs(first + second)));
+}
+
+#[test]
+fn a_claim_reads_as_its_job_and_token() {
+    assert_eq!(c(7, 3).to_string(), "job 7 (token 3)");
+}
+
+#[test]
+fn a_drain_check_without_an_answer_is_asked_again_and_a_hard_error_ends_the_loop() {
+    let cfg = WorkerConfig {
+        drain: true,
+        ..worker(1, 0, 8)
+    };
+    let check = |m: &mut WorkerMachine, now: LocalMs| {
+        m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+        assert_eq!(requests(&drain(m)), [WorkerRequest::DrainCheck]);
+    };
+    for e in [
+        Error::transient("checking", "busy"),
+        Error::store("checking", "the connection dropped at COMMIT")
+            .with_failure(leasehold::StoreFailure::Ambiguous),
+    ] {
+        let mut m = WorkerMachine::new(cfg, LocalMs(0));
+        drain(&mut m);
+        check(&mut m, LocalMs(1));
+        m.handle_reply(LocalMs(2), WorkerReply::Drained(Err(e)));
+        let mut a = drain(&mut m);
+        assert!(!m.is_finished(), "{a:?}");
+        // The next empty claim asks again.
+        let mut now = LocalMs(2);
+        if requests(&a).is_empty() {
+            now = m.poll_timeout().unwrap();
+            m.handle_timeout(now);
+            a = drain(&mut m);
+        }
+        assert_eq!(requests(&a), [WorkerRequest::Claim { max: 1 }]);
+        check(&mut m, now);
+    }
+    let mut m = WorkerMachine::new(cfg, LocalMs(0));
+    drain(&mut m);
+    check(&mut m, LocalMs(1));
+    let hard = Error::store("checking", "disk I/O error");
+    m.handle_reply(LocalMs(2), WorkerReply::Drained(Err(hard)));
+    let a = drain(&mut m);
+    assert!(matches!(a.last(), Some(WorkerAction::Failed(_))), "{a:?}");
+    assert!(m.is_finished());
+}
+
+fn transient_and_ambiguous() -> [Error; 2] {
+    [
+        Error::transient("at the store", "busy"),
+        Error::store("at the store", "the connection dropped at COMMIT")
+            .with_failure(leasehold::StoreFailure::Ambiguous),
+    ]
+}
+
+#[test]
+fn a_claim_without_an_answer_backs_off_like_an_empty_one() {
+    for e in transient_and_ambiguous() {
+        let mut m = WorkerMachine::new(worker(1, 0, 64), LocalMs(0));
+        drain(&mut m);
+        m.handle_reply(LocalMs(1), WorkerReply::Claimed(Err(e)));
+        let a = drain(&mut m);
+        assert!(!m.is_finished(), "{a:?}");
+        let next = m.poll_timeout().expect("claims again");
+        m.handle_timeout(next);
+        assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+    }
+}
+
+#[test]
+fn a_round_without_an_answer_is_sent_again_after_a_quarter_and_a_hard_error_ends_the_loop() {
+    for e in transient_and_ambiguous() {
+        let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+        let round = m.poll_timeout().unwrap();
+        m.handle_timeout(round);
+        drain(&mut m);
+        m.handle_reply(round + 2, WorkerReply::Heartbeated(Err(e)));
+        assert!(!m.is_finished());
+        // A quarter of the heartbeat interval (1 s) after the failure.
+        assert_eq!(m.poll_timeout(), Some(round + 2 + 250));
+        m.handle_timeout(round + 2 + 250);
+        assert!(matches!(
+            requests(&drain(&mut m))[..],
+            [WorkerRequest::Heartbeat { .. }]
+        ));
+    }
+    let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+    let round = m.poll_timeout().unwrap();
+    m.handle_timeout(round);
+    drain(&mut m);
+    let hard = Error::store("renewing", "disk I/O error");
+    m.handle_reply(round + 2, WorkerReply::Heartbeated(Err(hard)));
+    let a = drain(&mut m);
+    assert!(matches!(a.last(), Some(WorkerAction::Failed(_))), "{a:?}");
+}
+
+#[test]
+fn a_second_claim_keeps_the_renewal_round_already_scheduled() {
+    use leasehold::client::machine::renewal_wait;
+    use leasehold::core::mix64;
+    // Two handlers: one job claimed (sent at 0), then a second claim.
+    let (mut m, a) = claimed(worker(2, 0, 64), &[1]);
+    let round = LocalMs(renewal_wait(1_000, mix64(11 ^ 1u64.rotate_left(17))));
+    assert!(
+        requests(&a).contains(&WorkerRequest::Claim { max: 1 }),
+        "{a:?}"
+    );
+    m.handle_reply(LocalMs(5), WorkerReply::Claimed(Ok(vec![job(2, 1)])));
+    drain(&mut m);
+    m.handle_timeout(round - 1);
+    assert!(
+        !requests(&drain(&mut m))
+            .iter()
+            .any(|r| matches!(r, WorkerRequest::Heartbeat { .. })),
+        "not before the round"
+    );
+    m.handle_timeout(round);
+    let sent = requests(&drain(&mut m));
+    assert!(
+        sent.contains(&WorkerRequest::Heartbeat {
+            claims: vec![(JobId(1), 1), (JobId(2), 1)]
+        }),
+        "one round at its time carries both: {sent:?}"
+    );
+}
+
+#[test]
+fn claims_answered_after_shutdown_are_given_back_unstarted() {
+    let mut m = WorkerMachine::new(worker(2, 0, 64), LocalMs(0));
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 2 }]);
+    m.shutdown(LocalMs(1), LocalMs(1_000));
+    drain(&mut m);
+    m.handle_reply(
+        LocalMs(2),
+        WorkerReply::Claimed(Ok(vec![job(1, 1), job(2, 1)])),
+    );
+    let a = drain(&mut m);
+    assert!(started(&a).is_empty(), "{a:?}");
+    assert_eq!(
+        settles(&a),
+        [vec![
+            (JobId(1), 1, Settle::Abandon { started: false }),
+            (JobId(2), 1, Settle::Abandon { started: false })
+        ]]
+    );
+}
+
+#[test]
+fn a_plain_renewal_stops_nothing_and_a_cancel_stops_once() {
+    let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+    let stops = |a: &[WorkerAction]| {
+        a.iter()
+            .filter(|a| matches!(a, WorkerAction::Stop { .. }))
+            .count()
+    };
+    let mut at = m.poll_timeout().unwrap();
+    for (cancel, expected) in [(false, 0), (true, 1), (true, 0), (false, 0)] {
+        m.handle_timeout(at);
+        drain(&mut m);
+        let hb = HeartbeatReply {
+            lease_until_ms: 0,
+            cancel_requested: cancel,
+        };
+        m.handle_reply(at, WorkerReply::Heartbeated(Ok(vec![Ok(hb)])));
+        let a = drain(&mut m);
+        assert_eq!(stops(&a), expected, "cancel {cancel}: {a:?}");
+        at = m.poll_timeout().unwrap();
+    }
+}
+
+#[test]
+fn a_settle_the_store_refuses_outright_ends_the_loop() {
+    let (mut m, _) = claimed(worker(1, 0, 64), &[1]);
+    m.handler_done(LocalMs(2), c(1, 1), Ok(()));
+    let sent = settles(&drain(&mut m));
+    assert_eq!(sent, [vec![(JobId(1), 1, Settle::Complete)]]);
+    let hard = Error::store("settling", "disk I/O error");
+    m.handle_reply(LocalMs(3), WorkerReply::Settled(Err(hard)));
+    let a = drain(&mut m);
+    assert!(matches!(a.last(), Some(WorkerAction::Failed(_))), "{a:?}");
+    assert!(m.is_finished());
+}

@@ -170,7 +170,8 @@ impl ElectionMachine {
         if self.breakage.ignores_deadline {
             return self.leading && term.token().is_some();
         }
-        self.leading && term.is_valid(now)
+        // Only a leader's term is ever valid (`check` asserts it).
+        term.is_valid(now)
     }
 
     /// The current term's token while leading.
@@ -206,6 +207,10 @@ impl ElectionMachine {
         })?;
         super::ensure(!(self.leading && self.releasing.is_some()), || {
             "leading while resigning".to_owned()
+        })?;
+        let valid = self.term.as_ref().is_some_and(|t| t.is_valid(now));
+        super::ensure(self.leading || !valid, || {
+            format!("a valid term at {now} while not leading")
         })
     }
 
@@ -219,8 +224,8 @@ impl ElectionMachine {
                 return;
             }
         }
-        if self.releasing.is_some() && !self.leading {
-            // Resigning: no new campaign attempt.
+        if self.releasing.is_some() {
+            // Resigning (no longer leading): no new campaign attempt.
             return self.pump(now);
         }
         if let Some(term) = &mut self.term {
@@ -274,7 +279,12 @@ impl ElectionMachine {
     }
 
     fn release(&mut self, now: LocalMs, again: bool) {
-        if self.releasing.is_some() || self.term.is_none() {
+        if let Some(campaign_again) = &mut self.releasing {
+            // Already releasing: a resignation after a step-down is final.
+            *campaign_again &= again;
+            return;
+        }
+        if self.term.is_none() {
             return;
         }
         self.releasing = Some(again);
@@ -359,5 +369,77 @@ impl ElectionMachine {
                 self.event(ElectionEvent::Failed(e));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{DriftBound, Grant};
+
+    fn leader() -> ElectionMachine {
+        let lease = HolderConfig {
+            ttl_ms: 300,
+            limit: 1,
+            wait_ms: 0,
+            drift: DriftBound::default(),
+            keep_alive: true,
+            seed: 1,
+            busy_ms: 0,
+        };
+        let mut m = ElectionMachine::new(ElectionConfig { lease, once: false }, LocalMs(0));
+        let grant = Grant {
+            token: 2,
+            expires_at_ms: 0,
+            granted_at_ms: 0,
+            renewed: false,
+        };
+        m.handle_reply(LocalMs(0), HolderReply::Acquired(Ok(grant)));
+        m.check(LocalMs(1)).unwrap();
+        m
+    }
+
+    /// The canary ignores only the deadline: renewals still go out on
+    /// schedule before it, and past it the leader still says it leads.
+    #[cfg(feature = "canaries")]
+    #[test]
+    fn the_deadline_canary_renews_on_schedule_and_leads_past_its_deadline() {
+        let breakage = ElectionBreakage {
+            ignores_deadline: true,
+        };
+        let mut m = leader().with_breakage(breakage);
+        while m.poll_action().is_some() {}
+        let renew_at = m.poll_timeout().unwrap();
+        m.handle_timeout(renew_at);
+        assert!(matches!(
+            m.poll_action(),
+            Some(ElectionAction::Send(HolderRequest::Renew { token: 2 }))
+        ));
+        let deadline = m.deadline().unwrap();
+        m.handle_timeout(deadline);
+        assert!(m.poll_action().is_none(), "no loss seen at the deadline");
+        assert!(m.is_leader(deadline + 1_000));
+        let mut honest = leader();
+        honest.handle_timeout(deadline);
+        assert!(!honest.is_leader(deadline));
+    }
+
+    /// Each invariant `check` states fails when its state is broken.
+    #[test]
+    fn check_names_each_broken_invariant() {
+        let mut m = leader();
+        m.leading = false;
+        let e = m.check(LocalMs(1)).unwrap_err();
+        assert!(e.contains("valid term"), "{e}");
+
+        let mut m = leader();
+        m.releasing = Some(true);
+        let e = m.check(LocalMs(1)).unwrap_err();
+        assert!(e.contains("leading while resigning"), "{e}");
+
+        let mut m = leader();
+        m.term = None;
+        let e = m.check(LocalMs(1)).unwrap_err();
+        assert!(e.contains("leading without a grant"), "{e}");
     }
 }

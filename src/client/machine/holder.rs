@@ -248,11 +248,6 @@ impl HolderMachine {
                 format!("requests queued: {acquires} acquire, {renewals} renew, {releases} release; in flight: {acquiring}, {renewing}, {releasing}")
             },
         )?;
-        let valid = self.is_valid(now);
-        let deadline = self.lifetime().map(Lifetime::deadline);
-        ensure(!valid || deadline.is_some_and(|d| now < d), || {
-            format!("valid at {now}, its deadline {deadline:?}")
-        })?;
         if after_timeout {
             let due = self.poll_timeout().filter(|&at| at <= now);
             ensure(due.is_none(), || {
@@ -262,20 +257,10 @@ impl HolderMachine {
         Ok(())
     }
 
-    #[cfg(debug_assertions)]
-    fn debug_check(&self, now: LocalMs, after_timeout: bool) {
-        if let Err(broken) = self.check(now, after_timeout) {
-            panic!("holder machine invariant broken at {now}: {broken}");
-        }
-    }
-
-    #[cfg(not(debug_assertions))]
-    fn debug_check(&self, _now: LocalMs, _after_timeout: bool) {}
-
     /// Time passed to `now`.
     pub fn handle_timeout(&mut self, now: LocalMs) {
         self.timeout(now);
-        self.debug_check(now, true);
+        super::debug_assert_holds("holder", now, || self.check(now, true));
     }
 
     fn timeout(&mut self, now: LocalMs) {
@@ -315,7 +300,7 @@ impl HolderMachine {
             *retry_at = now;
             self.send_acquire(now);
         }
-        self.debug_check(now, false);
+        super::debug_assert_holds("holder", now, || self.check(now, false));
     }
 
     /// The store answered the request in flight (at local instant `now`).
@@ -331,7 +316,7 @@ impl HolderMachine {
                 }
             }
         }
-        self.debug_check(now, false);
+        super::debug_assert_holds("holder", now, || self.check(now, false));
     }
 
     fn acquired(&mut self, now: LocalMs, r: Result<Grant>) {

@@ -48,11 +48,44 @@ pub use worker_io::{
     WorkerRequest,
 };
 
+/// In debug builds, panic naming the machine, the instant and the broken
+/// invariant if `check` finds one (release builds skip the check). Each
+/// machine calls it after every step (TigerBeetle's style: an invariant
+/// fails at the step that breaks it, not at an oracle much later).
+pub(crate) fn debug_assert_holds(
+    machine: &str,
+    now: crate::time::LocalMs,
+    check: impl FnOnce() -> Result<(), String>,
+) {
+    #[cfg(debug_assertions)]
+    if let Err(broken) = check() {
+        panic!("{machine} machine invariant broken at {now}: {broken}");
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = (machine, now, check);
+}
+
 /// An invariant of a machine: `Err` with what broke it unless it holds.
 pub(crate) fn ensure(holds: bool, broken: impl FnOnce() -> String) -> Result<(), String> {
     if holds {
         Ok(())
     } else {
         Err(broken())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::time::LocalMs;
+
+    #[test]
+    #[should_panic(expected = "holder machine invariant broken at 7: two renewals")]
+    fn a_broken_invariant_panics_in_debug_builds() {
+        super::debug_assert_holds("holder", LocalMs(7), || Err("two renewals".to_owned()));
+    }
+
+    #[test]
+    fn a_kept_invariant_is_silent() {
+        super::debug_assert_holds("holder", LocalMs(7), || Ok(()));
     }
 }

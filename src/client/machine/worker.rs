@@ -123,6 +123,11 @@ pub(super) enum Timer {
 }
 
 impl Timer {
+    /// How many of [`Timer::ALL`] fire before queued jobs are started:
+    /// the deadlines and the shutdown grace (a slot a lost handler freed
+    /// is filled in the same step; none is after shutdown).
+    pub(super) const BEFORE_START: usize = 2;
+
     pub(super) const ALL: [Timer; 7] = [
         Timer::Deadline,
         Timer::Shutdown,
@@ -341,11 +346,12 @@ impl WorkerMachine {
     }
 
     /// Whether a claim should go out (time permitting): a free handler
-    /// slot with nothing queued, or at least half the room free.
+    /// slot with nothing queued, or at least half the room free (either
+    /// means some room: `concurrency` is at least 1).
     fn claim_wanted(&self) -> bool {
         let room = self.room();
         let hungry = self.running < self.cfg.concurrency && self.queued.is_empty();
-        room > 0 && (hungry || 2 * room >= self.cfg.concurrency + self.ahead)
+        hungry || 2 * room >= self.cfg.concurrency + self.ahead
     }
 
     pub(super) fn send(&mut self, request: WorkerRequest) {
@@ -505,18 +511,21 @@ impl WorkerMachine {
         if self.over {
             return;
         }
-        for timer in Timer::ALL {
-            if timer == Timer::Flush {
-                self.start_queued(now);
-            }
-            if self.timer(timer).is_some_and(|at| now >= at) {
-                self.on_timer(timer, now);
-            }
+        let (first, rest) = Timer::ALL.split_at(Timer::BEFORE_START);
+        for &timer in first {
+            self.fire_if_due(timer, now);
+        }
+        self.start_queued(now);
+        for &timer in rest {
+            self.fire_if_due(timer, now);
         }
         self.maybe_finish();
-        #[cfg(debug_assertions)]
-        if let Err(broken) = self.check(now) {
-            panic!("worker machine invariant broken at {now}: {broken}");
+        super::debug_assert_holds("worker", now, || self.check(now));
+    }
+
+    fn fire_if_due(&mut self, timer: Timer, now: LocalMs) {
+        if self.timer(timer).is_some_and(|at| now >= at) {
+            self.on_timer(timer, now);
         }
     }
 

@@ -277,4 +277,43 @@ mod tests {
             "a finished loop has no timers"
         );
     }
+
+    /// The completer canary loses exactly every fourth outcome.
+    #[cfg(feature = "canaries")]
+    #[test]
+    fn the_outcome_canary_drops_every_fourth_outcome() {
+        use super::super::worker::WorkerBreakage;
+        let cfg = WorkerConfig {
+            lease_ms: 3_000,
+            concurrency: 8,
+            prefetch: 0,
+            batch_max: 8,
+            flush_delay_ms: 1_000,
+            idle_max_ms: 100,
+            heartbeat_ms: 0,
+            drain: false,
+            drift: DriftBound::default(),
+            seed: 3,
+            sample_ms: 0,
+            fire_ms: 0,
+        };
+        let breakage = WorkerBreakage {
+            drop_outcomes: true,
+        };
+        let mut m = WorkerMachine::new(cfg, LocalMs(0)).with_breakage(breakage);
+        while m.poll_action().is_some() {}
+        m.handle_reply(
+            LocalMs(1),
+            WorkerReply::Claimed(Ok((1..=8).map(job).collect())),
+        );
+        for id in 1..=7 {
+            let claim = ClaimId {
+                job: JobId(id),
+                token: 1,
+            };
+            m.handler_done(LocalMs(2), claim, Ok(()));
+        }
+        let kept: Vec<u64> = m.completer.iter().map(|(c, _)| c.job.0).collect();
+        assert_eq!(kept, [1, 2, 3, 5, 6, 7]);
+    }
 }

@@ -167,6 +167,14 @@ impl WorkerRequest {
 pub enum WorkerReply {
     /// To [`WorkerRequest::Claim`].
     Claimed(Result<Vec<JobRecord>>),
+    /// To [`WorkerRequest::Claim`], when it claimed nothing: how long
+    /// (ms) until the queue changes by time alone (a scheduled job falls
+    /// due, a claim runs out: [`crate::core::job::next_change_in`]), if
+    /// anything is scheduled or running. The next claim goes out by then.
+    Idle {
+        /// Store milliseconds until the next change, if any.
+        next_change_in_ms: Option<u64>,
+    },
     /// To [`WorkerRequest::Heartbeat`], in the order sent.
     Heartbeated(Result<Vec<Result<HeartbeatReply>>>),
     /// To [`WorkerRequest::Settle`], in the order sent.

@@ -20,7 +20,10 @@ impl WorkerMachine {
         // Time passed too: a deadline seen passed first is a loss first.
         self.expire(now);
         match reply {
-            WorkerReply::Claimed(r) => self.claimed(now, r),
+            WorkerReply::Claimed(r) => self.claimed(now, r, None),
+            WorkerReply::Idle { next_change_in_ms } => {
+                self.claimed(now, Ok(Vec::new()), next_change_in_ms);
+            }
             WorkerReply::Heartbeated(r) => self.heartbeated(now, r),
             WorkerReply::Settled(r) => self.settled(now, r),
             WorkerReply::Drained(r) => self.drained(r),
@@ -55,7 +58,7 @@ impl WorkerMachine {
         }
     }
 
-    fn claimed(&mut self, now: LocalMs, r: Result<Vec<JobRecord>>) {
+    fn claimed(&mut self, now: LocalMs, r: Result<Vec<JobRecord>>, change_in: Option<u64>) {
         let Some(sent_at) = self.claim_sent.take() else {
             return;
         };
@@ -67,7 +70,7 @@ impl WorkerMachine {
         };
         self.adapt_ahead(jobs.len());
         if jobs.is_empty() {
-            self.idle(now);
+            self.idle(now, change_in);
             return;
         }
         self.idle.reset();
@@ -83,7 +86,6 @@ impl WorkerMachine {
                 self.lose(id, LostReason::Expired, now);
             }
             let life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
-            let late = !life.is_valid(now);
             let held = Held {
                 record,
                 token: claim.token,
@@ -92,11 +94,13 @@ impl WorkerMachine {
                 cancel_seen: false,
             };
             self.jobs.insert(id, held);
-            if self.shutdown_at.is_some() || late {
-                // Not ours to run: given back at once, unstarted (a claim
-                // answered after its local deadline costs no attempt).
+            if self.shutdown_at.is_some() {
+                // Not ours to run: given back at once, unstarted.
                 self.report(id, Settle::Abandon { started: false }, now);
             } else {
+                // One answered after its local deadline (sent during a
+                // store stall) is given back unstarted, costing no
+                // attempt, by the deadline timer of this same step.
                 self.queued.push_back(id);
             }
         }
@@ -114,10 +118,14 @@ impl WorkerMachine {
         self.starved = 0;
     }
 
-    /// An empty claim: back off (jittered, doubling); with the drain rule
-    /// on and nothing held, ask the store whether the queue is drained.
-    fn idle(&mut self, now: LocalMs) {
-        self.next_claim = now.saturating_add(self.idle.next_wait().max(1));
+    /// An empty claim: back off (jittered, doubling), but no later than
+    /// the queue's next change by time (`change_in`, from the store) plus
+    /// 1 ms; with the drain rule on and nothing held, ask the store
+    /// whether the queue is drained.
+    fn idle(&mut self, now: LocalMs, change_in: Option<u64>) {
+        let wait = self.idle.next_wait();
+        let wait = change_in.map_or(wait, |c| wait.min(c.saturating_add(1)));
+        self.next_claim = now.saturating_add(wait.max(1));
         if self.cfg.drain && self.quiet() && !self.drain_sent && self.may_claim() {
             self.drain_sent = true;
             self.send(WorkerRequest::DrainCheck);
