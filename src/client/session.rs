@@ -78,9 +78,24 @@ impl Exec {
         let policy = &self.policy;
         let store = &self.store;
         match request {
-            WorkerRequest::Claim { max } => WorkerReply::Claimed(store.txn_as("claim", |tx| {
-                core::job::claim(tx, queue, holder, lease_ms, max, policy)
-            })),
+            WorkerRequest::Claim { max } => {
+                // Nothing claimed: when to look again, in the same
+                // transaction (what it saw is what the hint is about).
+                let claimed = store.txn_as("claim", |tx| {
+                    let jobs = core::job::claim(tx, queue, holder, lease_ms, max, policy)?;
+                    let change_in = match jobs.is_empty() {
+                        true => core::job::next_change_in(tx, queue)?,
+                        false => None,
+                    };
+                    Ok((jobs, change_in))
+                });
+                match claimed {
+                    Ok((jobs, next_change_in_ms)) if jobs.is_empty() => {
+                        WorkerReply::Idle { next_change_in_ms }
+                    }
+                    other => WorkerReply::Claimed(other.map(|(jobs, _)| jobs)),
+                }
+            }
             WorkerRequest::Heartbeat { claims } => {
                 WorkerReply::Heartbeated(store.txn_as("heartbeat", |tx| {
                     core::job::heartbeat_many(tx, holder, &claims, lease_ms)

@@ -38,8 +38,12 @@ pub struct WorkOptions {
     /// Return once the queue is drained ([`crate::core::job::drained`]: no
     /// job ready, running, or due, retries in backoff included).
     pub drain: bool,
-    /// Longest sleep between claims when the queue is empty (a job made
-    /// ready in this process, or announced by the store, cuts it short).
+    /// Longest sleep between claims when the queue is empty. A push, a
+    /// retry or a job given back announced by the store (in any process:
+    /// SQLite's and the file store's doorbell, PostgreSQL's NOTIFY) cuts
+    /// it short, and an empty claim says when the queue next changes by
+    /// time alone (a retry or a delayed job falls due, a claim runs out),
+    /// which cuts it short too: polling is only the fallback (default 1 s).
     pub idle_poll: Duration,
     /// Longest an outcome waits for others to share its transaction.
     pub flush_delay: Duration,
@@ -73,7 +77,7 @@ impl Default for WorkOptions {
             concurrency: 1,
             prefetch: 1,
             drain: false,
-            idle_poll: Duration::from_millis(200),
+            idle_poll: Duration::from_secs(1),
             flush_delay: Duration::from_millis(1),
             heartbeat: None,
             shutdown_grace: Duration::from_secs(30),

@@ -33,6 +33,7 @@ fn worker_outcome(reply: &WorkerReply) -> Outcome {
     let batch = |all: Vec<Outcome>| Outcome::Batch(all);
     match reply {
         WorkerReply::Claimed(r) => Outcome::of(r, |jobs| Outcome::claimed(jobs)),
+        WorkerReply::Idle { .. } => Outcome::claimed(&[]),
         WorkerReply::Heartbeated(r) => Outcome::of(r, |all| {
             batch(
                 all.iter()

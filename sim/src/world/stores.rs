@@ -253,4 +253,14 @@ impl JobTxn for Broken<'_> {
     ) -> leasehold::Result<Vec<JobRecord>> {
         self.inner.list(queue, state, after, limit)
     }
+    fn page(
+        &mut self,
+        queue: &str,
+        state: JobState,
+        after: Option<leasehold::core::JobCursor>,
+        limit: usize,
+        preview_bytes: usize,
+    ) -> leasehold::Result<Vec<leasehold::core::JobPeek>> {
+        self.inner.page(queue, state, after, limit, preview_bytes)
+    }
 }

@@ -454,6 +454,27 @@ pub fn purge(
     Ok(ids.len())
 }
 
+/// How long (store ms from now) until `queue` changes by time alone: the
+/// earliest scheduled job falls due, or the earliest running claim runs
+/// out; `None` if nothing is scheduled or running. An idle worker claims
+/// again by then at the latest (a wake-up may come first), so a retry
+/// waiting out its backoff, a delayed job or a dead worker's job starts
+/// when it can, without the worker polling for it. Two index reads.
+pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
+    check_queue(queue)?;
+    let tx = tx.jobs()?;
+    let now_ms = tx.now_ms();
+    let first = |tx: &mut dyn JobTxn, state| tx.page(queue, state, None, 1, 0);
+    let due = first(tx, JobState::Scheduled)?
+        .first()
+        .map(|p| p.job.run_at_ms);
+    let runs_out = first(tx, JobState::Running)?
+        .first()
+        .and_then(|p| p.job.claim.map(|c| c.lease_until_ms));
+    let at = due.into_iter().chain(runs_out).min();
+    Ok(at.map(|at| at.saturating_sub(now_ms)))
+}
+
 /// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):
 /// a queue is drained once no job is ready, running or due, where a retry
 /// waiting out its backoff counts as due. A job delayed before its first

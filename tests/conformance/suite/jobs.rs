@@ -503,3 +503,40 @@ pub fn job_retry_takes_exactly_the_retryable_states(make: &Make) {
     assert_eq!(w.get(dead).state, JobState::Ready);
     assert_eq!(w.get(cancelled).state, JobState::Ready);
 }
+
+/// How long an idle worker may sleep: until the earliest scheduled job
+/// falls due or the earliest running claim runs out, whichever is first.
+pub fn job_next_change_is_the_first_due_or_expiry(make: &Make) {
+    let w = World::new(make);
+    let next = |w: &World| w.tx(|tx| core::job::next_change_in(tx, "q")).unwrap();
+    assert_eq!(next(&w), None, "an empty queue never changes by time");
+    w.push("q", JobSpec::new("ready"));
+    assert_eq!(next(&w), None, "a ready job is not a change by time");
+    let later = JobSpec {
+        run_at: Some(leasehold::StoreMs(T0 + 5_000)),
+        ..JobSpec::new("later")
+    };
+    w.push("q", later);
+    assert_eq!(next(&w), Some(5_000), "the delayed job falls due");
+    w.claim_one("q", 1, 2_000);
+    assert_eq!(next(&w), Some(2_000), "the claim runs out first");
+    w.at(T0 + 1_500);
+    assert_eq!(next(&w), Some(500));
+    let sooner = JobSpec {
+        run_at: Some(leasehold::StoreMs(T0 + 1_600)),
+        ..JobSpec::new("sooner")
+    };
+    w.push("q", sooner);
+    assert_eq!(next(&w), Some(100), "the earliest of them");
+    w.push(
+        "other",
+        JobSpec {
+            run_at: Some(leasehold::StoreMs(T0 + 1_501)),
+            ..JobSpec::new("elsewhere")
+        },
+    );
+    assert_eq!(next(&w), Some(100), "another queue's jobs do not count");
+    // Past due (nobody brought the queue up to date yet): now.
+    w.at(T0 + 9_000);
+    assert_eq!(next(&w), Some(0));
+}
