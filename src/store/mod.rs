@@ -6,6 +6,7 @@
 
 pub(crate) mod boottime;
 pub(crate) mod doorbell;
+pub(crate) mod identity;
 // The adapters' modules: their stores and options are re-exported here;
 // the rest (SQL, file encodings) is the project's own (`#[doc(hidden)]`,
 // no API promise), reachable for its tests.

@@ -103,6 +103,7 @@ use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::boottime::{current_boot, StoreClock};
 use crate::store::doorbell::Bell;
+use crate::store::identity::Identity;
 use crate::store::Store;
 use crate::sync::{AtomicU64, Ordering};
 use clock::ClockFile;
@@ -147,6 +148,8 @@ pub struct FileStore {
     clock: StoreClock,
     clock_file: ClockFile,
     fork: ForkGuard,
+    /// The directory as opened (a deleted or replaced one stops it).
+    identity: Identity,
     /// Wake-ups (a release wakes an acquire) for the waiters of every
     /// process that opened the directory (its `wake` doorbell; this
     /// process only if it cannot be made).
@@ -236,12 +239,14 @@ impl FileStore {
         let clock_file = ClockFile::new(&dir, opts.durable);
         let clock = clock_file.open(clock, &current_boot(opts.boot_id))?;
         let bell = Bell::at(&dir.join("wake"));
+        let identity = Identity::of(&dir, "lease directory")?;
         Ok(FileStore {
             dir,
             durable: opts.durable,
             clock,
             clock_file,
             fork: ForkGuard::new(),
+            identity,
             bell,
             record_syncs: AtomicU64::new(0),
         })
@@ -356,9 +361,9 @@ impl Txn for FileTxn<'_> {
     }
 }
 
-impl Store for FileStore {
-    fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
-        self.fork.check()?;
+impl FileStore {
+    /// One transaction in the directory (see [`Store::transact`]).
+    fn transact_here(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
         let now_ms = self.clock.now_ms();
         // Before any record is written at `now_ms` (see the module docs).
         self.clock_file.persist(&self.clock, now_ms)?;
@@ -377,6 +382,19 @@ impl Store for FileStore {
         drop(tx);
         self.bell.ring(woke);
         Ok(())
+    }
+}
+
+impl Store for FileStore {
+    fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
+        self.fork.check()?;
+        self.identity.check(false)?;
+        let done = self.transact_here(f);
+        if let Err(Error::Store { .. }) = &done {
+            // An I/O error may mean the directory went away: say so if it did.
+            self.identity.check(true)?;
+        }
+        done
     }
 
     fn describe(&self) -> String {

@@ -76,6 +76,7 @@ use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
 use crate::store::boottime::{current_boot, StoreClock};
 use crate::store::doorbell::Bell;
+use crate::store::identity::Identity;
 use crate::store::{Store, Wake};
 use conn::{busy_wait, sql_err, SqlConn};
 use group::{GroupCommit, GroupNote};
@@ -134,6 +135,8 @@ pub struct SqliteStore {
     group: GroupCommit<SqlConn, SqlNote>,
     fork: ForkGuard,
     clock: StoreClock,
+    /// The database file as opened (a deleted or replaced file stops it).
+    identity: Identity,
     /// Wake-ups for the waiters of every process that opened the file
     /// (the doorbell `PATH-wake`; this process only if it cannot be made).
     bell: Bell,
@@ -284,11 +287,13 @@ impl SqliteStore {
             busy_timeout: opts.busy_timeout,
         };
         let bell = Bell::at(&wake_path(&path));
+        let identity = Identity::of(&path, "database file")?;
         Ok(SqliteStore {
             path,
             group: GroupCommit::new(conn),
             fork: ForkGuard::new(),
             clock,
+            identity,
             bell,
         })
     }
@@ -355,7 +360,8 @@ impl Store for SqliteStore {
     /// its writes. A lone caller pays nothing for it (no savepoint).
     fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
         self.fork.check()?;
-        self.group.run(
+        self.identity.check(false)?;
+        let done = self.group.run(
             |c: &mut SqlConn| self.run_member(&c.conn, &mut *f),
             |note: SqlNote| {
                 if note.high_water_ms > 0 {
@@ -363,7 +369,12 @@ impl Store for SqliteStore {
                 }
                 self.bell.ring(note.woke);
             },
-        )
+        );
+        if let Err(Error::Store { .. }) = &done {
+            // An I/O error may mean the file went away: say so if it did.
+            self.identity.check(true)?;
+        }
+        done
     }
 
     fn describe(&self) -> String {
