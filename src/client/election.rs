@@ -256,7 +256,7 @@ impl ElectionSession {
                     client: client.clone(),
                     key: self.exec.key.clone(),
                     token,
-                    life: Lifeline::new(target, Lifetime::until(deadline)),
+                    life: Lifeline::new(target, Lifetime::until(deadline), client.fork_guard()),
                     #[cfg(all(feature = "tokio", not(loom)))]
                     deposed: tokio_util::sync::CancellationToken::new(),
                 };

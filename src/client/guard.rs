@@ -19,6 +19,8 @@ pub struct LeaseGuard {
     ttl_ms: u64,
     renewed: bool,
     life: Arc<Lifeline>,
+    /// Released or detached already: nothing left for `Drop` to do.
+    released: bool,
 }
 
 impl std::fmt::Debug for LeaseGuard {
@@ -48,12 +50,13 @@ impl LeaseGuard {
             token,
         };
         LeaseGuard {
-            client,
             key: key.to_owned(),
             token,
             ttl_ms,
             renewed,
-            life: Lifeline::new(target, life),
+            life: Lifeline::new(target, life, client.fork_guard()),
+            client,
+            released: false,
         }
     }
 
@@ -125,14 +128,16 @@ impl LeaseGuard {
     }
 
     /// Release the lease now and stop its keep-alive.
-    pub fn release(self) -> Result<()> {
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
         self.release_inner()
     }
 
     /// Stop managing the lease without releasing it: it stays held in the
     /// store until its TTL runs out or someone releases it by token (what
     /// `leasehold lock acquire` does). Returns the key and the token.
-    pub fn detach(self) -> (String, u64) {
+    pub fn detach(mut self) -> (String, u64) {
+        self.released = true;
         if self.life.fork.is_origin_strict() {
             self.life.finish();
             self.life.join();
@@ -175,7 +180,7 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         // In a forked child, do nothing: the lease is the parent's.
-        if self.life.fork.is_origin_strict() {
+        if !self.released && self.life.fork.is_origin_strict() {
             let _ = self.release_inner();
             self.client.mark_held(&self.key, false);
         }

@@ -72,13 +72,14 @@ impl ClaimedJob {
     ) -> Self {
         let token = job.claim.map_or(0, |c| c.token);
         let target = Target::Job { id: job.id, token };
+        let fork = client.fork_guard();
         ClaimedJob {
             client,
             job,
             token,
             lease_ms,
             managed,
-            life: Lifeline::new(target, life),
+            life: Lifeline::new(target, life, fork),
             result: Mutex::new(None),
         }
     }

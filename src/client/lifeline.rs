@@ -56,7 +56,10 @@ impl Drop for RunningFlag {
 }
 
 impl Lifeline {
-    pub(crate) fn new(target: Target, life: Lifetime) -> Arc<Lifeline> {
+    /// The record of `target`'s grant, made in the process `fork` was
+    /// taken in (its creator's: the client's guard, so no `getpid` per
+    /// grant, and a fork since the client was made counts too).
+    pub(crate) fn new(target: Target, life: Lifetime, fork: ForkGuard) -> Arc<Lifeline> {
         Arc::new(Lifeline {
             target,
             state: Mutex::new(LineState {
@@ -70,7 +73,7 @@ impl Lifeline {
             wake: Condvar::new(),
             #[cfg(all(feature = "tokio", not(loom)))]
             notify: ::tokio::sync::Notify::new(),
-            fork: ForkGuard::new(),
+            fork,
         })
     }
 
@@ -193,7 +196,11 @@ impl Lifeline {
         let mut st = lock(&self.state);
         let was_live = st.life.finish();
         st.on_lost = None;
-        self.notify_all();
+        // Only a keep-alive (its nap) or a join of it waits on `wake`, and
+        // both only while one runs: otherwise no futex call.
+        if st.thread_running {
+            self.notify_all();
+        }
         was_live
     }
 

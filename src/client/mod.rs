@@ -417,6 +417,11 @@ impl Client {
         &self.inner.clock
     }
 
+    /// The process this client was made in.
+    pub(crate) fn fork_guard(&self) -> ForkGuard {
+        self.inner.fork
+    }
+
     /// Fail with [`Error::Forked`] in a forked child.
     #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] // the tokio drivers (not built under loom)
     pub(crate) fn check_fork(&self) -> Result<()> {

@@ -139,7 +139,7 @@ impl LeaseGuard {
             key: key.to_owned(),
             token,
         };
-        let line = Lifeline::new(target, life);
+        let line = Lifeline::new(target, life, client.sync.fork_guard());
         let lost = CancellationToken::new();
         let on_lost = {
             let lost = lost.clone();

@@ -419,6 +419,11 @@ mod tests {
         m.handle_timeout(deadline);
         assert!(m.poll_action().is_none(), "no loss seen at the deadline");
         assert!(m.is_leader(deadline + 1_000));
+        // Stepping down still ends its leadership (the grant is kept until
+        // the release is answered).
+        m.step_down(deadline + 1_000);
+        assert!(m.term.as_ref().is_some_and(|t| t.token().is_some()));
+        assert!(!m.is_leader(deadline + 1_000));
         let mut honest = leader();
         honest.handle_timeout(deadline);
         assert!(!honest.is_leader(deadline));
