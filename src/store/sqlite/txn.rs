@@ -56,79 +56,114 @@ impl SqlTxn<'_> {
         move |e| sql_err(|| what.to_owned(), e)
     }
 
+    /// The record of `key` in one statement: its head and its slots.
     fn load_lease(&self, key: &str) -> Result<Option<LeaseRecord>> {
-        let head: Option<(i64, i64)> = self
-            .conn
-            .prepare_cached("SELECT last_token, lease_limit FROM leases WHERE key = ?1")
-            .and_then(|mut s| {
-                s.query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()
-            })
-            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
-        let Some((last, limit)) = head else {
-            return Ok(None);
-        };
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT token, holder, label, expires_at FROM lease_slots WHERE key = ?1 ORDER BY token",
+                "SELECT l.last_token, l.lease_limit, s.token, s.holder, s.label, s.expires_at
+                 FROM leases l LEFT JOIN lease_slots s ON s.key = l.key
+                 WHERE l.key = ?1 ORDER BY s.token",
             )
             .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
-        let slots = stmt
-            .query_map([key], |r| {
-                let label: Option<String> = r.get(2)?;
-                Ok(LeaseSlot {
-                    token: u64_of(r.get(0)?),
-                    holder: Holder {
-                        id: holder_from(&r.get::<_, Vec<u8>>(1)?),
-                        label: label.map(|l| Arc::from(l.as_str())),
-                    },
-                    expires_at_ms: u64_of(r.get(3)?),
-                })
-            })
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+        let mut record: Option<LeaseRecord> = None;
+        let mut rows = stmt
+            .query([key])
             .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
-        Ok(Some(LeaseRecord {
-            last_token: u64_of(last),
-            limit: u32::try_from(limit).unwrap_or(0),
-            slots,
-        }))
+        let read = |r: &Row<'_>, record: &mut Option<LeaseRecord>| -> rusqlite::Result<()> {
+            let rec = record.get_or_insert_default();
+            rec.last_token = u64_of(r.get(0)?);
+            rec.limit = u32::try_from(r.get::<_, i64>(1)?).unwrap_or(0);
+            let Some(token) = r.get::<_, Option<i64>>(2)? else {
+                return Ok(()); // a key without slots
+            };
+            let label: Option<String> = r.get(4)?;
+            rec.slots.push(LeaseSlot {
+                token: u64_of(token),
+                holder: Holder {
+                    id: holder_from(&r.get::<_, Vec<u8>>(3)?),
+                    label: label.map(|l| Arc::from(l.as_str())),
+                },
+                expires_at_ms: u64_of(r.get(5)?),
+            });
+            Ok(())
+        };
+        loop {
+            match rows.next() {
+                Ok(Some(r)) => {
+                    read(r, &mut record).map_err(|e| sql_err(|| ctx_key("reading", key), e))?
+                }
+                Ok(None) => return Ok(record),
+                Err(e) => return Err(sql_err(|| ctx_key("reading", key), e)),
+            }
+        }
     }
 
-    /// Write back every lease record this transaction changed.
+    /// Write back every lease record this transaction changed, as the
+    /// difference from what it read: the head only if its token or limit
+    /// moved, and only the slots added, dropped or changed (a release is
+    /// one DELETE, a renewal one UPDATE, a grant one INSERT and the head).
     fn flush(&mut self) -> Result<()> {
         for c in self.leases.changed() {
             let key = c.key.as_str();
             let fail = |e| sql_err(|| ctx_key("writing", key), e);
-            let last = i64_of(Field::Token, c.record.last_token)?;
-            self.conn
-                .prepare_cached(
-                    "INSERT INTO leases (key, last_token, lease_limit) VALUES (?1, ?2, ?3)
-                     ON CONFLICT(key) DO UPDATE SET last_token = excluded.last_token,
-                                                    lease_limit = excluded.lease_limit",
-                )
-                .and_then(|mut s| s.execute(params![key, last, c.record.limit]))
-                .map_err(fail)?;
-            self.conn
-                .prepare_cached("DELETE FROM lease_slots WHERE key = ?1")
-                .and_then(|mut s| s.execute([key]))
-                .map_err(fail)?;
-            let mut insert = self
-                .conn
-                .prepare_cached(
-                    "INSERT INTO lease_slots (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
-                .map_err(fail)?;
-            for s in &c.record.slots {
-                insert
-                    .execute(params![
-                        key,
-                        i64_of(Field::Token, s.token)?,
-                        &holder_bytes(s.holder.id)[..],
-                        s.holder.label.as_deref(),
-                        i64_of(Field::ExpiresAt, s.expires_at_ms)?,
-                    ])
+            let (before, after) = (c.original.as_ref(), &c.record);
+            let head = |r: &LeaseRecord| (r.last_token, r.limit);
+            if before.map(head) != Some(head(after)) {
+                let last = i64_of(Field::Token, after.last_token)?;
+                self.conn
+                    .prepare_cached(
+                        "INSERT INTO leases (key, last_token, lease_limit) VALUES (?1, ?2, ?3)
+                         ON CONFLICT(key) DO UPDATE SET last_token = excluded.last_token,
+                                                        lease_limit = excluded.lease_limit",
+                    )
+                    .and_then(|mut s| s.execute(params![key, last, after.limit]))
                     .map_err(fail)?;
+            }
+            let old: &[LeaseSlot] = before.map_or(&[], |b| &b.slots);
+            for gone in old
+                .iter()
+                .filter(|o| !after.slots.iter().any(|n| n.token == o.token))
+            {
+                let token = i64_of(Field::Token, gone.token)?;
+                self.conn
+                    .prepare_cached("DELETE FROM lease_slots WHERE key = ?1 AND token = ?2")
+                    .and_then(|mut s| s.execute(params![key, token]))
+                    .map_err(fail)?;
+            }
+            for slot in &after.slots {
+                let token = i64_of(Field::Token, slot.token)?;
+                let expires = i64_of(Field::ExpiresAt, slot.expires_at_ms)?;
+                match old.iter().find(|o| o.token == slot.token) {
+                    Some(o) if o == slot => {}
+                    Some(o) if o.holder == slot.holder => {
+                        self.conn
+                            .prepare_cached(
+                                "UPDATE lease_slots SET expires_at = ?3 WHERE key = ?1 AND token = ?2",
+                            )
+                            .and_then(|mut s| s.execute(params![key, token, expires]))
+                            .map_err(fail)?;
+                    }
+                    found => {
+                        let sql = if found.is_some() {
+                            "INSERT OR REPLACE INTO lease_slots (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
+                        } else {
+                            "INSERT INTO lease_slots (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
+                        };
+                        self.conn
+                            .prepare_cached(sql)
+                            .and_then(|mut s| {
+                                s.execute(params![
+                                    key,
+                                    token,
+                                    &holder_bytes(slot.holder.id)[..],
+                                    slot.holder.label.as_deref(),
+                                    expires,
+                                ])
+                            })
+                            .map_err(fail)?;
+                    }
+                }
             }
         }
         Ok(())
