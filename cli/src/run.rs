@@ -41,12 +41,73 @@ pub struct RunArgs {
 /// The last SIGTERM/SIGINT received (0: none).
 pub static SIGNAL: AtomicI32 = AtomicI32::new(0);
 
+/// The self-pipe a signal writes a byte to (read end, write end; -1 until
+/// installed), so that one thread can sleep in `poll` until a signal comes
+/// instead of looking at [`SIGNAL`] on a timer.
+static SIGNAL_PIPE: [AtomicI32; 2] = [AtomicI32::new(-1), AtomicI32::new(-1)];
+
 extern "C" fn on_signal(sig: libc::c_int) {
     SIGNAL.store(sig, Ordering::SeqCst);
+    poke_signal_pipe();
 }
 
-/// Record SIGTERM and SIGINT instead of dying of them.
+/// Make the signal pipe readable (a signal came, or the thread sleeping on
+/// it must look at something else). Async-signal-safe: one `write`.
+pub fn poke_signal_pipe() {
+    let fd = SIGNAL_PIPE[1].load(Ordering::SeqCst);
+    if fd >= 0 {
+        let byte = 1u8;
+        // SAFETY: writing one byte from a live local to a descriptor we
+        // own; the pipe is non-blocking, so a full pipe just drops it (it
+        // is readable already).
+        unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
+    }
+}
+
+/// The signal pipe's read end, once installed.
+pub fn signal_fd() -> Option<std::os::fd::RawFd> {
+    Some(SIGNAL_PIPE[0].load(Ordering::SeqCst)).filter(|fd| *fd >= 0)
+}
+
+/// Empty the signal pipe (after it was seen readable).
+pub fn drain_signal_pipe() {
+    if let Some(fd) = signal_fd() {
+        let mut buf = [0u8; 64];
+        // SAFETY: reading into a live local buffer from a non-blocking
+        // descriptor we own, until it is empty.
+        while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    }
+}
+
+/// Sleep until the signal pipe is readable (then empty it) or `timeout`
+/// passes.
+pub fn sleep_until_signal(timeout: Duration) {
+    let Some(fd) = signal_fd() else {
+        return std::thread::sleep(timeout);
+    };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut pfd, 1, ms) } > 0 {
+        drain_signal_pipe();
+    }
+}
+
+/// Record SIGTERM and SIGINT instead of dying of them (and make the
+/// signal pipe they write to).
 pub fn install_signal_handlers() {
+    if SIGNAL_PIPE[0].load(Ordering::SeqCst) < 0 {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` is valid for two ints.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == 0 {
+            SIGNAL_PIPE[0].store(fds[0], Ordering::SeqCst);
+            SIGNAL_PIPE[1].store(fds[1], Ordering::SeqCst);
+        }
+    }
     for sig in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: the handler only stores to an atomic (async-signal-safe).
         unsafe {
@@ -216,6 +277,8 @@ pub fn supervise(
             child.stop_and_wait(libc::SIGTERM, grace);
             return Ended::Lost;
         }
-        std::thread::sleep(poll);
+        // Woken at once by CMD's exit or a signal (not a poll interval
+        // later: that was most of what `run -- true` cost).
+        child.sleep_until_exit(poll, signal_fd());
     }
 }

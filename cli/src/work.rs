@@ -11,7 +11,7 @@
 use crate::contain::{self, Mode, Spec, StartError};
 use crate::defaults;
 use crate::out::{self, emit, parse_duration, Level};
-use crate::run::{install_signal_handlers, SIGNAL};
+use crate::run::{install_signal_handlers, poke_signal_pipe, sleep_until_signal, SIGNAL};
 use crate::{CliResult, Fail};
 use clap::Args;
 use leasehold::{ClaimedJob, Client, JobOutcome, JobRecord, JobState, WorkOptions};
@@ -156,7 +156,9 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
             };
             child.stop(sig, args.grace);
         }
-        std::thread::sleep(Duration::from_millis(5));
+        // Woken at once by CMD's exit; loss, cancel and shutdown are
+        // looked at every 20 ms.
+        child.sleep_until_exit(Duration::from_millis(20), None);
     };
     let output = captured.map(|t| t.join().unwrap_or_default());
     match code {
@@ -266,11 +268,12 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
     let watcher_done = AtomicBool::new(false);
     let report = std::thread::scope(|s| {
         s.spawn(|| {
+            // Asleep on the signal pipe while nothing happens (no timer).
             while !watcher_done.load(Ordering::SeqCst) {
                 if SIGNAL.load(Ordering::SeqCst) != 0 {
                     STOPPING.store(true, Ordering::SeqCst);
                 }
-                std::thread::sleep(Duration::from_millis(10));
+                sleep_until_signal(Duration::from_secs(60));
             }
         });
         let report = queue.work_with(
@@ -280,6 +283,7 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
             |job, outcome| tally.record(job, outcome),
         );
         watcher_done.store(true, Ordering::SeqCst);
+        poke_signal_pipe();
         report
     });
     if let Some(bar) = &tally.bar {

@@ -121,6 +121,10 @@ pub struct Contained {
     /// The mode in force.
     pub mode: Mode,
     stop_sent: Option<(Instant, Duration)>,
+    /// The supervisor as a pidfd (readable once it has exited), so a
+    /// waiter sleeps until the exit instead of polling; `None` on a kernel
+    /// without `pidfd_open` (before Linux 5.3), where waiting polls.
+    exited: Option<OwnedFd>,
 }
 
 /// A pipe (read end, write end), both close-on-exec.
@@ -132,6 +136,16 @@ pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: both descriptors were just created and are owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A pidfd of the child `pid` (close-on-exec), if the kernel has them.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // or -1; the pid is our own unreaped child, so it names no other process.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    let fd = RawFd::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: a descriptor just created and owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// An exit status as a shell reports it: the code, or 128 + the signal.
@@ -176,11 +190,13 @@ pub fn spawn(spec: Spec<'_>) -> Result<Contained, StartError> {
     let spawned = c.spawn();
     drop((ctl_r, rep_w));
     let supervisor = spawned.map_err(|e| other("starting the supervisor", e))?;
+    let exited = pidfd_open(supervisor.id());
     let mut contained = Contained {
         supervisor,
         control: Some(File::from(ctl_w)),
         mode: Mode::Auto,
         stop_sent: None,
+        exited,
     };
     contained.read_report(File::from(rep_r), &spec.cmd[0])?;
     Ok(contained)
@@ -274,13 +290,36 @@ impl Contained {
         }
     }
 
+    /// Sleep until the supervisor exits (the whole tree is gone), the
+    /// signal pipe `signals` turns readable (then empty it), or `timeout`
+    /// passes, whichever comes first; then look with
+    /// [`Contained::try_wait`]. Without a pidfd it just sleeps.
+    pub fn sleep_until_exit(&self, timeout: Duration, signals: Option<RawFd>) {
+        let Some(fd) = &self.exited else {
+            return std::thread::sleep(timeout);
+        };
+        let watch = |fd: RawFd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut fds = [watch(fd.as_raw_fd()), watch(signals.unwrap_or(-1))];
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: two valid pollfds (a negative fd is ignored by poll); an
+        // interrupted poll returns early, which is what the caller wants.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if fds[1].revents & libc::POLLIN != 0 {
+            crate::run::drain_signal_pipe();
+        }
+    }
+
     /// Wait until the whole tree is gone; CMD's status.
     pub fn wait(&mut self) -> u8 {
         loop {
             if let Some(code) = self.try_wait() {
                 return code;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            self.sleep_until_exit(Duration::from_millis(50), None);
         }
     }
 
