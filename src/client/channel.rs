@@ -1,9 +1,41 @@
 //! [`Channel`]: a closable queue between a driver's threads (requests to
-//! store threads, jobs to handler threads, replies back).
+//! store threads, jobs to handler threads, replies back), and
+//! [`spawn_waker`], the thread that turns a store's announcements into
+//! deliveries.
 
-use crate::sync::{lock, nap, Condvar, Mutex};
+use crate::store::{Store, Wake};
+use crate::sync::{lock, nap, thread, Condvar, Mutex};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Call `deliver` whenever `store` announces `wake`, on a thread of its
+/// own, until `quit` is set. Detached, so that a driver that stops never
+/// waits out the thread's current wait (it ends at its next wake-up or
+/// within 50 ms, holding its store handle until then): `Queue::work
+/// --drain` and `elect --once` return as soon as they are done.
+pub(crate) fn spawn_waker(
+    store: Arc<dyn Store>,
+    wake: Wake,
+    quit: Arc<AtomicBool>,
+    deliver: impl Fn() + Send + 'static,
+) -> crate::error::Result<()> {
+    thread::Builder::new()
+        .name("leasehold-waker".to_owned())
+        .spawn(move || {
+            while !quit.load(Ordering::SeqCst) {
+                let epoch = store.epoch(wake);
+                if store.wait_epoch(wake, epoch, Duration::from_millis(50))
+                    && !quit.load(Ordering::SeqCst)
+                {
+                    deliver();
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|e| crate::Error::store("starting the waker thread", e.to_string()))
+}
 
 /// A closable queue between threads.
 pub(crate) struct Channel<T> {

@@ -6,7 +6,7 @@
 //! tokio driver (`leasehold::tokio`) share: the machine, the store side of
 //! its requests, and what each of its events means for the leader's handle.
 
-use super::channel::Channel;
+use super::channel::{spawn_waker, Channel};
 use super::lifeline::Lifeline;
 use super::machine::{
     Deposed, ElectionAction, ElectionConfig, ElectionEvent, ElectionMachine, HolderReply,
@@ -291,6 +291,16 @@ struct Shared {
     commands: Mutex<Commands>,
     leader: Mutex<Option<Leader>>,
     finished: AtomicBool,
+    /// What wakes the election thread: replies, releases, commands.
+    inbox: Channel<Delivery>,
+}
+
+impl Shared {
+    /// Set a command and wake the election thread to act on it now.
+    fn command(&self, set: impl FnOnce(&mut Commands)) {
+        set(&mut lock(&self.commands));
+        self.inbox.push(Delivery::Command);
+    }
 }
 
 /// A running election ([`Client::campaign`]): its thread campaigns, leads
@@ -347,6 +357,7 @@ impl Client {
             commands: Mutex::new(Commands::default()),
             leader: Mutex::new(None),
             finished: AtomicBool::new(false),
+            inbox: Channel::new(),
         });
         let (me, client) = (shared.clone(), self.clone());
         let thread = thread::Builder::new()
@@ -372,38 +383,37 @@ enum Delivery {
     Reply(HolderReply),
     /// The store announced a release.
     Woke,
+    /// The application set a command (resign, step down).
+    Command,
 }
 
 /// The election thread: the machine's events and timeouts, and the
-/// application's commands (looked at least every 50 ms). Requests run on a
-/// store thread of their own, so a store call that hangs never holds up a
-/// deadline: the term ends on time, its handle and `on_event` told at once.
+/// application's commands (each wakes it). Requests run on a store thread
+/// of their own, so a store call that hangs never holds up a deadline: the
+/// term ends on time, its handle and `on_event` told at once.
 fn drive(
     client: &Client,
     session: &mut ElectionSession,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     on_event: &mut dyn FnMut(LeaderEvent),
 ) -> Result<()> {
-    let store = client.store();
     let requests: Channel<HolderRequest> = Channel::new();
-    let inbox: Channel<Delivery> = Channel::new();
-    let quit = AtomicBool::new(false);
+    let quit = Arc::new(AtomicBool::new(false));
     let exec = session.exec().clone();
+    let woken = shared.clone();
+    spawn_waker(
+        client.store().clone(),
+        Wake::LeaseFreed,
+        quit.clone(),
+        move || woken.inbox.push(Delivery::Woke),
+    )?;
     std::thread::scope(|s| {
         s.spawn(|| {
             while let Some(request) = requests.pop() {
-                inbox.push(Delivery::Reply(exec.run(request)));
+                shared.inbox.push(Delivery::Reply(exec.run(request)));
             }
         });
-        s.spawn(|| {
-            while !quit.load(Ordering::SeqCst) {
-                let epoch = store.epoch(Wake::LeaseFreed);
-                if store.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(50)) {
-                    inbox.push(Delivery::Woke);
-                }
-            }
-        });
-        let end = campaign(session, shared, on_event, &requests, &inbox);
+        let end = campaign(session, shared, on_event, &requests, &shared.inbox);
         quit.store(true, Ordering::SeqCst);
         requests.close();
         end
@@ -423,6 +433,7 @@ fn campaign(
             match delivery {
                 Delivery::Reply(reply) => session.reply(reply),
                 Delivery::Woke => session.machine.handle_wake(session.now()),
+                Delivery::Command => {}
             }
         }
         let commands = std::mem::take(&mut *lock(&shared.commands));
@@ -464,14 +475,14 @@ impl Election {
     /// End the current term (the key is released, so another campaigner
     /// may take it at once) and campaign again.
     pub fn step_down(&self) {
-        lock(&self.shared.commands).step_down = true;
+        self.shared.command(|c| c.step_down = true);
     }
 
     /// Stop campaigning; a leader releases the key first, so the next
     /// leader takes over at once. Returns once the election's thread is
-    /// done (within about 50 ms plus the release).
+    /// done (once the release is answered).
     pub fn resign(mut self) -> Result<()> {
-        lock(&self.shared.commands).resign = true;
+        self.shared.command(|c| c.resign = true);
         self.join_thread()
     }
 
@@ -505,7 +516,7 @@ impl Election {
 impl Drop for Election {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            lock(&self.shared.commands).resign = true;
+            self.shared.command(|c| c.resign = true);
             let _ = self.join_thread();
         }
     }

@@ -6,12 +6,12 @@
 //! wake-ups into [`WorkerMachine::wake`]. Every timing rule is the
 //! machine's.
 
-use super::channel::Channel;
+use super::channel::{spawn_waker, Channel};
 use super::job::ClaimedJob;
 use super::machine::{ClaimId, HandlerOutcome, JobOutcome, WorkerReply, WorkerRequest};
+use super::ms_of;
 use super::queue::Queue;
 use super::session::{Next, Session};
-use super::{ms_of, Client};
 use crate::core::{self, JobRecord};
 use crate::error::Result;
 use crate::store::Wake;
@@ -172,7 +172,6 @@ struct Shared {
     pool: Channel<Arc<ClaimedJob>>,
     /// Requests waiting for a store thread.
     requests: Channel<WorkerRequest>,
-    quit: AtomicBool,
 }
 
 impl Shared {
@@ -218,13 +217,20 @@ impl Queue {
         observe: impl Fn(&JobRecord, JobOutcome) + Sync,
     ) -> Result<WorkReport> {
         self.client.inner.fork.check()?;
-        let shared = Shared {
+        let shared = Arc::new(Shared {
             inbox: Mutex::new(Inbox::default()),
             inbox_cv: Condvar::new(),
             pool: Channel::new(),
             requests: Channel::new(),
-            quit: AtomicBool::new(false),
-        };
+        });
+        let quit = Arc::new(AtomicBool::new(false));
+        let waker = shared.clone();
+        spawn_waker(
+            self.client.store().clone(),
+            Wake::JobReady,
+            quit.clone(),
+            move || waker.deliver(|inbox| inbox.woke = true),
+        )?;
         let threads = opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY);
         let driver = Driver::new(self, opts, &shared);
         let exec = driver.session.exec().clone();
@@ -240,9 +246,8 @@ impl Queue {
                     }
                 });
             }
-            s.spawn(|| waker_thread(&self.client, &shared));
             let result = driver.run(stop, &observe);
-            shared.quit.store(true, Ordering::SeqCst);
+            quit.store(true, Ordering::SeqCst);
             shared.pool.close();
             shared.requests.close();
             result
@@ -270,17 +275,6 @@ fn handler_thread(
         };
         let claim = ClaimId::of(job.record());
         shared.deliver(|inbox| inbox.done.push((claim, outcome)));
-    }
-}
-
-/// Turns the store's "a job is ready" wake-ups into driver wake-ups.
-fn waker_thread(client: &Client, shared: &Shared) {
-    let store = client.store();
-    while !shared.quit.load(Ordering::SeqCst) {
-        let epoch = store.epoch(Wake::JobReady);
-        if store.wait_epoch(Wake::JobReady, epoch, Duration::from_millis(50)) {
-            shared.deliver(|inbox| inbox.woke = true);
-        }
     }
 }
 
