@@ -1075,3 +1075,49 @@ fn a_settle_the_store_refuses_outright_ends_the_loop() {
     assert!(matches!(a.last(), Some(WorkerAction::Failed(_))), "{a:?}");
     assert!(m.is_finished());
 }
+
+#[test]
+fn draining_asks_at_once_when_the_last_outcome_settles_after_an_empty_claim() {
+    let cfg = WorkerConfig {
+        drain: true,
+        ..worker(1, 1, 64)
+    };
+    // One job claimed; the claim ahead of it comes back empty while it
+    // runs (nothing held is false then: no question yet).
+    let (mut m, a) = claimed(cfg, &[1]);
+    assert!(
+        requests(&a).contains(&WorkerRequest::Claim { max: 1 }),
+        "{a:?}"
+    );
+    let mut now = LocalMs(2);
+    for _ in 0..6 {
+        m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+        assert!(requests(&drain(&mut m)).is_empty());
+        now = m.poll_timeout().unwrap();
+        m.handle_timeout(now);
+        assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+    }
+    m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+    let next_claim = m.poll_timeout().unwrap();
+    assert!(
+        next_claim > now + 2,
+        "backing off: {next_claim} after {now}"
+    );
+    // Its outcome settles: nothing is held and the last claim was empty:
+    // ask now, not after the idle backoff's next claim.
+    m.handler_done(now, c(1, 1), Ok(()));
+    assert_eq!(settles(&drain(&mut m)).len(), 1);
+    m.handle_reply(now + 1, WorkerReply::Settled(Ok(vec![Ok(JobState::Done)])));
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::DrainCheck]);
+    // Without an empty claim since, a settle asks nothing.
+    let (mut m, _) = claimed(cfg, &[1]);
+    m.handle_reply(LocalMs(2), WorkerReply::Claimed(Ok(vec![job(2, 1)])));
+    drain(&mut m);
+    m.handler_done(LocalMs(3), c(1, 1), Ok(()));
+    drain(&mut m);
+    m.handle_reply(
+        LocalMs(4),
+        WorkerReply::Settled(Ok(vec![Ok(JobState::Done)])),
+    );
+    assert!(!requests(&drain(&mut m)).contains(&WorkerRequest::DrainCheck));
+}

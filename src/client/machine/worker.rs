@@ -167,6 +167,8 @@ pub struct WorkerMachine {
     pub(super) settle_backoff: Backoff,
     pub(super) settle_sent: Option<Vec<(ClaimId, Settle)>>,
     pub(super) claim_sent: Option<LocalMs>,
+    /// The last claim answered found nothing (the drain rule's premise).
+    pub(super) last_claim_empty: bool,
     /// How many the claim in flight asked for.
     pub(super) claim_asked: usize,
     /// Handler slots that freed with nothing queued while it was in flight.
@@ -215,6 +217,7 @@ impl WorkerMachine {
             settle_backoff: Backoff::new(1, SETTLE_RETRY_CAP_MS, mix64(cfg.seed ^ 0x5e77)),
             settle_sent: None,
             claim_sent: None,
+            last_claim_empty: false,
             claim_asked: 0,
             starved: 0,
             ahead: cfg.prefetch,

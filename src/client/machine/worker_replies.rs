@@ -69,6 +69,7 @@ impl WorkerMachine {
             Err(e) => return self.fail(e),
         };
         self.adapt_ahead(jobs.len());
+        self.last_claim_empty = jobs.is_empty();
         if jobs.is_empty() {
             self.idle(now, change_in);
             return;
@@ -126,7 +127,21 @@ impl WorkerMachine {
         let wait = self.idle.next_wait();
         let wait = change_in.map_or(wait, |c| wait.min(c.saturating_add(1)));
         self.next_claim = now.saturating_add(wait.max(1));
-        if self.cfg.drain && self.quiet() && !self.drain_sent && self.may_claim() {
+        self.check_drained();
+    }
+
+    /// The drain rule's question: with `drain` on, nothing held and the
+    /// last claim empty, ask the store whether the queue is drained (one
+    /// question at a time). Asked after an empty claim, and after the
+    /// settle that leaves the worker with nothing held (the last claim
+    /// found nothing: no need to wait out the idle backoff first).
+    fn check_drained(&mut self) {
+        if self.cfg.drain
+            && self.last_claim_empty
+            && self.quiet()
+            && !self.drain_sent
+            && self.may_claim()
+        {
             self.drain_sent = true;
             self.send(WorkerRequest::DrainCheck);
         }
@@ -213,5 +228,6 @@ impl WorkerMachine {
             };
             self.out.push_back(WorkerAction::Settled { claim, outcome });
         }
+        self.check_drained();
     }
 }
