@@ -58,7 +58,6 @@ use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::time::{LocalMs, StoreMs, WallMs};
 use acquire::{AcquireNext, Acquiring};
 use machine::HolderConfig;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,7 +83,8 @@ struct ClientInner {
     fork: ForkGuard,
     /// Keys this client holds through a live guard: a second acquire of one
     /// waits like any other contender instead of sharing the slot.
-    held: Mutex<HashSet<String>>,
+    /// Keys a guard of this client holds (foldhash: hashed twice a pair).
+    held: Mutex<hashbrown::HashSet<String>>,
 }
 
 /// A handle on a store with one holder identity. Cheap to clone; clones
@@ -175,7 +175,7 @@ impl ClientBuilder {
                 busy_timeout: self.busy_timeout,
                 jitter: AtomicU64::new(seed),
                 fork: ForkGuard::new(),
-                held: Mutex::new(HashSet::new()),
+                held: Mutex::new(hashbrown::HashSet::new()),
             }),
         }
     }
@@ -319,11 +319,15 @@ impl Client {
         let give_up_ms = start_ms
             .saturating_add(ms_of(self.inner.busy_timeout))
             .min(until.unwrap_or(LocalMs::MAX));
-        let mut backoff = core::Backoff::new(1, RETRY_CAP_MS, self.jitter(u64::MAX));
+        // The jitter is drawn only once a transaction failed (most never do).
+        let mut backoff: Option<core::Backoff> = None;
         loop {
             match self.inner.store.txn_as(op, &mut f) {
                 Err(e) if e.is_transient() => {
                     let now_ms = self.local_now();
+                    let backoff = backoff.get_or_insert_with(|| {
+                        core::Backoff::new(1, RETRY_CAP_MS, self.jitter(u64::MAX))
+                    });
                     if now_ms >= give_up_ms {
                         return Err(Error::Busy {
                             waited_ms: now_ms.saturating_sub(start_ms),
