@@ -224,13 +224,6 @@ impl Queue {
             requests: Channel::new(),
         });
         let quit = Arc::new(AtomicBool::new(false));
-        let waker = shared.clone();
-        spawn_waker(
-            self.client.store().clone(),
-            Wake::JobReady,
-            quit.clone(),
-            move || waker.deliver(|inbox| inbox.woke = true),
-        )?;
         let threads = opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY);
         let driver = Driver::new(self, opts, &shared);
         let exec = driver.session.exec().clone();
@@ -246,7 +239,16 @@ impl Queue {
                     }
                 });
             }
-            let result = driver.run(stop, &observe);
+            // Started last: started first, it made the one-handler loop
+            // about 15 % slower (measured; thread placement on 2 cores).
+            let waker = shared.clone();
+            let woken = spawn_waker(
+                self.client.store().clone(),
+                Wake::JobReady,
+                quit.clone(),
+                move || waker.deliver(|inbox| inbox.woke = true),
+            );
+            let result = woken.and_then(|()| driver.run(stop, &observe));
             quit.store(true, Ordering::SeqCst);
             shared.pool.close();
             shared.requests.close();
