@@ -2,7 +2,8 @@
 //! jobs, a handler that succeeds at once, timed until all are done.
 //!
 //! - leasehold's worker loop (`Queue::work`) with 1 and 8 handlers, on
-//!   SQLite and (with `LEASEHOLD_TEST_PG`) PostgreSQL;
+//!   SQLite and (with `LEASEHOLD_TEST_PG`) PostgreSQL, and the tokio loop
+//!   (`leasehold::tokio::Queue::work`, async handlers) beside it;
 //! - leasehold's own `claim` + `complete` in a plain loop (no worker loop);
 //! - a hand-written best-practice SQLite loop (BEGIN IMMEDIATE, one UPDATE
 //!   ... RETURNING with an ordered sub-select, a fenced complete), one job
@@ -88,6 +89,33 @@ fn work_loop(store: &Arc<dyn Store>, concurrency: usize) -> Duration {
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let report = q.work(&opts, &stop, |_| Ok(())).unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(report.completed, JOBS, "{report:?}");
+    check_done(store, &queue);
+    elapsed
+}
+
+/// The same with the tokio worker loop (`leasehold::tokio::Queue::work`)
+/// on a two-thread runtime: the handler is an async fn that succeeds.
+fn tokio_work_loop(store: &Arc<dyn Store>, concurrency: usize) -> Duration {
+    let queue = fresh_queue();
+    push(store, &queue);
+    let client = leasehold::tokio::Client::new(Client::builder_shared(store.clone()).build());
+    let q = client.queue(&queue).unwrap();
+    let opts = WorkOptions {
+        concurrency,
+        drain: true,
+        ..WorkOptions::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let report = rt
+        .block_on(q.work(&opts, std::future::pending(), |_| async { Ok(()) }))
+        .unwrap();
     let elapsed = start.elapsed();
     assert_eq!(report.completed, JOBS, "{report:?}");
     check_done(store, &queue);
@@ -356,6 +384,11 @@ fn same_work(c: &mut Criterion) {
             b.iter_custom(|iters| runs(iters, || work_loop(&sqlite, n)))
         });
     }
+    for n in [1usize, 8] {
+        g.bench_function(format!("sqlite/tokio_work_loop/{n}"), |b| {
+            b.iter_custom(|iters| runs(iters, || tokio_work_loop(&sqlite, n)))
+        });
+    }
     g.bench_function("sqlite/plain_claim_complete/1", |b| {
         b.iter_custom(|iters| runs(iters, || plain_loop(&sqlite)))
     });
@@ -376,6 +409,9 @@ fn same_work(c: &mut Criterion) {
         for n in [1usize, 8] {
             g.bench_function(format!("postgres/work_loop/{n}"), |b| {
                 b.iter_custom(|iters| runs(iters, || work_loop(&pg, n)))
+            });
+            g.bench_function(format!("postgres/tokio_work_loop/{n}"), |b| {
+                b.iter_custom(|iters| runs(iters, || tokio_work_loop(&pg, n)))
             });
         }
         hand_pg::setup(&url, &schema);
