@@ -134,7 +134,8 @@ pub(super) fn page(
     preview_bytes: usize,
 ) -> Result<Vec<JobPeek>> {
     let fail = |e| sql_err(|| format!("listing {state} jobs of queue {queue:?}"), e);
-    let cols = JOB_COLUMNS.replacen("payload", "substr(payload, 1, ?6)", 1) + ", length(payload)";
+    let cols = JOB_COLUMNS.replacen("payload", "coalesce(substr(payload, 1, ?6), x'')", 1)
+        + ", length(payload)";
     let (steps, p, at, id) = page_plan(state, after);
     let preview = i64::try_from(preview_bytes).unwrap_or(i64::MAX);
     let mut jobs = Vec::new();
@@ -242,7 +243,7 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         super::super::schema::check_schema(&conn, "memory").unwrap();
         ensure_indexes(&conn, "memory").unwrap();
-        let cols = JOB_COLUMNS.replacen("payload", "substr(payload, 1, ?6)", 1);
+        let cols = JOB_COLUMNS.replacen("payload", "coalesce(substr(payload, 1, ?6), x'')", 1);
         let mut statements: Vec<String> = PAGE_SQL
             .iter()
             .map(|s| s.replacen("{cols}", &cols, 1))

@@ -225,8 +225,11 @@ fn connect(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
     // otherwise re-prepare a statement whose bound value might change its
     // plan on every execution (the slots of a lease, read by key prefix,
     // were re-parsed in every lease transaction).
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
-        .map_err(|e| sql_err(|| ctx("configuring"), e))?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .map_err(|e| sql_err(|| ctx("configuring"), e))?;
     // Room for the scans of many queues (one statement per queue each).
     conn.set_prepared_statement_cache_capacity(256);
     // Processes started in a burst race to create the schema and to switch

@@ -441,3 +441,26 @@ pub fn job_summary_settles_expired_claims_and_refuses_bad_options(make: &Make) {
         assert_eq!(s.finished.len(), good.buckets);
     }
 }
+
+/// A job with an empty payload is listed like any other (SQLite's
+/// `substr` of an empty blob is NULL: the page read once failed on it).
+pub fn job_pages_list_empty_payloads(make: &Make) {
+    let w = World::new(make);
+    let id = w.push("q", JobSpec::new(Vec::<u8>::new()));
+    for state in [JobState::Ready, JobState::Running] {
+        if state == JobState::Running {
+            assert_eq!(w.claim_one("q", 1, 1_000).id, id);
+        }
+        let page = w
+            .tx(|tx| tx.jobs()?.page("q", state, None, 10, 64))
+            .unwrap();
+        assert_eq!(page.len(), 1, "{state:?}");
+        assert_eq!((page[0].job.id, page[0].payload_bytes), (id, 0));
+        assert!(page[0].job.payload.is_empty());
+    }
+    assert_eq!(
+        w.tx(|tx| core::job::next_change_in(tx, "q")).unwrap(),
+        Some(1_000),
+        "the claim runs out"
+    );
+}
