@@ -13,8 +13,9 @@ use std::time::Duration;
 /// Call `deliver` whenever `store` announces `wake`, on a thread of its
 /// own, until `quit` is set. Detached, so that a driver that stops never
 /// waits out the thread's current wait (it ends at its next wake-up or
-/// within 50 ms, holding its store handle until then): `Queue::work
-/// --drain` and `elect --once` return as soon as they are done.
+/// within a second, holding its store handle until then): `Queue::work
+/// --drain` and `elect --once` return as soon as they are done, and an
+/// idle one wakes once a second.
 pub(crate) fn spawn_waker(
     store: Arc<dyn Store>,
     wake: Wake,
@@ -26,7 +27,7 @@ pub(crate) fn spawn_waker(
         .spawn(move || {
             while !quit.load(Ordering::SeqCst) {
                 let epoch = store.epoch(wake);
-                if store.wait_epoch(wake, epoch, Duration::from_millis(50))
+                if store.wait_epoch(wake, epoch, Duration::from_secs(1))
                     && !quit.load(Ordering::SeqCst)
                 {
                     deliver();

@@ -456,7 +456,7 @@ fn campaign(
         }
         let now = session.now();
         let until = session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
-        wait = Duration::from_millis(until.saturating_sub(now).clamp(1, 50));
+        wait = Duration::from_millis(until.saturating_sub(now).clamp(1, 1_000));
     }
 }
 

@@ -187,6 +187,10 @@ impl Shared {
 /// store groups them).
 const STORE_THREADS: usize = 3;
 
+/// How often an idle driver looks at the stop flag (it is a plain flag:
+/// nothing wakes the driver when it is set).
+const STOP_POLL_MS: u64 = 200;
+
 impl Queue {
     /// Claim and run jobs until `stop` is set (or, with `drain`, until the
     /// queue is drained), `opts.concurrency` at a time. The handler's `Ok`
@@ -337,11 +341,11 @@ impl<'a> Driver<'a> {
     }
 
     /// Sleep until the machine's next timeout, a handler result or a
-    /// store reply, at most 50 ms (the stop flag is polled).
+    /// store reply, at most [`STOP_POLL_MS`] (the stop flag is polled).
     fn wait(&self) {
         let now = self.session.now();
         let until = self.session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
-        let ms = until.saturating_sub(now).clamp(0, 50);
+        let ms = until.saturating_sub(now).clamp(0, STOP_POLL_MS);
         if ms == 0 {
             return;
         }
