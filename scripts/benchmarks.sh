@@ -12,6 +12,13 @@ cargo bench --bench postgres 2>&1 | tee target/bench-postgres.log
 # The same work for every system (the worker loop, the plain loop, the
 # hand-written SQL), SQLite and PostgreSQL; it logs the peak RSS.
 cargo bench --bench throughput
+# What users feel (issue 24): the lease pair at the API users call, push-to-
+# start under load, and across processes command line to command line (the
+# figures go into the wave3-latency section by hand: they come with a
+# before column measured from another build, LEASEHOLD_BENCH_BIN).
+cargo bench --bench lease_api
+cargo bench --bench load_latency
+cargo bench -p leasehold-cli --bench latency
 cargo build --release -p leasehold-sim
 ./target/release/leasehold-sim --seeds 2000 | tail -1 > target/bench-sim.log
 python3 scripts/benchmarks.py
