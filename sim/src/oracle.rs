@@ -81,6 +81,9 @@ pub struct Oracle {
     accepted: BTreeMap<usize, u64>,
     claims: BTreeMap<u64, Vec<(u64, Interval)>>,
     completed: BTreeMap<u64, Owner>,
+    /// Claims (job, token) whose settle the store accepted: a settle sent
+    /// again after a lost answer is accepted again with no effect.
+    settled: BTreeSet<(u64, u64)>,
     /// B1: outcomes handlers reported, by (owner, job, token): whether it
     /// completed, and whether a settle batch carried it yet.
     reported: BTreeMap<(Owner, u64, u64), (bool, bool)>,
@@ -113,6 +116,7 @@ impl Oracle {
             accepted: BTreeMap::new(),
             claims: BTreeMap::new(),
             completed: BTreeMap::new(),
+            settled: BTreeSet::new(),
             reported: BTreeMap::new(),
             reports: BTreeSet::new(),
             ticks: BTreeSet::new(),
@@ -524,8 +528,13 @@ impl Oracle {
         Ok(())
     }
 
-    /// An accepted complete or fail.
+    /// An accepted complete or fail (the claim's first: an accepted
+    /// settle of a claim already settled is the same outcome answered
+    /// again, which the model checked).
     pub fn settled(&mut self, t: u64, id: u64, owner: Owner, token: u64, complete: bool) -> Check {
+        if !self.settled.insert((id, token)) {
+            return Ok(());
+        }
         let what = if complete { "complete" } else { "fail" };
         let c = self.current_claim(t, id, owner, token, what)?;
         c.end_ms = c.end_ms.min(t);

@@ -168,6 +168,31 @@ impl Model {
         self.last.clone()
     }
 
+    /// A settle of claim `token` sent again after its answer was lost:
+    /// its own outcome is there when the claim ended without a later one
+    /// and the job shows what that settle (`kind`: complete, fail with a
+    /// reason, give back) leaves and an expiry does not. Written from the
+    /// rule's statement, not from the core's code.
+    fn recorded(&self, id: u64, token: u64, kind: Recorded<'_>) -> Option<JobState> {
+        let job = self.job(id)?;
+        if job.last_token != token || job.claim.is_some_and(|c| c.1 == token) {
+            return None;
+        }
+        // An expiry writes "lease expired ...": never taken for a settle.
+        let error = job.last_error.as_deref().unwrap_or("");
+        let expired = error.starts_with("lease expired");
+        let same = match kind {
+            Recorded::Complete => job.state == JobState::Done,
+            Recorded::Fail(reason) => job.state != JobState::Done && !expired && error == reason,
+            Recorded::Abandon => match job.state {
+                JobState::Ready | JobState::Cancelled => !expired,
+                JobState::Dead => error == "abandoned by its worker on its last attempt",
+                _ => false,
+            },
+        };
+        same.then_some(job.state)
+    }
+
     /// The claim check shared by heartbeat, complete and fail.
     fn claimed(&mut self, id: u64, holder: u128, token: u64) -> Result<&mut Job, Outcome> {
         let job = self.live_job_mut(id).ok_or(Outcome::NotFound)?;
@@ -217,6 +242,10 @@ impl Model {
     ) -> Outcome {
         self.settle();
         let now = self.now_ms;
+        if self.recorded(id, token, Recorded::Complete).is_some() {
+            self.last = Outcome::Ok;
+            return self.last.clone();
+        }
         self.last = match self.claimed(id, holder, token) {
             Ok(job) => {
                 job.state = JobState::Done;
@@ -236,6 +265,10 @@ impl Model {
     pub fn abandon(&mut self, id: u64, holder: u128, token: u64, started: bool) -> Outcome {
         self.settle();
         let now = self.now_ms;
+        if let Some(state) = self.recorded(id, token, Recorded::Abandon) {
+            self.last = Outcome::State(state);
+            return self.last.clone();
+        }
         self.last = match self.claimed(id, holder, token) {
             Ok(job) => {
                 job.claim = None;
@@ -286,6 +319,9 @@ impl Model {
         self.last = (|| {
             if reason.len() > core::MAX_TEXT_BYTES || reason.contains('\0') {
                 return Outcome::Invalid(leasehold::Field::Reason);
+            }
+            if let Some(state) = self.recorded(id, token, Recorded::Fail(reason)) {
+                return Outcome::State(state);
             }
             let job = match self.claimed(id, holder, token) {
                 Ok(job) => job,
@@ -408,4 +444,12 @@ impl Model {
         }
         c
     }
+}
+
+/// Which settle [`Model::recorded`] looks for.
+#[derive(Clone, Copy)]
+enum Recorded<'a> {
+    Complete,
+    Fail(&'a str),
+    Abandon,
 }

@@ -38,9 +38,10 @@
 //! - **Settle** outcomes in batches: a flush when the completer holds
 //!   `batch_max` outcomes, when `flush_delay_ms` passed since the first, or
 //!   at once when no handler runs or waits to (nothing else is coming); a
-//!   batch refused by a transient error is sent again after a backoff.
-//!   Every outcome a handler reports is sent exactly once, unless the
-//!   process dies.
+//!   batch without an answer (a transient error, or an ambiguous commit:
+//!   a settle is idempotent) is sent again after a backoff.
+//!   Every outcome a handler reports is sent until the store answers it
+//!   (unless the process dies), and reported once.
 //! - **Drain**: with `drain`, once a claim finds nothing and nothing is
 //!   held, ask the store ([`crate::core::job::drained`]); finish if drained.
 //! - **Sample** the queue's jobs per state every `sample_ms` (if set), one
@@ -162,7 +163,7 @@ pub struct WorkerMachine {
     pub(super) completer: Vec<(ClaimId, Settle)>,
     /// When the completer flushes (while it holds outcomes).
     pub(super) flush_at: LocalMs,
-    /// Not before this: a batch refused by a transient error waits.
+    /// Not before this: a batch without an answer waits.
     pub(super) settle_retry_at: LocalMs,
     pub(super) settle_backoff: Backoff,
     pub(super) settle_sent: Option<Vec<(ClaimId, Settle)>>,

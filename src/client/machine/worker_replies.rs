@@ -203,15 +203,16 @@ impl WorkerMachine {
         };
         let states = match r {
             Ok(states) => states,
-            Err(e) if e.is_transient() => {
-                // Nothing was applied: send the same outcomes again after
-                // a backoff.
+            // No answer (nothing applied, or applied without its answer):
+            // send the same outcomes again after a backoff. Their claims
+            // are still renewed, and a settle that finds its own outcome
+            // recorded answers as if it were the first (the store decides:
+            // a claim that ran out meanwhile is lost).
+            Err(e) if e.is_transient() || e.is_ambiguous() => {
                 self.completer.splice(0..0, sent);
                 self.settle_retry_at = now.saturating_add(self.settle_backoff.next_wait().max(1));
                 return;
             }
-            // They may or may not have been applied: the store decides.
-            Err(e) if e.is_ambiguous() => sent.iter().map(|_| Err(e.clone())).collect(),
             Err(e) => return self.fail(e),
         };
         self.settle_backoff.reset();

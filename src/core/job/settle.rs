@@ -2,6 +2,11 @@
 //! abandon, one at a time or a worker's batch ([`settle_many`]). Each is
 //! decided on the loaded record (the claim checked: Q2) before anything
 //! is written.
+//!
+//! A settle is idempotent: sent again after an answer that was lost (an
+//! ambiguous commit), it finds its own outcome recorded and answers the
+//! job's state, changing nothing ([`recorded`]). So a worker retries a
+//! settle it got no answer to, instead of giving its claim up as lost.
 
 use super::rules::{load, note, note_end, put, settle_failure};
 use super::{JobId, JobRecord, JobState, QueuePolicy};
@@ -114,11 +119,55 @@ fn settle_one(
 ) -> Result<JobState> {
     let tx = tx.jobs()?;
     let mut job = load(tx, id)?;
+    if recorded(&job, token, settle) {
+        return Ok(state_now(&job, tx.now_ms()));
+    }
     settle_record(&mut job, holder, token, settle, tx.now_ms(), policy)?;
     put(tx, &job)?;
     note_settled(tx, &job, settle);
     Ok(job.state)
 }
+
+/// Whether `job` already shows the outcome `settle` of its claim `token`:
+/// the claim has ended, no later claim was made (its token is the job's
+/// last), and the job is where that settle leaves a job and an expiry of
+/// the claim does not: done (only a complete makes a job done); failed
+/// keeping the very reason; or, given back, ready, dead saying so, or
+/// cancelled, without the "lease expired" an expiry writes. Only the
+/// claim's holder knows its token. An expiry is never taken for a settle;
+/// a settle may be missed (answered lost) where an earlier attempt's error
+/// was itself an expiry's.
+fn recorded(job: &JobRecord, token: u64, settle: &Settle) -> bool {
+    let ended = job.last_token == token && job.claim.is_none_or(|c| c.token != token);
+    let error = job.last_error.as_deref().unwrap_or("");
+    let expired = error.starts_with(EXPIRED);
+    ended
+        && match settle {
+            Settle::Complete | Settle::CompleteWith(_) => job.state == JobState::Done,
+            Settle::Fail(reason) => job.state != JobState::Done && !expired && error == reason,
+            Settle::Abandon { .. } => match job.state {
+                JobState::Ready | JobState::Cancelled => !expired,
+                JobState::Dead => error == ABANDONED_LAST,
+                _ => false,
+            },
+        }
+}
+
+/// How every reason an expiry writes begins (`rules::expire`).
+const EXPIRED: &str = "lease expired";
+
+/// The state of a job whose claim has ended, as of `now_ms` (a retry whose
+/// backoff has passed is ready, whether or not its queue was brought up to
+/// date since), without writing.
+fn state_now(job: &JobRecord, now_ms: u64) -> JobState {
+    match job.state {
+        JobState::Scheduled if job.run_at_ms <= now_ms => JobState::Ready,
+        state => state,
+    }
+}
+
+/// Why a job given back on its last attempt is dead.
+const ABANDONED_LAST: &str = "abandoned by its worker on its last attempt";
 
 /// Settle many claimed jobs of `holder` in one transaction (a worker's
 /// completer batch): each is decided on its own, exactly as [`complete`],
@@ -149,6 +198,10 @@ pub fn settle_many(
             states.push(Err(Error::NotFound(*id)));
             continue;
         };
+        if recorded(job, *token, settle) {
+            states.push(Ok(state_now(job, now_ms)));
+            continue;
+        }
         match settle_record(job, holder, *token, settle, now_ms, policy) {
             Ok(()) => {
                 put(tx, job)?;
@@ -208,7 +261,7 @@ fn settle_record(
             job.reschedule(now_ms, now_ms);
         }
         Settle::Abandon { started: true } if job.attempts >= job.max_attempts => {
-            job.last_error = Some(Arc::from("abandoned by its worker on its last attempt"));
+            job.last_error = Some(Arc::from(ABANDONED_LAST));
             job.finish(JobState::Dead, now_ms);
         }
         Settle::Abandon { started: true } => job.reschedule(now_ms, now_ms),

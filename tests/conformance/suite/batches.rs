@@ -379,3 +379,59 @@ pub fn job_scans_are_ordered(make: &Make) {
     want.sort_by_key(|j| (j.run_at_ms, j.id));
     assert_eq!(ids, want.iter().map(|j| j.id).collect::<Vec<_>>());
 }
+
+/// A settle sent again after its answer was lost finds its own outcome
+/// recorded: it answers the job's state and changes nothing. An outcome
+/// that is not the one recorded, or a claim that expired, is still lost.
+pub fn job_settle_again_finds_its_own_outcome(make: &Make) {
+    use leasehold::core::job::Settle;
+    let w = World::new(make);
+    let spec = |max_attempts| JobSpec {
+        max_attempts,
+        ..JobSpec::new("x")
+    };
+    let ids: Vec<JobId> = (0..5u32).map(|i| w.push("q", spec(1 + (i % 2)))).collect();
+    let jobs = w.claim("q", 1, 1_000, 5);
+    let tok = |i: usize| jobs[i].claim.unwrap().token;
+    let settles = vec![
+        (ids[0], tok(0), Settle::Complete),
+        (ids[1], tok(1), Settle::Fail("boom".into())),
+        (ids[2], tok(2), Settle::Abandon { started: false }),
+        (ids[3], tok(3), Settle::Abandon { started: true }),
+        (
+            ids[4],
+            tok(4),
+            Settle::CompleteWith(std::sync::Arc::from(&b"r"[..])),
+        ),
+    ];
+    let policy = w.policy;
+    let first = w
+        .tx(|tx| core::job::settle_many(tx, HolderId(1), &settles, &policy))
+        .unwrap();
+    let states: Vec<JobState> = first.into_iter().map(Result::unwrap).collect();
+    let before: Vec<JobRecord> = ids.iter().map(|id| w.get(*id)).collect();
+    w.at(T0 + 10);
+    let again = w
+        .tx(|tx| core::job::settle_many(tx, HolderId(1), &settles, &policy))
+        .unwrap();
+    let again: Vec<JobState> = again.into_iter().map(Result::unwrap).collect();
+    assert_eq!(again, states, "the same answers");
+    let after: Vec<JobRecord> = ids.iter().map(|id| w.get(*id)).collect();
+    assert_eq!(after, before, "nothing changed");
+    // One at a time too.
+    w.tx(|tx| core::job::complete(tx, ids[0], HolderId(1), tok(0)))
+        .unwrap();
+    // Another outcome than the one recorded: lost.
+    let r = w.tx(|tx| core::job::fail(tx, ids[0], HolderId(1), tok(0), "no", &policy));
+    assert_eq!(lost_reason(r), LostReason::StaleToken);
+    let r = w.tx(|tx| core::job::fail(tx, ids[1], HolderId(1), tok(1), "other", &policy));
+    assert_eq!(lost_reason(r), LostReason::StaleToken);
+    // A claim that ran out is not a recorded give-back.
+    let id = w.push("q2", spec(3));
+    let job = w.claim_one("q2", 1, 100);
+    assert_eq!(job.id, id);
+    let token = job.claim.unwrap().token;
+    w.at(T0 + 10_000);
+    let r = w.tx(|tx| core::job::abandon(tx, id, HolderId(1), token, true));
+    assert!(matches!(r, Err(Error::Lost { .. })), "{r:?}");
+}

@@ -85,10 +85,16 @@ pub fn job_lifecycle_complete(make: &Make) {
         (done.state, done.claim, done.finished_at_ms),
         (JobState::Done, None, Some(T0))
     );
+    // Sent again (as after a lost answer): its own outcome is found
+    // recorded, and nothing changes (Q2: completed at most once).
+    w.at(T0 + 5);
+    w.complete(&job, 1).unwrap();
+    assert_eq!(w.get(id), done, "Q2: at most once");
+    let r = w.tx(|tx| core::job::fail(tx, id, HolderId(1), token, "late", &w.policy));
     assert_eq!(
-        lost_reason(w.complete(&job, 1)),
+        lost_reason(r),
         LostReason::StaleToken,
-        "Q2: at most once"
+        "not another outcome"
     );
     assert_eq!(w.stats("q"), counts(0, 0, 0, 1, 0, 0));
 }

@@ -212,7 +212,8 @@ macro_rules! conformance_cases {
             job_queues_are_listed, job_pages_follow_each_states_index_order,
             job_summary_counts_oldest_ready_and_finished_per_interval,
             job_summary_settles_expired_claims_and_refuses_bad_options,
-            job_next_change_is_the_first_due_or_expiry, job_pages_list_empty_payloads
+            job_next_change_is_the_first_due_or_expiry, job_pages_list_empty_payloads,
+            job_settle_again_finds_its_own_outcome
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
