@@ -73,6 +73,9 @@ mod fork;
 #[cfg(feature = "serde")]
 mod json;
 mod observe;
+#[cfg(feature = "serde")]
+#[doc(hidden)]
+pub mod render;
 pub mod store;
 mod sync;
 pub mod time;

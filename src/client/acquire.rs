@@ -51,6 +51,7 @@ pub(crate) enum AcquireNext {
 pub(crate) struct Acquiring {
     machine: HolderMachine,
     exec: AcquireExec,
+    #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] // the tokio acquire
     waits: bool,
 }
 
@@ -79,6 +80,7 @@ impl Acquiring {
 
     /// Whether it may wait for the key (a try-once acquire has nothing to
     /// listen for).
+    #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] // the tokio acquire
     pub(crate) fn waits(&self) -> bool {
         self.waits
     }

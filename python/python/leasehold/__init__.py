@@ -1,0 +1,243 @@
+"""leasehold: expiring, fenced leases (locks) and a race-free job queue.
+
+The rules are the leasehold Rust crate's (this package binds it: no second
+implementation); stores are the same URLs as the command line's::
+
+    import leasehold
+
+    store = leasehold.open("sqlite:leasehold.db")     # or file:DIR, postgres://...
+    with store.lock("nightly-etl", ttl=30, wait=10, label="tap-x") as lease:
+        lease.check()              # raises leasehold.LeaseLost once lost
+        write_with_fence(lease.token)
+
+    q = store.queue("requests")
+    job_id = q.push({"tile": 7})
+    job = q.claim(lease=30)
+    if job is not None:
+        handle(job.json())
+        job.complete()
+
+Blocking calls release the GIL, and a wait ends within about 100 ms of
+Ctrl-C. A lease keeps itself alive (renewed about every ttl/3 on a thread
+of the crate's) until released, lost, or garbage-collected. After
+``os.fork()`` the child never touches its parent's leases, jobs or
+connections (:class:`Forked`); it opens its own store.
+"""
+
+import json as _json
+
+from . import _native
+from .errors import Error, Forked, InvalidInput, LeaseHeld, LeaseLost, NotFound, StoreError
+
+__all__ = [
+    "open",
+    "Store",
+    "Lease",
+    "Queue",
+    "Job",
+    "Error",
+    "LeaseHeld",
+    "LeaseLost",
+    "InvalidInput",
+    "StoreError",
+    "Forked",
+    "NotFound",
+]
+
+
+def _payload(value):
+    """bytes as they are, str as UTF-8, anything else as JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return _json.dumps(value).encode("utf-8")
+
+
+class Lease:
+    """A held lease (:meth:`Store.lock`): a context manager that releases it
+    on exit. ``token`` is its fencing token."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def key(self):
+        return self._native.key
+
+    @property
+    def token(self):
+        """The fencing token: larger than every earlier grant's of the key."""
+        return self._native.token
+
+    def valid(self):
+        """Whether the holder may act now (before its local deadline, not
+        lost or released, in the process that acquired it)."""
+        return self._native.valid()
+
+    def remaining(self):
+        """Seconds left before the local deadline (0.0 once not valid)."""
+        return self._native.remaining()
+
+    def check(self):
+        """Raise :class:`LeaseLost` unless valid: the check to make before
+        every protected action."""
+        self._native.check()
+
+    def renew(self):
+        """Renew now (the keep-alive does it by itself)."""
+        self._native.renew()
+
+    def release(self):
+        """Release now; a second call does nothing."""
+        self._native.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def __repr__(self):
+        return repr(self._native)
+
+
+class Job:
+    """A claimed job: ``id``, ``attempt``, ``token``, ``payload`` (bytes),
+    ``json()``; settled by ``complete()`` or ``fail(reason)`` (inside
+    :meth:`Queue.work`, by returning or raising instead)."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native):
+        self._native = native
+
+    id = property(lambda self: self._native.id, doc="The job's id.")
+    attempt = property(lambda self: self._native.attempt, doc="This attempt (1 for the first).")
+    token = property(lambda self: self._native.token, doc="The claim's fencing token.")
+    queue = property(lambda self: self._native.queue, doc="The job's queue.")
+    payload = property(lambda self: self._native.payload, doc="The payload (bytes).")
+    cancel_requested = property(
+        lambda self: self._native.cancel_requested, doc="Someone asked to cancel it."
+    )
+
+    def json(self):
+        """The payload parsed as JSON."""
+        return _json.loads(self._native.payload)
+
+    def text(self):
+        """The payload as UTF-8 text."""
+        return self._native.payload.decode("utf-8")
+
+    def valid(self):
+        """Whether the claim may still be acted on."""
+        return self._native.valid()
+
+    def complete(self, result=None):
+        """Mark it done, keeping ``result`` (bytes, str, or JSON) with it."""
+        self._native.complete(None if result is None else _payload(result))
+
+    def fail(self, reason):
+        """Report this attempt failed; returns the job's state now
+        ("scheduled" for a retry, "dead", or "cancelled")."""
+        return self._native.fail(str(reason))
+
+    def abandon(self):
+        """Give it back (ready again at once)."""
+        return self._native.abandon()
+
+    def __repr__(self):
+        return repr(self._native)
+
+
+class Queue:
+    """A queue of a store (:meth:`Store.queue`)."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def name(self):
+        return self._native.name
+
+    def push(self, payload, priority=0, delay=None, max_attempts=None, unique=None):
+        """Enqueue ``payload`` (bytes, str, or anything JSON takes); returns
+        the job's id (the live job's, when ``unique`` names one)."""
+        return self._native.push(_payload(payload), priority, delay, max_attempts, unique)
+
+    def claim(self, lease=30, keep_alive=True):
+        """Claim the next ready job (``None`` if none), renewed about every
+        lease/3 until settled when ``keep_alive``."""
+        job = self._native.claim(float(lease), keep_alive)
+        return None if job is None else Job(job)
+
+    def work(self, handler, concurrency=4, lease=30, drain=False, shutdown_grace=30):
+        """Run ``handler(job)`` for every job, ``concurrency`` at a time, on
+        the crate's worker loop (batched claims and outcomes, one renewal
+        round for all held jobs). Returning completes the job (a returned
+        value is kept as its result); raising fails it with the exception's
+        text. With ``drain`` it returns once nothing is ready, running or
+        due; else until Ctrl-C, which stops it gracefully and is raised.
+        Returns ``{"completed", "failed", "abandoned", "lost"}``."""
+
+        def call(native_job):
+            return handler(Job(native_job))
+
+        return self._native.work(
+            call, int(concurrency), float(lease), bool(drain), float(shutdown_grace)
+        )
+
+    def stats(self):
+        """Jobs per state: ready, scheduled, running, done, dead, cancelled."""
+        return self._native.stats()
+
+    def get(self, job_id):
+        """One job, as ``leasehold queue get`` prints it."""
+        return self._native.get(int(job_id))
+
+    def cancel(self, job_id):
+        """Cancel a job; returns its state."""
+        return self._native.cancel(int(job_id))
+
+
+class Store:
+    """An open store (:func:`open`)."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def url(self):
+        return self._native.url
+
+    def lock(self, key, ttl=30, wait=0, label=None, limit=1, keep_alive=True):
+        """Acquire ``key`` for ``ttl`` seconds, waiting up to ``wait`` while
+        it is held (raises :class:`LeaseHeld` when the wait runs out)."""
+        return Lease(
+            self._native.lock(key, float(ttl), float(wait), label, int(limit), bool(keep_alive))
+        )
+
+    def holders(self, key):
+        """The live holders of ``key`` (empty when it is free)."""
+        return self._native.holders(key)
+
+    def queue(self, name):
+        """The queue ``name``."""
+        return Queue(self._native.queue(name))
+
+    def __repr__(self):
+        return repr(self._native)
+
+
+def open(url="sqlite:leasehold.db"):  # noqa: A001 - the package's verb
+    """Open a store: ``sqlite:PATH``, ``file:DIR`` (leases only),
+    ``postgres://USER@HOST:PORT/DB``, or ``mem:`` (this process only);
+    options as URL parameters (``sqlite:x.db?synchronous=full``)."""
+    return Store(_native.open(url))

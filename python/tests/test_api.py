@@ -1,0 +1,249 @@
+"""The native API: leases, the queue, errors that name their cause."""
+
+import threading
+import time
+
+import pytest
+
+import leasehold
+
+
+def test_lock_gives_a_token_and_the_with_block_releases(store_url, name):
+    store = leasehold.open(store_url)
+    with store.lock(name, ttl=30, wait=1, label="tap-x") as lease:
+        assert isinstance(lease.token, int) and lease.token >= 1
+        assert lease.key == name
+        assert lease.valid()
+        assert 29 < lease.remaining() <= 30
+        lease.check()
+        [holder] = store.holders(name)
+        assert holder["label"] == "tap-x"
+        assert holder["token"] == lease.token
+        first = lease.token
+    assert store.holders(name) == []
+    assert not lease.valid()
+    with pytest.raises(leasehold.LeaseLost):
+        lease.check()
+    with store.lock(name, ttl=30) as again:
+        assert again.token > first
+
+
+def test_a_held_key_raises_lease_held_after_the_wait(store_url, name):
+    store = leasehold.open(store_url)
+    lease = store.lock(name, ttl=30)
+    started = time.monotonic()
+    with pytest.raises(leasehold.LeaseHeld) as held:
+        store.lock(name, ttl=30, wait=0.3)
+    waited = time.monotonic() - started
+    assert 0.25 <= waited < 3, waited
+    assert name in str(held.value)
+    assert isinstance(held.value, leasehold.Error)
+    lease.release()
+    lease.release()  # a second release does nothing
+    store.lock(name, ttl=30).release()
+
+
+def test_a_waiter_gets_the_key_when_it_is_released(store_url, name):
+    store = leasehold.open(store_url)
+    lease = store.lock(name, ttl=30)
+    threading.Timer(0.3, lease.release).start()
+    started = time.monotonic()
+    with store.lock(name, ttl=30, wait=10) as second:
+        assert second.token > lease.token
+    assert time.monotonic() - started < 5
+
+
+def test_keep_alive_holds_past_the_ttl_and_without_it_the_lease_is_lost(store_url, name):
+    store = leasehold.open(store_url)
+    kept = store.lock(name + "-kept", ttl=0.6)
+    bare = store.lock(name + "-bare", ttl=0.6, keep_alive=False)
+    time.sleep(1.5)
+    assert kept.valid()
+    kept.check()
+    assert not bare.valid()
+    assert bare.remaining() == 0.0
+    with pytest.raises(leasehold.LeaseLost):
+        bare.check()
+    # Someone else may take the expired one; the kept one is still held.
+    store.lock(name + "-bare", ttl=5).release()
+    with pytest.raises(leasehold.LeaseHeld):
+        store.lock(name + "-kept", ttl=5)
+    kept.release()
+
+
+def test_renew_extends_and_raises_once_lost(store_url, name):
+    store = leasehold.open(store_url)
+    lease = store.lock(name, ttl=0.5, keep_alive=False)
+    time.sleep(0.3)
+    lease.renew()
+    assert lease.remaining() > 0.35
+    time.sleep(0.8)
+    store.lock(name, ttl=30).release()  # the key changed hands
+    with pytest.raises(leasehold.LeaseLost):
+        lease.renew()
+
+
+def test_a_counting_lease_admits_limit_holders(store_url, name):
+    store = leasehold.open(store_url)
+    a = store.lock(name, ttl=30, limit=2)
+    b = store.lock(name, ttl=30, limit=2)
+    with pytest.raises(leasehold.LeaseHeld):
+        store.lock(name, ttl=30, limit=2)
+    assert len(store.holders(name)) == 2
+    a.release()
+    b.release()
+
+
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -1}, "ttl"),
+        ({"ttl": float("nan")}, "ttl"),
+        ({"ttl": 5, "wait": -1}, "wait"),
+        ({"ttl": 5, "limit": 0}, "limit"),
+    ],
+)
+def test_bad_lock_arguments_are_named(sqlite_url, name, kwargs, names):
+    store = leasehold.open(sqlite_url)
+    with pytest.raises(ValueError) as bad:
+        store.lock(name, **kwargs)
+    assert isinstance(bad.value, leasehold.InvalidInput)
+    assert names in str(bad.value)
+    assert store.holders(name) == []
+
+
+def test_a_bad_key_is_named(sqlite_url):
+    store = leasehold.open(sqlite_url)
+    with pytest.raises(leasehold.InvalidInput) as bad:
+        store.lock("", ttl=5)
+    assert "key" in str(bad.value)
+    with pytest.raises(leasehold.InvalidInput):
+        store.lock("x" * 100_000, ttl=5)
+
+
+@pytest.mark.parametrize(
+    "url, names",
+    [
+        ("bogus:x", "bogus"),
+        ("sqlite:", "path"),
+        ("postgres://", "postgres"),
+        ("sqlite:/nonexistent-dir/x/y.db", "/nonexistent-dir"),
+    ],
+)
+def test_a_bad_store_url_is_named(url, names):
+    with pytest.raises(leasehold.Error) as bad:
+        leasehold.open(url)
+    assert names in str(bad.value)
+
+
+def test_file_store_leases(tmp_path, name):
+    store = leasehold.open(f"file:{tmp_path / 'leases'}")
+    with store.lock(name, ttl=30) as lease:
+        with pytest.raises(leasehold.LeaseHeld):
+            store.lock(name, ttl=30)
+        assert lease.valid()
+    with pytest.raises(leasehold.Error):
+        store.queue("q").push(b"x")
+
+
+def test_push_claim_complete_and_get(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    a = q.push(b"\x00\xffraw")
+    b = q.push("text")
+    c = q.push({"json": 1}, priority=5)
+    assert a < b < c
+    assert q.stats() == {"ready": 3, "scheduled": 0, "running": 0, "done": 0, "dead": 0, "cancelled": 0}
+    job = q.claim(lease=30)
+    assert (job.id, job.attempt) == (c, 1)  # the highest priority first
+    assert job.json() == {"json": 1}
+    assert isinstance(job.token, int) and job.valid()
+    assert q.stats()["running"] == 1
+    job.complete(result={"ok": True})
+    with pytest.raises(leasehold.LeaseLost):
+        job.complete()
+    got = q.get(c)
+    assert got["state"] == "done" and got["result"] == '{"ok": true}'
+    assert got["attempts"] == 1 and got["queue"] == name
+    raw = q.claim()
+    assert raw.payload == b"\x00\xffraw"
+    raw.complete()
+    assert q.get(a)["payload_encoding"] == "base64"
+    text = q.claim()
+    assert text.text() == "text"
+    assert text.fail("boom") == "scheduled"
+    assert q.get(b)["last_error"] == "boom"
+    assert q.claim() is None
+
+
+def test_delay_max_attempts_unique_and_cancel(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    later = q.push(b"later", delay=60)
+    assert q.stats()["scheduled"] == 1
+    assert q.claim() is None
+    once = q.push(b"once", max_attempts=1)
+    job = q.claim()
+    assert job.id == once
+    assert job.fail("no") == "dead"
+    assert q.get(once)["state"] == "dead"
+    u1 = q.push(b"u", unique="same")
+    u2 = q.push(b"u", unique="same")
+    assert u1 == u2
+    assert q.cancel(later) == "cancelled"
+    assert q.get(later)["state"] == "cancelled"
+    with pytest.raises(leasehold.NotFound):
+        q.get(10**12)
+    with pytest.raises(leasehold.InvalidInput):
+        q.push(b"x", delay=-1)
+    with pytest.raises(leasehold.InvalidInput):
+        q.claim(lease=0)
+
+
+def test_abandon_gives_the_job_back(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    jid = q.push(b"x")
+    job = q.claim()
+    assert job.abandon() == "ready"
+    again = q.claim()
+    assert again.id == jid and again.token > job.token
+    again.complete()
+
+
+def test_work_runs_every_job_and_reports(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    ids = [q.push({"i": i}) for i in range(50)]
+    seen = []
+    lock = threading.Lock()
+
+    def handler(job):
+        with lock:
+            seen.append(job.json()["i"])
+        if job.json()["i"] == 7:
+            raise RuntimeError("seven is bad")
+        return {"double": job.json()["i"] * 2}
+
+    report = q.work(handler, concurrency=4, lease=10, drain=True)
+    # 7 fails each attempt (3 by default) and ends dead.
+    assert report == {"completed": 49, "failed": 3, "abandoned": 0, "lost": 0}
+    assert sorted(set(seen)) == list(range(50))
+    assert q.stats()["done"] == 49 and q.stats()["dead"] == 1
+    assert q.get(ids[42])["result"] == '{"double": 84}'
+    dead = q.get(ids[7])
+    assert dead["state"] == "dead" and dead["attempts"] == 3
+    assert dead["last_error"] == "RuntimeError: seven is bad"
+
+
+def test_a_work_handler_settles_by_returning_not_by_hand(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    q.push(b"x")
+    kept = []
+
+    def handler(job):
+        kept.append(job)
+        with pytest.raises(leasehold.InvalidInput):
+            job.complete()
+        assert job.valid()
+
+    assert q.work(handler, concurrency=1, lease=10, drain=True)["completed"] == 1
+    # The handle is inert after its handler returned.
+    assert not kept[0].valid()
