@@ -22,5 +22,11 @@ cargo bench -p leasehold-cli --bench latency
 cargo build --release -p leasehold-sim
 ./target/release/leasehold-sim --seeds 2000 | tail -1 > target/bench-sim.log
 python3 scripts/benchmarks.py
+# Python (issue 28): leasehold against sherlock and filelock from PyPI, in a
+# venv of their own; replaces the python section of BENCHMARKS.md.
+venv=target/bench-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet sherlock==0.4.1 filelock ./python
+"$venv/bin/python" python/bench/bench.py --write BENCHMARKS.md
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
 python3 scripts/plot.py
