@@ -290,8 +290,9 @@ impl Lease {
         py.detach(|| g.renew()).map_err(|e| py_err(py, e))
     }
 
-    /// Release the lease now (a second call does nothing). In a forked
-    /// child it raises `Forked` and leaves the parent's lease alone.
+    /// Release the lease now (a second call does nothing); `LeaseLost` when
+    /// it was lost before. In a forked child it raises `Forked` and leaves
+    /// the parent's lease alone.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
         self.origin(py)?;
         let Some(g) = lock(&self.guard).take() else {

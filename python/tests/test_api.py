@@ -247,3 +247,15 @@ def test_a_work_handler_settles_by_returning_not_by_hand(store_url, name):
     assert q.work(handler, concurrency=1, lease=10, drain=True)["completed"] == 1
     # The handle is inert after its handler returned.
     assert not kept[0].valid()
+
+
+def test_releasing_a_lost_lease_says_so(store_url, name):
+    store = leasehold.open(store_url)
+    lease = store.lock(name, ttl=0.3, keep_alive=False)
+    time.sleep(0.6)
+    store.lock(name, ttl=30).release()  # someone else had it meanwhile
+    with pytest.raises(leasehold.LeaseLost):
+        lease.renew()  # the loss, observed
+    with pytest.raises(leasehold.LeaseLost):
+        lease.release()
+    lease.release()  # a second call does nothing

@@ -127,7 +127,10 @@ impl LeaseGuard {
         )
     }
 
-    /// Release the lease now and stop its keep-alive.
+    /// Release the lease now and stop its keep-alive. [`Error::Lost`] when
+    /// it was lost before (a refused renewal, or the store found another
+    /// holder or token): nothing was released, and the work done under it
+    /// may not have been protected to the end.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
         self.release_inner()
@@ -149,12 +152,13 @@ impl LeaseGuard {
     fn release_inner(&self) -> Result<()> {
         match self.life.check_usable(true) {
             Ok(()) => {}
-            Err(Error::Lost { .. }) => {
-                // Nothing to release; still wait for the keep-alive, so
-                // that its loss callback has returned when release does.
+            Err(lost @ Error::Lost { .. }) => {
+                // Nothing to release, and the caller is told so; still wait
+                // for the keep-alive, so that its loss callback has
+                // returned when release does.
                 self.life.finish();
                 self.life.join();
-                return Ok(());
+                return Err(lost);
             }
             Err(other) => return Err(other),
         }

@@ -228,6 +228,7 @@ impl LeaseGuard {
     }
 
     /// Stop the keep-alive, wait for it to end, then release the lease.
+    /// [`Error::Lost`] when it was lost before: nothing was released.
     pub async fn release(mut self) -> Result<()> {
         let usable = self.life.check_usable(true);
         if let Err(e @ Error::Forked { .. }) = usable {
@@ -243,8 +244,10 @@ impl LeaseGuard {
                 let (key, token) = (self.key.clone(), self.token);
                 self.client.call(move |c| c.release(&key, token)).await
             }
-            // Lost or ended already: nothing to release.
-            _ => Ok(()),
+            // Lost already: nothing to release, and the caller is told so.
+            Err(lost) => Err(lost),
+            // Ended already (a release that raced this one).
+            Ok(()) => Ok(()),
         };
         self.client.sync.mark_held(&self.key, false);
         result

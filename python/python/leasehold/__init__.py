@@ -91,7 +91,9 @@ class Lease:
         self._native.renew()
 
     def release(self):
-        """Release now; a second call does nothing."""
+        """Release now; a second call does nothing. Raises
+        :class:`LeaseLost` when the lease was lost before (nothing was
+        released: the work under it may not have been protected)."""
         self._native.release()
 
     def __enter__(self):

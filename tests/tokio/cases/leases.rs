@@ -101,8 +101,12 @@ pub fn the_loss_is_a_future_and_a_cancelled_token(make: &Make) {
         within(ms(100), "the cancellation token", token.cancelled()).await;
         assert!(!guard.is_valid());
         assert_eq!(guard.lost_reason(), Some(reason));
-        // Releasing a lost lease is not an error and touches nothing.
-        guard.release().await.unwrap();
+        // Releasing a lost lease says so, and touches nothing.
+        let released = guard.release().await;
+        assert!(
+            matches!(released, Err(leasehold::Error::Lost { .. })),
+            "{released:?}"
+        );
         assert_eq!(c.inspect("lost").await.unwrap().holders.len(), 1);
     });
 }
