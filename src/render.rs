@@ -27,7 +27,7 @@ pub struct Times {
 }
 
 /// A wall-clock time as RFC 3339 in UTC with milliseconds
-/// (`2026-12-03T10:26:45.643Z`).
+/// (`2026-12-03T12:26:45.643Z`).
 fn rfc3339_millis(wall: SystemTime) -> String {
     let ms = wall
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -241,9 +241,9 @@ mod tests {
             now_ms: 5_000,
             wall,
         };
-        assert_eq!(t.at(5_000), "2026-12-03T10:26:45.643Z");
-        assert_eq!(t.at(6_000), "2026-12-03T10:26:46.643Z");
-        assert_eq!(t.at(4_000), "2026-12-03T10:26:44.643Z");
+        assert_eq!(t.at(5_000), "2026-12-03T12:26:45.643Z");
+        assert_eq!(t.at(6_000), "2026-12-03T12:26:46.643Z");
+        assert_eq!(t.at(4_000), "2026-12-03T12:26:44.643Z");
         assert_eq!(t.until(4_000), 0);
         assert_eq!(t.until(5_250), 250);
     }

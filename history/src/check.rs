@@ -1,0 +1,841 @@
+//! Judging a history. Two kinds of checks:
+//!
+//! - Independent: each lease key is checked for linearizability against a
+//!   mutex with tokens by `wgl` (Wing & Gong's search with Lowe's memo, as
+//!   Knossos and porcupine do it; generic, it knows only this reference
+//!   mutex, and agrees with stateright's tester on random small histories).
+//!   The reference mutex: acquire grants a token larger than
+//!   every earlier one when the key is free, else answers held; renew and
+//!   release succeed only for the current holder. A fault (SIGKILL or
+//!   SIGSTOP past the TTL) or an unknown outcome lets the lease expire: an
+//!   `expire` of that process's hold, invoked then and left in flight, so
+//!   the tester may place it anywhere after (or nowhere). Operations with
+//!   an unknown outcome stay in flight (Jepsen's `info`), their process
+//!   continuing under a new thread id.
+//! - leasehold's own, on top: tokens strictly increase per key in real
+//!   time; no two holders' protected intervals overlap (from the grant to
+//!   the release, the fault, or the TTL after the last renewal was asked
+//!   for); the fenced resource never accepted a token lower than one it had
+//!   accepted; and the queue's categories after Jepsen's total-queue
+//!   checker: lost, duplicated (completed twice, or two claims valid at
+//!   once), unexpected, recovered, stuck.
+
+use crate::record::Event;
+use crate::wgl::{self, Operation, Spec};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+/// What a check found: counts per category and the failures (empty: the
+/// history passed).
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub counts: BTreeMap<&'static str, u64>,
+    pub failures: Vec<String>,
+}
+
+impl Verdict {
+    fn add(&mut self, what: &'static str, n: u64) {
+        *self.counts.entry(what).or_default() += n;
+    }
+    fn fail(&mut self, what: &'static str, detail: String) {
+        self.add(what, 1);
+        if self.failures.len() < 50 {
+            self.failures.push(format!("{what}: {detail}"));
+        }
+    }
+}
+
+// --- the reference mutex ----------------------------------------------------
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Acquire(String),
+    Renew(String, u64),
+    Release(String, u64),
+    /// The hold of this process (of this token, when known) may have run
+    /// out: after a fault, or an outcome nobody saw.
+    Expire(String, Option<u64>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Ret {
+    Granted(u64),
+    Held,
+    Ok,
+    Lost,
+}
+
+/// The reference mutex's state: who holds it with which token, and the
+/// highest token granted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Mutex {
+    holder: Option<(String, u64)>,
+    last: u64,
+}
+
+impl Mutex {
+    fn holds(&self, p: &str, t: u64) -> bool {
+        self.holder
+            .as_ref()
+            .is_some_and(|(h, ht)| h == p && *ht == t)
+    }
+
+    /// `op` applied with its observed `ret` (None: unknown, then it took
+    /// effect as the mutex would have it); None when impossible.
+    pub fn step(&self, op: &Op, ret: Option<&Ret>) -> Option<Mutex> {
+        let mut next = self.clone();
+        let ok = match (op, ret) {
+            (Op::Acquire(p), Some(Ret::Granted(t))) => {
+                let free = self.holder.is_none() && *t > self.last;
+                next.holder = Some((p.clone(), *t));
+                next.last = *t;
+                free
+            }
+            (Op::Acquire(_), Some(Ret::Held)) => self.holder.is_some(),
+            (Op::Acquire(p), None) => {
+                if self.holder.is_none() {
+                    next.last += 1;
+                    next.holder = Some((p.clone(), next.last));
+                }
+                true
+            }
+            (Op::Renew(p, t), Some(Ret::Ok)) => self.holds(p, *t),
+            (Op::Renew(p, t), Some(Ret::Lost)) => !self.holds(p, *t),
+            (Op::Renew(..), None) => true,
+            (Op::Release(p, t), Some(Ret::Ok)) => {
+                next.holder = None;
+                self.holds(p, *t)
+            }
+            (Op::Release(p, t), Some(Ret::Lost)) => !self.holds(p, *t),
+            (Op::Release(p, t), None) => {
+                if self.holds(p, *t) {
+                    next.holder = None;
+                }
+                true
+            }
+            (Op::Expire(p, t), _) => {
+                if self
+                    .holder
+                    .as_ref()
+                    .is_some_and(|(h, ht)| h == p && t.is_none_or(|t| t == *ht))
+                {
+                    next.holder = None;
+                }
+                true
+            }
+            _ => false,
+        };
+        ok.then_some(next)
+    }
+}
+
+struct MutexSpec;
+
+impl Spec for MutexSpec {
+    type State = Mutex;
+    type Input = Op;
+    type Output = Ret;
+    fn step(&self, state: &Mutex, input: &Op, output: Option<&Ret>) -> Option<Mutex> {
+        state.step(input, output)
+    }
+}
+
+/// The operations on `key`, with an `Expire` for every fault of a process
+/// and every outcome nobody saw.
+pub fn operations(events: &[Event], key: &str) -> Vec<Operation<Op, Ret>> {
+    let mut ops: Vec<Operation<Op, Ret>> = Vec::new();
+    let mut pending: HashMap<String, usize> = HashMap::new();
+    // The token each process holds, as far as the history shows.
+    let mut holding: HashMap<String, u64> = HashMap::new();
+    let expire = |ops: &mut Vec<Operation<Op, Ret>>, p: &str, token: Option<u64>, at: u64| {
+        ops.push(Operation {
+            input: Op::Expire(p.to_owned(), token),
+            output: None,
+            call: at,
+            ret: None,
+        });
+    };
+    for e in events {
+        if e.kind == "fault" {
+            if matches!(e.f.as_str(), "kill" | "stop") && e.p != "postgres" {
+                expire(&mut ops, &e.p, holding.get(&e.p).copied(), e.mono);
+            }
+            continue;
+        }
+        if e.key.as_deref() != Some(key) || !matches!(e.f.as_str(), "acquire" | "renew" | "release")
+        {
+            continue;
+        }
+        match e.kind.as_str() {
+            "invoke" => {
+                let input = match e.f.as_str() {
+                    "acquire" => Op::Acquire(e.p.clone()),
+                    "renew" => Op::Renew(e.p.clone(), e.token.unwrap_or(0)),
+                    _ => Op::Release(e.p.clone(), e.token.unwrap_or(0)),
+                };
+                pending.insert(e.p.clone(), ops.len());
+                ops.push(Operation {
+                    input,
+                    output: None,
+                    call: e.mono,
+                    ret: None,
+                });
+            }
+            "ok" | "fail" => {
+                let Some(i) = pending.remove(&e.p) else {
+                    continue;
+                };
+                let ret = match (e.f.as_str(), e.kind.as_str()) {
+                    ("acquire", "ok") => {
+                        holding.insert(e.p.clone(), e.token.unwrap_or(0));
+                        Ret::Granted(e.token.unwrap_or(0))
+                    }
+                    ("acquire", _) => Ret::Held,
+                    (f, "ok") => {
+                        if f == "release" {
+                            holding.remove(&e.p);
+                        }
+                        Ret::Ok
+                    }
+                    _ => {
+                        holding.remove(&e.p);
+                        Ret::Lost
+                    }
+                };
+                ops[i].output = Some(ret);
+                ops[i].ret = Some(e.mono);
+            }
+            _ => {
+                // Unknown: it stays unknown, and the hold may run out.
+                pending.remove(&e.p);
+                expire(&mut ops, &e.p, holding.remove(&e.p), e.mono);
+            }
+        }
+    }
+    ops
+}
+
+/// Whether the lease history of `key` is linearizable as a mutex (None:
+/// not decided within `max_states` states).
+pub fn linearizable(events: &[Event], key: &str, max_states: usize) -> Option<bool> {
+    wgl::linearizable(
+        &MutexSpec,
+        Mutex::default(),
+        &operations(events, key),
+        max_states,
+    )
+}
+
+// --- leases: leasehold's own checks -----------------------------------------
+
+struct Grant {
+    p: String,
+    token: u64,
+    invoke: u64,
+    ok: u64,
+    end: u64,
+}
+
+/// The grants of `key` with their protected intervals.
+fn grants(events: &[Event], key: &str, ttl_ns: u64) -> Vec<Grant> {
+    let mut out: Vec<Grant> = Vec::new();
+    let mut open: HashMap<String, usize> = HashMap::new(); // p -> grant
+    let mut pending: HashMap<String, (String, u64)> = HashMap::new(); // p -> (f, invoke time)
+    for e in events {
+        if e.kind == "fault" {
+            if !matches!(e.f.as_str(), "kill" | "stop") {
+                continue;
+            }
+            if let Some(i) = open.remove(&e.p) {
+                out[i].end = out[i].end.min(e.mono);
+            }
+            continue;
+        }
+        if e.key.as_deref() != Some(key) {
+            continue;
+        }
+        match (e.kind.as_str(), e.f.as_str()) {
+            ("invoke", "release") => {
+                if let Some(i) = open.remove(&e.p) {
+                    out[i].end = out[i].end.min(e.mono);
+                }
+            }
+            ("invoke", f) => {
+                pending.insert(e.p.clone(), (f.to_owned(), e.mono));
+            }
+            ("ok", "acquire") => {
+                let invoke = pending.get(&e.p).map_or(e.mono, |(_, t)| *t);
+                open.insert(e.p.clone(), out.len());
+                out.push(Grant {
+                    p: e.p.clone(),
+                    token: e.token.unwrap_or(0),
+                    invoke,
+                    ok: e.mono,
+                    end: invoke + ttl_ns,
+                });
+            }
+            ("ok", "renew") => {
+                // Valid for a TTL from when the renewal was asked for.
+                if let (Some(&i), Some((_, asked))) = (open.get(&e.p), pending.get(&e.p)) {
+                    out[i].end = out[i].end.max(asked + ttl_ns);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+pub fn check_leases(
+    events: &[Event],
+    ttl: Duration,
+    max_states: usize,
+    accepted: &[(String, u64, String)],
+    v: &mut Verdict,
+) {
+    let ttl_ns = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+    let keys: BTreeSet<String> = events
+        .iter()
+        .filter(|e| e.f == "acquire")
+        .filter_map(|e| e.key.clone())
+        .collect();
+    for key in &keys {
+        let g = grants(events, key, ttl_ns);
+        v.add("lease grants", g.len() as u64);
+        // Tokens in real time: every grant that returned before B was asked
+        // for has a smaller token (a sweep: grants by return, by request).
+        let mut by_ok: Vec<&Grant> = g.iter().collect();
+        by_ok.sort_by_key(|a| a.ok);
+        let mut by_invoke: Vec<&Grant> = g.iter().collect();
+        by_invoke.sort_by_key(|b| b.invoke);
+        let (mut i, mut highest): (usize, Option<&Grant>) = (0, None);
+        for b in &by_invoke {
+            while i < by_ok.len() && by_ok[i].ok < b.invoke {
+                if highest.is_none_or(|h| by_ok[i].token > h.token) {
+                    highest = Some(by_ok[i]);
+                }
+                i += 1;
+            }
+            if let Some(a) = highest.filter(|a| a.token >= b.token) {
+                v.fail(
+                    "tokens not increasing",
+                    format!(
+                        "{key}: {} got {} before {} got {}",
+                        a.p, a.token, b.p, b.token
+                    ),
+                );
+            }
+        }
+        // Protected intervals: by start, each must begin after every earlier
+        // one ended.
+        let mut latest: Option<&Grant> = None;
+        for b in &by_ok {
+            if let Some(a) = latest.filter(|a| b.ok < a.end && b.ok < b.end) {
+                v.fail(
+                    "protected intervals overlap",
+                    format!(
+                        "{key}: {} token {} and {} token {} both held it for {} µs",
+                        a.p,
+                        a.token,
+                        b.p,
+                        b.token,
+                        (a.end.min(b.end) - b.ok) / 1000
+                    ),
+                );
+            }
+            if b.ok < b.end && latest.is_none_or(|a| b.end > a.end) {
+                latest = Some(b);
+            }
+        }
+        match linearizable(events, key, max_states) {
+            Some(true) => v.add("keys linearizable", 1),
+            Some(false) => v.fail("not linearizable (mutex)", format!("key {key}")),
+            None => v.add("keys undecided (search limit)", 1),
+        }
+    }
+    let mut highest: HashMap<&str, u64> = HashMap::new();
+    for (key, token, p) in accepted {
+        let h = highest.entry(key.as_str()).or_default();
+        if *token < *h {
+            v.fail(
+                "fenced resource accepted a lower token",
+                format!("{key}: {token} from {p} after {h}"),
+            );
+        }
+        *h = (*h).max(*token);
+    }
+    v.add("fenced writes accepted", accepted.len() as u64);
+    v.add(
+        "fenced writes refused",
+        events
+            .iter()
+            .filter(|e| e.f == "write" && e.kind == "fail")
+            .count() as u64,
+    );
+}
+
+// --- the queue --------------------------------------------------------------
+
+struct Claim {
+    p: String,
+    job: u64,
+    token: u64,
+    invoke: u64,
+    ok: u64,
+    end: u64,
+}
+
+pub fn check_queue(events: &[Event], lease: Duration, v: &mut Verdict) {
+    let lease_ns = u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX);
+    let mut pushed_values: BTreeSet<String> = BTreeSet::new();
+    let mut acked: BTreeMap<u64, String> = BTreeMap::new(); // job -> value
+    let mut unsure_values: BTreeSet<String> = BTreeSet::new();
+    let mut claims: Vec<Claim> = Vec::new();
+    let mut open: HashMap<(String, u64, u64), usize> = HashMap::new();
+    let mut invoked: HashMap<String, (String, u64, Option<String>)> = HashMap::new(); // p -> (f, t, value)
+    let mut completed: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut completes_asked: BTreeSet<u64> = BTreeSet::new();
+    let mut claimed_values: BTreeSet<String> = BTreeSet::new();
+    let mut unexpected = BTreeSet::new();
+    let mut final_state: BTreeMap<u64, String> = BTreeMap::new();
+    for e in events {
+        if e.kind == "fault" {
+            if !matches!(e.f.as_str(), "kill" | "stop") {
+                continue;
+            }
+            for (k, &i) in &open {
+                if k.0 == e.p {
+                    claims[i].end = claims[i].end.min(e.mono);
+                }
+            }
+            open.retain(|k, _| k.0 != e.p);
+            continue;
+        }
+        let f = e.f.as_str();
+        match e.kind.as_str() {
+            "invoke" => {
+                if f == "push" {
+                    pushed_values.extend(e.value.clone());
+                }
+                if matches!(f, "complete" | "fail" | "drop") {
+                    if f == "complete" {
+                        completes_asked.extend(e.job);
+                    }
+                    if let Some(i) =
+                        open.remove(&(e.p.clone(), e.job.unwrap_or(0), e.token.unwrap_or(0)))
+                    {
+                        claims[i].end = claims[i].end.min(e.mono);
+                    }
+                }
+                invoked.insert(e.p.clone(), (f.to_owned(), e.mono, e.value.clone()));
+            }
+            "ok" => match f {
+                "push" => {
+                    if let (Some(job), Some(value)) = (e.job, e.value.clone()) {
+                        acked.insert(job, value);
+                    }
+                }
+                "claim" => {
+                    let Some(job) = e.job else { continue };
+                    let value = e.value.clone().unwrap_or_default();
+                    if !pushed_values.contains(&value) {
+                        unexpected.insert(job);
+                    }
+                    claimed_values.insert(value);
+                    let invoke = invoked.get(&e.p).map_or(e.mono, |(_, t, _)| *t);
+                    let token = e.token.unwrap_or(0);
+                    open.insert((e.p.clone(), job, token), claims.len());
+                    claims.push(Claim {
+                        p: e.p.clone(),
+                        job,
+                        token,
+                        invoke,
+                        ok: e.mono,
+                        end: invoke + lease_ns,
+                    });
+                }
+                "heartbeat" => {
+                    if let (Some(&i), Some((_, asked, _))) = (
+                        open.get(&(e.p.clone(), e.job.unwrap_or(0), e.token.unwrap_or(0))),
+                        invoked.get(&e.p),
+                    ) {
+                        claims[i].end = claims[i].end.max(asked + lease_ns);
+                    }
+                }
+                "complete" => *completed.entry(e.job.unwrap_or(0)).or_default() += 1,
+                "read" => {
+                    if let (Some(job), Some(state)) = (e.job, e.value.clone()) {
+                        final_state.insert(job, state);
+                    }
+                }
+                _ => {}
+            },
+            "info" if f == "push" => {
+                if let Some((_, _, Some(value))) = invoked.get(&e.p) {
+                    unsure_values.insert(value.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    // A push left in flight by a kill is unsure too.
+    let acked_values: BTreeSet<&String> = acked.values().collect();
+    for e in events
+        .iter()
+        .filter(|e| e.kind == "invoke" && e.f == "push")
+    {
+        let v = e.value.clone().unwrap_or_default();
+        if !acked_values.contains(&v) {
+            unsure_values.insert(v);
+        }
+    }
+    v.add("pushes acknowledged", acked.len() as u64);
+    v.add("claims", claims.len() as u64);
+    for (job, value) in &acked {
+        match final_state.get(job).map(String::as_str) {
+            Some("done" | "dead" | "cancelled") => {}
+            Some("running") => v.fail(
+                "stuck",
+                format!("job {job} ({value}) still running after the drain"),
+            ),
+            Some(other) => v.fail(
+                "lost",
+                format!("job {job} ({value}) {other} after the drain"),
+            ),
+            None => v.fail(
+                "lost",
+                format!("job {job} ({value}) not found after the drain"),
+            ),
+        }
+    }
+    for (job, state) in &final_state {
+        if state == "done" && !completes_asked.contains(job) {
+            v.fail("done without a complete", format!("job {job}"));
+        }
+    }
+    v.add(
+        "recovered",
+        unsure_values
+            .iter()
+            .filter(|x| claimed_values.contains(*x))
+            .count() as u64,
+    );
+    for job in &unexpected {
+        v.fail("unexpected", format!("job {job} claimed, never pushed"));
+    }
+    for (job, n) in &completed {
+        if *n > 1 {
+            v.fail("duplicated", format!("job {job} completed {n} times"));
+        }
+    }
+    let mut by_job: BTreeMap<u64, Vec<&Claim>> = BTreeMap::new();
+    for c in &claims {
+        by_job.entry(c.job).or_default().push(c);
+    }
+    for (job, cs) in by_job {
+        for (i, a) in cs.iter().enumerate() {
+            for b in &cs[i + 1..] {
+                if a.ok < b.end && b.ok < a.end {
+                    v.fail(
+                        "duplicated",
+                        format!(
+                            "job {job}: claims {} ({}) and {} ({}) valid at once",
+                            a.token, a.p, b.token, b.p
+                        ),
+                    );
+                }
+                if a.ok < b.invoke && a.token >= b.token {
+                    v.fail(
+                        "claim tokens not increasing",
+                        format!("job {job}: {} then {}", a.token, b.token),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(p: &str, kind: &str, f: &str, key: &str, token: Option<u64>, mono: u64) -> Event {
+        Event {
+            p: p.into(),
+            kind: kind.into(),
+            f: f.into(),
+            key: Some(key.into()),
+            token,
+            mono,
+            ..Event::default()
+        }
+    }
+
+    fn mutex_history(second_token: u64, release_first: bool) -> Vec<Event> {
+        let mut h = vec![
+            ev("A", "invoke", "acquire", "k", None, 1),
+            ev("A", "ok", "acquire", "k", Some(1), 2),
+        ];
+        if release_first {
+            h.push(ev("A", "invoke", "release", "k", Some(1), 3));
+            h.push(ev("A", "ok", "release", "k", Some(1), 4));
+        }
+        h.push(ev("B", "invoke", "acquire", "k", None, 5));
+        h.push(ev("B", "ok", "acquire", "k", Some(second_token), 6));
+        h
+    }
+
+    #[test]
+    fn the_tester_accepts_a_mutex_and_rejects_two_holders_or_a_reused_token() {
+        let budget = 100_000;
+        assert_eq!(
+            linearizable(&mutex_history(2, true), "k", budget),
+            Some(true)
+        );
+        assert_eq!(
+            linearizable(&mutex_history(2, false), "k", budget),
+            Some(false)
+        );
+        assert_eq!(
+            linearizable(&mutex_history(1, true), "k", budget),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn a_fault_lets_the_lease_expire() {
+        let mut h = mutex_history(2, false);
+        h.insert(
+            2,
+            Event {
+                p: "A".into(),
+                kind: "fault".into(),
+                f: "kill".into(),
+                mono: 3,
+                ..Event::default()
+            },
+        );
+        assert_eq!(linearizable(&h, "k", 100_000), Some(true));
+        let mut v = Verdict::default();
+        check_leases(&h, Duration::from_secs(1), 100_000, &[], &mut v);
+        assert!(v.failures.is_empty(), "{:?}", v.failures);
+    }
+
+    #[test]
+    fn overlapping_holders_and_a_lower_fenced_token_fail() {
+        let mut v = Verdict::default();
+        let accepted = vec![
+            ("k".to_owned(), 2, "B".to_owned()),
+            ("k".to_owned(), 1, "A".to_owned()),
+        ];
+        check_leases(
+            &mutex_history(2, false),
+            Duration::from_secs(1),
+            100_000,
+            &accepted,
+            &mut v,
+        );
+        assert!(
+            v.counts.contains_key("protected intervals overlap"),
+            "{v:?}"
+        );
+        assert!(
+            v.counts
+                .contains_key("fenced resource accepted a lower token"),
+            "{v:?}"
+        );
+        assert!(v.counts.contains_key("not linearizable (mutex)"), "{v:?}");
+    }
+
+    fn q(
+        p: &str,
+        kind: &str,
+        f: &str,
+        job: Option<u64>,
+        token: Option<u64>,
+        value: Option<&str>,
+        mono: u64,
+    ) -> Event {
+        Event {
+            p: p.into(),
+            kind: kind.into(),
+            f: f.into(),
+            job,
+            token,
+            value: value.map(Into::into),
+            mono,
+            ..Event::default()
+        }
+    }
+
+    #[test]
+    fn the_queue_categories_are_counted() {
+        let h = vec![
+            q("P", "invoke", "push", None, None, Some("a"), 1),
+            q("P", "ok", "push", Some(1), None, Some("a"), 2),
+            q("P", "invoke", "push", None, None, Some("b"), 3),
+            q("P", "ok", "push", Some(2), None, Some("b"), 4),
+            q("P", "invoke", "push", None, None, Some("c"), 5), // in flight: unsure
+            q("A", "invoke", "claim", None, None, None, 10),
+            q("A", "ok", "claim", Some(1), Some(1), Some("a"), 11),
+            q("B", "invoke", "claim", None, None, None, 12),
+            q("B", "ok", "claim", Some(1), Some(2), Some("a"), 13), // while A's is valid
+            q("C", "invoke", "claim", None, None, None, 14),
+            q("C", "ok", "claim", Some(3), Some(1), Some("c"), 15), // recovered
+            q("D", "invoke", "claim", None, None, None, 16),
+            q("D", "ok", "claim", Some(9), Some(1), Some("zzz"), 17), // unexpected
+            q("A", "invoke", "complete", Some(1), Some(1), None, 20),
+            q("A", "ok", "complete", Some(1), Some(1), None, 21),
+            q("B", "invoke", "complete", Some(1), Some(2), None, 22),
+            q("B", "ok", "complete", Some(1), Some(2), None, 23),
+            q("drain", "ok", "read", Some(1), None, Some("done"), 30),
+            q("drain", "ok", "read", Some(2), None, Some("ready"), 31), // lost
+        ];
+        let mut v = Verdict::default();
+        check_queue(&h, Duration::from_secs(10), &mut v);
+        for what in ["duplicated", "unexpected", "lost"] {
+            assert!(
+                v.counts.get(what).copied().unwrap_or(0) >= 1,
+                "{what}: {v:?}"
+            );
+        }
+        assert_eq!(v.counts.get("recovered"), Some(&1));
+    }
+}
+
+/// The checker against stateright's tester (`consistency_model`, a crate
+/// written without leasehold in mind): on random small histories of the
+/// reference mutex (some linearizable, some not, some operations left
+/// unknown) the two must agree.
+#[cfg(test)]
+mod cross_check {
+    use super::*;
+    use consistency_model::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+    struct Reference(Mutex);
+
+    impl SequentialSpec for Reference {
+        type Op = Op;
+        type Ret = Ret;
+        fn invoke(&mut self, op: &Op) -> Ret {
+            let before = self.0.clone();
+            self.0 = before
+                .step(op, None)
+                .expect("an unknown outcome is always possible");
+            match op {
+                Op::Acquire(p)
+                    if self.0.holder.as_ref().is_some_and(|(h, _)| h == p)
+                        && before.holder.is_none() =>
+                {
+                    Ret::Granted(self.0.last)
+                }
+                Op::Acquire(_) => Ret::Held,
+                Op::Renew(p, t) | Op::Release(p, t) => {
+                    if before.holds(p, *t) {
+                        Ret::Ok
+                    } else {
+                        Ret::Lost
+                    }
+                }
+                Op::Expire(..) => Ret::Ok,
+            }
+        }
+        fn is_valid_step(&mut self, op: &Op, ret: &Ret) -> bool {
+            match self.0.step(op, Some(ret)) {
+                Some(next) => {
+                    self.0 = next;
+                    true
+                }
+                None => false,
+            }
+        }
+    }
+
+    /// A history: (process, what) in time order; what is 0..3 to invoke an
+    /// acquire, renew or release (token from the seed), 3.. to complete the
+    /// process's pending operation with a return drawn from the seed.
+    /// (thread, is a call, operation, return) in time order.
+    type Events = Vec<(u64, bool, Op, Option<Ret>)>;
+
+    fn history(steps: &[(u8, u8, u8)]) -> (Events, Vec<Operation<Op, Ret>>) {
+        let mut pending: HashMap<u8, (Op, usize)> = HashMap::new();
+        let mut events = Vec::new();
+        let mut ops: Vec<Operation<Op, Ret>> = Vec::new();
+        for (t, &(p, what, seed)) in steps.iter().enumerate() {
+            let t = t as u64 + 1;
+            let name = format!("P{p}");
+            if let Some((op, i)) = pending.get(&p).cloned() {
+                if what < 2 {
+                    continue; // a process does one thing at a time
+                }
+                let ret = match (&op, seed % 4) {
+                    (Op::Acquire(_), 0) => Ret::Held,
+                    (Op::Acquire(_), n) => Ret::Granted(u64::from(n)),
+                    (_, n) if n % 2 == 0 => Ret::Ok,
+                    _ => Ret::Lost,
+                };
+                pending.remove(&p);
+                ops[i].output = Some(ret.clone());
+                ops[i].ret = Some(t);
+                events.push((u64::from(p), false, op, Some(ret)));
+            } else {
+                let token = u64::from(seed % 3) + 1;
+                let op = match what % 3 {
+                    0 => Op::Acquire(name),
+                    1 => Op::Renew(name, token),
+                    _ => Op::Release(name, token),
+                };
+                pending.insert(p, (op.clone(), ops.len()));
+                ops.push(Operation {
+                    input: op.clone(),
+                    output: None,
+                    call: t,
+                    ret: None,
+                });
+                events.push((u64::from(p), true, op, None));
+            }
+        }
+        (events, ops)
+    }
+
+    /// The histories drawn are both kinds, so the agreement means something.
+    #[test]
+    fn the_random_histories_are_both_linearizable_and_not() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (mut yes, mut no) = (0, 0);
+        for _ in 0..3000 {
+            let steps: Vec<(u8, u8, u8)> = (0..rng.random_range(0..14))
+                .map(|_| (rng.random_range(0..3), rng.random_range(0..5), rng.random()))
+                .collect();
+            let (_, ops) = history(&steps);
+            match wgl::linearizable(&MutexSpec, Mutex::default(), &ops, 1_000_000) {
+                Some(true) => yes += 1,
+                Some(false) => no += 1,
+                None => panic!("undecided"),
+            }
+        }
+        assert!(yes > 300 && no > 300, "linearizable {yes}, not {no}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+        #[test]
+        fn agrees_with_stateright_on_small_histories(steps in prop::collection::vec((0u8..3, 0u8..5, any::<u8>()), 0..14)) {
+            let (events, ops) = history(&steps);
+            let mut tester: LinearizabilityTester<u64, Reference> = LinearizabilityTester::new(Reference::default());
+            for (p, is_call, op, ret) in events {
+                if is_call {
+                    tester.on_invoke(p, op).unwrap();
+                } else {
+                    tester.on_return(p, ret.unwrap()).unwrap();
+                }
+            }
+            let theirs = tester.is_consistent();
+            let ours = wgl::linearizable(&MutexSpec, Mutex::default(), &ops, 1_000_000);
+            prop_assert_eq!(Some(theirs), ours);
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Short runs of the harness on real processes: a run under kills and
+//! pauses passes on SQLite (and on PostgreSQL when `LEASEHOLD_TEST_PG` is
+//! set), and the split-brain canary fails with the categories it breaks.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn run(store: &str, dir: &PathBuf, extra: &[&str]) -> (i32, serde_json::Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_leasehold-history"))
+        .args(["run", "--store", store, "--dir"])
+        .arg(dir)
+        .args([
+            "--seconds",
+            "8",
+            "--ttl-ms",
+            "1500",
+            "--lease-procs",
+            "3",
+            "--queue-procs",
+            "3",
+        ])
+        .args(extra)
+        .output()
+        .expect("the harness runs");
+    let summary = std::fs::read_to_string(dir.join("summary.json")).expect("a summary");
+    let summary: serde_json::Value = serde_json::from_str(&summary).expect("JSON");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    (out.status.code().unwrap_or(-1), summary)
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("leasehold-history-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_run_under_kills_and_pauses_passes_on_sqlite() {
+    let base = temp("sqlite");
+    let store = format!("sqlite:{}", base.join("store.db").display());
+    let (code, summary) = run(
+        &store,
+        &base.join("run"),
+        &["--faults", "kill,stop", "--seed", "3"],
+    );
+    assert_eq!(code, 0, "{summary:#}");
+    assert!(
+        summary["counts"]["lease grants"].as_u64().unwrap() > 20,
+        "{summary:#}"
+    );
+    assert!(
+        summary["counts"]["pushes acknowledged"].as_u64().unwrap() > 20,
+        "{summary:#}"
+    );
+    let faults = &summary["run"]["faults"];
+    assert!(
+        faults["kill"].as_u64().unwrap_or(0) + faults["stop"].as_u64().unwrap_or(0) > 0,
+        "{summary:#}"
+    );
+}
+
+#[test]
+fn the_split_brain_canary_is_caught() {
+    let base = temp("canary");
+    let store = format!("sqlite:{}", base.join("store.db").display());
+    let (code, summary) = run(
+        &store,
+        &base.join("run"),
+        &["--faults", "", "--canary", "split-brain", "--keys", "1"],
+    );
+    assert_eq!(code, 1, "{summary:#}");
+    let counts = &summary["counts"];
+    assert!(
+        counts["protected intervals overlap"].as_u64().unwrap_or(0) > 0,
+        "{summary:#}"
+    );
+    assert!(
+        counts["not linearizable (mutex)"].as_u64().unwrap_or(0) > 0,
+        "{summary:#}"
+    );
+    assert!(counts["lost"].as_u64().unwrap_or(0) > 0, "{summary:#}");
+}
+
+#[test]
+fn a_run_under_kills_pauses_and_restarts_passes_on_postgres() {
+    let Ok(pg) = std::env::var("LEASEHOLD_TEST_PG") else {
+        eprintln!("LEASEHOLD_TEST_PG is unset: skipping the PostgreSQL history run");
+        return;
+    };
+    // A restart of the server only where this harness may (root, the
+    // machine's own cluster); else kills and pauses.
+    let faults = if is_root() {
+        "kill,stop,pg-restart"
+    } else {
+        "kill,stop"
+    };
+    let base = temp("pg");
+    let (code, summary) = run(&pg, &base.join("run"), &["--faults", faults, "--seed", "5"]);
+    assert_eq!(code, 0, "{summary:#}");
+    assert!(
+        summary["counts"]["lease grants"].as_u64().unwrap() > 10,
+        "{summary:#}"
+    );
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
