@@ -560,3 +560,36 @@ fn worker_loop_runs_jobs_concurrently() {
     seen.sort_unstable();
     assert_eq!(seen, (0..12).collect::<Vec<u8>>(), "each job once");
 }
+
+/// Found by the history checker (`leasehold-history`, SQLite, kills and
+/// pauses): a lease lost and then released left its key marked held by
+/// the client, so every later acquire of that key by the same client was
+/// refused as "held by nobody (limit reached)" while the key was free.
+#[test]
+fn a_lost_lease_released_lets_its_client_take_the_key_again() {
+    let (store_clock, local, store) = manual_pair();
+    let client = Client::builder_shared(store.clone())
+        .clock(Arc::new(local.clone()))
+        .build();
+    let guard = client.try_acquire("k", Duration::from_millis(100)).unwrap();
+    // It runs out; someone else takes the key and gives it back.
+    store_clock.advance(200);
+    local.set(300);
+    let other = Client::builder_shared(store).build();
+    other
+        .try_acquire("k", Duration::from_secs(10))
+        .unwrap()
+        .release()
+        .unwrap();
+    assert!(matches!(guard.renew(), Err(Error::Lost { .. })));
+    assert!(matches!(guard.release(), Err(Error::Lost { .. })));
+    let again = client.try_acquire("k", Duration::from_secs(10));
+    assert!(again.is_ok(), "{:?}", again.err());
+    // The same through a wait.
+    again.unwrap().release().unwrap();
+    let waited = client.acquire(
+        "k",
+        LeaseOptions::new(Duration::from_secs(10)).wait(Duration::from_millis(50)),
+    );
+    assert!(waited.is_ok(), "{:?}", waited.err());
+}

@@ -133,7 +133,13 @@ impl LeaseGuard {
     /// may not have been protected to the end.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
-        self.release_inner()
+        let released = self.release_inner();
+        if !matches!(released, Err(Error::Forked { .. })) {
+            // However it ended (released, lost before, already ended), this
+            // client no longer holds the key: its next acquire asks the store.
+            self.client.mark_held(&self.key, false);
+        }
+        released
     }
 
     /// Stop managing the lease without releasing it: it stays held in the
