@@ -4,14 +4,14 @@
 //!   mutex with tokens by `wgl` (Wing & Gong's search with Lowe's memo, as
 //!   Knossos and porcupine do it; generic, it knows only this reference
 //!   mutex, and agrees with stateright's tester on random small histories).
-//!   The reference mutex: acquire grants a token larger than
-//!   every earlier one when the key is free, else answers held; renew and
-//!   release succeed only for the current holder. A fault (SIGKILL or
-//!   SIGSTOP past the TTL) or an unknown outcome lets the lease expire: an
-//!   `expire` of that process's hold, invoked then and left in flight, so
-//!   the tester may place it anywhere after (or nowhere). Operations with
-//!   an unknown outcome stay in flight (Jepsen's `info`), their process
-//!   continuing under a new thread id.
+//!   The reference mutex: acquire grants a token larger than every
+//!   earlier one when the key is free, else answers held; renew and
+//!   release succeed only for the current holder; and a hold may lapse
+//!   (nobody sees it) from a TTL after the call that granted or last
+//!   renewed it, since a killed, paused or slow holder is not renewed.
+//!   Operations with an unknown outcome took effect before they were
+//!   reported, or not at all (Jepsen's `info`); a killed process's last
+//!   call within a TTL of the kill.
 //! - leasehold's own, on top: tokens strictly increase per key in real
 //!   time; no two holders' protected intervals overlap (from the grant to
 //!   the release, the fault, or the TTL after the last renewal was asked
@@ -47,14 +47,17 @@ impl Verdict {
 
 // --- the reference mutex ----------------------------------------------------
 
+/// An operation on the reference mutex. `since` is the operation's call
+/// instant: a hold granted or renewed then cannot lapse before a TTL after
+/// it (the store took it later still).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
-    Acquire(String),
-    Renew(String, u64),
+    Acquire(String, u64),
+    Renew(String, u64, u64),
     Release(String, u64),
-    /// The hold of this process (of this token, when known) may have run
-    /// out: after a fault, or an outcome nobody saw.
-    Expire(String, Option<u64>),
+    /// The hold of this process granted or last renewed by the call at
+    /// `since` runs out (it may, from a TTL after `since`; nobody sees it).
+    Lapse(String, u64),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -65,11 +68,19 @@ pub enum Ret {
     Lost,
 }
 
-/// The reference mutex's state: who holds it with which token, and the
-/// highest token granted.
+/// Who holds the mutex: the process, its token, and the call that granted
+/// or last renewed it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Hold {
+    p: String,
+    token: u64,
+    since: u64,
+}
+
+/// The reference mutex's state: the hold, and the highest token granted.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Mutex {
-    holder: Option<(String, u64)>,
+    holder: Option<Hold>,
     last: u64,
 }
 
@@ -77,31 +88,42 @@ impl Mutex {
     fn holds(&self, p: &str, t: u64) -> bool {
         self.holder
             .as_ref()
-            .is_some_and(|(h, ht)| h == p && *ht == t)
+            .is_some_and(|h| h.p == p && h.token == t)
     }
 
     /// `op` applied with its observed `ret` (None: unknown, then it took
     /// effect as the mutex would have it); None when impossible.
     pub fn step(&self, op: &Op, ret: Option<&Ret>) -> Option<Mutex> {
         let mut next = self.clone();
+        let hold = |p: &str, token, since| {
+            Some(Hold {
+                p: p.to_owned(),
+                token,
+                since,
+            })
+        };
         let ok = match (op, ret) {
-            (Op::Acquire(p), Some(Ret::Granted(t))) => {
-                let free = self.holder.is_none() && *t > self.last;
-                next.holder = Some((p.clone(), *t));
+            (Op::Acquire(p, since), Some(Ret::Granted(t))) => {
+                next.holder = hold(p, *t, *since);
                 next.last = *t;
-                free
+                self.holder.is_none() && *t > self.last
             }
-            (Op::Acquire(_), Some(Ret::Held)) => self.holder.is_some(),
-            (Op::Acquire(p), None) => {
+            (Op::Acquire(..), Some(Ret::Held)) => self.holder.is_some(),
+            (Op::Acquire(p, since), None) => {
                 if self.holder.is_none() {
                     next.last += 1;
-                    next.holder = Some((p.clone(), next.last));
+                    next.holder = hold(p, next.last, *since);
                 }
                 true
             }
-            (Op::Renew(p, t), Some(Ret::Ok)) => self.holds(p, *t),
-            (Op::Renew(p, t), Some(Ret::Lost)) => !self.holds(p, *t),
-            (Op::Renew(..), None) => true,
+            (Op::Renew(p, t, since), Some(Ret::Ok) | None) => {
+                let holds = self.holds(p, *t);
+                if holds {
+                    next.holder = hold(p, *t, *since);
+                }
+                holds || ret.is_none()
+            }
+            (Op::Renew(p, t, _), Some(Ret::Lost)) => !self.holds(p, *t),
             (Op::Release(p, t), Some(Ret::Ok)) => {
                 next.holder = None;
                 self.holds(p, *t)
@@ -113,11 +135,11 @@ impl Mutex {
                 }
                 true
             }
-            (Op::Expire(p, t), _) => {
+            (Op::Lapse(p, since), _) => {
                 if self
                     .holder
                     .as_ref()
-                    .is_some_and(|(h, ht)| h == p && t.is_none_or(|t| t == *ht))
+                    .is_some_and(|h| h.p == *p && h.since == *since)
                 {
                     next.holder = None;
                 }
@@ -140,25 +162,32 @@ impl Spec for MutexSpec {
     }
 }
 
-/// The operations on `key`, with an `Expire` for every fault of a process
-/// and every outcome nobody saw.
-pub fn operations(events: &[Event], key: &str) -> Vec<Operation<Op, Ret>> {
+/// How much earlier than a TTL after its call a hold may lapse in the
+/// store's eyes: the store's clock against this machine's monotonic one,
+/// and the store's millisecond instants.
+const LAPSE_SLACK_NS: u64 = 10_000_000;
+
+/// The operations on `key`, and for every call that may have granted or
+/// renewed a hold, the `Lapse` that may end it from a TTL after the call
+/// (a holder killed, paused, or just slow is not renewed). An unknown
+/// outcome took effect before it was reported, if at all; a killed
+/// process's last call within a TTL of the kill (a server may finish what
+/// it had received).
+pub fn operations(events: &[Event], key: &str, ttl_ns: u64) -> Vec<Operation<Op, Ret>> {
     let mut ops: Vec<Operation<Op, Ret>> = Vec::new();
     let mut pending: HashMap<String, usize> = HashMap::new();
-    // The token each process holds, as far as the history shows.
-    let mut holding: HashMap<String, u64> = HashMap::new();
-    let expire = |ops: &mut Vec<Operation<Op, Ret>>, p: &str, token: Option<u64>, at: u64| {
-        ops.push(Operation {
-            input: Op::Expire(p.to_owned(), token),
-            output: None,
-            call: at,
-            ret: None,
-        });
-    };
+    // Each lapse's (lapse, the call it follows), and that call's next call
+    // by the same process.
+    let mut lapses: Vec<(usize, usize)> = Vec::new();
+    let mut last_hold_call: HashMap<String, usize> = HashMap::new();
+    let mut next_call: HashMap<usize, usize> = HashMap::new();
+    let lapse_after = ttl_ns.saturating_sub(LAPSE_SLACK_NS);
     for e in events {
         if e.kind == "fault" {
-            if matches!(e.f.as_str(), "kill" | "stop") && e.p != "postgres" {
-                expire(&mut ops, &e.p, holding.get(&e.p).copied(), e.mono);
+            if e.f == "kill" {
+                if let Some(i) = pending.remove(&e.p) {
+                    ops[i].ret = Some(e.mono.saturating_add(ttl_ns));
+                }
             }
             continue;
         }
@@ -168,60 +197,113 @@ pub fn operations(events: &[Event], key: &str) -> Vec<Operation<Op, Ret>> {
         }
         match e.kind.as_str() {
             "invoke" => {
+                let (p, since) = (e.p.clone(), e.mono);
                 let input = match e.f.as_str() {
-                    "acquire" => Op::Acquire(e.p.clone()),
-                    "renew" => Op::Renew(e.p.clone(), e.token.unwrap_or(0)),
-                    _ => Op::Release(e.p.clone(), e.token.unwrap_or(0)),
+                    "acquire" => Op::Acquire(p, since),
+                    "renew" => Op::Renew(p, e.token.unwrap_or(0), since),
+                    _ => Op::Release(p, e.token.unwrap_or(0)),
                 };
-                pending.insert(e.p.clone(), ops.len());
+                let i = ops.len();
+                if let Some(prev) = last_hold_call.remove(&e.p) {
+                    next_call.insert(prev, i);
+                }
+                pending.insert(e.p.clone(), i);
                 ops.push(Operation {
                     input,
                     output: None,
-                    call: e.mono,
+                    call: since,
                     ret: None,
                 });
+                if e.f != "release" {
+                    last_hold_call.insert(e.p.clone(), i);
+                    lapses.push((ops.len(), i));
+                    ops.push(Operation {
+                        input: Op::Lapse(e.p.clone(), since),
+                        output: None,
+                        call: since.saturating_add(lapse_after),
+                        ret: None,
+                    });
+                }
             }
             "ok" | "fail" => {
                 let Some(i) = pending.remove(&e.p) else {
                     continue;
                 };
-                let ret = match (e.f.as_str(), e.kind.as_str()) {
-                    ("acquire", "ok") => {
-                        holding.insert(e.p.clone(), e.token.unwrap_or(0));
-                        Ret::Granted(e.token.unwrap_or(0))
-                    }
-                    ("acquire", _) => Ret::Held,
-                    (f, "ok") => {
-                        if f == "release" {
-                            holding.remove(&e.p);
-                        }
-                        Ret::Ok
-                    }
-                    _ => {
-                        holding.remove(&e.p);
-                        Ret::Lost
-                    }
-                };
-                ops[i].output = Some(ret);
                 ops[i].ret = Some(e.mono);
+                // A failure is the rule's answer (held, lost) or a call that
+                // changed nothing (a store that stayed busy): the latter is
+                // an operation that may be left out.
+                let said = e.value.as_deref().unwrap_or("");
+                ops[i].output = Some(match (e.f.as_str(), e.kind.as_str()) {
+                    ("acquire", "ok") => Ret::Granted(e.token.unwrap_or(0)),
+                    ("acquire", _) if said.contains(" is held by ") => Ret::Held,
+                    (_, "ok") => Ret::Ok,
+                    (_, _) if said.contains(" lost: ") => Ret::Lost,
+                    _ => continue,
+                });
             }
             _ => {
-                // Unknown: it stays unknown, and the hold may run out.
-                pending.remove(&e.p);
-                expire(&mut ops, &e.p, holding.remove(&e.p), e.mono);
+                // Unknown: it took effect before this, or not at all.
+                if let Some(i) = pending.remove(&e.p) {
+                    ops[i].ret = Some(e.mono);
+                }
             }
         }
     }
+    bound_lapses(&mut ops, &lapses, &next_call);
     ops
+}
+
+/// When a lapse can no longer matter, so that the search need not carry
+/// it (each optional operation left open doubles what it may try): a call
+/// that made no hold has none; a hold's lapse matters until the holder's
+/// next call on the key returned (renewed, released, or refused: the hold
+/// was gone), and until a grant asked for after the hold existed and after
+/// the lapse could start returned (that grant needed the key free).
+fn bound_lapses(
+    ops: &mut [Operation<Op, Ret>],
+    lapses: &[(usize, usize)],
+    next_call: &HashMap<usize, usize>,
+) {
+    let mut grants: Vec<(u64, u64)> = ops
+        .iter()
+        .filter(|o| matches!(o.output, Some(Ret::Granted(_))))
+        .filter_map(|o| o.ret.map(|r| (o.call, r)))
+        .collect();
+    grants.sort_unstable();
+    for &(lapse, source) in lapses {
+        let made = &ops[source];
+        if matches!(made.output, Some(Ret::Held | Ret::Lost)) {
+            ops[lapse].ret = Some(ops[lapse].call);
+            continue;
+        }
+        let known = made.output.is_some();
+        let existed_by = made.ret.unwrap_or(u64::MAX).max(ops[lapse].call);
+        let mut bound = u64::MAX;
+        if existed_by < u64::MAX {
+            let at = grants.partition_point(|&(call, _)| call <= existed_by);
+            if let Some(&(_, ret)) = grants[at..].iter().min_by_key(|&&(_, ret)| ret) {
+                bound = bound.min(ret);
+            }
+        }
+        if known {
+            if let Some(&next) = next_call.get(&source) {
+                bound = bound.min(ops[next].ret.unwrap_or(u64::MAX));
+            }
+        }
+        if bound < u64::MAX {
+            ops[lapse].ret = Some(bound.max(ops[lapse].call));
+        }
+    }
 }
 
 /// Whether the lease history of `key` is linearizable as a mutex (None:
 /// not decided within `max_states` states).
-pub fn linearizable(events: &[Event], key: &str, max_states: usize) -> Option<bool> {
+pub fn linearizable(events: &[Event], key: &str, ttl_ns: u64, max_states: usize) -> Option<bool> {
     wgl::linearizable(
         &MutexSpec,
         Mutex::default(),
-        &operations(events, key),
+        &operations(events, key, ttl_ns),
         max_states,
     )
 }
@@ -347,7 +429,7 @@ pub fn check_leases(
                 latest = Some(b);
             }
         }
-        match linearizable(events, key, max_states) {
+        match linearizable(events, key, ttl_ns, max_states) {
             Some(true) => v.add("keys linearizable", 1),
             Some(false) => v.fail("not linearizable (mutex)", format!("key {key}")),
             None => v.add("keys undecided (search limit)", 1),
@@ -589,36 +671,90 @@ mod tests {
     fn the_tester_accepts_a_mutex_and_rejects_two_holders_or_a_reused_token() {
         let budget = 100_000;
         assert_eq!(
-            linearizable(&mutex_history(2, true), "k", budget),
+            linearizable(&mutex_history(2, true), "k", 1_000_000_000, budget),
             Some(true)
         );
         assert_eq!(
-            linearizable(&mutex_history(2, false), "k", budget),
+            linearizable(&mutex_history(2, false), "k", 1_000_000_000, budget),
             Some(false)
         );
         assert_eq!(
-            linearizable(&mutex_history(1, true), "k", budget),
+            linearizable(&mutex_history(1, true), "k", 1_000_000_000, budget),
             Some(false)
         );
     }
 
     #[test]
-    fn a_fault_lets_the_lease_expire() {
-        let mut h = mutex_history(2, false);
-        h.insert(
-            2,
-            Event {
-                p: "A".into(),
-                kind: "fault".into(),
-                f: "kill".into(),
-                mono: 3,
-                ..Event::default()
-            },
+    fn an_unknown_outcome_took_effect_before_it_was_reported_or_never() {
+        let op = |input, output, call, ret| Operation {
+            input,
+            output,
+            call,
+            ret,
+        };
+        let ops = |release_reported: Option<u64>| {
+            vec![
+                op(
+                    Op::Acquire("A".into(), 1),
+                    Some(Ret::Granted(1)),
+                    1,
+                    Some(2),
+                ),
+                op(Op::Release("A".into(), 1), None, 3, release_reported),
+                op(Op::Acquire("B".into(), 5), Some(Ret::Held), 5, Some(6)),
+                op(
+                    Op::Acquire("B".into(), 7),
+                    Some(Ret::Granted(2)),
+                    7,
+                    Some(8),
+                ),
+            ]
+        };
+        // Still held at 6, so a release reported unknown at 4 never took
+        // effect, and B's grant at 7 is impossible.
+        assert_eq!(
+            wgl::linearizable(&MutexSpec, Mutex::default(), &ops(Some(4)), 1000),
+            Some(false)
         );
-        assert_eq!(linearizable(&h, "k", 100_000), Some(true));
+        // A call never answered may take effect later (at 7).
+        assert_eq!(
+            wgl::linearizable(&MutexSpec, Mutex::default(), &ops(None), 1000),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn a_hold_not_renewed_lapses_a_ttl_after_its_call() {
+        // A is granted at 1-2 and killed at 3; B asks at `at`.
+        let history = |at: u64| {
+            vec![
+                ev("A", "invoke", "acquire", "k", None, 1),
+                ev("A", "ok", "acquire", "k", Some(1), 2),
+                Event {
+                    p: "A".into(),
+                    kind: "fault".into(),
+                    f: "kill".into(),
+                    mono: 3,
+                    ..Event::default()
+                },
+                ev("B", "invoke", "acquire", "k", None, at),
+                ev("B", "ok", "acquire", "k", Some(2), at + 1),
+            ]
+        };
+        let ttl = Duration::from_secs(1);
+        let second = 1_000_000_000;
+        assert_eq!(
+            linearizable(&history(2 * second), "k", second, 100_000),
+            Some(true)
+        );
         let mut v = Verdict::default();
-        check_leases(&h, Duration::from_secs(1), 100_000, &[], &mut v);
+        check_leases(&history(2 * second), ttl, 100_000, &[], &mut v);
         assert!(v.failures.is_empty(), "{:?}", v.failures);
+        // Half a TTL after A's grant, the killed holder's lease still stands.
+        assert_eq!(
+            linearizable(&history(second / 2), "k", second, 100_000),
+            Some(false)
+        );
     }
 
     #[test]
@@ -725,21 +861,16 @@ mod cross_check {
                 .step(op, None)
                 .expect("an unknown outcome is always possible");
             match op {
-                Op::Acquire(p)
-                    if self.0.holder.as_ref().is_some_and(|(h, _)| h == p)
-                        && before.holder.is_none() =>
-                {
-                    Ret::Granted(self.0.last)
-                }
-                Op::Acquire(_) => Ret::Held,
-                Op::Renew(p, t) | Op::Release(p, t) => {
+                Op::Acquire(..) if before.holder.is_none() => Ret::Granted(self.0.last),
+                Op::Acquire(..) => Ret::Held,
+                Op::Renew(p, t, _) | Op::Release(p, t) => {
                     if before.holds(p, *t) {
                         Ret::Ok
                     } else {
                         Ret::Lost
                     }
                 }
-                Op::Expire(..) => Ret::Ok,
+                Op::Lapse(..) => Ret::Ok,
             }
         }
         fn is_valid_step(&mut self, op: &Op, ret: &Ret) -> bool {
@@ -771,8 +902,8 @@ mod cross_check {
                     continue; // a process does one thing at a time
                 }
                 let ret = match (&op, seed % 4) {
-                    (Op::Acquire(_), 0) => Ret::Held,
-                    (Op::Acquire(_), n) => Ret::Granted(u64::from(n)),
+                    (Op::Acquire(..), 0) => Ret::Held,
+                    (Op::Acquire(..), n) => Ret::Granted(u64::from(n)),
                     (_, n) if n % 2 == 0 => Ret::Ok,
                     _ => Ret::Lost,
                 };
@@ -783,8 +914,8 @@ mod cross_check {
             } else {
                 let token = u64::from(seed % 3) + 1;
                 let op = match what % 3 {
-                    0 => Op::Acquire(name),
-                    1 => Op::Renew(name, token),
+                    0 => Op::Acquire(name, t),
+                    1 => Op::Renew(name, token, t),
                     _ => Op::Release(name, token),
                 };
                 pending.insert(p, (op.clone(), ops.len()));

@@ -11,9 +11,12 @@
 //! checks that the two give the same answer on thousands of random small
 //! histories.
 //!
-//! Operations whose outcome is unknown (`None`: a process killed mid-call,
-//! an `info`) may be linearized anywhere after their call, or not at all:
-//! the search succeeds once every completed operation is linearized.
+//! Operations whose outcome is unknown (`output: None`: a process killed
+//! mid-call, an `info`) may be linearized anywhere between their call and
+//! their `ret` (if they have one: the latest they could have taken effect),
+//! or not at all: past that instant the search skips them (a decision it
+//! undoes like the others). It succeeds once every completed operation is
+//! linearized.
 
 use std::collections::HashSet;
 use std::hash::Hash;
@@ -48,7 +51,7 @@ struct Entry {
     is_call: bool,
     prev: usize,
     next: usize,
-    /// For a call: its return's index.
+    /// The other entry of its operation (a call's return, a return's call).
     partner: usize,
 }
 
@@ -100,6 +103,7 @@ pub fn linearizable<S: Spec>(
     }
     for op in 0..ops.len() {
         list[call_of[op]].partner = ret_of[op];
+        list[ret_of[op]].partner = call_of[op];
     }
     let completed = ops.iter().filter(|o| o.output.is_some()).count();
     let words = ops.len().div_ceil(64);
@@ -107,7 +111,9 @@ pub fn linearizable<S: Spec>(
     let mut done_completed = 0;
     let mut state = init;
     let mut cache: HashSet<(Vec<u64>, S::State)> = HashSet::new();
-    let mut stack: Vec<(usize, S::State)> = Vec::new();
+    // Decisions: (the call's entry, the state before, whether the operation
+    // was skipped: an unknown one that did not take effect).
+    let mut stack: Vec<(usize, S::State, bool)> = Vec::new();
     let mut entry = list[HEAD].next;
     let lift = |list: &mut Vec<Entry>, call: usize| {
         for i in [call, list[call].partner] {
@@ -131,11 +137,55 @@ pub fn linearizable<S: Spec>(
         if done_completed == completed {
             return Some(true);
         }
-        // Past the end, or at the first return not yet linearized: its call
-        // had to go before it, and no order tried so far allowed that
-        // (past the end: only unknown operations were left): backtrack.
-        if entry == NIL || !list[entry].is_call {
-            let Some((call, previous)) = stack.pop() else {
+        if entry != NIL && !list[entry].is_call && ops[list[entry].op].output.is_none() {
+            // The return of an unknown operation not linearized before it:
+            // it did not take effect (skipped; undone if that fails).
+            let call = list[entry].partner;
+            let op = list[call].op;
+            let mut with = done.clone();
+            with[op / 64] |= 1 << (op % 64);
+            if cache.insert((with.clone(), state.clone())) {
+                if cache.len() > max_states {
+                    return None;
+                }
+                stack.push((call, state.clone(), true));
+                done = with;
+                lift(&mut list, call);
+                entry = list[HEAD].next;
+                continue;
+            }
+        } else if entry != NIL && list[entry].is_call {
+            // A call: linearize it here if the specification allows and
+            // this (set, state) was never tried; else try the next entry.
+            let e = list[entry];
+            let op = &ops[e.op];
+            if let Some(next) = spec.step(&state, &op.input, op.output.as_ref()) {
+                let mut with = done.clone();
+                with[e.op / 64] |= 1 << (e.op % 64);
+                if cache.insert((with.clone(), next.clone())) {
+                    if cache.len() > max_states {
+                        return None;
+                    }
+                    stack.push((entry, std::mem::replace(&mut state, next), false));
+                    done = with;
+                    if op.output.is_some() {
+                        done_completed += 1;
+                    }
+                    lift(&mut list, entry);
+                    entry = list[HEAD].next;
+                    continue;
+                }
+            }
+            entry = e.next;
+            continue;
+        }
+        // Past the end, at the first return of a completed operation not
+        // yet linearized (its call had to go before it, and no order tried
+        // so far allowed that), or at a skip already tried: backtrack. A
+        // skip undone was the only choice left where it was made, so the
+        // decision before it is undone too.
+        loop {
+            let Some((call, previous, skipped)) = stack.pop() else {
                 return Some(false);
             };
             let op = list[call].op;
@@ -145,31 +195,10 @@ pub fn linearizable<S: Spec>(
             }
             state = previous;
             unlift(&mut list, call);
-            entry = list[call].next;
-            continue;
-        }
-        // A call: linearize it here if the specification allows and this
-        // (set, state) was never tried; else try the next entry.
-        let e = list[entry];
-        let op = &ops[e.op];
-        if let Some(next) = spec.step(&state, &op.input, op.output.as_ref()) {
-            let mut with = done.clone();
-            with[e.op / 64] |= 1 << (e.op % 64);
-            if !cache.contains(&(with.clone(), next.clone())) {
-                if cache.len() >= max_states {
-                    return None;
-                }
-                cache.insert((with.clone(), next.clone()));
-                stack.push((entry, std::mem::replace(&mut state, next)));
-                done = with;
-                if op.output.is_some() {
-                    done_completed += 1;
-                }
-                lift(&mut list, entry);
-                entry = list[HEAD].next;
-                continue;
+            if !skipped {
+                entry = list[call].next;
+                break;
             }
         }
-        entry = e.next;
     }
 }
