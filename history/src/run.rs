@@ -91,9 +91,7 @@ pub fn run(args: &Args) -> i32 {
             ));
         }
     }
-    if dir.exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    clear_run_dir(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| die(&format!("{}: {e}", dir.display())));
     // Names of this run's keys and queue (a shared server keeps others').
     let ns = format!("h{seed}-{}", std::process::id());
@@ -206,6 +204,33 @@ pub fn run(args: &Args) -> i32 {
     std::fs::write(dir.join("run.json"), serde_json::json!({"seed": seed, "store": store, "faults": injected, "ttl_ms": ttl_ms, "canary": canary}).to_string())
         .unwrap_or_else(|e| die(&e.to_string()));
     judge(&dir, args)
+}
+
+/// Empty `dir` of an earlier run's files; refuse a directory holding
+/// anything else (a mistyped `--dir` never deletes someone's files).
+fn clear_run_dir(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let ours = |name: &str| {
+        name.ends_with(".jsonl")
+            || matches!(name, "run.json" | "summary.json")
+            || name.starts_with("resource.db")
+    };
+    let paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    if let Some(other) = paths
+        .iter()
+        .find(|p| !p.file_name().is_some_and(|n| ours(&n.to_string_lossy())))
+    {
+        die(&format!(
+            "--dir {}: holds {} which is not a history run's; give a new or a former run's directory",
+            dir.display(),
+            other.display()
+        ));
+    }
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 /// A fault, recorded under the process it hit (after the signal went).
