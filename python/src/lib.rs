@@ -270,12 +270,13 @@ impl Lease {
         match guard.as_ref() {
             Some(g) if g.is_valid() => Ok(()),
             Some(g) => {
-                let reason = g
-                    .lost()
-                    .map_or("its local deadline passed".to_owned(), |r| r.to_string());
-                Err(py_err(py, lost(&self.key, self.token, &reason)))
+                let reason = g.lost().unwrap_or(leasehold::LostReason::LocalDeadline);
+                Err(py_err(py, lost(&self.key, self.token, reason)))
             }
-            None => Err(py_err(py, lost(&self.key, self.token, "it was released"))),
+            None => Err(py_err(
+                py,
+                lost(&self.key, self.token, leasehold::LostReason::StaleToken),
+            )),
         }
     }
 
@@ -285,7 +286,10 @@ impl Lease {
         self.origin(py)?;
         let guard = lock(&self.guard);
         let Some(g) = guard.as_ref() else {
-            return Err(py_err(py, lost(&self.key, self.token, "it was released")));
+            return Err(py_err(
+                py,
+                lost(&self.key, self.token, leasehold::LostReason::StaleToken),
+            ));
         };
         py.detach(|| g.renew()).map_err(|e| py_err(py, e))
     }
@@ -311,13 +315,9 @@ impl Lease {
     }
 }
 
-/// The error of a lease that may no longer be acted on (`why`: released,
-/// or the reason it was lost).
-fn lost(key: &str, token: u64, why: &str) -> Error {
-    let reason = match why {
-        "it was released" => leasehold::LostReason::StaleToken,
-        _ => leasehold::LostReason::LocalDeadline,
-    };
+/// The error of a lease that may no longer be acted on, with the reason
+/// it was lost (a released one's token is stale).
+fn lost(key: &str, token: u64, reason: leasehold::LostReason) -> Error {
     Error::Lost {
         target: leasehold::Target::Lease {
             key: key.to_owned(),

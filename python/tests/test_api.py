@@ -259,3 +259,15 @@ def test_releasing_a_lost_lease_says_so(store_url, name):
     with pytest.raises(leasehold.LeaseLost):
         lease.release()
     lease.release()  # a second call does nothing
+
+
+def test_check_names_the_reason_the_lease_was_lost(store_url, name):
+    store = leasehold.open(store_url)
+    lease = store.lock(name, ttl=0.3, keep_alive=False)
+    time.sleep(0.6)
+    store.lock(name, ttl=30).release()
+    with pytest.raises(leasehold.LeaseLost):
+        lease.renew()  # refused: another grant came since
+    with pytest.raises(leasehold.LeaseLost) as lost:
+        lease.check()
+    assert "stale token" in str(lost.value), str(lost.value)

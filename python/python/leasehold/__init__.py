@@ -26,23 +26,10 @@ connections (:class:`Forked`); it opens its own store.
 
 import json as _json
 
-from . import _native
+from . import _native, errors
 from .errors import Error, Forked, InvalidInput, LeaseHeld, LeaseLost, NotFound, StoreError
 
-__all__ = [
-    "open",
-    "Store",
-    "Lease",
-    "Queue",
-    "Job",
-    "Error",
-    "LeaseHeld",
-    "LeaseLost",
-    "InvalidInput",
-    "StoreError",
-    "Forked",
-    "NotFound",
-]
+__all__ = ["open", "Store", "Lease", "Queue", "Job", *errors.__all__]
 
 
 def _payload(value):
