@@ -390,8 +390,10 @@ pub fn job_settle_again_finds_its_own_outcome(make: &Make) {
         max_attempts,
         ..JobSpec::new("x")
     };
-    let ids: Vec<JobId> = (0..5u32).map(|i| w.push("q", spec(1 + (i % 2)))).collect();
-    let jobs = w.claim("q", 1, 1_000, 5);
+    let mut ids: Vec<JobId> = (0..5u32).map(|i| w.push("q", spec(1 + (i % 2)))).collect();
+    // Given back after it started, on its last attempt: dead.
+    ids.push(w.push("q", spec(1)));
+    let jobs = w.claim("q", 1, 1_000, 6);
     let tok = |i: usize| jobs[i].claim.unwrap().token;
     let settles = vec![
         (ids[0], tok(0), Settle::Complete),
@@ -403,12 +405,14 @@ pub fn job_settle_again_finds_its_own_outcome(make: &Make) {
             tok(4),
             Settle::CompleteWith(std::sync::Arc::from(&b"r"[..])),
         ),
+        (ids[5], tok(5), Settle::Abandon { started: true }),
     ];
     let policy = w.policy;
     let first = w
         .tx(|tx| core::job::settle_many(tx, HolderId(1), &settles, &policy))
         .unwrap();
     let states: Vec<JobState> = first.into_iter().map(Result::unwrap).collect();
+    assert_eq!(states[5], JobState::Dead, "its last attempt given back");
     let before: Vec<JobRecord> = ids.iter().map(|id| w.get(*id)).collect();
     w.at(T0 + 10);
     let again = w
