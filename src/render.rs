@@ -195,12 +195,13 @@ fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> V
     })
 }
 
-/// A queue's summary (`queue queues`, the dashboard's API): its counts
+/// A queue's summary (`queue queues`, the dashboard's API): whether it
+/// is paused, its counts
 /// per state (with the states whose count reached the cap), the oldest
 /// ready job, and the jobs finished per interval.
 pub fn summary_json(queue: &str, s: &QueueSummary) -> Value {
     let t = Times::new(s.now_ms);
-    let mut v = json!({"queue": queue});
+    let mut v = json!({"queue": queue, "paused": s.paused});
     for state in JobState::ALL {
         v[state.as_str()] = json!(s.counts.get(state));
     }

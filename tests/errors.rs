@@ -410,7 +410,7 @@ fn a_store_that_cannot_list_says_so() {
 mod lacking {
     use leasehold::core::{
         JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-        Pending, ScheduleRecord, StateCounts, Txn,
+        Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
     };
     use leasehold::Result;
 
@@ -452,6 +452,8 @@ mod lacking {
                     counts(queue: &str) -> StateCounts;
                     list(queue: &str, state: Option<JobState>, after: JobId, limit: usize)
                         -> Vec<JobRecord>;
+                    queue_config(queue: &str) -> QueueConfig;
+                    put_queue_config(queue: &str, config: &QueueConfig) -> ();
                     schedules(queue: &str) -> Vec<ScheduleRecord>;
                     put_schedule(schedule: &ScheduleRecord) -> ();
                     delete_schedule(queue: &str, name: &str) -> bool;

@@ -134,7 +134,7 @@ fn a_version_1_schema_is_migrated_in_place() {
     drop(store);
     admin_batch(&format!(
         "DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
-         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules;
+         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -160,7 +160,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
     let schema = Schema::new("v3");
     drop(PostgresStore::open(&schema.url()).unwrap());
     admin_batch(&format!(
-        "DROP TABLE \"{s}\".schedules;
+        "DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '3' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -170,7 +170,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("4", 4));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("5", 5));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -180,7 +180,16 @@ fn a_version_3_schema_gains_schedules_in_place() {
     store
         .txn(|tx| schedule::put(tx, "q", &spec, leasehold::WallMs(0)))
         .unwrap();
-    assert_eq!(store.txn(|tx| schedule::list(tx, "q")).unwrap().len(), 1);
+    assert_eq!(store.txn(|tx| schedule::list(tx, "q")).unwrap().len(), 1); // And the queue settings of v5: a pause is kept.
+    assert!(store
+        .txn(|tx| core::job::set_paused(tx, "q", true))
+        .unwrap());
+    assert!(
+        store
+            .txn(|tx| core::job::queue_config(tx, "q"))
+            .unwrap()
+            .paused
+    );
 }
 
 fn open_err(url: &str) -> String {
@@ -650,7 +659,7 @@ fn a_version_2_schema_is_migrated_in_place() {
         .unwrap();
     drop(store);
     admin_batch(&format!(
-        "ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '2' WHERE name = 'schema_version'",
         s = schema.0
     ));

@@ -390,7 +390,7 @@ fn a_version_1_database_is_upgraded_in_place() {
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
         "DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
-         ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; PRAGMA user_version = 1;",
+         ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 1;",
     )
     .unwrap();
     drop(conn);
@@ -413,7 +413,16 @@ fn a_version_1_database_is_upgraded_in_place() {
     let counts = store
         .txn(|tx| core::job::stats(tx, "q", &QueuePolicy::default()))
         .unwrap();
-    assert_eq!(counts.get(JobState::Ready), 1);
+    assert_eq!(counts.get(JobState::Ready), 1); // And the queue settings of v5: a pause is kept.
+    assert!(store
+        .txn(|tx| core::job::set_paused(tx, "q", true))
+        .unwrap());
+    assert!(
+        store
+            .txn(|tx| core::job::queue_config(tx, "q"))
+            .unwrap()
+            .paused
+    );
 }
 
 /// A database of schema version 3 (before schedules) gains the schedules
@@ -430,7 +439,7 @@ fn a_version_3_database_gains_schedules_in_place() {
             .unwrap();
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch("DROP TABLE schedules; PRAGMA user_version = 3;")
+    conn.execute_batch("DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;")
         .unwrap();
     drop(conn);
     let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
@@ -438,7 +447,7 @@ fn a_version_3_database_gains_schedules_in_place() {
     let v: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!((v, SCHEMA_VERSION), (4, 4));
+    assert_eq!((v, SCHEMA_VERSION), (5, 5));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -607,7 +616,7 @@ fn a_version_2_database_is_upgraded_in_place() {
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
-        "ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; PRAGMA user_version = 2;",
+        "ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;",
     )
     .unwrap();
     drop(conn);

@@ -38,8 +38,12 @@ pub enum QueueCmd {
     /// Periodic jobs: add, list or remove a queue's schedules.
     #[command(subcommand)]
     Schedule(crate::schedule::ScheduleCmd),
-    /// Jobs per state.
+    /// Jobs per state, and whether the queue is paused.
     Stats { queue: String },
+    /// Stop every worker from starting the queue's jobs (running ones finish; pushes are accepted).
+    Pause { queue: String },
+    /// Let workers start the queue's jobs again (idle workers are woken).
+    Resume { queue: String },
     #[command(about = defaults::QUEUES_ABOUT.as_str())]
     Queues,
     /// Jobs, one JSON line each (payload size and a short preview).
@@ -121,9 +125,22 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
         }
         QueueCmd::Queues => return queues(client.store().as_ref(), client.policy()),
         QueueCmd::Stats { queue } => {
-            let c = client.queue(&queue)?.stats()?;
-            let states = JobState::ALL.map(|s| (s.as_str().to_owned(), json!(c.get(s))));
-            vec![Value::Object(states.into_iter().collect())]
+            let q = client.queue(&queue)?;
+            let c = q.stats()?;
+            let mut v: serde_json::Map<String, Value> = JobState::ALL
+                .map(|s| (s.as_str().to_owned(), json!(c.get(s))))
+                .into_iter()
+                .collect();
+            v.insert("paused".into(), json!(q.config()?.paused));
+            vec![Value::Object(v)]
+        }
+        QueueCmd::Pause { queue } => {
+            let changed = client.queue(&queue)?.pause()?;
+            vec![json!({"queue": queue, "paused": true, "changed": changed})]
+        }
+        QueueCmd::Resume { queue } => {
+            let changed = client.queue(&queue)?.resume()?;
+            vec![json!({"queue": queue, "paused": false, "changed": changed})]
         }
         QueueCmd::List {
             queue,

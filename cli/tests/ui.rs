@@ -345,6 +345,53 @@ fn actions_need_a_post_with_the_csrf_token() {
 }
 
 #[test]
+fn pause_and_resume_are_confirmed_posts_with_the_csrf_token() {
+    let d = Dir::new("ui-pause");
+    seed(&d);
+    let ui = Server::start(&d, &[]);
+    let paused = || d.json(&["queue", "stats", "plain"])["paused"].clone();
+    let queues = ui.get("/queues");
+    assert!(
+        queues.body.contains("/pause?queue=plain"),
+        "{}",
+        queues.body
+    );
+    let confirm = ui.get("/pause?queue=plain");
+    assert_eq!(
+        (confirm.status, paused()),
+        (200, Value::from(false)),
+        "a GET changes nothing"
+    );
+    assert!(confirm.body.contains("Pause plain"), "{}", confirm.body);
+    for body in ["queue=plain", "csrf=0000&queue=plain"] {
+        let refused = ui.ask("POST", "/pause", &[], body);
+        assert_eq!(refused.status, 403, "{body:?}: {}", refused.body);
+        assert_eq!(paused(), false);
+    }
+    let body = format!("csrf={}&queue=plain", csrf_of(&confirm));
+    let done = ui.ask("POST", "/pause", &[], &body);
+    assert_eq!(done.status, 303, "{}", done.body);
+    assert_eq!(done.header("location"), Some("/queues?done=pause"));
+    assert_eq!(paused(), true);
+    let page = ui.get("/queues?done=pause");
+    assert!(page.body.contains("data-paused"), "{}", page.body);
+    assert!(page.body.contains("/resume?queue=plain"), "{}", page.body);
+    let api = ui.get("/api/queues");
+    assert!(api.body.contains("\"paused\":true"), "{}", api.body);
+    let resume = ui.get("/resume?queue=plain");
+    assert!(resume.body.contains("Resume plain"), "{}", resume.body);
+    let body = format!("csrf={}&queue=plain", csrf_of(&resume));
+    assert_eq!(ui.ask("POST", "/resume", &[], &body).status, 303);
+    assert_eq!(paused(), false);
+    assert_eq!(
+        ui.ask("POST", "/pause", &[], &format!("csrf={}", csrf_of(&resume)))
+            .status,
+        400,
+        "no queue named"
+    );
+}
+
+#[test]
 fn read_only_shows_no_actions_and_refuses_them() {
     let d = Dir::new("ui-ro");
     let (dead, _) = seed(&d);
@@ -353,6 +400,11 @@ fn read_only_shows_no_actions_and_refuses_them() {
     assert_eq!(page.status, 200);
     assert!(!page.body.contains("data-action"), "{}", page.body);
     assert!(!ui.get("/queues").body.contains("/purge"));
+    assert!(!ui.get("/queues").body.contains("/pause"));
+    assert_eq!(
+        ui.ask("POST", "/pause", &[], "csrf=x&queue=plain").status,
+        403
+    );
     let path = format!("/jobs/{}/retry", dead.0);
     assert_eq!(ui.get(&path).status, 403);
     assert_eq!(ui.ask("POST", &path, &[], "csrf=x").status, 403);

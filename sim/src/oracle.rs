@@ -25,6 +25,7 @@
 //!   is done with that claim: nothing is sent for a claim (no renewal, no
 //!   settle) after its outcome was reported.
 //! - P1 (schedules): every tick becomes at most one job.
+//! - F2: no claim applied while the queue is paused starts a job.
 //! - L4, Q3 liveness, E1 (a dead leader replaced within its lease plus the
 //!   campaign's retry) and P2 (every tick due before the heal phase fired
 //!   by the workers): checked by the simulator around the heal phase.
@@ -92,6 +93,8 @@ pub struct Oracle {
     reports: BTreeSet<(Owner, u64, u64)>,
     /// P1: the unique keys of every tick's job created so far.
     ticks: BTreeSet<String>,
+    /// F2: the queue is paused now (as the store applied it).
+    paused: bool,
     strict_l3: bool,
 }
 
@@ -120,6 +123,7 @@ impl Oracle {
             reported: BTreeMap::new(),
             reports: BTreeSet::new(),
             ticks: BTreeSet::new(),
+            paused: false,
             strict_l3,
         }
     }
@@ -425,8 +429,24 @@ impl Oracle {
         Ok(true)
     }
 
+    /// The store applied a pause (`true`) or a resume of the queue.
+    pub fn queue_paused(&mut self, paused: bool) {
+        self.paused = paused;
+    }
+
     /// Jobs claimed at `t`, each `(id, token, lease_until)`.
     pub fn claimed(&mut self, t: u64, owner: Owner, jobs: &[(u64, u64, u64)]) -> Check {
+        if self.paused && !jobs.is_empty() {
+            let ids: Vec<u64> = jobs.iter().map(|j| j.0).collect();
+            return violation(
+                "F2",
+                t,
+                format!(
+                    "p{}.{} claimed jobs {ids:?} of the paused queue",
+                    owner.0, owner.1
+                ),
+            );
+        }
         for &(id, token, until) in jobs {
             let history = self.claims.entry(id).or_default();
             if let Some((prev_token, prev)) = history.last() {

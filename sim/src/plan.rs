@@ -95,11 +95,13 @@ pub enum Canary {
     /// handle and record of the job's new claim, so its renewals no longer
     /// reach its handler and its outcome is reported for the wrong claim.
     SettleKeyedByJob,
+    /// Claims never see the queue paused (F2).
+    ClaimIgnoresPause,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 10] = [
+    pub const ALL: [Canary; 11] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -110,6 +112,7 @@ impl Canary {
         Canary::LeaderIgnoresDeadline,
         Canary::SchedulerForgetsTicks,
         Canary::SettleKeyedByJob,
+        Canary::ClaimIgnoresPause,
     ];
 
     /// Its command-line name.
@@ -125,6 +128,7 @@ impl Canary {
             Canary::LeaderIgnoresDeadline => "leader-ignores-deadline",
             Canary::SchedulerForgetsTicks => "scheduler-forgets-ticks",
             Canary::SettleKeyedByJob => "settle-keyed-by-job",
+            Canary::ClaimIgnoresPause => "claim-ignores-pause",
         }
     }
 
@@ -141,7 +145,8 @@ impl Canary {
             Canary::ClaimIgnoresLease
             | Canary::WorkerStopsClaiming
             | Canary::CompleterDropsOutcome
-            | Canary::SettleKeyedByJob => Scenario::Queue,
+            | Canary::SettleKeyedByJob
+            | Canary::ClaimIgnoresPause => Scenario::Queue,
             Canary::LeaderIgnoresDeadline => Scenario::Election,
             Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }
@@ -230,6 +235,11 @@ pub enum Fault {
         /// For how long.
         for_ms: u64,
     },
+    /// An operator pauses the queue (`queue pause`): no claim may start a
+    /// job until it is resumed (F2; the heal phase resumes it).
+    PauseQueue,
+    /// An operator resumes the queue.
+    ResumeQueue,
 }
 
 impl fmt::Display for Fault {
@@ -247,6 +257,8 @@ impl fmt::Display for Fault {
             Fault::Stall { proc, for_ms } => {
                 write!(f, "stall p{proc}'s renewals and settles for {for_ms} ms")
             }
+            Fault::PauseQueue => f.write_str("pause the queue"),
+            Fault::ResumeQueue => f.write_str("resume the queue"),
         }
     }
 }
@@ -486,6 +498,10 @@ impl Plan {
             }
         }
         plan.add_stalls(&mut rng, &mut faults, 0.5, 3);
+        // Drawn apart, so that the plans drawn before pauses existed stay
+        // as they were, pauses added.
+        let mut pauses = StdRng::seed_from_u64(seed ^ 0x9A05_E0F0_F00D);
+        plan.add_queue_pauses(&mut pauses, &mut faults, 0.3, 3);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
         }
@@ -508,6 +524,26 @@ impl Plan {
             let at = rng.random_range(0..self.duration_ms);
             let for_ms = rng.random_range(self.lease_ms + 50..=3 * self.lease_ms + 100);
             faults.push((at, Fault::Stall { proc, for_ms }));
+        }
+    }
+
+    /// With probability `p`, up to `most` times an operator pauses the
+    /// queue and resumes it a little later (queue and mixed runs).
+    fn add_queue_pauses(
+        &self,
+        rng: &mut StdRng,
+        faults: &mut Vec<(u64, Fault)>,
+        p: f64,
+        most: u32,
+    ) {
+        if !matches!(self.scenario, Scenario::Queue | Scenario::Mixed) || !chance(rng, p) {
+            return;
+        }
+        for _ in 0..rng.random_range(1..=most) {
+            let at = rng.random_range(0..self.duration_ms);
+            let for_ms = rng.random_range(1..=2 * self.lease_ms);
+            faults.push((at, Fault::PauseQueue));
+            faults.push((at + for_ms, Fault::ResumeQueue));
         }
     }
 
@@ -548,6 +584,7 @@ impl Plan {
             }
             Canary::SchedulerForgetsTicks => {}
             Canary::SettleKeyedByJob => self.add_stalls(rng, faults, 1.0, 8),
+            Canary::ClaimIgnoresPause => self.add_queue_pauses(rng, faults, 1.0, 4),
             Canary::DeadlineFromReply => {
                 // Slow replies: the deadline counted from them runs late.
                 self.latency_ms = (10, 25);

@@ -107,6 +107,7 @@ fn every_canary_is_caught() {
             Canary::LeaderIgnoresDeadline => &["L3"],
             Canary::SchedulerForgetsTicks => &["P1"],
             Canary::SettleKeyedByJob => &["B2"],
+            Canary::ClaimIgnoresPause => &["F2"],
         };
         assert!(
             expected.contains(&v.guarantee),
@@ -178,6 +179,8 @@ fn the_world_exercises_its_faults() {
                     Fault::ClockStep { .. } => "clock step",
                     Fault::Boundary => "boundary",
                     Fault::Stall { .. } => "stall",
+                    Fault::PauseQueue => "queue paused",
+                    Fault::ResumeQueue => "queue resumed",
                 };
                 *seen.entry(name).or_default() += 1;
             }
@@ -208,6 +211,8 @@ fn the_world_exercises_its_faults() {
         "clock step",
         "boundary",
         "stall",
+        "queue paused",
+        "queue resumed",
         "stale write fenced",
         "expired lease or claim refused",
         "ambiguous reply",

@@ -5,8 +5,8 @@ use super::job::ClaimedJob;
 use super::{ms_of, Client};
 use crate::core::schedule::{Fired, PutOutcome};
 use crate::core::{
-    self, EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, ScheduleRecord, ScheduleSpec,
-    StateCounts,
+    self, EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, QueueConfig, ScheduleRecord,
+    ScheduleSpec, StateCounts,
 };
 use crate::error::{Error, LostReason, Result};
 use crate::time::WallMs;
@@ -137,6 +137,29 @@ impl Queue {
         let policy = self.client.inner.policy;
         self.client
             .run("stats", |tx| core::job::stats(tx, &self.name, &policy))
+    }
+
+    /// Pause the queue, durably and fleet-wide: no worker anywhere starts
+    /// one of its jobs until [`Queue::resume`] (F2); running jobs finish,
+    /// renew and settle as ever, and pushes are accepted. Workers idle
+    /// meanwhile as on an empty queue. Returns whether it changed anything
+    /// (false: it was paused already).
+    pub fn pause(&self) -> Result<bool> {
+        self.client
+            .run("pause", |tx| core::job::set_paused(tx, &self.name, true))
+    }
+
+    /// Resume a paused queue: idle workers are woken and claim at once.
+    /// Returns whether it changed anything (false: it was not paused).
+    pub fn resume(&self) -> Result<bool> {
+        self.client
+            .run("resume", |tx| core::job::set_paused(tx, &self.name, false))
+    }
+
+    /// The queue's stored flow-control settings (whether it is paused).
+    pub fn config(&self) -> Result<QueueConfig> {
+        self.client
+            .run("queue_config", |tx| core::job::queue_config(tx, &self.name))
     }
 
     /// Up to `limit` jobs after id `after`, optionally only in `state`.

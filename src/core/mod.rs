@@ -36,6 +36,8 @@
 //! it between states without losing it (Q3); attempts grow at claim and a job
 //! is dead once they reach `max_attempts` (Q4); claim takes the ready job
 //! with the highest priority, then earliest `run_at_ms`, then lowest id (Q5).
+//! Per queue, stored settings ([`QueueConfig`], `job::flow`) limit what a
+//! claim may start: a paused queue starts nothing (F2).
 //!
 //! # Schedules ([`schedule`])
 //! State per queue and name: a [`ScheduleRecord`] with its rule and the
@@ -72,7 +74,8 @@ pub use backoff::Backoff;
 pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
     backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobCursor, JobId, JobPeek,
-    JobRecord, JobSpec, JobState, QueuePolicy, QueueSummary, StateCounts, SummaryOptions,
+    JobRecord, JobSpec, JobState, QueueConfig, QueuePolicy, QueueSummary, StateCounts,
+    SummaryOptions,
 };
 pub use lease::{
     local_deadline_ms, DriftBound, Grant, LeaseInfo, LeasePage, LeaseRecord, LeaseSlot,

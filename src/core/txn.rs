@@ -11,7 +11,8 @@
 
 use super::event::Event;
 use super::{
-    JobCursor, JobId, JobPeek, JobRecord, JobState, LeaseRecord, ScheduleRecord, StateCounts,
+    JobCursor, JobId, JobPeek, JobRecord, JobState, LeaseRecord, QueueConfig, ScheduleRecord,
+    StateCounts,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
@@ -120,6 +121,9 @@ pub struct Pending {
     /// Ready jobs in claim order ([`super::ClaimRank`]: priority
     /// descending, then `run_at_ms`, then id).
     pub ready: Vec<JobRecord>,
+    /// The queue's flow-control settings ([`JobTxn::queue_config`]), read
+    /// with the ready jobs (the default when none were asked for).
+    pub config: QueueConfig,
 }
 
 /// One atomic transaction over lease records, and the way to its jobs.
@@ -198,9 +202,9 @@ pub trait JobTxn {
     fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>>;
 
     /// In one read: up to `chunk` expired and up to `chunk` due jobs of
-    /// `queue` as of `now_ms`, and up to `ready` ready jobs in claim order.
-    /// A store that locks rows locks these (skipping rows that another
-    /// transaction holds).
+    /// `queue` as of `now_ms`, and, when `ready > 0`, up to `ready` ready
+    /// jobs in claim order and the queue's settings. A store that locks rows locks these jobs
+    /// (skipping rows that another transaction holds).
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending>;
 
     /// Up to `limit` job ids of `queue` matching `query`, in its order,
@@ -225,6 +229,12 @@ pub trait JobTxn {
         after: JobId,
         limit: usize,
     ) -> Result<Vec<JobRecord>>;
+
+    /// The stored settings of `queue`; the default if it has none.
+    fn queue_config(&mut self, queue: &str) -> Result<QueueConfig>;
+
+    /// Store `queue`'s settings (replacing any).
+    fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()>;
 
     /// The schedules of `queue`, by name. A store that locks rows locks
     /// these (two workers firing the same queue take turns).

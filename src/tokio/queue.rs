@@ -4,7 +4,8 @@
 use super::{ClaimedJob, Client};
 use crate::core::schedule::{Fired, PutOutcome};
 use crate::core::{
-    EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, ScheduleRecord, ScheduleSpec, StateCounts,
+    EnqueueOutcome, JobId, JobRecord, JobSpec, JobState, QueueConfig, ScheduleRecord, ScheduleSpec,
+    StateCounts,
 };
 use crate::error::Result;
 use std::sync::Arc;
@@ -82,6 +83,21 @@ impl Queue {
     /// Jobs per state.
     pub async fn stats(&self) -> Result<StateCounts> {
         self.call(|q| q.stats()).await
+    }
+
+    /// Pause the queue fleet-wide (see [`crate::Queue::pause`]).
+    pub async fn pause(&self) -> Result<bool> {
+        self.call(|q| q.pause()).await
+    }
+
+    /// Resume a paused queue (see [`crate::Queue::resume`]).
+    pub async fn resume(&self) -> Result<bool> {
+        self.call(|q| q.resume()).await
+    }
+
+    /// The queue's stored settings (see [`crate::Queue::config`]).
+    pub async fn config(&self) -> Result<QueueConfig> {
+        self.call(|q| q.config()).await
     }
 
     /// Up to `limit` jobs after id `after`, optionally only in `state`.

@@ -78,6 +78,8 @@ pub fn notice(h: &mut Html, done: Option<&str>, n: Option<u64>) {
         Some("retry") => "Retried: the job is ready again.".to_owned(),
         Some("cancel") => "Cancel requested.".to_owned(),
         Some("purge") => format!("Purged {} finished job(s).", n.unwrap_or(0)),
+        Some("pause") => "Paused: no worker starts its jobs until it is resumed.".to_owned(),
+        Some("resume") => "Resumed: workers start its jobs again.".to_owned(),
         _ => return,
     };
     h.raw("<p class=\"notice\" role=\"status\">")
@@ -153,7 +155,11 @@ fn queue_row(h: &mut Html, ui: &Ui, name: &str, s: &QueueSummary) {
     h.raw("<tr")
         .attr("data-queue", name)
         .raw("><th scope=\"row\">");
-    h.link(&jobs_href(name, JobState::Ready), name).raw("</th>");
+    h.link(&jobs_href(name, JobState::Ready), name);
+    if s.paused {
+        h.raw(" <span class=\"badge paused\" data-paused>paused</span>");
+    }
+    h.raw("</th>");
     for state in JobState::ALL {
         let zero = s.counts.get(state) == 0;
         h.raw(if zero {
@@ -172,7 +178,14 @@ fn queue_row(h: &mut Html, ui: &Ui, name: &str, s: &QueueSummary) {
     throughput(h, s);
     h.raw("</td>");
     if !ui.read_only {
+        let (path, verb) = if s.paused {
+            ("/resume", "Resume…")
+        } else {
+            ("/pause", "Pause…")
+        };
         h.raw("<td>")
+            .link(&Href::new(path).param("queue", name), verb)
+            .raw(" ")
             .link(&Href::new("/purge").param("queue", name), "Purge…")
             .raw("</td>");
     }

@@ -244,6 +244,12 @@ impl Reader {
         Ok(self.client.cancel_job(id)?)
     }
 
+    /// Pause or resume `queue`.
+    pub fn set_paused(&self, queue: &str, paused: bool) -> Result<bool, UiError> {
+        let q = self.client.queue(queue)?;
+        Ok(if paused { q.pause()? } else { q.resume()? })
+    }
+
     /// Delete `queue`'s finished jobs older than `older_than`, a bounded
     /// batch per transaction; how many.
     pub fn purge(&self, queue: &str, older_than: Duration) -> Result<u64, UiError> {

@@ -33,6 +33,14 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .route("/jobs/{id}", get(job_page))
         .route("/jobs/{id}/{action}", get(confirm_job).post(act_on_job))
         .route("/purge", get(confirm_purge).post(purge))
+        .route(
+            "/pause",
+            get(|s, h, q| confirm_pause(s, h, q, true)).post(|s, f| pause(s, f, true)),
+        )
+        .route(
+            "/resume",
+            get(|s, h, q| confirm_pause(s, h, q, false)).post(|s, f| pause(s, f, false)),
+        )
         .route("/leases", get(leases_page))
         .merge(api::routes())
         .fallback(|| async { UiError::NotFound("no such page".to_owned()) })
@@ -239,6 +247,68 @@ async fn confirm_job(
     Ok(Page(pages::layout(&f, title, |h| {
         pages::confirm(h, &ui, &c)
     })))
+}
+
+/// The queue a queue action names (`?queue=NAME`, or the form's field).
+fn queue_named(queue: Option<String>) -> Result<String, UiError> {
+    queue
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| UiError::BadRequest("which queue? (?queue=NAME)".to_owned()))
+}
+
+async fn confirm_pause(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    Query(q): Query<Posted>,
+    paused: bool,
+) -> Result<Page<String>, UiError> {
+    if ui.read_only {
+        return Err(read_only());
+    }
+    let queue = queue_named(q.queue)?;
+    let (title, what, verb) = if paused {
+        (
+            "Pause this queue?",
+            format!("No worker anywhere starts a job of queue “{queue}” until it is resumed. Running jobs finish; pushes are still accepted."),
+            "Pause",
+        )
+    } else {
+        (
+            "Resume this queue?",
+            format!(
+                "Workers start the jobs of queue “{queue}” again; idle workers are woken at once."
+            ),
+            "Resume",
+        )
+    };
+    let c = Confirm {
+        title,
+        what,
+        action: Href::new(if paused { "/pause" } else { "/resume" }),
+        hidden: vec![("queue", queue.clone())],
+        input: None,
+        button: format!("{verb} {queue}"),
+        back: Href::new("/queues"),
+    };
+    let f = frame(&ui, &headers, Nav::Queues, false);
+    Ok(Page(pages::layout(&f, verb, |h| {
+        pages::confirm(h, &ui, &c)
+    })))
+}
+
+async fn pause(
+    State(ui): State<Arc<Ui>>,
+    Form(form): Form<Posted>,
+    paused: bool,
+) -> Result<Response, UiError> {
+    if ui.read_only {
+        return Err(read_only());
+    }
+    check_csrf(&ui, &form)?;
+    let queue = queue_named(form.queue)?;
+    read(&ui, move |r| r.set_paused(&queue, paused)).await?;
+    let to = format!("/queues?done={}", if paused { "pause" } else { "resume" });
+    Ok((StatusCode::SEE_OTHER, [(axum::http::header::LOCATION, to)]).into_response())
 }
 
 /// A POST's form: the CSRF token and whatever the action needs.

@@ -107,11 +107,13 @@ impl Dir {
             .collect()
     }
 
+    /// The queue's counts per state (`queue stats` without `paused`).
     pub fn stats(&self, queue: &str) -> BTreeMap<String, u64> {
         let v = self.json(&["queue", "stats", queue]);
         v.as_object()
             .unwrap()
             .iter()
+            .filter(|(k, _)| *k != "paused")
             .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
             .collect()
     }

@@ -134,7 +134,20 @@ impl Model {
         self.last.clone()
     }
 
-    /// Claim up to `max` ready jobs in claim order.
+    /// Pause or resume `queue`: whether that changed it.
+    pub fn set_paused(&mut self, queue: &str, paused: bool) -> Outcome {
+        self.settle();
+        let was = self.paused.iter().any(|q| q == queue);
+        if paused && !was {
+            self.paused.push(queue.to_owned());
+        } else if !paused {
+            self.paused.retain(|q| q != queue);
+        }
+        self.last = Outcome::Bool(was != paused);
+        self.last.clone()
+    }
+
+    /// Claim up to `max` ready jobs in claim order (none of a paused queue).
     pub fn claim(&mut self, queue: &str, holder: u128, lease_ms: u64, max: usize) -> Outcome {
         self.settle();
         let now = self.now_ms;
@@ -149,6 +162,9 @@ impl Model {
                 Ok(t) => t,
                 Err(o) => return o,
             };
+            if self.paused.iter().any(|q| q == queue) {
+                return Outcome::Claimed(Vec::new());
+            }
             let mut ready: Vec<&mut Job> = self
                 .jobs
                 .iter_mut()

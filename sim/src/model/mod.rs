@@ -214,6 +214,8 @@ pub struct Model {
     pub jobs: Vec<Job>,
     /// The result of the last operation.
     pub last: Outcome,
+    /// The queues paused (F2: their claims start nothing).
+    pub paused: Vec<String>,
 }
 
 fn ttl_check(field: leasehold::Field, now_ms: u64, ttl_ms: u64) -> Result<u64, Outcome> {
@@ -236,6 +238,7 @@ impl Model {
             keys: Vec::new(),
             jobs: Vec::new(),
             last: Outcome::None,
+            paused: Vec::new(),
         }
     }
 

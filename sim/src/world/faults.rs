@@ -45,7 +45,24 @@ impl Sim<'_> {
                 let pr = &mut self.procs[proc];
                 pr.stalled_until = pr.stalled_until.max(until);
             }
+            Fault::PauseQueue => self.pause_queue(true),
+            Fault::ResumeQueue => self.pause_queue(false),
         }
+    }
+
+    /// An operator pauses or resumes the queue, beside the model; the
+    /// oracle holds every claim meanwhile to F2.
+    pub(super) fn pause_queue(&mut self, paused: bool) {
+        self.clock.set(self.now);
+        let got = self
+            .store
+            .txn(|tx| core::job::set_paused(tx, QUEUE, paused));
+        let expect = self.oracle.model.set_paused(QUEUE, paused);
+        let got = crate::model::Outcome::of(&got, |&b| crate::model::Outcome::Bool(b));
+        let what = if paused { "pause" } else { "resume" };
+        let c = self.oracle.compare(self.now, what, &expect, &got);
+        self.check(c);
+        self.oracle.queue_paused(paused);
     }
 
     pub(super) fn kill(&mut self, proc: usize, restart_after_ms: u64) {
@@ -216,6 +233,9 @@ impl Sim<'_> {
         self.note(Line::Note(
             "heal: faults stop; holders finish; workers drain".into(),
         ));
+        if self.oracle.model.paused.iter().any(|q| q == QUEUE) {
+            self.pause_queue(false);
+        }
         for p in 0..self.procs.len() {
             if self.procs[p].paused_until.is_some() {
                 self.resume(p);

@@ -1,7 +1,7 @@
 //! The stores a run can use (the real adapters, on the run's true clock),
 //! and the canaries' broken store.
 
-use leasehold::core::{JobQuery, JobTxn, Pending, ScheduleRecord, Txn};
+use leasehold::core::{JobQuery, JobTxn, Pending, QueueConfig, ScheduleRecord, Txn};
 use leasehold::{HolderId, JobId, JobRecord, JobState, ManualClock, MemStore, StateCounts, Store};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -93,6 +93,8 @@ pub(crate) struct Breakage {
     pub(crate) blind_claims: bool,
     /// A schedule's cursor is never stored.
     pub(crate) forget_schedules: bool,
+    /// A claim's read never sees the queue paused.
+    pub(crate) deaf_to_pause: bool,
     /// Every claim read looks like this holder's (fencing by holder is
     /// ignored; the world swaps in the current tokens).
     pub(crate) careless: Option<HolderId>,
@@ -217,7 +219,17 @@ impl JobTxn for Broken<'_> {
                 .filter(|j| j.claim.is_some_and(|c| c.lease_until_ms > now_ms));
             read.ready.splice(0..0, live);
         }
+        if self.breakage.deaf_to_pause {
+            // Broken on purpose: claims go on while the queue is paused.
+            read.config.paused = false;
+        }
         Ok(read)
+    }
+    fn queue_config(&mut self, queue: &str) -> leasehold::Result<QueueConfig> {
+        self.inner.queue_config(queue)
+    }
+    fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> leasehold::Result<()> {
+        self.inner.put_queue_config(queue, config)
     }
     fn scan(
         &mut self,

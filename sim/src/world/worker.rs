@@ -164,6 +164,7 @@ impl Sim<'_> {
         let breakage = Breakage {
             blind_claims: canary == Some(Canary::ClaimIgnoresLease),
             forget_schedules: canary == Some(Canary::SchedulerForgetsTicks),
+            deaf_to_pause: canary == Some(Canary::ClaimIgnoresPause),
             careless: (canary == Some(Canary::IgnoresFencing)).then_some(self.procs[p].holder),
         };
         let store: Arc<dyn Store> = if breakage.any() {

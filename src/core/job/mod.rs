@@ -1,6 +1,7 @@
 //! Jobs: the records ([`JobRecord`], [`JobState`], [`Claim`]), what to
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
-//! and the rules over them (Q1-Q5; `rules`: enqueue, claim, heartbeat,
+//! a queue's stored settings (`flow`: [`QueueConfig`], pause and resume),
+//! and the rules over them (Q1-Q5, F2; `rules`: enqueue, claim, heartbeat,
 //! expire, cancel, retry, purge, stats, list; `settle`: complete, fail,
 //! abandon, one at a time or a worker's batch), and what people look at
 //! (`view`: queues, pages of jobs, summaries).
@@ -9,10 +10,12 @@
 //! operation reads what it needs, decides, and only then writes, so a rule
 //! error changes nothing.
 
+mod flow;
 mod rules;
 mod settle;
 mod view;
 
+pub use flow::*;
 pub use rules::*;
 pub use settle::*;
 pub(crate) use view::check_after_key;

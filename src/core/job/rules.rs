@@ -181,6 +181,8 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
 /// up to `ready_max` claimable jobs in claim order: the ready jobs read
 /// with the first chunk, merged with those this call made ready, which is
 /// exactly the head of the ready index once the queue is up to date.
+/// A paused queue (F2) answers no claimable jobs, after being brought up
+/// to date all the same.
 fn refresh(
     tx: &mut dyn JobTxn,
     queue: &str,
@@ -189,11 +191,15 @@ fn refresh(
 ) -> Result<Vec<JobRecord>> {
     let now_ms = tx.now_ms();
     let mut ready = Vec::new();
+    let mut ready_max = ready_max;
     let mut first = true;
     loop {
         let read = tx.pending(queue, now_ms, CHUNK, if first { ready_max } else { 0 })?;
         let more = read.expired.len() >= CHUNK || read.due.len() >= CHUNK;
         if first {
+            if read.config.paused {
+                ready_max = 0;
+            }
             ready = read.ready;
             first = false;
         }
@@ -456,13 +462,18 @@ pub fn purge(
 
 /// How long (store ms from now) until `queue` changes by time alone: the
 /// earliest scheduled job falls due, or the earliest running claim runs
-/// out; `None` if nothing is scheduled or running. An idle worker claims
+/// out; `None` if nothing is scheduled or running, or the queue is paused
+/// (F2). An idle worker claims
 /// again by then at the latest (a wake-up may come first), so a retry
 /// waiting out its backoff, a delayed job or a dead worker's job starts
-/// when it can, without the worker polling for it. Two index reads.
+/// when it can, without the worker polling for it. Three reads.
 pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
     check_queue(queue)?;
     let tx = tx.jobs()?;
+    if tx.queue_config(queue)?.paused {
+        // Nothing starts by time alone: resuming wakes the workers.
+        return Ok(None);
+    }
     let now_ms = tx.now_ms();
     let first = |tx: &mut dyn JobTxn, state| tx.page(queue, state, None, 1, 0);
     let due = first(tx, JobState::Scheduled)?

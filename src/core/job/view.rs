@@ -162,6 +162,8 @@ pub struct QueueSummary {
     pub finished: Vec<StateCounts>,
     /// The store's clock when it was read.
     pub now_ms: u64,
+    /// The queue is paused ([`super::set_paused`]): no claim starts its jobs.
+    pub paused: bool,
 }
 
 impl QueueSummary {
@@ -224,8 +226,9 @@ pub fn page(
     Ok(jobs)
 }
 
-/// `queue` at a glance, after bringing it up to date: jobs per state
-/// (each counted up to `opts.count_cap`), the oldest ready job, and the
+/// `queue` at a glance, after bringing it up to date: whether it is
+/// paused, jobs per state (each counted up to `opts.count_cap`), the
+/// oldest ready job, and the
 /// terminal jobs finished per interval over the last `opts.buckets`
 /// intervals (the last one ends now).
 pub fn summary(
@@ -245,6 +248,7 @@ pub fn summary(
     let from_ms = now_ms.saturating_add(1).saturating_sub(span_ms);
     let mut finished = vec![StateCounts::default(); opts.buckets];
     jobs.finished_histogram(queue, from_ms, opts.bucket_ms, &mut finished)?;
+    let paused = jobs.queue_config(queue)?.paused;
     Ok(QueueSummary {
         counts,
         count_cap: opts.count_cap,
@@ -253,6 +257,7 @@ pub fn summary(
         bucket_ms: opts.bucket_ms,
         finished,
         now_ms,
+        paused,
     })
 }
 

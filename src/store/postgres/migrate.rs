@@ -15,7 +15,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 4] = [
+const MIGRATIONS: [&str; 5] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -60,6 +60,8 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // v3: what a job's handler returned when it completed.
     "ALTER TABLE {s}.jobs ADD COLUMN result bytea;",
     V4_SCHEDULES,
+    // v5: a queue's flow-control settings (absent: the defaults).
+    "CREATE TABLE {s}.queues (queue text PRIMARY KEY, paused bool NOT NULL);",
 ];
 
 /// v4: schedules (periodic jobs), one row per queue and name; `next_at`

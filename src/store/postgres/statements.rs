@@ -20,10 +20,40 @@ pub(super) struct Statements {
     pub schedules_get: Statement,
     pub schedule_put: Statement,
     pub schedule_delete: Statement,
+    pub queue_get: Statement,
+    pub queue_put: Statement,
 }
 
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
 pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result";
+
+/// How many [`COLUMNS`] there are (where a claim's read puts the queue's
+/// settings).
+pub(super) const JOB_COLUMN_COUNT: usize = {
+    let bytes = COLUMNS.as_bytes();
+    let (mut i, mut commas) = (0, 0);
+    while i < bytes.len() {
+        if bytes[i] == b',' {
+            commas += 1;
+        }
+        i += 1;
+    }
+    commas + 1
+};
+
+/// The columns of a queue's settings row, in the order [`queue_config`]
+/// decodes them from `at`.
+pub(super) const QUEUE_COLUMNS: &str = "paused";
+
+/// The queue settings in `row` from column `at` (NULL: the default).
+pub(super) fn queue_config(
+    row: &postgres::Row,
+    at: usize,
+) -> std::result::Result<crate::core::QueueConfig, postgres::Error> {
+    Ok(crate::core::QueueConfig {
+        paused: row.try_get::<_, Option<bool>>(at)?.unwrap_or(false),
+    })
+}
 
 impl Statements {
     pub(super) fn prepare(
@@ -61,9 +91,14 @@ impl Statements {
             scan_maintenance: p(format!(
                 "WITH e AS ({expired}), d AS ({due}) SELECT * FROM e UNION ALL SELECT * FROM d"
             ))?,
+            // A claim's read: the queue's settings ride along as the last
+            // column ([`QUEUE_COLUMNS`]), on a row of NULL job columns if
+            // no job was read.
             scan_maintenance_ready: p(format!(
-                "WITH e AS ({expired}), d AS ({due}), r AS ({})
-                 SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r",
+                "WITH e AS ({expired}), d AS ({due}), r AS ({}),
+                   j AS (SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r)
+                 SELECT j.*, c.{QUEUE_COLUMNS} FROM (SELECT) AS one
+                   LEFT JOIN j ON true LEFT JOIN {{s}}.queues c ON c.queue = $1",
                 ready("$4")
             ))?,
             scan_finished: p(
@@ -97,6 +132,11 @@ impl Statements {
                    missed = excluded.missed, next_at = excluded.next_at"
             ))?,
             schedule_delete: p("DELETE FROM {s}.schedules WHERE queue = $1 AND name = $2".into())?,
+            queue_get: p(format!("SELECT {QUEUE_COLUMNS} FROM {{s}}.queues WHERE queue = $1"))?,
+            queue_put: p(
+                "INSERT INTO {s}.queues (queue, paused) VALUES ($1, $2)
+                 ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused".into(),
+            )?,
         })
     }
 }

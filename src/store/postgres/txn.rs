@@ -6,10 +6,10 @@ use super::error::{pg_err, Stage};
 use super::listing;
 use super::pool::Conn;
 use super::sql::{render_job_writes, JobWrite, Sql};
-use super::statements::Statements;
+use super::statements::{queue_config, Statements, JOB_COLUMN_COUNT};
 use crate::core::{
     Claim, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    Pending, ScheduleRecord, StateCounts, Txn,
+    Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
@@ -390,9 +390,25 @@ impl JobTxn for PgTxn<'_> {
         } else {
             self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?
         };
-        let mut ids = Vec::new();
-        self.absorb(&rows, &mut ids)?;
         let mut read = Pending::default();
+        let mut jobs = &rows[..];
+        if let (true, Some(row)) = (ready > 0, rows.first()) {
+            // One row at least, the settings in the last column of each;
+            // a lone row without a job id says no job was read.
+            let decode = || -> std::result::Result<_, postgres::Error> {
+                Ok((
+                    queue_config(row, JOB_COLUMN_COUNT)?,
+                    row.try_get::<_, Option<i64>>(0)?,
+                ))
+            };
+            let (config, id) = decode().map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
+            read.config = config;
+            if id.is_none() {
+                jobs = &[];
+            }
+        }
+        let mut ids = Vec::new();
+        self.absorb(jobs, &mut ids)?;
         for id in ids {
             let job = self.jobs[&id].record.clone();
             match job.state {
@@ -455,6 +471,21 @@ impl JobTxn for PgTxn<'_> {
             )?);
         }
         Ok(out)
+    }
+
+    fn queue_config(&mut self, queue: &str) -> Result<QueueConfig> {
+        let what = format!("reading the settings of queue {queue:?}");
+        let rows = self.query(&what, |st| &st.queue_get, &[&queue])?;
+        match rows.first() {
+            Some(row) => queue_config(row, 0).map_err(|e| pg_err(what, e, Stage::Work)),
+            None => Ok(QueueConfig::default()),
+        }
+    }
+
+    fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()> {
+        let what = format!("writing the settings of queue {queue:?}");
+        self.query(&what, |st| &st.queue_put, &[&queue, &config.paused])
+            .map(drop)
     }
 
     fn put_schedule(&mut self, s: &ScheduleRecord) -> Result<()> {

@@ -1,11 +1,12 @@
-//! Schedule rows: a queue's schedules, read in name order, written whole.
+//! A queue's own rows: its schedules, read in name order, written whole;
+//! and its settings ([`QueueConfig`], one row, absent until first set).
 
 use super::conn::sql_err;
-use crate::core::ScheduleRecord;
+use crate::core::{QueueConfig, ScheduleRecord};
 use crate::error::Field;
 use crate::error::Result;
 use crate::store::{i64_of, schedule_of_row, SCHEDULE_COLUMNS};
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 
 /// The schedules of `queue`, by name.
 pub(super) fn read(conn: &Connection, queue: &str) -> Result<Vec<ScheduleRecord>> {
@@ -74,4 +75,25 @@ pub(super) fn delete(conn: &Connection, queue: &str, name: &str) -> Result<bool>
                 e,
             )
         })
+}
+
+/// The settings of `queue` (the default if it has no row).
+pub(super) fn config(conn: &Connection, queue: &str) -> Result<QueueConfig> {
+    conn.prepare_cached("SELECT paused FROM queues WHERE queue = ?1")
+        .and_then(|mut s| s.query_row([queue], |r| r.get::<_, bool>(0)).optional())
+        .map(|paused| QueueConfig {
+            paused: paused.unwrap_or(false),
+        })
+        .map_err(|e| sql_err(|| format!("reading the settings of queue {queue:?}"), e))
+}
+
+/// Insert or replace the settings of `queue`.
+pub(super) fn put_config(conn: &Connection, queue: &str, config: &QueueConfig) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO queues (queue, paused) VALUES (?1, ?2)
+         ON CONFLICT(queue) DO UPDATE SET paused = excluded.paused",
+    )
+    .and_then(|mut s| s.execute(params![queue, config.paused]))
+    .map(drop)
+    .map_err(|e| sql_err(|| format!("writing the settings of queue {queue:?}"), e))
 }

@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 4] = [
+const MIGRATIONS: [&str; 5] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -64,6 +64,8 @@ const MIGRATIONS: [&str; 4] = [
     // v3: what a job's handler returned when it completed.
     "ALTER TABLE jobs ADD COLUMN result BLOB;",
     V4_SCHEDULES,
+    // v5: a queue's flow-control settings (absent: the defaults).
+    "CREATE TABLE queues (queue TEXT PRIMARY KEY, paused INTEGER NOT NULL) WITHOUT ROWID;",
 ];
 
 /// v4: schedules (periodic jobs), one row per queue and name; `next_at`

@@ -7,7 +7,7 @@ use super::rows::{
 };
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    LeaseSlot, Pending, ScheduleRecord, StateCounts, Txn,
+    LeaseSlot, Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
@@ -325,6 +325,10 @@ impl JobTxn for SqlTxn<'_> {
             expired: self.read_jobs(SCAN_SQL[0], queue, chunk, now_ms)?,
             due: self.read_jobs(SCAN_SQL[1], queue, chunk, now_ms)?,
             ready: self.read_jobs(SCAN_SQL[2], queue, ready, u64::MAX)?,
+            config: match ready {
+                0 => QueueConfig::default(),
+                _ => super::schedules::config(self.conn, queue)?,
+            },
         })
     }
 
@@ -457,6 +461,14 @@ impl JobTxn for SqlTxn<'_> {
 
     fn schedules(&mut self, queue: &str) -> Result<Vec<ScheduleRecord>> {
         super::schedules::read(self.conn, queue)
+    }
+
+    fn queue_config(&mut self, queue: &str) -> Result<QueueConfig> {
+        super::schedules::config(self.conn, queue)
+    }
+
+    fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()> {
+        super::schedules::put_config(self.conn, queue, config)
     }
 
     fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()> {

@@ -164,11 +164,13 @@ fn counts(
 }
 
 mod batches;
+mod flow;
 mod jobs;
 mod leases;
 mod listing;
 mod schedules;
 pub use batches::*;
+pub use flow::*;
 pub use jobs::*;
 pub use leases::*;
 pub use listing::*;
@@ -213,7 +215,8 @@ macro_rules! conformance_cases {
             job_summary_counts_oldest_ready_and_finished_per_interval,
             job_summary_settles_expired_claims_and_refuses_bad_options,
             job_next_change_is_the_first_due_or_expiry, job_pages_list_empty_payloads,
-            job_settle_again_finds_its_own_outcome
+            job_settle_again_finds_its_own_outcome,
+            queue_pause_starts_nothing_until_resumed, queue_pause_checks_its_input_and_rolls_back
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,

@@ -11,8 +11,8 @@
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{
-    ClaimRank, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal,
-    LeaseRecord, Pending, ScheduleRecord, StateCounts, Txn,
+    JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
+    Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Result;
 use crate::store::{Store, Wake};
@@ -23,69 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Per-queue indexes, kept in step with every `put_job`/`delete_job`.
-#[derive(Debug, Default)]
-struct QueueIndex {
-    ready: BTreeSet<ClaimRank>,
-    scheduled: BTreeSet<(u64, JobId)>,
-    running: BTreeSet<(u64, JobId)>,
-    finished: BTreeSet<(u64, JobId)>,
-    unique: HashMap<Arc<str>, JobId>,
-    ids: BTreeSet<JobId>,
-    counts: StateCounts,
-}
-
-impl QueueIndex {
-    fn insert(&mut self, job: &JobRecord) {
-        let id = job.id;
-        match job.state {
-            JobState::Ready => {
-                self.ready.insert(job.rank());
-            }
-            JobState::Scheduled => {
-                self.scheduled.insert((job.run_at_ms, id));
-            }
-            JobState::Running => {
-                let until = job.claim.map_or(0, |c| c.lease_until_ms);
-                self.running.insert((until, id));
-            }
-            JobState::Done | JobState::Dead | JobState::Cancelled => {
-                self.finished.insert((job.finished_at_ms.unwrap_or(0), id));
-            }
-        }
-        if let (Some(key), false) = (&job.unique_key, job.state.is_terminal()) {
-            self.unique.insert(key.clone(), id);
-        }
-        self.ids.insert(id);
-        self.counts.add(job.state, 1);
-    }
-
-    fn remove(&mut self, job: &JobRecord) {
-        let id = job.id;
-        match job.state {
-            JobState::Ready => {
-                self.ready.remove(&job.rank());
-            }
-            JobState::Scheduled => {
-                self.scheduled.remove(&(job.run_at_ms, id));
-            }
-            JobState::Running => {
-                let until = job.claim.map_or(0, |c| c.lease_until_ms);
-                self.running.remove(&(until, id));
-            }
-            JobState::Done | JobState::Dead | JobState::Cancelled => {
-                self.finished.remove(&(job.finished_at_ms.unwrap_or(0), id));
-            }
-        }
-        if let Some(key) = &job.unique_key {
-            if self.unique.get(key) == Some(&id) {
-                self.unique.remove(key);
-            }
-        }
-        self.ids.remove(&id);
-        self.counts.add(job.state, -1);
-    }
-}
+mod index;
+use index::QueueIndex;
 
 /// What a transaction changed, to put back if it fails. Leases, jobs and
 /// the id counter are disjoint, so each log is replayed backwards on its own.
@@ -95,6 +34,7 @@ struct UndoLog {
     jobs: Vec<(JobId, Option<JobRecord>)>,
     last_job_id: Option<u64>,
     schedules: Vec<(ScheduleKey, Option<ScheduleRecord>)>,
+    configs: Vec<(Arc<str>, Option<QueueConfig>)>,
 }
 
 /// A schedule's queue and name.
@@ -111,6 +51,8 @@ struct MemState {
     last_job_id: u64,
     /// Schedules by queue, then name.
     schedules: BTreeMap<ScheduleKey, ScheduleRecord>,
+    /// Queues' settings, where set.
+    configs: HashMap<Arc<str>, QueueConfig>,
     /// One counter per [`Wake`] event.
     epochs: [u64; 2],
     /// Threads blocked in `wait_epoch` (a notify is a system call;
@@ -169,6 +111,12 @@ impl MemState {
                 None => self.schedules.remove(&key),
             };
         }
+        while let Some((queue, old)) = self.undo.configs.pop() {
+            match old {
+                Some(c) => self.configs.insert(queue, c),
+                None => self.configs.remove(&queue),
+            };
+        }
     }
 
     /// Forget the undo log of a committed transaction, keeping the lease
@@ -183,6 +131,7 @@ impl MemState {
         self.undo.jobs.clear();
         self.undo.last_job_id = None;
         self.undo.schedules.clear();
+        self.undo.configs.clear();
     }
 }
 
@@ -332,8 +281,15 @@ impl JobTxn for MemTxn<'_> {
     }
 
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
+        let config = match ready {
+            0 => QueueConfig::default(),
+            _ => self.st.configs.get(queue).cloned().unwrap_or_default(),
+        };
         let Some(q) = self.st.queues.get(queue) else {
-            return Ok(Pending::default());
+            return Ok(Pending {
+                config,
+                ..Pending::default()
+            });
         };
         let jobs = &self.st.jobs;
         let until = |set: &BTreeSet<(u64, JobId)>| -> Vec<JobRecord> {
@@ -351,6 +307,7 @@ impl JobTxn for MemTxn<'_> {
                 .take(ready)
                 .filter_map(|r| jobs.get(&r.2).cloned())
                 .collect(),
+            config,
         })
     }
 
@@ -394,6 +351,17 @@ impl JobTxn for MemTxn<'_> {
             .take_while(|((q, _), _)| **q == *queue)
             .map(|(_, s)| s.clone())
             .collect())
+    }
+
+    fn queue_config(&mut self, queue: &str) -> Result<QueueConfig> {
+        Ok(self.st.configs.get(queue).cloned().unwrap_or_default())
+    }
+
+    fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()> {
+        let queue: Arc<str> = Arc::from(queue);
+        let old = self.st.configs.insert(queue.clone(), config.clone());
+        self.st.undo.configs.push((queue, old));
+        Ok(())
     }
 
     fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()> {

@@ -1,0 +1,73 @@
+//! The in-memory store's per-queue indexes: one ordered set per state's
+//! listing order (ready in claim order, scheduled by due time, running by
+//! lease expiry, finished by finish time), the live unique keys, the ids
+//! and the counts, kept in step with every write of a job.
+
+use crate::core::{ClaimRank, JobId, JobRecord, JobState, StateCounts};
+use hashbrown::HashMap;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// Per-queue indexes, kept in step with every `put_job`/`delete_job`.
+#[derive(Debug, Default)]
+pub(super) struct QueueIndex {
+    pub(super) ready: BTreeSet<ClaimRank>,
+    pub(super) scheduled: BTreeSet<(u64, JobId)>,
+    pub(super) running: BTreeSet<(u64, JobId)>,
+    pub(super) finished: BTreeSet<(u64, JobId)>,
+    pub(super) unique: HashMap<Arc<str>, JobId>,
+    pub(super) ids: BTreeSet<JobId>,
+    pub(super) counts: StateCounts,
+}
+
+impl QueueIndex {
+    pub(super) fn insert(&mut self, job: &JobRecord) {
+        let id = job.id;
+        match job.state {
+            JobState::Ready => {
+                self.ready.insert(job.rank());
+            }
+            JobState::Scheduled => {
+                self.scheduled.insert((job.run_at_ms, id));
+            }
+            JobState::Running => {
+                let until = job.claim.map_or(0, |c| c.lease_until_ms);
+                self.running.insert((until, id));
+            }
+            JobState::Done | JobState::Dead | JobState::Cancelled => {
+                self.finished.insert((job.finished_at_ms.unwrap_or(0), id));
+            }
+        }
+        if let (Some(key), false) = (&job.unique_key, job.state.is_terminal()) {
+            self.unique.insert(key.clone(), id);
+        }
+        self.ids.insert(id);
+        self.counts.add(job.state, 1);
+    }
+
+    pub(super) fn remove(&mut self, job: &JobRecord) {
+        let id = job.id;
+        match job.state {
+            JobState::Ready => {
+                self.ready.remove(&job.rank());
+            }
+            JobState::Scheduled => {
+                self.scheduled.remove(&(job.run_at_ms, id));
+            }
+            JobState::Running => {
+                let until = job.claim.map_or(0, |c| c.lease_until_ms);
+                self.running.remove(&(until, id));
+            }
+            JobState::Done | JobState::Dead | JobState::Cancelled => {
+                self.finished.remove(&(job.finished_at_ms.unwrap_or(0), id));
+            }
+        }
+        if let Some(key) = &job.unique_key {
+            if self.unique.get(key) == Some(&id) {
+                self.unique.remove(key);
+            }
+        }
+        self.ids.remove(&id);
+        self.counts.add(job.state, -1);
+    }
+}
