@@ -122,7 +122,7 @@ pub fn queues(h: &mut Html, ui: &Ui, view: &Overview) {
         h.raw("<p class=\"empty\">No queues yet. Push a job: <code>leasehold queue push QUEUE --payload TEXT</code></p>");
         return;
     }
-    h.raw("<table class=\"queues\"><thead><tr><th>Queue</th>");
+    h.raw("<table class=\"queues\"><thead><tr><th>Queue</th><th>Status</th>");
     for state in JobState::ALL {
         h.raw("<th class=\"num\">")
             .text(state.as_str())
@@ -155,11 +155,15 @@ fn queue_row(h: &mut Html, ui: &Ui, name: &str, s: &QueueSummary) {
     h.raw("<tr")
         .attr("data-queue", name)
         .raw("><th scope=\"row\">");
-    h.link(&jobs_href(name, JobState::Ready), name);
+    h.link(&jobs_href(name, JobState::Ready), name).raw("</th>");
+    // Whether workers start its jobs (F2).
+    h.raw("<td data-status>");
     if s.paused {
-        h.raw(" <span class=\"badge paused\" data-paused>paused</span>");
+        h.raw("<span class=\"badge\" data-paused>paused</span>");
+    } else {
+        h.raw("active");
     }
-    h.raw("</th>");
+    h.raw("</td>");
     for state in JobState::ALL {
         let zero = s.counts.get(state) == 0;
         h.raw(if zero {

@@ -82,6 +82,28 @@ test("the jobs page lists one state's jobs, hostile payloads as text", async () 
   await assertClean();
 });
 
+test("a queue is paused and resumed through its buttons and confirmations", async () => {
+  const row = () => page.locator('tr[data-queue="reports"]');
+  const paused = () => s.json(["queue", "stats", "reports"]).paused;
+  await page.goto(`${base}/queues`);
+  assert.equal(await row().locator("[data-status]").innerText(), "active");
+  await row().getByRole("link", { name: "Pause…" }).click();
+  await page.waitForURL(/\/pause\?queue=reports$/);
+  assert.equal(paused(), false, "a GET changes nothing");
+  await page.locator("button[data-confirm]").click();
+  await page.waitForURL(/\/queues\?done=pause$/);
+  assert.equal(paused(), true, "the store agrees");
+  assert.equal(await row().locator("[data-paused]").innerText(), "paused");
+  assert.equal(await row().locator("th").innerText(), "reports", "the name, as text");
+  await row().getByRole("link", { name: "Resume…" }).click();
+  await page.waitForURL(/\/resume\?queue=reports$/);
+  await page.locator("button[data-confirm]").click();
+  await page.waitForURL(/\/queues\?done=resume$/);
+  assert.equal(paused(), false);
+  assert.equal(await row().locator("[data-status]").innerText(), "active");
+  await assertClean();
+});
+
 test("a job's page shows its claim, and a dead job is retried through its button", async () => {
   await page.goto(`${base}/jobs/${ids.running}`);
   const worker = s.lines(["lock", "list"]).find((l) => l.key.startsWith("leasehold/worker/"));
