@@ -399,6 +399,30 @@ impl Queue {
         Ok(d.into_any().unbind())
     }
 
+    /// Pause the queue, durably and fleet-wide: no worker starts one of
+    /// its jobs until `resume()`; running jobs finish and pushes are
+    /// accepted. Returns whether it changed anything.
+    fn pause(&self, py: Python<'_>) -> PyResult<bool> {
+        let q = self.queue.clone();
+        py.detach(move || q.pause()).map_err(|e| py_err(py, e))
+    }
+
+    /// Resume a paused queue (idle workers claim at once). Returns whether
+    /// it changed anything.
+    fn resume(&self, py: Python<'_>) -> PyResult<bool> {
+        let q = self.queue.clone();
+        py.detach(move || q.resume()).map_err(|e| py_err(py, e))
+    }
+
+    /// Whether the queue is paused.
+    #[getter]
+    fn paused(&self, py: Python<'_>) -> PyResult<bool> {
+        let q = self.queue.clone();
+        py.detach(move || q.config())
+            .map(|c| c.paused)
+            .map_err(|e| py_err(py, e))
+    }
+
     /// One job, as `leasehold queue get` prints it (payload and result as
     /// text, or base64; instants as RFC 3339).
     fn get(&self, py: Python<'_>, id: u64) -> PyResult<Py<PyAny>> {

@@ -199,6 +199,26 @@ def test_delay_max_attempts_unique_and_cancel(store_url, name):
         q.claim(lease=0)
 
 
+def test_pause_holds_claims_and_resume_lets_them_go(store_url, name):
+    store = leasehold.open(store_url)
+    q = store.queue(name)
+    first = q.push(b"a")
+    assert q.paused is False
+    assert q.pause() is True
+    assert q.pause() is False
+    # Another handle on the same store sees it: the pause is stored.
+    other = leasehold.open(store_url).queue(name)
+    assert other.paused is True
+    second = q.push(b"b")
+    assert other.claim() is None
+    assert q.stats()["ready"] == 2
+    assert q.resume() is True and q.resume() is False
+    assert other.paused is False
+    assert [other.claim().id, other.claim().id] == [first, second]
+    with pytest.raises(leasehold.InvalidInput):
+        store.queue("")
+
+
 def test_abandon_gives_the_job_back(store_url, name):
     q = leasehold.open(store_url).queue(name)
     jid = q.push(b"x")

@@ -193,6 +193,22 @@ class Queue:
         """Cancel a job; returns its state."""
         return self._native.cancel(int(job_id))
 
+    def pause(self):
+        """Pause the queue, durably and fleet-wide: no worker starts one of
+        its jobs until :meth:`resume`; running jobs finish and pushes are
+        accepted. Returns whether it changed anything."""
+        return self._native.pause()
+
+    def resume(self):
+        """Resume a paused queue (idle workers claim at once). Returns
+        whether it changed anything."""
+        return self._native.resume()
+
+    @property
+    def paused(self):
+        """Whether the queue is paused (read from the store)."""
+        return self._native.paused
+
 
 class Store:
     """An open store (:func:`open`)."""
