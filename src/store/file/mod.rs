@@ -11,7 +11,9 @@
 //! # Record
 //! The file holds two slots, at offset 0 and at 16 MiB (the file is sparse:
 //! the gap takes no disk space). Each slot is a header (magic, sequence
-//! number, length, checksum) and a short text record: a version line, the
+//! number, length, and a checksum over the sequence number, the length and
+//! the record, so that a write torn anywhere, even inside the header,
+//! leaves a slot that does not check out) and a short text record: a version line, the
 //! key (hex), the key's token counter, one line per holder slot. A write
 //! carries the next sequence number; a reader takes the valid slot with the
 //! highest sequence. A write never goes to the slot whose record must stay

@@ -17,9 +17,15 @@ use std::path::{Path, PathBuf};
 
 /// Where the second slot starts (the file is sparse up to it).
 pub(super) const SLOT_BYTES: u64 = 16 << 20;
-/// Slot header: magic, sequence number, payload length, payload checksum.
+/// Slot header: magic, sequence number, payload length, checksum.
 const HEADER_BYTES: usize = 4 + 8 + 4 + 8;
-const SLOT_MAGIC: &[u8; 4] = b"LHS1";
+/// The slot format this build writes: the checksum covers the sequence
+/// number and the length as well as the payload, so a write torn inside
+/// the header (a new sequence number over an older slot's whole record)
+/// never reads as a newer record.
+const SLOT_MAGIC: &[u8; 4] = b"LHS2";
+/// The first format (still read): the checksum covers the payload only.
+const SLOT_MAGIC_V1: &[u8; 4] = b"LHS1";
 /// The durable watermark: the sequence number of the newest record known
 /// to be on disk, and its checksum, in the last bytes before slot 1.
 const WATERMARK_BYTES: u64 = 16;
@@ -51,9 +57,14 @@ fn read_payload(file: &File, slot: u64) -> std::io::Result<Option<(u64, Vec<u8>)
     let base = slot * SLOT_BYTES;
     let mut buf = vec![0u8; SLOT_READ_BYTES];
     let n = read_full(file, &mut buf, base)?;
-    if n < HEADER_BYTES || &buf[..4] != SLOT_MAGIC {
+    if n < HEADER_BYTES {
         return Ok(None);
     }
+    let v1 = match &buf[..4] {
+        m if m == SLOT_MAGIC => false,
+        m if m == SLOT_MAGIC_V1 => true,
+        _ => return Ok(None),
+    };
     let seq = u64::from_le_bytes(buf[4..12].try_into().unwrap_or_default());
     let len = u32::from_le_bytes(buf[12..16].try_into().unwrap_or_default()) as usize;
     let sum = u64::from_le_bytes(buf[16..24].try_into().unwrap_or_default());
@@ -75,7 +86,8 @@ fn read_payload(file: &File, slot: u64) -> std::io::Result<Option<(u64, Vec<u8>)
     } else if n < end {
         return Ok(None); // torn or never completed
     }
-    if checksum_bytes(&buf[HEADER_BYTES..end]) != sum {
+    let covered = if v1 { 0 } else { 12 }; // v2: seq and len too
+    if checksum_parts(&[&buf[4..4 + covered], &buf[HEADER_BYTES..end]]) != sum {
         return Ok(None); // torn or never completed
     }
     buf.truncate(end);
@@ -130,9 +142,17 @@ fn read_watermark(file: &File) -> std::io::Result<Option<u64>> {
 }
 
 pub(super) fn checksum_bytes(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xCBF2_9CE4_8422_2325_u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
-    })
+    checksum_parts(&[bytes])
+}
+
+/// [`checksum_bytes`] of the parts one after the other.
+fn checksum_parts(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .fold(0xCBF2_9CE4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
+        })
 }
 
 /// Take an exclusive `flock` on `file` (blocking; EINTR retried).
@@ -312,7 +332,8 @@ impl Locked {
         buf.extend_from_slice(SLOT_MAGIC);
         buf.extend_from_slice(&seq.to_le_bytes());
         buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        buf.extend_from_slice(&checksum_bytes(&payload).to_le_bytes());
+        let sum = checksum_parts(&[&buf[4..16], &payload]);
+        buf.extend_from_slice(&sum.to_le_bytes());
         buf.extend_from_slice(&payload);
         Ok(buf)
     }
