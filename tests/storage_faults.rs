@@ -1,7 +1,8 @@
 //! Storage faults a process meets on its own machine (issue 25): the
 //! database file or the lease directory deleted or replaced under a
-//! running process. Each stops the process's store with an error naming
-//! the file, instead of letting it work on an inode nobody else sees.
+//! running process (each stops the process's store with an error naming
+//! the file, instead of letting it work on an inode nobody else sees); and
+//! bursts of I/O errors under a running worker loop, injected with libfiu.
 
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // files, time
 
@@ -122,8 +123,9 @@ const FIU_JOBS: usize = 300;
 /// The worker loop (in-process handlers: libfiu's preload is not
 /// fork-safe, so this test binary runs itself under `fiu-run`) through 2 s
 /// bursts of storage faults while it drains 300 jobs: EIO on 20 % of
-/// `pwrite`, then EIO on half the `fsync`/`fdatasync` calls (toggled from
-/// outside with `fiu-ctrl`). A settle or renewal that fails is retried
+/// `pwrite`, the filesystem read-only (EROFS on every `pwrite`), EIO on
+/// half the `fsync`/`fdatasync` calls (toggled from outside with
+/// `fiu-ctrl`). A settle or renewal that fails is retried
 /// while its claim is valid, so every job runs exactly once, the drain
 /// ends soon after the burst (not a lease later), and the database is
 /// whole. Found on main before that (issue 25): 24 of 300 jobs ran twice
@@ -138,16 +140,21 @@ fn a_worker_loop_rides_out_a_burst_of_storage_faults() {
         eprintln!("SKIPPED: fiu-run (Debian's fiu-utils) is not installed; .ci/run installs it");
         return;
     }
-    let bursts: [(&str, &[&str]); 2] = [
+    // failinfo is the errno: 5 EIO, 30 EROFS.
+    let bursts: [(&str, &[&str]); 3] = [
         (
             "EIO on 20% of pwrite",
-            &["posix/io/rw/pwrite,probability=0.2"],
+            &["posix/io/rw/pwrite,probability=0.2,failinfo=5"],
+        ),
+        (
+            "a read-only filesystem (EROFS on every pwrite)",
+            &["posix/io/rw/pwrite,probability=1,failinfo=30"],
         ),
         (
             "EIO on half the syncs",
             &[
-                "posix/io/sync/fsync,probability=0.5",
-                "posix/io/sync/fdatasync,probability=0.5",
+                "posix/io/sync/fsync,probability=0.5,failinfo=5",
+                "posix/io/sync/fdatasync,probability=0.5,failinfo=5",
             ],
         ),
     ];
@@ -193,7 +200,7 @@ fn a_worker_loop_rides_out_a_burst_of_storage_faults() {
             assert!(out.status.success(), "{name}: fiu-ctrl {cmd}: {out:?}");
         };
         for p in points {
-            ctrl(format!("enable_random name={p},failinfo=5"));
+            ctrl(format!("enable_random name={p}"));
         }
         std::thread::sleep(Duration::from_secs(2));
         let during = ran().lines().count();
@@ -270,4 +277,92 @@ fn fiu_worker(db: &Path) {
             .map_err(|e| e.to_string())
     })
     .unwrap();
+}
+
+/// A tmpfs of its own (as root; `None` with a skip notice otherwise),
+/// unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(tag: &str, size: &str) -> Option<(Dir, Tmpfs)> {
+        let dir = Dir::new(tag);
+        let at = dir.0.join("fs");
+        std::fs::create_dir_all(&at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !ok {
+            eprintln!("SKIPPED: mounting a tmpfs needs root (CI runs as root)");
+            return None;
+        }
+        Some((dir, Tmpfs(at)))
+    }
+
+    /// `mount -o remount,OPTIONS` (e.g. `ro`, `rw`, `size=8m`).
+    fn remount(&self, options: &str) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "remount {options}: {out:?}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).output();
+    }
+}
+
+fn integrity_ok(db: &Path) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+}
+
+/// A full disk (a 1 MiB tmpfs): pushes fail naming the cause, nothing
+/// acknowledged is lost, and once space is made (the filesystem grown)
+/// the same store carries on; the database is whole throughout.
+#[test]
+fn a_full_disk_fails_pushes_by_name_and_the_store_carries_on_once_space_is_made() {
+    let Some((_dir, fs)) = Tmpfs::new("full", "1m") else {
+        return;
+    };
+    let db = fs.0.join("jobs.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).unwrap());
+    let q = Client::builder_shared(store.clone())
+        .build()
+        .queue("q")
+        .unwrap();
+    let payload = vec![b'x'; 16 * 1024];
+    let mut kept = Vec::new();
+    let full = loop {
+        match q.push(&JobSpec::new(payload.clone())) {
+            Ok(p) => kept.push(p.id),
+            Err(e) => break e,
+        }
+        assert!(kept.len() < 1_000, "1 MiB never filled up");
+    };
+    let text = full.to_string();
+    assert!(text.contains("full") && text.contains("jobs.db"), "{text}");
+    assert!(!text.contains("malformed"), "{text}");
+    // Still full: still refused, by name; reads go on.
+    assert!(q.push(&JobSpec::new(payload.clone())).is_err());
+    assert_eq!(
+        q.stats().unwrap().get(leasehold::JobState::Ready),
+        kept.len() as u64
+    );
+    fs.remount("size=8m");
+    let more = q.push(&JobSpec::new(payload.clone())).unwrap();
+    for id in kept.iter().chain([&more.id]) {
+        assert_eq!(q.get(*id).unwrap().payload.len(), payload.len(), "job {id}");
+    }
+    drop(q);
+    drop(store);
+    integrity_ok(&db);
 }

@@ -32,7 +32,11 @@ fn fiu_run() -> Option<&'static str> {
 /// The faults, each as fiu-ctrl commands (`failinfo` is the errno).
 /// A call makes tens of `pwrite`s (SQLite's WAL and shared memory):
 /// 3 % of them failing fails about half the calls.
-const FAULTS: [(&str, &[&str]); 5] = [
+const FAULTS: [(&str, &[&str]); 6] = [
+    (
+        "a read-only filesystem (EROFS on every pwrite)",
+        &["enable_random name=posix/io/rw/pwrite,probability=1,failinfo=30"],
+    ),
     (
         "EIO on 3% of pwrite",
         &["enable_random name=posix/io/rw/pwrite,probability=0.03,failinfo=5"],
