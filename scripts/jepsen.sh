@@ -13,7 +13,8 @@
 # (default 3, seeds SEED_START...); STORES: any of sqlite, file, postgres
 # (postgres needs LEASEHOLD_TEST_PG, default the local server; as root the
 # runs also restart it); FAULTS: override the fault mix (default kill,stop,
-# plus pg-restart on postgres as root); TTL_MS (default 3000).
+# plus clock-step where libfaketime is installed (Debian's faketime) and
+# pg-restart on postgres as root); TTL_MS (default 3000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_SECONDS="${RUN_SECONDS:-300}"
@@ -32,13 +33,17 @@ for store in $STORES; do
   for i in $(seq 0 $((RUNS - 1))); do
     seed=$((SEED_START + i))
     dir="$out/$store-$seed"
-    faults="${FAULTS:-kill,stop}"
+    default_faults="kill,stop"
+    if [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -n "${LEASEHOLD_FAKETIME:-}" ]; then
+      default_faults="$default_faults,clock-step"
+    fi
+    faults="${FAULTS:-$default_faults}"
     case "$store" in
       sqlite) url="sqlite:$PWD/$out/$store-$seed.db" ;;
       file) url="file:$PWD/$out/$store-$seed.leases" ;;
       postgres)
         url="$LEASEHOLD_TEST_PG"
-        if [ -z "${FAULTS:-}" ] && [ "$(id -u)" = 0 ]; then faults="kill,stop,pg-restart"; fi ;;
+        if [ -z "${FAULTS:-}" ] && [ "$(id -u)" = 0 ]; then faults="$default_faults,pg-restart"; fi ;;
       *) echo "unknown store $store (sqlite, file, postgres)" >&2; exit 2 ;;
     esac
     max_faults=$(( RUN_SECONDS / 2 ))

@@ -85,12 +85,16 @@ pub fn run(args: &Args) -> i32 {
         )),
     };
     for f in &faults {
-        if !matches!(f.as_str(), "kill" | "stop" | "pg-restart") {
+        if !matches!(f.as_str(), "kill" | "stop" | "pg-restart" | "clock-step") {
             die(&format!(
-                "--faults: unknown fault {f:?} (kill, stop, pg-restart)"
+                "--faults: unknown fault {f:?} (kill, stop, pg-restart, clock-step)"
             ));
         }
     }
+    // Clock steps: every client runs under libfaketime, its wall clock
+    // offset by what its own file says (read at every clock call); the
+    // monotonic and boot clocks stay true, as an NTP step leaves them.
+    let faketime = faults.iter().any(|f| f == "clock-step").then(faketime_lib);
     clear_run_dir(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| die(&format!("{}: {e}", dir.display())));
     // Names of this run's keys and queue (a shared server keeps others').
@@ -109,7 +113,17 @@ pub fn run(args: &Args) -> i32 {
             Some(other) if next_id % 2 == 0 => other,
             _ => &store,
         };
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        if let Some(lib) = &faketime {
+            let offset = clock_file(&dir, &p);
+            std::fs::write(&offset, "+0")
+                .unwrap_or_else(|e| die(&format!("{}: {e}", offset.display())));
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", &offset)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = cmd
             .args(["client", kind, "--store", url, "--p", &p, "--dir"])
             .arg(&dir)
             .args([
@@ -182,6 +196,24 @@ pub fn run(args: &Args) -> i32 {
                 log_fault(&dir, &procs[i].p, "stop");
                 procs[i].stopped_until = Some(Instant::now() + ttl.mul_f64(1.5));
             }
+            "clock-step" => {
+                // Forward or back, by up to ten TTLs (from where it was).
+                let step_ms = rng.random_range(1..=10 * ttl_ms) as i64;
+                let step_ms = if rng.random_bool(0.5) {
+                    step_ms
+                } else {
+                    -step_ms
+                };
+                let file = clock_file(&dir, &procs[i].p);
+                let now: i64 = std::fs::read_to_string(&file)
+                    .ok()
+                    .and_then(|t| t.trim().trim_end_matches('s').parse::<f64>().ok())
+                    .map_or(0, |s| (s * 1000.0) as i64);
+                let to = now + step_ms;
+                std::fs::write(&file, format!("{:+.3}s", to as f64 / 1000.0))
+                    .unwrap_or_else(|e| die(&format!("{}: {e}", file.display())));
+                log_fault(&dir, &procs[i].p, &format!("clock-step {step_ms:+} ms"));
+            }
             _ => {
                 if restart_postgres() {
                     log_fault(&dir, "postgres", "pg-restart");
@@ -214,6 +246,7 @@ fn clear_run_dir(dir: &Path) {
     };
     let ours = |name: &str| {
         name.ends_with(".jsonl")
+            || (name.starts_with("clock-") && name.ends_with(".rc"))
             || matches!(name, "run.json" | "summary.json")
             || name.starts_with("resource.db")
     };
@@ -231,6 +264,32 @@ fn clear_run_dir(dir: &Path) {
     for p in paths {
         let _ = std::fs::remove_file(p);
     }
+}
+
+/// The file that sets client `p`'s wall-clock offset (libfaketime's
+/// `FAKETIME_TIMESTAMP_FILE`: `+12.5s`, `-3s`).
+fn clock_file(dir: &Path, p: &str) -> std::path::PathBuf {
+    dir.join(format!("clock-{p}.rc"))
+}
+
+/// libfaketime (Debian's faketime), or `LEASEHOLD_FAKETIME` if set.
+fn faketime_lib() -> std::path::PathBuf {
+    let candidates = std::env::var_os("LEASEHOLD_FAKETIME")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain(
+            [
+                "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                "/usr/lib/faketime/libfaketime.so.1",
+            ]
+            .map(std::path::PathBuf::from),
+        );
+    for lib in candidates {
+        if lib.exists() {
+            return lib;
+        }
+    }
+    die("--faults clock-step needs libfaketime (Debian's faketime package), or LEASEHOLD_FAKETIME=/path/to/libfaketime.so.1")
 }
 
 /// A fault, recorded under the process it hit (after the signal went).

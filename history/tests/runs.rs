@@ -1,6 +1,7 @@
 //! Short runs of the harness on real processes: a run under kills and
 //! pauses passes on SQLite (and on PostgreSQL when `LEASEHOLD_TEST_PG` is
-//! set), and the split-brain canary fails with the categories it breaks.
+//! set), so does one under wall-clock steps, and the split-brain canary
+//! fails with the categories it breaks.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -58,6 +59,56 @@ fn a_run_under_kills_and_pauses_passes_on_sqlite() {
         faults["kill"].as_u64().unwrap_or(0) + faults["stop"].as_u64().unwrap_or(0) > 0,
         "{summary:#}"
     );
+}
+
+/// Wall-clock steps of single clients (libfaketime, forward and back by
+/// up to ten TTLs) change nothing the checker can see: leases and claims
+/// run on monotonic and boot clocks. The stepped clients' records show
+/// their wall clocks moved.
+#[test]
+fn a_run_under_wall_clock_steps_passes_on_sqlite() {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    if std::env::var_os("LEASEHOLD_FAKETIME").is_none() && !std::path::Path::new(lib).exists() {
+        eprintln!("SKIPPED: libfaketime (Debian's faketime) is not installed; .ci/run installs it");
+        return;
+    }
+    let base = temp("clock");
+    let store = format!("sqlite:{}", base.join("store.db").display());
+    let dir = base.join("run");
+    let (code, summary) = run(
+        &store,
+        &dir,
+        &[
+            "--faults",
+            "clock-step",
+            "--max-faults",
+            "30",
+            "--seed",
+            "4",
+        ],
+    );
+    assert_eq!(code, 0, "{summary:#}");
+    assert!(
+        summary["run"]["faults"]["clock-step"].as_u64().unwrap_or(0) > 5,
+        "{summary:#}"
+    );
+    // Some client's wall clock really moved against the monotonic one.
+    let mut moved = false;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".jsonl") || name == "faults.jsonl" {
+            continue;
+        }
+        let offsets: Vec<i64> = std::fs::read_to_string(entry.path())
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|e| e["wall"].as_i64().unwrap() - e["mono"].as_i64().unwrap() / 1_000_000)
+            .collect();
+        let (lo, hi) = (offsets.iter().min(), offsets.iter().max());
+        moved |= matches!((lo, hi), (Some(lo), Some(hi)) if hi - lo > 1_000);
+    }
+    assert!(moved, "no client's wall clock moved");
 }
 
 #[test]
