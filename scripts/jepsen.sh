@@ -13,8 +13,9 @@
 # (default 3, seeds SEED_START...); STORES: any of sqlite, file, postgres
 # (postgres needs LEASEHOLD_TEST_PG, default the local server; as root the
 # runs also restart it); FAULTS: override the fault mix (default kill,stop,
-# plus clock-step where libfaketime is installed (Debian's faketime) and
-# pg-restart on postgres as root); TTL_MS (default 3000).
+# plus clock-step where libfaketime is installed (Debian's faketime), and
+# on postgres as root pg-restart and partition (network namespaces of the
+# run's own, iproute2)); TTL_MS (default 3000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_SECONDS="${RUN_SECONDS:-300}"
@@ -43,7 +44,7 @@ for store in $STORES; do
       file) url="file:$PWD/$out/$store-$seed.leases" ;;
       postgres)
         url="$LEASEHOLD_TEST_PG"
-        if [ -z "${FAULTS:-}" ] && [ "$(id -u)" = 0 ]; then faults="$default_faults,pg-restart"; fi ;;
+        if [ -z "${FAULTS:-}" ] && [ "$(id -u)" = 0 ]; then faults="$default_faults,pg-restart,partition"; fi ;;
       *) echo "unknown store $store (sqlite, file, postgres)" >&2; exit 2 ;;
     esac
     max_faults=$(( RUN_SECONDS / 2 ))

@@ -38,12 +38,22 @@ pub fn completion(e: &Error) -> &'static str {
     }
 }
 
+/// The client on the store, opened again after a store error (a server
+/// restarting or cut off by a partition) until the run's end; an error
+/// that retrying cannot fix (a bad URL) ends the process.
 fn client(params: &Params) -> Client {
-    match leasehold::store::open_url(&params.store) {
-        Ok(store) => Client::builder_shared(store).build(),
-        Err(e) => {
-            eprintln!("leasehold-history: {}: {e}", params.store);
-            std::process::exit(2);
+    let end = Instant::now() + Duration::from_secs_f64(params.seconds);
+    loop {
+        match leasehold::store::open_url(&params.store) {
+            Ok(store) => return Client::builder_shared(store).build(),
+            Err(e @ Error::Store { .. }) if Instant::now() < end => {
+                eprintln!("leasehold-history: {}: {e} (opening again)", params.store);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => {
+                eprintln!("leasehold-history: {}: {e}", params.store);
+                std::process::exit(2);
+            }
         }
     }
 }

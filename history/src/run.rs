@@ -85,12 +85,28 @@ pub fn run(args: &Args) -> i32 {
         )),
     };
     for f in &faults {
-        if !matches!(f.as_str(), "kill" | "stop" | "pg-restart" | "clock-step") {
+        if !matches!(
+            f.as_str(),
+            "kill" | "stop" | "pg-restart" | "clock-step" | "partition"
+        ) {
             die(&format!(
-                "--faults: unknown fault {f:?} (kill, stop, pg-restart, clock-step)"
+                "--faults: unknown fault {f:?} (kill, stop, pg-restart, clock-step, partition)"
             ));
         }
     }
+    // Partitions: the clients in a network namespace of the run's own,
+    // reaching PostgreSQL through a relay on the other end of a veth pair.
+    let net = faults.iter().any(|f| f == "partition").then(|| {
+        if !store.starts_with("postgres") {
+            die("--faults partition: for a postgres:// store (clients and server on both sides of a link)");
+        }
+        crate::net::Net::new(&store)
+    });
+    let client_store = net
+        .as_ref()
+        .map_or(store.clone(), |n| n.url_through_relay(&store));
+    // Links restored at this instant (a partition lasts 1.5 TTLs).
+    let mut cut_until: Option<Instant> = None;
     // Clock steps: every client runs under libfaketime, its wall clock
     // offset by what its own file says (read at every clock call); the
     // monotonic and boot clocks stay true, as an NTP step leaves them.
@@ -111,9 +127,12 @@ pub fn run(args: &Args) -> i32 {
         let left = end.saturating_duration_since(Instant::now()).as_secs_f64();
         let url = match &split {
             Some(other) if next_id % 2 == 0 => other,
-            _ => &store,
+            _ => &client_store,
         };
-        let mut cmd = Command::new(&exe);
+        let mut cmd = match &net {
+            Some(net) => net.command(&exe),
+            None => Command::new(&exe),
+        };
         if let Some(lib) = &faketime {
             let offset = clock_file(&dir, &p);
             std::fs::write(&offset, "+0")
@@ -162,6 +181,13 @@ pub fn run(args: &Args) -> i32 {
     let mut next_fault = Instant::now() + Duration::from_millis(rng.random_range(300..1500));
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(10));
+        if let (Some(net), Some(t)) = (&net, cut_until) {
+            if Instant::now() >= t {
+                net.set_link(true);
+                cut_until = None;
+                log_fault(&dir, "network", "heal");
+            }
+        }
         for proc in &mut procs {
             if proc.stopped_until.is_some_and(|t| Instant::now() >= t) {
                 signal(&proc.child, libc::SIGCONT);
@@ -214,12 +240,24 @@ pub fn run(args: &Args) -> i32 {
                     .unwrap_or_else(|e| die(&format!("{}: {e}", file.display())));
                 log_fault(&dir, &procs[i].p, &format!("clock-step {step_ms:+} ms"));
             }
+            "partition" => match &net {
+                Some(net) if cut_until.is_none() => {
+                    net.set_link(false);
+                    cut_until = Some(Instant::now() + ttl.mul_f64(1.5));
+                    log_fault(&dir, "network", "partition");
+                }
+                _ => {}
+            },
             _ => {
                 if restart_postgres() {
                     log_fault(&dir, "postgres", "pg-restart");
                 }
             }
         }
+    }
+    if let (Some(net), Some(_)) = (&net, cut_until.take()) {
+        net.set_link(true);
+        log_fault(&dir, "network", "heal");
     }
     for proc in &mut procs {
         if proc.stopped_until.take().is_some() {

@@ -1,7 +1,8 @@
 //! Short runs of the harness on real processes: a run under kills and
 //! pauses passes on SQLite (and on PostgreSQL when `LEASEHOLD_TEST_PG` is
-//! set), so does one under wall-clock steps, and the split-brain canary
-//! fails with the categories it breaks.
+//! set), so do runs under wall-clock steps and (PostgreSQL, as root)
+//! network partitions, and the split-brain canary fails with the
+//! categories it breaks.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -149,6 +150,36 @@ fn a_run_under_kills_pauses_and_restarts_passes_on_postgres() {
     let base = temp("pg");
     let (code, summary) = run(&pg, &base.join("run"), &["--faults", faults, "--seed", "5"]);
     assert_eq!(code, 0, "{summary:#}");
+    assert!(
+        summary["counts"]["lease grants"].as_u64().unwrap() > 10,
+        "{summary:#}"
+    );
+}
+
+/// Clients in a network namespace of the run's own, cut off from
+/// PostgreSQL by taking their link down for 1.5 TTLs at a time (as root;
+/// iproute2): the history still checks out.
+#[test]
+fn a_run_under_network_partitions_passes_on_postgres() {
+    let Ok(pg) = std::env::var("LEASEHOLD_TEST_PG") else {
+        eprintln!("LEASEHOLD_TEST_PG is unset: skipping the PostgreSQL partition run");
+        return;
+    };
+    if !is_root() {
+        eprintln!("SKIPPED: network namespaces need root (CI runs as root)");
+        return;
+    }
+    let base = temp("partition");
+    let (code, summary) = run(
+        &pg,
+        &base.join("run"),
+        &["--faults", "partition,kill", "--seed", "6"],
+    );
+    assert_eq!(code, 0, "{summary:#}");
+    assert!(
+        summary["run"]["faults"]["partition"].as_u64().unwrap_or(0) > 0,
+        "{summary:#}"
+    );
     assert!(
         summary["counts"]["lease grants"].as_u64().unwrap() > 10,
         "{summary:#}"
