@@ -13,7 +13,8 @@
 # (default 3, seeds SEED_START...); STORES: any of sqlite, file, postgres
 # (postgres needs LEASEHOLD_TEST_PG, default the local server; as root the
 # runs also restart it); FAULTS: override the fault mix (default kill,stop,
-# plus clock-step where libfaketime is installed (Debian's faketime), and
+# plus clock-step where libfaketime is installed (Debian's faketime),
+# io-error where libfiu is (fiu-utils), and
 # on postgres as root pg-restart and partition (network namespaces of the
 # run's own, iproute2)); TTL_MS (default 3000).
 set -euo pipefail
@@ -37,6 +38,9 @@ for store in $STORES; do
     default_faults="kill,stop"
     if [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -n "${LEASEHOLD_FAKETIME:-}" ]; then
       default_faults="$default_faults,clock-step"
+    fi
+    if [ -e /usr/lib/fiu/fiu_posix_preload.so ]; then
+      default_faults="$default_faults,io-error"
     fi
     faults="${FAULTS:-$default_faults}"
     case "$store" in

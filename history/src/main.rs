@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! leasehold-history run --store URL --dir DIR [--seconds 20] [--seed 1]
-//!     [--lease-procs 4] [--queue-procs 4] [--faults kill,stop,pg-restart,clock-step,partition]
+//!     [--lease-procs 4] [--queue-procs 4] [--faults kill,stop,pg-restart,clock-step,partition,io-error]
 //!     [--max-faults 12] [--ttl-ms 3000] [--keys 2] [--canary split-brain]
 //! leasehold-history check --dir DIR        # judge a recorded run again
 //! ```

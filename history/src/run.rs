@@ -87,13 +87,18 @@ pub fn run(args: &Args) -> i32 {
     for f in &faults {
         if !matches!(
             f.as_str(),
-            "kill" | "stop" | "pg-restart" | "clock-step" | "partition"
+            "kill" | "stop" | "pg-restart" | "clock-step" | "partition" | "io-error"
         ) {
             die(&format!(
-                "--faults: unknown fault {f:?} (kill, stop, pg-restart, clock-step, partition)"
+                "--faults: unknown fault {f:?} (kill, stop, pg-restart, clock-step, partition, io-error)"
             ));
         }
     }
+    // I/O errors: every client runs under libfiu's POSIX preload (the
+    // clients never fork), its faults toggled from here with fiu-ctrl.
+    let fiu = faults.iter().any(|f| f == "io-error").then(fiu_libs);
+    // Clients whose I/O fails until this instant.
+    let mut failing: Vec<(String, Instant)> = Vec::new();
     // Partitions: the clients in a network namespace of the run's own,
     // reaching PostgreSQL through a relay on the other end of a veth pair.
     let net = faults.iter().any(|f| f == "partition").then(|| {
@@ -133,12 +138,22 @@ pub fn run(args: &Args) -> i32 {
             Some(net) => net.command(&exe),
             None => Command::new(&exe),
         };
+        let mut preload: Vec<String> = fiu.clone().unwrap_or_default();
         if let Some(lib) = &faketime {
+            preload.push(lib.display().to_string());
+        }
+        if fiu.is_some() {
+            cmd.env("FIU_ENABLE", "")
+                .env("FIU_CTRL_FIFO", fiu_fifo_prefix());
+        }
+        if !preload.is_empty() {
+            cmd.env("LD_PRELOAD", preload.join(" "));
+        }
+        if faketime.is_some() {
             let offset = clock_file(&dir, &p);
             std::fs::write(&offset, "+0")
                 .unwrap_or_else(|e| die(&format!("{}: {e}", offset.display())));
-            cmd.env("LD_PRELOAD", lib)
-                .env("FAKETIME_TIMESTAMP_FILE", &offset)
+            cmd.env("FAKETIME_TIMESTAMP_FILE", &offset)
                 .env("FAKETIME_NO_CACHE", "1")
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
@@ -188,6 +203,20 @@ pub fn run(args: &Args) -> i32 {
                 log_fault(&dir, "network", "heal");
             }
         }
+        failing.retain(|(pid, until)| {
+            let over = Instant::now() >= *until;
+            if over {
+                fiu_ctrl(
+                    pid,
+                    &[
+                        "disable name=posix/io/rw/pwrite",
+                        "disable name=posix/io/sync/fdatasync",
+                        "disable name=posix/io/sync/fsync",
+                    ],
+                );
+            }
+            !over
+        });
         for proc in &mut procs {
             if proc.stopped_until.is_some_and(|t| Instant::now() >= t) {
                 signal(&proc.child, libc::SIGCONT);
@@ -239,6 +268,21 @@ pub fn run(args: &Args) -> i32 {
                 std::fs::write(&file, format!("{:+.3}s", to as f64 / 1000.0))
                     .unwrap_or_else(|e| die(&format!("{}: {e}", file.display())));
                 log_fault(&dir, &procs[i].p, &format!("clock-step {step_ms:+} ms"));
+            }
+            "io-error" => {
+                // EIO on a fifth of its writes and half its syncs, for 1.5
+                // TTLs (SQLite's and the file store's pwrite and syncs).
+                let pid = procs[i].child.id().to_string();
+                fiu_ctrl(
+                    &pid,
+                    &[
+                        "enable_random name=posix/io/rw/pwrite,probability=0.2,failinfo=5",
+                        "enable_random name=posix/io/sync/fdatasync,probability=0.5,failinfo=5",
+                        "enable_random name=posix/io/sync/fsync,probability=0.5,failinfo=5",
+                    ],
+                );
+                failing.push((pid, Instant::now() + ttl.mul_f64(1.5)));
+                log_fault(&dir, &procs[i].p, "io-error");
             }
             "partition" => match &net {
                 Some(net) if cut_until.is_none() => {
@@ -328,6 +372,42 @@ fn faketime_lib() -> std::path::PathBuf {
         }
     }
     die("--faults clock-step needs libfaketime (Debian's faketime package), or LEASEHOLD_FAKETIME=/path/to/libfaketime.so.1")
+}
+
+/// libfiu's preloads (Debian's fiu-utils), or `LEASEHOLD_FIU_DIR` if set.
+fn fiu_libs() -> Vec<String> {
+    let dir = std::env::var("LEASEHOLD_FIU_DIR").unwrap_or_else(|_| "/usr/lib/fiu".to_owned());
+    let libs: Vec<String> = ["fiu_run_preload.so", "fiu_posix_preload.so"]
+        .iter()
+        .map(|l| format!("{dir}/{l}"))
+        .collect();
+    if libs.iter().any(|l| !Path::new(l).exists()) {
+        die("--faults io-error needs libfiu (Debian's fiu-utils), or LEASEHOLD_FIU_DIR=/path/to/its/preloads");
+    }
+    libs
+}
+
+/// Where each client's fiu-ctrl FIFOs are (fiu-run's default).
+fn fiu_fifo_prefix() -> String {
+    let tmp = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".to_owned());
+    format!("{tmp}/fiu-ctrl")
+}
+
+/// Send libfiu commands to a client, best effort (it may have exited) and
+/// on a thread of their own (a stopped client answers only once it is
+/// continued).
+fn fiu_ctrl(pid: &str, commands: &[&str]) {
+    let pid = pid.to_owned();
+    let commands: Vec<String> = commands.iter().map(|c| (*c).to_owned()).collect();
+    std::thread::spawn(move || {
+        for c in commands {
+            let _ = Command::new("fiu-ctrl")
+                .args(["-c", &c, &pid])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    });
 }
 
 /// A fault, recorded under the process it hit (after the signal went).
