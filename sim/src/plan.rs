@@ -235,6 +235,18 @@ pub enum Fault {
         /// For how long.
         for_ms: u64,
     },
+    /// A latency spike: every request of the process, and every reply to
+    /// it, takes `extra_ms` longer for a while (a congested link, a
+    /// store's fsync stall); replies may come after the local deadline of
+    /// what they grant.
+    Slow {
+        /// Which process.
+        proc: usize,
+        /// For how long.
+        for_ms: u64,
+        /// How much longer each way.
+        extra_ms: u64,
+    },
     /// An operator pauses the queue (`queue pause`): no claim may start a
     /// job until it is resumed (F2; the heal phase resumes it).
     PauseQueue,
@@ -257,6 +269,11 @@ impl fmt::Display for Fault {
             Fault::Stall { proc, for_ms } => {
                 write!(f, "stall p{proc}'s renewals and settles for {for_ms} ms")
             }
+            Fault::Slow {
+                proc,
+                for_ms,
+                extra_ms,
+            } => write!(f, "slow p{proc}'s network by {extra_ms} ms for {for_ms} ms"),
             Fault::PauseQueue => f.write_str("pause the queue"),
             Fault::ResumeQueue => f.write_str("resume the queue"),
         }
@@ -502,6 +519,8 @@ impl Plan {
         // as they were, pauses added.
         let mut pauses = StdRng::seed_from_u64(seed ^ 0x9A05_E0F0_F00D);
         plan.add_queue_pauses(&mut pauses, &mut faults, 0.3, 3);
+        let mut spikes = StdRng::seed_from_u64(seed ^ 0x5_91CE_0F_1A7E);
+        plan.add_spikes(&mut spikes, &mut faults, &actors, 0.3, 3);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
         }
@@ -544,6 +563,48 @@ impl Plan {
             let for_ms = rng.random_range(1..=2 * self.lease_ms);
             faults.push((at, Fault::PauseQueue));
             faults.push((at + for_ms, Fault::ResumeQueue));
+        }
+    }
+
+    /// The longest one-way latency of the run: the network's, plus the
+    /// largest spike (a message sent during one is that late, even once
+    /// the faults stop).
+    pub fn max_latency_ms(&self) -> u64 {
+        let spike = self
+            .faults
+            .iter()
+            .filter_map(|(_, f)| match f {
+                Fault::Slow { extra_ms, .. } => Some(*extra_ms),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        self.latency_ms.1 + spike
+    }
+
+    /// With probability `p`, up to `most` latency spikes of random actors,
+    /// each way from a quarter of the longest lease to twice it.
+    fn add_spikes(
+        &self,
+        rng: &mut StdRng,
+        faults: &mut Vec<(u64, Fault)>,
+        actors: &[usize],
+        p: f64,
+        most: u32,
+    ) {
+        if !chance(rng, p) {
+            return;
+        }
+        let long = self.ttl_ms.max(self.lease_ms);
+        for _ in 0..rng.random_range(1..=most) {
+            let proc = actors[rng.random_range(0..actors.len())];
+            let at = rng.random_range(0..self.duration_ms);
+            let fault = Fault::Slow {
+                proc,
+                for_ms: rng.random_range(long / 2..=3 * long),
+                extra_ms: rng.random_range(long / 4..=2 * long),
+            };
+            faults.push((at, fault));
         }
     }
 

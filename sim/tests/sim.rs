@@ -179,6 +179,7 @@ fn the_world_exercises_its_faults() {
                     Fault::ClockStep { .. } => "clock step",
                     Fault::Boundary => "boundary",
                     Fault::Stall { .. } => "stall",
+                    Fault::Slow { .. } => "latency spike",
                     Fault::PauseQueue => "queue paused",
                     Fault::ResumeQueue => "queue resumed",
                 };
@@ -213,6 +214,7 @@ fn the_world_exercises_its_faults() {
         "stall",
         "queue paused",
         "queue resumed",
+        "latency spike",
         "stale write fenced",
         "expired lease or claim refused",
         "ambiguous reply",

@@ -110,7 +110,7 @@ impl Sim<'_> {
 
     fn reply_later(&mut self, p: usize, gen: u32, rid: u64, rep: Rep) {
         if rid != 0 {
-            let at = self.now + self.latency();
+            let at = self.now + self.latency(p);
             self.push(at, Ev::Reply { p, gen, rid, rep });
         }
     }

@@ -205,7 +205,7 @@ impl Sim<'_> {
         self.note(Line::Note(format!("heal: the leader p{p} is killed")));
         self.kill(p, 2 * self.plan.ttl_ms);
         let live_end = self.oracle.live_until(0, self.now).unwrap_or(self.now);
-        let slack = RETRY_MAX_MS * 21 / 20 + 2 * self.plan.latency_ms.1 + 5;
+        let slack = RETRY_MAX_MS * 21 / 20 + 2 * self.plan.max_latency_ms() + 5;
         self.e1_by = Some(live_end.max(self.now) + slack);
     }
 

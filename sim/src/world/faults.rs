@@ -1,5 +1,5 @@
 //! Faults (kill, pause, fork, burst, clock steps, boundary probes, store
-//! stalls), the
+//! stalls, latency spikes, the queue paused), the
 //! heal phase, and the checks at the end of a run: every key acquirable
 //! (L4), every job finished and the counts agreeing with the model (Q3),
 //! every handler's outcome sent (B1).
@@ -45,6 +45,11 @@ impl Sim<'_> {
                 let pr = &mut self.procs[proc];
                 pr.stalled_until = pr.stalled_until.max(until);
             }
+            Fault::Slow {
+                proc,
+                for_ms,
+                extra_ms,
+            } => self.procs[proc].slow = (self.now + for_ms, extra_ms),
             Fault::PauseQueue => self.pause_queue(true),
             Fault::ResumeQueue => self.pause_queue(false),
         }
@@ -237,6 +242,8 @@ impl Sim<'_> {
             self.pause_queue(false);
         }
         for p in 0..self.procs.len() {
+            // Faults stop: latency spikes too.
+            self.procs[p].slow = (0, 0);
             if self.procs[p].paused_until.is_some() {
                 self.resume(p);
             }

@@ -118,6 +118,9 @@ struct Proc {
     /// A stall fault: until this true instant the store fails the
     /// process's renewals and settles transiently.
     stalled_until: u64,
+    /// A latency spike: until this true instant its requests and replies
+    /// each take this much longer.
+    slow: (u64, u64),
     /// Its clocks as the client reads them ([`Sim::set_clocks`]).
     clocks: ProcClocks,
     state: RoleState,
@@ -279,6 +282,7 @@ impl<'a> Sim<'a> {
                 forked_child: false,
                 burst_at: None,
                 stalled_until: 0,
+                slow: (0, 0),
                 clocks: ProcClocks::new(),
                 state: RoleState::Prober,
             });
@@ -359,9 +363,12 @@ impl<'a> Sim<'a> {
         self.wake_in(p, wait);
     }
 
-    fn latency(&mut self) -> u64 {
+    /// One way's latency for process `p` (a spike added while it lasts).
+    fn latency(&mut self, p: usize) -> u64 {
         let (lo, hi) = self.plan.latency_ms;
-        self.net.random_range(lo..=hi)
+        let (until, extra) = self.procs[p].slow;
+        let spike = if until > self.now { extra } else { 0 };
+        self.net.random_range(lo..=hi) + spike
     }
 
     /// Send `req` for process `p`; its reply comes back as an
@@ -369,7 +376,7 @@ impl<'a> Sim<'a> {
     fn send(&mut self, p: usize, req: Req) -> u64 {
         let at = match self.procs[p].burst_at {
             Some(at) if at >= self.now => at,
-            _ => self.now + self.latency(),
+            _ => self.now + self.latency(p),
         };
         let why = if self.procs[p].burst_at.take().is_some() {
             " (burst)"

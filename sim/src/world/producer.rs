@@ -73,7 +73,8 @@ impl Sim<'_> {
     /// Every producer has stopped and none of its pushes is still in the
     /// network (a worker that left earlier would strand them).
     pub(super) fn producers_quiet(&self) -> bool {
-        let in_flight_bound = super::T0 + self.plan.duration_ms + 2 * self.plan.latency_ms.1 + 1;
+        let in_flight_bound =
+            super::T0 + self.plan.duration_ms + 2 * self.plan.max_latency_ms() + 1;
         self.now >= in_flight_bound
             && self
                 .procs
