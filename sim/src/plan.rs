@@ -519,7 +519,7 @@ impl Plan {
         // as they were, pauses added.
         let mut pauses = StdRng::seed_from_u64(seed ^ 0x9A05_E0F0_F00D);
         plan.add_queue_pauses(&mut pauses, &mut faults, 0.3, 3);
-        let mut spikes = StdRng::seed_from_u64(seed ^ 0x5_91CE_0F_1A7E);
+        let mut spikes = StdRng::seed_from_u64(seed ^ 0x0591_CE0F_1A7E);
         plan.add_spikes(&mut spikes, &mut faults, &actors, 0.3, 3);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
