@@ -78,14 +78,20 @@ impl Sim<'_> {
                     ..
                 }
             );
-        if stalled
-            || (!healing
-                && self.plan.transient_ppm > 0
-                && self.net.random_range(0..1_000_000) < self.plan.transient_ppm)
-        {
-            let what = "transient error (nothing applied)".to_owned();
-            self.note(Line::Apply(p, gen, req.to_string(), what));
-            self.reply_later(p, gen, rid, Rep::Transient);
+        let ppm = self.plan.transient_ppm;
+        let drawn = (!stalled && !healing && ppm > 0).then(|| self.net.random_range(0..1_000_000));
+        if stalled || drawn.is_some_and(|d| d < ppm) {
+            // A quarter of the store's failures lose the commit and its
+            // reply both (the connection dropped during COMMIT and the
+            // server rolled back): the client cannot tell it from a commit
+            // whose reply was lost.
+            let (what, rep) = if drawn.is_some_and(|d| d < ppm / 4) {
+                ("commit lost (nothing applied, reply lost)", Rep::Unknown)
+            } else {
+                ("transient error (nothing applied)", Rep::Transient)
+            };
+            self.note(Line::Apply(p, gen, req.to_string(), what.to_owned()));
+            self.reply_later(p, gen, rid, rep);
             return;
         }
         self.clock.set(self.now);

@@ -107,7 +107,9 @@ pub enum Rep {
     Done(Answer),
     /// A transient store error; nothing was applied.
     Transient,
-    /// The connection broke after the store committed: outcome unknown.
+    /// The connection broke around the commit: the outcome is unknown
+    /// (the store committed and the reply was lost, or the commit was
+    /// lost too).
     Unknown,
     /// The handle belongs to another process (fork): nothing was sent.
     Forked,
