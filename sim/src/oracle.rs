@@ -307,6 +307,14 @@ impl Oracle {
         Ok(())
     }
 
+    /// A grant `owner` holds live at `t`: (key, token).
+    pub fn live_grant_of(&self, owner: Owner, t: u64) -> Option<(usize, u64)> {
+        self.grants
+            .iter()
+            .find(|(_, g)| g.owner == owner && g.live_at(t))
+            .map(|(k, _)| *k)
+    }
+
     /// An accepted renew (an extension).
     pub fn renewed(&mut self, t: u64, key: usize, owner: Owner, token: u64, expires: u64) -> Check {
         match self.grants.get_mut(&(key, token)) {

@@ -247,6 +247,16 @@ pub enum Fault {
         /// How much longer each way.
         extra_ms: u64,
     },
+    /// The process dies in the middle of writing a renewal of a lease it
+    /// holds, after `at_byte` bytes of the record's slot (the file store;
+    /// elsewhere nothing happens): the record before the write must stay
+    /// in force.
+    TornWrite {
+        /// Which process.
+        proc: usize,
+        /// Bytes of the slot written before it died.
+        at_byte: usize,
+    },
     /// An operator pauses the queue (`queue pause`): no claim may start a
     /// job until it is resumed (F2; the heal phase resumes it).
     PauseQueue,
@@ -274,6 +284,9 @@ impl fmt::Display for Fault {
                 for_ms,
                 extra_ms,
             } => write!(f, "slow p{proc}'s network by {extra_ms} ms for {for_ms} ms"),
+            Fault::TornWrite { proc, at_byte } => {
+                write!(f, "p{proc} dies writing a renewal, after {at_byte} bytes")
+            }
             Fault::PauseQueue => f.write_str("pause the queue"),
             Fault::ResumeQueue => f.write_str("resume the queue"),
         }
@@ -521,6 +534,8 @@ impl Plan {
         plan.add_queue_pauses(&mut pauses, &mut faults, 0.3, 3);
         let mut spikes = StdRng::seed_from_u64(seed ^ 0x0591_CE0F_1A7E);
         plan.add_spikes(&mut spikes, &mut faults, &actors, 0.3, 3);
+        let mut tears = StdRng::seed_from_u64(seed ^ 0x7EA2_0F5A_107);
+        plan.add_tears(&mut tears, &mut faults, 0.3, 4);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
         }
@@ -605,6 +620,23 @@ impl Plan {
                 extra_ms: rng.random_range(long / 4..=2 * long),
             };
             faults.push((at, fault));
+        }
+    }
+
+    /// With probability `p`, up to `most` holders die in the middle of
+    /// writing a renewal, torn at a random byte of the slot.
+    fn add_tears(&self, rng: &mut StdRng, faults: &mut Vec<(u64, Fault)>, p: f64, most: u32) {
+        let holders: Vec<usize> = (0..self.procs.len())
+            .filter(|&i| matches!(self.procs[i].role, Role::Holder { .. }))
+            .collect();
+        if holders.is_empty() || !chance(rng, p) {
+            return;
+        }
+        for _ in 0..rng.random_range(1..=most) {
+            let proc = holders[rng.random_range(0..holders.len())];
+            let at = rng.random_range(0..self.duration_ms);
+            let at_byte = rng.random_range(0..=160);
+            faults.push((at, Fault::TornWrite { proc, at_byte }));
         }
     }
 

@@ -64,9 +64,31 @@ fn file_store_holds_every_lease_guarantee() {
             );
         }
     }
-    let plan = Plan::generate(5, Scenario::Leases, None);
+    // Torn writes happen on the file store alone: without them, the same
+    // seed gives the same trace on files as in memory.
+    let mut plan = Plan::generate(5, Scenario::Leases, None);
+    plan.faults
+        .retain(|(_, f)| !matches!(f, Fault::TornWrite { .. }));
     let on_files = world::run_with(&plan, &world::file_store).trace_text();
     assert_eq!(on_files, world::run(&plan).trace_text());
+}
+
+/// Holders of the real file store die in the middle of writing a renewal
+/// (the slot torn at a random byte): the record before the write stays in
+/// force, and every guarantee holds. Before slots checksummed their
+/// header, 6 of 200 lease seeds failed this way.
+#[test]
+fn torn_writes_on_the_file_store_keep_the_record_before_them() {
+    let mut torn = 0;
+    for seed in 0..40 {
+        let plan = Plan::generate(seed, Scenario::Leases, None);
+        let result = world::run_with(&plan, &world::file_store);
+        if let Some(v) = &result.violation {
+            panic!("file, leases, seed {seed}: {v}");
+        }
+        torn += result.trace_text().matches("torn write (injected)").count();
+    }
+    assert!(torn > 5, "only {torn} torn writes in 40 seeds");
 }
 
 #[test]
@@ -180,6 +202,7 @@ fn the_world_exercises_its_faults() {
                     Fault::Boundary => "boundary",
                     Fault::Stall { .. } => "stall",
                     Fault::Slow { .. } => "latency spike",
+                    Fault::TornWrite { .. } => "torn write",
                     Fault::PauseQueue => "queue paused",
                     Fault::ResumeQueue => "queue resumed",
                 };
@@ -216,6 +239,7 @@ fn the_world_exercises_its_faults() {
         "queue paused",
         "queue resumed",
         "latency spike",
+        "torn write",
         "stale write fenced",
         "expired lease or claim refused",
         "ambiguous reply",

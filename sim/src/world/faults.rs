@@ -50,8 +50,48 @@ impl Sim<'_> {
                 for_ms,
                 extra_ms,
             } => self.procs[proc].slow = (self.now + for_ms, extra_ms),
+            Fault::TornWrite { proc, at_byte } => self.torn_write(proc, at_byte),
             Fault::PauseQueue => self.pause_queue(true),
             Fault::ResumeQueue => self.pause_queue(false),
+        }
+    }
+
+    /// Process `proc` dies writing a renewal of a lease it holds, its slot
+    /// torn after `at_byte` bytes (on the file store; elsewhere nothing
+    /// happens). Nothing of the renewal may count: the model is not
+    /// stepped, and whatever reads the record next is judged as ever.
+    fn torn_write(&mut self, proc: usize, at_byte: usize) {
+        let owner = self.owner(proc);
+        let pr = &self.procs[proc];
+        if !pr.alive || pr.exited || pr.paused_until.is_some() || pr.forked_child {
+            return;
+        }
+        if !self.store.describe().starts_with("file:") {
+            self.note(Line::Note(
+                "torn write: not a file store, nothing torn".into(),
+            ));
+            return;
+        }
+        let Some((key, token)) = self.oracle.live_grant_of(owner, self.now) else {
+            return;
+        };
+        self.clock.set(self.now);
+        let holder = self.procs[proc].holder;
+        let ttl = self.plan.ttl_ms;
+        leasehold::store::file::torn::arm(at_byte);
+        let r = self
+            .store
+            .txn(|tx| core::lease::renew(tx, &key_name(key), holder, token, ttl));
+        let torn = !leasehold::store::file::torn::disarm();
+        self.note(Line::Note(format!(
+            "p{proc} renewal of key-{key} token {token} torn after {at_byte} bytes: {}",
+            match &r {
+                Ok(_) => "written whole".to_owned(),
+                Err(e) => e.to_string(),
+            }
+        )));
+        if torn {
+            self.kill(proc, self.plan.ttl_ms);
         }
     }
 

@@ -166,6 +166,36 @@ impl std::fmt::Debug for FileStore {
     }
 }
 
+/// The simulator's torn writes (feature `canaries`, never in a user's
+/// build): the next record write of this thread stops after a given
+/// number of bytes and fails, as when its process dies in the middle.
+#[doc(hidden)]
+pub mod torn {
+    #[cfg(feature = "canaries")]
+    std::thread_local! {
+        static NEXT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Tear this thread's next record write after `bytes`.
+    #[cfg(feature = "canaries")]
+    pub fn arm(bytes: usize) {
+        NEXT.with(|n| n.set(Some(bytes)));
+    }
+
+    /// Whether a tear is armed (and not yet used), disarming it.
+    #[cfg(feature = "canaries")]
+    pub fn disarm() -> bool {
+        NEXT.with(|n| n.take().is_some())
+    }
+
+    pub(super) fn take() -> Option<usize> {
+        #[cfg(feature = "canaries")]
+        return NEXT.with(|n| n.take());
+        #[cfg(not(feature = "canaries"))]
+        None
+    }
+}
+
 fn io_err(what: impl FnOnce() -> String) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::store(what(), e.to_string())
 }
@@ -378,7 +408,7 @@ impl FileStore {
         f(&mut tx)?;
         // Commit: write each changed record, then close (dropping the locks).
         for k in tx.keys.iter().filter(|k| k.changed()) {
-            k.write(self.durable, &self.record_syncs)?;
+            k.write(self.durable, &self.record_syncs, torn::take())?;
         }
         let woke = tx.journal.woke();
         drop(tx);

@@ -339,8 +339,10 @@ impl Locked {
     }
 
     /// Write the record (see [`Locked::plan`] and [`Locked::must_sync`]);
-    /// `fdatasync`s are counted in `syncs`.
-    pub fn write(&self, durable: bool, syncs: &AtomicU64) -> Result<()> {
+    /// `fdatasync`s are counted in `syncs`. With `tear` (the simulator's
+    /// storage fault), only that many bytes of the slot are written and the
+    /// write fails, as when the process dies in the middle of it.
+    pub fn write(&self, durable: bool, syncs: &AtomicU64, tear: Option<usize>) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let writing = || format!("writing {}", self.path.display());
         let (slot, sync_first) = self.plan(durable).map_err(io_err(writing))?;
@@ -353,6 +355,12 @@ impl Locked {
             self.sync(syncs)
                 .and_then(|()| self.write_watermark(current_seq))
                 .map_err(io_err(writing))?;
+        }
+        if let Some(n) = tear {
+            self.file
+                .write_all_at(&buf[..n.min(buf.len())], slot * SLOT_BYTES)
+                .map_err(io_err(writing))?;
+            return Err(Error::store(writing(), "torn write (injected)"));
         }
         self.file
             .write_all_at(&buf, slot * SLOT_BYTES)
