@@ -534,7 +534,7 @@ impl Plan {
         plan.add_queue_pauses(&mut pauses, &mut faults, 0.3, 3);
         let mut spikes = StdRng::seed_from_u64(seed ^ 0x0591_CE0F_1A7E);
         plan.add_spikes(&mut spikes, &mut faults, &actors, 0.3, 3);
-        let mut tears = StdRng::seed_from_u64(seed ^ 0x7EA2_0F5A_107);
+        let mut tears = StdRng::seed_from_u64(seed ^ 0x07EA_20F5_A107);
         plan.add_tears(&mut tears, &mut faults, 0.3, 4);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
