@@ -203,8 +203,8 @@ pub trait JobTxn {
 
     /// In one read: up to `chunk` expired and up to `chunk` due jobs of
     /// `queue` as of `now_ms`, and, when `ready > 0`, up to `ready` ready
-    /// jobs in claim order and the queue's settings. A store that locks rows locks these jobs
-    /// (skipping rows that another transaction holds).
+    /// jobs in claim order and the queue's settings. A store that locks
+    /// rows locks these jobs (skipping rows that another transaction holds).
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending>;
 
     /// Up to `limit` job ids of `queue` matching `query`, in its order,

@@ -463,8 +463,8 @@ pub fn purge(
 /// How long (store ms from now) until `queue` changes by time alone: the
 /// earliest scheduled job falls due, or the earliest running claim runs
 /// out; `None` if nothing is scheduled or running, or the queue is paused
-/// (F2). An idle worker claims
-/// again by then at the latest (a wake-up may come first), so a retry
+/// (F2). An idle worker claims again by then at the latest (a wake-up may
+/// come first), so a retry
 /// waiting out its backoff, a delayed job or a dead worker's job starts
 /// when it can, without the worker polling for it. Three reads.
 pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {

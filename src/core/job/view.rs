@@ -228,9 +228,8 @@ pub fn page(
 
 /// `queue` at a glance, after bringing it up to date: whether it is
 /// paused, jobs per state (each counted up to `opts.count_cap`), the
-/// oldest ready job, and the
-/// terminal jobs finished per interval over the last `opts.buckets`
-/// intervals (the last one ends now).
+/// oldest ready job, and the terminal jobs finished per interval over the
+/// last `opts.buckets` intervals (the last one ends now).
 pub fn summary(
     tx: &mut dyn Txn,
     queue: &str,
