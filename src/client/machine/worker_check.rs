@@ -278,6 +278,38 @@ mod tests {
         );
     }
 
+    /// Renewal rounds are jittered round by round whatever the seed (one
+    /// with every bit set included), so that many workers never renew in
+    /// step (the round number must change the draw, not merely be
+    /// combined into a seed that already has its bits).
+    #[test]
+    fn renewal_rounds_are_jittered_round_by_round_whatever_the_seed() {
+        for seed in [0, 3, u64::MAX] {
+            let cfg = WorkerConfig {
+                lease_ms: 3_000,
+                concurrency: 1,
+                prefetch: 0,
+                batch_max: 8,
+                flush_delay_ms: 50,
+                idle_max_ms: 100,
+                heartbeat_ms: 1_000,
+                drain: false,
+                drift: DriftBound::default(),
+                seed,
+                sample_ms: 0,
+                fire_ms: 0,
+            };
+            let mut m = WorkerMachine::new(cfg, LocalMs(0));
+            let waits: std::collections::BTreeSet<LocalMs> =
+                (0..20).map(|_| m.next_round_after(LocalMs(0))).collect();
+            assert!(waits.len() > 5, "seed {seed}: {waits:?}");
+            assert!(
+                waits.iter().all(|w| (900..=1_100).contains(&w.0)),
+                "seed {seed}: a second, give or take a tenth: {waits:?}"
+            );
+        }
+    }
+
     /// The completer canary loses exactly every fourth outcome.
     #[cfg(feature = "canaries")]
     #[test]
