@@ -125,13 +125,17 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
         }
         QueueCmd::Queues => return queues(client.store().as_ref(), client.policy()),
         QueueCmd::Stats { queue } => {
-            let q = client.queue(&queue)?;
-            let c = q.stats()?;
+            // The counts and the pause as of one instant.
+            let policy = *client.policy();
+            let (c, config) = client.store().txn_as("stats", |tx| {
+                let counts = leasehold::core::job::stats(tx, &queue, &policy)?;
+                Ok((counts, leasehold::core::job::queue_config(tx, &queue)?))
+            })?;
             let mut v: serde_json::Map<String, Value> = JobState::ALL
                 .map(|s| (s.as_str().to_owned(), json!(c.get(s))))
                 .into_iter()
                 .collect();
-            v.insert("paused".into(), json!(q.config()?.paused));
+            v.insert("paused".into(), json!(config.paused));
             vec![Value::Object(v)]
         }
         QueueCmd::Pause { queue } => {

@@ -352,10 +352,7 @@ async fn confirm_purge(
     if ui.read_only {
         return Err(read_only());
     }
-    let queue = q
-        .queue
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| UiError::BadRequest("which queue? (?queue=NAME)".to_owned()))?;
+    let queue = queue_named(q.queue)?;
     let c = Confirm {
         title: "Purge finished jobs?",
         what: format!(
