@@ -206,14 +206,11 @@ pub fn run(args: &Args) -> i32 {
         failing.retain(|(pid, until)| {
             let over = Instant::now() >= *until;
             if over {
-                fiu_ctrl(
-                    pid,
-                    &[
-                        "disable name=posix/io/rw/pwrite",
-                        "disable name=posix/io/sync/fdatasync",
-                        "disable name=posix/io/sync/fsync",
-                    ],
-                );
+                let off: Vec<String> = IO_FAULTS
+                    .iter()
+                    .map(|(point, _)| format!("disable name={point}"))
+                    .collect();
+                fiu_ctrl(pid, &off);
             }
             !over
         });
@@ -273,14 +270,11 @@ pub fn run(args: &Args) -> i32 {
                 // EIO on a fifth of its writes and half its syncs, for 1.5
                 // TTLs (SQLite's and the file store's pwrite and syncs).
                 let pid = procs[i].child.id().to_string();
-                fiu_ctrl(
-                    &pid,
-                    &[
-                        "enable_random name=posix/io/rw/pwrite,probability=0.2,failinfo=5",
-                        "enable_random name=posix/io/sync/fdatasync,probability=0.5,failinfo=5",
-                        "enable_random name=posix/io/sync/fsync,probability=0.5,failinfo=5",
-                    ],
-                );
+                let on: Vec<String> = IO_FAULTS
+                    .iter()
+                    .map(|(point, how)| format!("enable_random name={point},{how}"))
+                    .collect();
+                fiu_ctrl(&pid, &on);
                 failing.push((pid, Instant::now() + ttl.mul_f64(1.5)));
                 log_fault(&dir, &procs[i].p, "io-error");
             }
@@ -387,6 +381,14 @@ fn fiu_libs() -> Vec<String> {
     libs
 }
 
+/// The `io-error` fault: each libfiu point and how it fails (`failinfo` is
+/// the errno, 5 EIO), enabled for a while and then disabled by name.
+const IO_FAULTS: [(&str, &str); 3] = [
+    ("posix/io/rw/pwrite", "probability=0.2,failinfo=5"),
+    ("posix/io/sync/fdatasync", "probability=0.5,failinfo=5"),
+    ("posix/io/sync/fsync", "probability=0.5,failinfo=5"),
+];
+
 /// Where each client's fiu-ctrl FIFOs are (fiu-run's default).
 fn fiu_fifo_prefix() -> String {
     let tmp = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".to_owned());
@@ -396,9 +398,9 @@ fn fiu_fifo_prefix() -> String {
 /// Send libfiu commands to a client, best effort (it may have exited) and
 /// on a thread of their own (a stopped client answers only once it is
 /// continued).
-fn fiu_ctrl(pid: &str, commands: &[&str]) {
+fn fiu_ctrl(pid: &str, commands: &[String]) {
     let pid = pid.to_owned();
-    let commands: Vec<String> = commands.iter().map(|c| (*c).to_owned()).collect();
+    let commands = commands.to_vec();
     std::thread::spawn(move || {
         for c in commands {
             let _ = Command::new("fiu-ctrl")
