@@ -129,6 +129,12 @@ pub enum Field {
     Reason,
     /// A job's unique key.
     UniqueKey,
+    /// A job's concurrency key (what a queue's per-key limit counts).
+    ConcurrencyKey,
+    /// A queue's limit on running jobs.
+    Concurrency,
+    /// A queue's limit on running jobs per concurrency key.
+    PerKey,
     /// A job's payload.
     Payload,
     /// A job's result.
@@ -215,6 +221,9 @@ impl Field {
             Field::Limit => "limit",
             Field::Reason => "reason",
             Field::UniqueKey => "unique_key",
+            Field::ConcurrencyKey => "key",
+            Field::Concurrency => "concurrency",
+            Field::PerKey => "per_key",
             Field::Payload => "payload",
             Field::Result => "result",
             Field::MaxAttempts => "max_attempts",

@@ -189,19 +189,28 @@ fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> V
         "cancel_requested": j.cancel_requested,
         "last_error": j.last_error.as_deref(),
         "unique_key": j.unique_key.as_deref(),
+        "key": j.key.as_deref(),
+        "parked": j.parked,
         "claim": claim,
         "payload_bytes": payload_bytes,
         "payload_encoding": encoding,
     })
 }
 
+/// A queue's concurrency limits as JSON fields (`null`: none).
+pub fn add_limits(v: &mut Value, limits: &crate::core::Limits) {
+    v["concurrency"] = json!(limits.concurrency);
+    v["per_key"] = json!(limits.per_key);
+}
+
 /// A queue's summary (`queue queues`, the dashboard's API): whether it
-/// is paused, its counts
+/// is paused and its limits, its counts
 /// per state (with the states whose count reached the cap), the oldest
 /// ready job, and the jobs finished per interval.
 pub fn summary_json(queue: &str, s: &QueueSummary) -> Value {
     let t = Times::new(s.now_ms);
     let mut v = json!({"queue": queue, "paused": s.paused});
+    add_limits(&mut v, &s.limits);
     for state in JobState::ALL {
         v[state.as_str()] = json!(s.counts.get(state));
     }

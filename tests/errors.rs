@@ -454,6 +454,9 @@ mod lacking {
                         -> Vec<JobRecord>;
                     queue_config(queue: &str) -> QueueConfig;
                     put_queue_config(queue: &str, config: &QueueConfig) -> ();
+                    running_count(queue: &str, key: Option<&str>) -> u64;
+                    parked(queue: &str, key: Option<&str>, limit: usize) -> Vec<JobRecord>;
+                    lock_queue(queue: &str, exclusive: bool) -> ();
                     schedules(queue: &str) -> Vec<ScheduleRecord>;
                     put_schedule(schedule: &ScheduleRecord) -> ();
                     delete_schedule(queue: &str, name: &str) -> bool;

@@ -133,7 +133,7 @@ fn a_version_1_schema_is_migrated_in_place() {
         .unwrap();
     drop(store);
     admin_batch(&format!(
-        "DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked; DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
          ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
         s = schema.0
@@ -160,7 +160,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
     let schema = Schema::new("v3");
     drop(PostgresStore::open(&schema.url()).unwrap());
     admin_batch(&format!(
-        "DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '3' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -170,7 +170,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("5", 5));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("6", 6));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -189,6 +189,61 @@ fn a_version_3_schema_gains_schedules_in_place() {
             .txn(|tx| core::job::queue_config(tx, "q"))
             .unwrap()
             .paused
+    );
+}
+
+/// A schema at version 5 (before concurrency limits) gains the key and
+/// parked columns and the queues' limits in place: its job stays
+/// claimable, its pause is kept, and a per-key limit then holds.
+#[test]
+fn a_version_5_schema_gains_limits_in_place() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("v5");
+    let policy = leasehold::QueuePolicy::default();
+    {
+        let store = PostgresStore::open(&schema.url()).unwrap();
+        store
+            .txn(|tx| core::job::enqueue(tx, "q", &leasehold::JobSpec::new("old"), &policy))
+            .unwrap();
+        store
+            .txn(|tx| core::job::set_paused(tx, "q", true))
+            .unwrap();
+    }
+    admin_batch(&format!(
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked;
+         ALTER TABLE \"{s}\".queues DROP COLUMN concurrency, DROP COLUMN per_key;
+         UPDATE \"{s}\".leasehold_meta SET value = '5' WHERE name = 'schema_version'",
+        s = schema.0
+    ));
+    let store = PostgresStore::open(&schema.url()).unwrap();
+    let config = store.txn(|tx| core::job::queue_config(tx, "q")).unwrap();
+    assert!(config.paused && !config.limits.any(), "{config:?}");
+    store
+        .txn(|tx| core::job::set_paused(tx, "q", false))
+        .unwrap();
+    let limits = leasehold::Limits::none().with_per_key(Some(1));
+    assert!(store
+        .txn(|tx| core::job::set_limits(tx, "q", limits))
+        .unwrap());
+    for _ in 0..2 {
+        let spec = leasehold::JobSpec {
+            key: Some("k".into()),
+            ..leasehold::JobSpec::new("new")
+        };
+        store
+            .txn(|tx| core::job::enqueue(tx, "q", &spec, &policy))
+            .unwrap();
+    }
+    let claimed = store
+        .txn(|tx| core::job::claim(tx, "q", HolderId(1), 10_000, 10, &policy))
+        .unwrap();
+    let payloads: Vec<&[u8]> = claimed.iter().map(|j| &*j.payload).collect();
+    assert_eq!(
+        payloads,
+        [&b"old"[..], b"new"],
+        "one job of key k, and the old one"
     );
 }
 
@@ -659,7 +714,7 @@ fn a_version_2_schema_is_migrated_in_place() {
         .unwrap();
     drop(store);
     admin_batch(&format!(
-        "ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked; ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '2' WHERE name = 'schema_version'",
         s = schema.0
     ));

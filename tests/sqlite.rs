@@ -83,16 +83,19 @@ fn wal_is_on_and_scans_use_their_index_in_order() {
     let expected = [
         "jobs_running",
         "jobs_scheduled",
-        "jobs_ready",
+        "jobs_claim",
         "jobs_finished",
         "jobs_retrying",
+        "jobs_parked",
+        "jobs_parked",
     ];
     assert_eq!(SCAN_SQL.len(), expected.len());
     for (sql, index) in SCAN_SQL.iter().zip(expected) {
         let sql = sql
             .replace("{queue}", "'q'")
             .replace("{limit}", "10")
-            .replace("{cols}", "*");
+            .replace("{cols}", "*")
+            .replace("?1", "'k'");
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         let plan: Vec<String> = stmt
             .query_map([], |r| r.get::<_, String>(3))
@@ -389,7 +392,7 @@ fn a_version_1_database_is_upgraded_in_place() {
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
-        "DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
+        "DROP INDEX jobs_claim; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
          ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -439,7 +442,7 @@ fn a_version_3_database_gains_schedules_in_place() {
             .unwrap();
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch("DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;")
+    conn.execute_batch("DROP INDEX jobs_claim; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;")
         .unwrap();
     drop(conn);
     let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
@@ -447,7 +450,7 @@ fn a_version_3_database_gains_schedules_in_place() {
     let v: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!((v, SCHEMA_VERSION), (5, 5));
+    assert_eq!((v, SCHEMA_VERSION), (6, 6));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -462,6 +465,61 @@ fn a_version_3_database_gains_schedules_in_place() {
         .txn(|tx| core::job::stats(tx, "q", &QueuePolicy::default()))
         .unwrap();
     assert_eq!(counts.get(JobState::Ready), 1);
+}
+
+/// A database of schema version 5 (before concurrency limits) gains the
+/// key and parked columns and the queues' limits in place: its ready job
+/// stays claimable, and a per-key limit then holds.
+#[test]
+fn a_version_5_database_gains_limits_in_place() {
+    let d = Dir::new("v5");
+    let clock = ManualClock::new(1_000);
+    let policy = QueuePolicy::default();
+    {
+        let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+        store
+            .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("old"), &policy))
+            .unwrap();
+        store
+            .txn(|tx| core::job::set_paused(tx, "q", true))
+            .unwrap();
+    }
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(
+        "DROP INDEX jobs_claim; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key;
+         ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE queues DROP COLUMN concurrency;
+         ALTER TABLE queues DROP COLUMN per_key; PRAGMA user_version = 5;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+    let config = store.txn(|tx| core::job::queue_config(tx, "q")).unwrap();
+    assert!(config.paused && !config.limits.any(), "{config:?}");
+    store
+        .txn(|tx| core::job::set_paused(tx, "q", false))
+        .unwrap();
+    let limits = leasehold::Limits::none().with_per_key(Some(1));
+    assert!(store
+        .txn(|tx| core::job::set_limits(tx, "q", limits))
+        .unwrap());
+    for _ in 0..2 {
+        let spec = JobSpec {
+            key: Some("k".into()),
+            ..JobSpec::new("new")
+        };
+        store
+            .txn(|tx| core::job::enqueue(tx, "q", &spec, &policy))
+            .unwrap();
+    }
+    let claimed = store
+        .txn(|tx| core::job::claim(tx, "q", HolderId(1), 10_000, 10, &policy))
+        .unwrap();
+    let payloads: Vec<&[u8]> = claimed.iter().map(|j| &*j.payload).collect();
+    assert_eq!(
+        payloads,
+        [&b"old"[..], b"new"],
+        "one job of key k, and the old one"
+    );
 }
 
 /// The boot-clock rule: an instant handed out less than the persistence
@@ -616,7 +674,7 @@ fn a_version_2_database_is_upgraded_in_place() {
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
-        "ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;",
+        "DROP INDEX jobs_claim; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN result; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;",
     )
     .unwrap();
     drop(conn);

@@ -3,10 +3,10 @@
 
 use crate::defaults;
 use crate::out::{self, emit, parse_duration, Times};
-use crate::{client_for, work, CliResult, Fail, PolicyArgs, EXIT_ERROR};
+use crate::{client_for, work, CliResult, Fail, PolicyArgs, EXIT_ERROR, EXIT_USAGE};
 use clap::Subcommand;
 use leasehold::core::SummaryOptions;
-use leasehold::{Error, JobId, JobSpec, JobState, QueuePolicy, Store, StoreExt};
+use leasehold::{Error, JobId, JobSpec, JobState, Limits, QueuePolicy, Store, StoreExt};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::sync::Arc;
@@ -32,6 +32,9 @@ pub enum QueueCmd {
         /// Deduplicate: return the live job with this key instead.
         #[arg(long)]
         unique: Option<String>,
+        /// Concurrency key: the queue's per-key limit counts the running jobs sharing it.
+        #[arg(long)]
+        key: Option<String>,
     },
     /// Claim jobs and run CMD for each (payload on stdin); fire the queue's schedules.
     Work(work::WorkArgs),
@@ -44,6 +47,9 @@ pub enum QueueCmd {
     Pause { queue: String },
     /// Let workers start the queue's jobs again (idle workers are woken).
     Resume { queue: String },
+    /// Concurrency limits, fleet-wide: set, show or clear them.
+    #[command(subcommand)]
+    Limit(LimitCmd),
     #[command(about = defaults::QUEUES_ABOUT.as_str())]
     Queues,
     /// Jobs, one JSON line each (payload size and a short preview).
@@ -69,6 +75,24 @@ pub enum QueueCmd {
         #[arg(long, value_parser = parse_duration)]
         older_than: Duration,
     },
+}
+
+#[derive(Subcommand)]
+pub enum LimitCmd {
+    /// Set the limits given (the others stay as they are).
+    Set {
+        queue: String,
+        /// At most N of the queue's jobs run at once, across every worker.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::core::job::MAX_LIMIT)))]
+        concurrency: Option<u32>,
+        /// At most N jobs of one concurrency key (`push --key`) run at once.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::core::job::MAX_LIMIT)))]
+        per_key: Option<u32>,
+    },
+    /// The queue's limits (JSON; null: none).
+    Show { queue: String },
+    /// Remove every limit (parked jobs become claimable).
+    Clear { queue: String },
 }
 
 /// A state by its name; the library's message names them all.
@@ -110,6 +134,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
             at,
             max_attempts,
             unique,
+            key,
         } => {
             let run_at = at.map(|at| client.store_time(at)).transpose()?;
             let spec = JobSpec {
@@ -119,6 +144,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
                 run_at,
                 max_attempts,
                 unique_key: unique,
+                key,
             };
             let pushed = client.queue(&queue)?.push(&spec)?;
             vec![json!({"id": pushed.id.0, "created": pushed.created})]
@@ -131,13 +157,16 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
                 let counts = leasehold::core::job::stats(tx, &queue, &policy)?;
                 Ok((counts, leasehold::core::job::queue_config(tx, &queue)?))
             })?;
-            let mut v: serde_json::Map<String, Value> = JobState::ALL
+            let v: serde_json::Map<String, Value> = JobState::ALL
                 .map(|s| (s.as_str().to_owned(), json!(c.get(s))))
                 .into_iter()
                 .collect();
-            v.insert("paused".into(), json!(config.paused));
-            vec![Value::Object(v)]
+            // Limits are `queue limit show`'s: the counts stay numbers.
+            let mut v = Value::Object(v);
+            v["paused"] = json!(config.paused);
+            vec![v]
         }
+        QueueCmd::Limit(cmd) => vec![limit(&client, cmd)?],
         QueueCmd::Pause { queue } => {
             let changed = client.queue(&queue)?.pause()?;
             vec![json!({"queue": queue, "paused": true, "changed": changed})]
@@ -184,6 +213,51 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
         emit(line)?;
     }
     Ok(0)
+}
+
+/// `queue limit set|show|clear`: one JSON line, the queue's limits after
+/// the command (`changed`: whether it changed them).
+fn limit(client: &leasehold::Client, cmd: LimitCmd) -> Result<Value, Fail> {
+    let (queue, changed, limits) = match cmd {
+        LimitCmd::Show { queue } => {
+            let limits = client.queue(&queue)?.config()?.limits;
+            let mut v = json!({ "queue": queue });
+            leasehold::render::add_limits(&mut v, &limits);
+            return Ok(v);
+        }
+        LimitCmd::Clear { queue } => {
+            let changed = client.queue(&queue)?.set_limits(Limits::none())?;
+            (queue, changed, Limits::none())
+        }
+        LimitCmd::Set {
+            queue,
+            concurrency,
+            per_key,
+        } => {
+            if concurrency.is_none() && per_key.is_none() {
+                return Err(Fail::new(
+                    EXIT_USAGE,
+                    "queue limit set: give --concurrency N, --per-key N or both".into(),
+                ));
+            }
+            // Read and write in one transaction: a concurrent change of the
+            // other limit is not lost.
+            let (changed, limits) = client.store().txn_as("set_limits", |tx| {
+                let old = leasehold::core::job::queue_config(tx, &queue)?.limits;
+                let limits = Limits::none()
+                    .with_concurrency(concurrency.or(old.concurrency))
+                    .with_per_key(per_key.or(old.per_key));
+                Ok((
+                    leasehold::core::job::set_limits(tx, &queue, limits)?,
+                    limits,
+                ))
+            })?;
+            (queue, changed, limits)
+        }
+    };
+    let mut v = json!({ "queue": queue, "changed": changed });
+    leasehold::render::add_limits(&mut v, &limits);
+    Ok(v)
 }
 
 /// Queue names read per transaction by `queue queues`.

@@ -116,14 +116,18 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
     } else {
         (child_stdout(), None)
     };
+    let mut env = vec![
+        ("LEASEHOLD_JOB_ID", job.id().to_string()),
+        ("LEASEHOLD_ATTEMPT", job.attempt().to_string()),
+        ("LEASEHOLD_TOKEN", job.token().to_string()),
+        ("LEASEHOLD_QUEUE", args.queue.clone()),
+    ];
+    if let Some(key) = &job.record().key {
+        env.push(("LEASEHOLD_JOB_KEY", key.to_string()));
+    }
     let spawned = contain::spawn(Spec {
         cmd: &args.cmd,
-        env: vec![
-            ("LEASEHOLD_JOB_ID", job.id().to_string()),
-            ("LEASEHOLD_ATTEMPT", job.attempt().to_string()),
-            ("LEASEHOLD_TOKEN", job.token().to_string()),
-            ("LEASEHOLD_QUEUE", args.queue.clone()),
-        ],
+        env,
         stdin,
         stdout,
         grace: args.grace,

@@ -345,6 +345,58 @@ fn actions_need_a_post_with_the_csrf_token() {
 }
 
 #[test]
+fn limits_and_concurrency_keys_are_shown() {
+    let d = Dir::new("ui-limits");
+    d.json(&[
+        "queue",
+        "limit",
+        "set",
+        "exports",
+        "--concurrency",
+        "3",
+        "--per-key",
+        "1",
+    ]);
+    let a = d.json(&[
+        "queue",
+        "push",
+        "exports",
+        "--payload",
+        "a",
+        "--key",
+        "acme",
+    ]);
+    d.json(&[
+        "queue",
+        "push",
+        "exports",
+        "--payload",
+        "b",
+        "--key",
+        "acme",
+    ]);
+    d.json(&["queue", "push", "plain", "--payload", "p"]);
+    let ui = Server::start(&d, &[]);
+    let page = ui.get("/queues");
+    assert!(
+        page.body.contains("at most 3 running, 1 per key"),
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        page.body.matches("data-limits").count(),
+        1,
+        "only exports is limited"
+    );
+    let api = ui.get("/api/queues");
+    assert!(api.body.contains("\"concurrency\":3"), "{}", api.body);
+    assert!(api.body.contains("\"per_key\":1"), "{}", api.body);
+    let job = ui.get(&format!("/jobs/{}", a["id"]));
+    assert!(job.body.contains("Concurrency key"), "{}", job.body);
+    assert!(job.body.contains("acme"), "{}", job.body);
+}
+
+#[test]
 fn pause_and_resume_are_confirmed_posts_with_the_csrf_token() {
     let d = Dir::new("ui-pause");
     seed(&d);

@@ -342,8 +342,10 @@ impl Queue {
     }
 
     /// Enqueue `payload` (bytes); returns the job's id (or the id of the
-    /// live job that already has `unique` as its key).
-    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None))]
+    /// live job that already has `unique` as its key). `key` is its
+    /// concurrency key (what a per-key limit counts).
+    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None, key=None))]
+    #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
         py: Python<'_>,
@@ -352,6 +354,7 @@ impl Queue {
         delay: Option<f64>,
         max_attempts: Option<u32>,
         unique: Option<String>,
+        key: Option<String>,
     ) -> PyResult<u64> {
         let mut spec = JobSpec::new(payload);
         spec.priority = priority;
@@ -362,6 +365,7 @@ impl Queue {
             spec.max_attempts = n;
         }
         spec.unique_key = unique;
+        spec.key = key;
         let q = self.queue.clone();
         py.detach(move || q.push(&spec))
             .map(|o| o.id.0)
@@ -420,6 +424,33 @@ impl Queue {
         let q = self.queue.clone();
         py.detach(move || q.config())
             .map(|c| c.paused)
+            .map_err(|e| py_err(py, e))
+    }
+
+    /// Replace the queue's concurrency limits (`None`: no limit), durably
+    /// and fleet-wide. Returns whether they changed.
+    #[pyo3(signature = (concurrency=None, per_key=None))]
+    fn set_limits(
+        &self,
+        py: Python<'_>,
+        concurrency: Option<u32>,
+        per_key: Option<u32>,
+    ) -> PyResult<bool> {
+        let limits = leasehold::Limits::none()
+            .with_concurrency(concurrency)
+            .with_per_key(per_key);
+        let q = self.queue.clone();
+        py.detach(move || q.set_limits(limits))
+            .map_err(|e| py_err(py, e))
+    }
+
+    /// The queue's concurrency limits: `(concurrency, per_key)`, `None`
+    /// where unlimited.
+    #[getter]
+    fn limits(&self, py: Python<'_>) -> PyResult<(Option<u32>, Option<u32>)> {
+        let q = self.queue.clone();
+        py.detach(move || q.config())
+            .map(|c| (c.limits.concurrency, c.limits.per_key))
             .map_err(|e| py_err(py, e))
     }
 

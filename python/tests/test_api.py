@@ -219,6 +219,36 @@ def test_pause_holds_claims_and_resume_lets_them_go(store_url, name):
         store.queue("")
 
 
+def test_limits_hold_one_job_per_key_and_a_queue_wide_cap(store_url, name):
+    store = leasehold.open(store_url)
+    q = store.queue(name)
+    assert q.limits == {"concurrency": None, "per_key": None}
+    assert q.set_limits(concurrency=2, per_key=1) is True
+    assert q.set_limits(concurrency=2, per_key=1) is False
+    other = leasehold.open(store_url).queue(name)
+    assert other.limits == {"concurrency": 2, "per_key": 1}
+    a1 = q.push(b"a1", key="customer-a")
+    a2 = q.push(b"a2", key="customer-a")
+    b1 = q.push(b"b1", key="customer-b")
+    q.push(b"free")
+    first = other.claim(keep_alive=False)
+    second = other.claim(keep_alive=False)
+    assert [first.id, second.id] == [a1, b1], "a2 waits for a1's slot"
+    assert other.claim(keep_alive=False) is None, "two run: the queue is full"
+    assert q.get(a2)["key"] == "customer-a"
+    assert q.get(a2)["parked"] is True
+    first.complete()
+    third = other.claim(keep_alive=False)
+    assert third.id == a2, "a1's slot goes to a2"
+    assert q.set_limits() is True
+    assert q.limits == {"concurrency": None, "per_key": None}
+    assert other.claim(keep_alive=False).payload == b"free"
+    with pytest.raises(leasehold.InvalidInput):
+        q.set_limits(concurrency=0)
+    with pytest.raises(leasehold.InvalidInput):
+        q.push(b"x", key="")
+
+
 def test_abandon_gives_the_job_back(store_url, name):
     q = leasehold.open(store_url).queue(name)
     jid = q.push(b"x")

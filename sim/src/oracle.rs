@@ -25,6 +25,10 @@
 //!   is done with that claim: nothing is sent for a claim (no renewal, no
 //!   settle) after its outcome was reported.
 //! - P1 (schedules): every tick becomes at most one job.
+//! - F1: no claim makes the queue's live claims exceed its concurrency
+//!   limit, nor the live claims of one concurrency key its per-key limit,
+//!   at the claim's instant (a claim's interval ends at its settle or its
+//!   expiry, as for Q1).
 //! - F2: no claim applied while the queue is paused starts a job.
 //! - L4, Q3 liveness, E1 (a dead leader replaced within its lease plus the
 //!   campaign's retry) and P2 (every tick due before the heal phase fired
@@ -95,6 +99,8 @@ pub struct Oracle {
     ticks: BTreeSet<String>,
     /// F2: the queue is paused now (as the store applied it).
     paused: bool,
+    /// F1: the queue's limits now (as the store applied them).
+    queue_limits: leasehold::Limits,
     strict_l3: bool,
 }
 
@@ -124,6 +130,7 @@ impl Oracle {
             reports: BTreeSet::new(),
             ticks: BTreeSet::new(),
             paused: false,
+            queue_limits: leasehold::Limits::none(),
             strict_l3,
         }
     }
@@ -442,6 +449,62 @@ impl Oracle {
         self.paused = paused;
     }
 
+    /// The store applied new concurrency limits to the queue.
+    pub fn queue_limited(&mut self, limits: leasehold::Limits) {
+        self.queue_limits = limits;
+    }
+
+    /// F1, after the claims at `t` of `jobs`: the claims live at `t`, in
+    /// all and per concurrency key, are within the limits.
+    fn within_limits(&self, t: u64, owner: Owner, jobs: &[(u64, u64, u64)]) -> Check {
+        let limits = self.queue_limits;
+        if jobs.is_empty() || !limits.any() {
+            return Ok(());
+        }
+        let key_of = |id: u64| self.model.job(id).and_then(|j| j.key.clone());
+        let live: Vec<u64> = self
+            .claims
+            .iter()
+            .filter(|(_, h)| h.last().is_some_and(|(_, c)| c.live_at(t)))
+            .map(|(&id, _)| id)
+            .collect();
+        let ids: Vec<u64> = jobs.iter().map(|j| j.0).collect();
+        if let Some(n) = limits.concurrency {
+            if live.len() as u64 > u64::from(n) {
+                return violation(
+                    "F1",
+                    t,
+                    format!(
+                        "p{}.{} claimed jobs {ids:?}: {} claims live, over the queue's limit of {n}",
+                        owner.0, owner.1, live.len()
+                    ),
+                );
+            }
+        }
+        let Some(m) = limits.per_key else {
+            return Ok(());
+        };
+        for &(id, _, _) in jobs {
+            let Some(key) = key_of(id) else { continue };
+            let same: Vec<u64> = live
+                .iter()
+                .copied()
+                .filter(|&j| key_of(j).as_deref() == Some(&*key))
+                .collect();
+            if same.len() as u64 > u64::from(m) {
+                return violation(
+                    "F1",
+                    t,
+                    format!(
+                        "p{}.{} claimed job {id} of key {key:?}: jobs {same:?} of that key run at once, over the per-key limit of {m}",
+                        owner.0, owner.1
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Jobs claimed at `t`, each `(id, token, lease_until)`.
     pub fn claimed(&mut self, t: u64, owner: Owner, jobs: &[(u64, u64, u64)]) -> Check {
         if self.paused && !jobs.is_empty() {
@@ -475,7 +538,7 @@ impl Oracle {
                 },
             ));
         }
-        Ok(())
+        self.within_limits(t, owner, jobs)
     }
 
     fn current_claim(

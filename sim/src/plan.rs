@@ -97,11 +97,14 @@ pub enum Canary {
     SettleKeyedByJob,
     /// Claims never see the queue paused (F2).
     ClaimIgnoresPause,
+    /// Claims never count the running jobs of a concurrency key: the
+    /// per-key limit is never reached (F1).
+    ClaimIgnoresKeyLimit,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 11] = [
+    pub const ALL: [Canary; 12] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -113,6 +116,7 @@ impl Canary {
         Canary::SchedulerForgetsTicks,
         Canary::SettleKeyedByJob,
         Canary::ClaimIgnoresPause,
+        Canary::ClaimIgnoresKeyLimit,
     ];
 
     /// Its command-line name.
@@ -129,6 +133,7 @@ impl Canary {
             Canary::SchedulerForgetsTicks => "scheduler-forgets-ticks",
             Canary::SettleKeyedByJob => "settle-keyed-by-job",
             Canary::ClaimIgnoresPause => "claim-ignores-pause",
+            Canary::ClaimIgnoresKeyLimit => "claim-ignores-key-limit",
         }
     }
 
@@ -146,7 +151,8 @@ impl Canary {
             | Canary::WorkerStopsClaiming
             | Canary::CompleterDropsOutcome
             | Canary::SettleKeyedByJob
-            | Canary::ClaimIgnoresPause => Scenario::Queue,
+            | Canary::ClaimIgnoresPause
+            | Canary::ClaimIgnoresKeyLimit => Scenario::Queue,
             Canary::LeaderIgnoresDeadline => Scenario::Election,
             Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }
@@ -262,6 +268,14 @@ pub enum Fault {
     PauseQueue,
     /// An operator resumes the queue.
     ResumeQueue,
+    /// An operator replaces the queue's concurrency limits (`queue limit
+    /// set`; none: cleared): no claim may exceed them (F1).
+    SetLimits {
+        /// Running jobs of the queue at most.
+        concurrency: Option<u32>,
+        /// Running jobs of one concurrency key at most.
+        per_key: Option<u32>,
+    },
 }
 
 impl fmt::Display for Fault {
@@ -289,6 +303,15 @@ impl fmt::Display for Fault {
             }
             Fault::PauseQueue => f.write_str("pause the queue"),
             Fault::ResumeQueue => f.write_str("resume the queue"),
+            Fault::SetLimits {
+                concurrency,
+                per_key,
+            } => write!(
+                f,
+                "limit the queue to {} running, {} per key",
+                concurrency.map_or("any".to_owned(), |n| n.to_string()),
+                per_key.map_or("any".to_owned(), |n| n.to_string())
+            ),
         }
     }
 }
@@ -332,6 +355,8 @@ pub struct Plan {
     pub fencing: bool,
     /// Whether L3 is checked strictly (clocks within the bound).
     pub strict_l3: bool,
+    /// Whether jobs carry concurrency keys (runs with limits).
+    pub keyed: bool,
 }
 
 fn chance(rng: &mut StdRng, p: f64) -> bool {
@@ -511,6 +536,7 @@ impl Plan {
             faults: Vec::new(),
             fencing: true,
             strict_l3: !chaos,
+            keyed: false,
         };
         let actors: Vec<usize> = plan
             .procs
@@ -536,6 +562,8 @@ impl Plan {
         plan.add_spikes(&mut spikes, &mut faults, &actors, 0.3, 3);
         let mut tears = StdRng::seed_from_u64(seed ^ 0x07EA_20F5_A107);
         plan.add_tears(&mut tears, &mut faults, 0.3, 4);
+        let mut limits = StdRng::seed_from_u64(seed ^ 0x0C0C_0C0C_11A1);
+        plan.add_limits(&mut limits, &mut faults, 0.3, 3);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
         }
@@ -578,6 +606,27 @@ impl Plan {
             let for_ms = rng.random_range(1..=2 * self.lease_ms);
             faults.push((at, Fault::PauseQueue));
             faults.push((at + for_ms, Fault::ResumeQueue));
+        }
+    }
+
+    /// With probability `p` (queue and mixed runs), the jobs carry
+    /// concurrency keys and an operator limits the queue from the start,
+    /// then changes its limits up to `most` times (lowered under what
+    /// runs, raised, cleared). The limits stay through the heal phase: a
+    /// job set aside for its key must still run (Q3).
+    fn add_limits(&mut self, rng: &mut StdRng, faults: &mut Vec<(u64, Fault)>, p: f64, most: u32) {
+        if !matches!(self.scenario, Scenario::Queue | Scenario::Mixed) || !chance(rng, p) {
+            return;
+        }
+        self.keyed = true;
+        let draw = |rng: &mut StdRng| Fault::SetLimits {
+            concurrency: chance(rng, 0.5).then(|| rng.random_range(1..=4)),
+            per_key: chance(rng, 0.7).then(|| rng.random_range(1..=2)),
+        };
+        faults.push((0, draw(rng)));
+        for _ in 0..rng.random_range(0..=most) {
+            let at = rng.random_range(0..self.duration_ms);
+            faults.push((at, draw(rng)));
         }
     }
 
@@ -678,6 +727,15 @@ impl Plan {
             Canary::SchedulerForgetsTicks => {}
             Canary::SettleKeyedByJob => self.add_stalls(rng, faults, 1.0, 8),
             Canary::ClaimIgnoresPause => self.add_queue_pauses(rng, faults, 1.0, 4),
+            Canary::ClaimIgnoresKeyLimit => {
+                self.keyed = true;
+                let limit = Fault::SetLimits {
+                    concurrency: None,
+                    per_key: Some(1),
+                };
+                faults.retain(|(_, f)| !matches!(f, Fault::SetLimits { .. }));
+                faults.push((0, limit));
+            }
             Canary::DeadlineFromReply => {
                 // Slow replies: the deadline counted from them runs late.
                 self.latency_ms = (10, 25);

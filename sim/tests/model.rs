@@ -60,6 +60,14 @@ enum Step {
         delay: u64,
         attempts: u32,
         unique: Option<u8>,
+        /// Concurrency key `k{n}`.
+        key: Option<u8>,
+    },
+    /// Replace a queue's concurrency limits (F1).
+    Limit {
+        queue: usize,
+        concurrency: Option<u32>,
+        per_key: Option<u32>,
     },
     Claim {
         queue: usize,
@@ -183,10 +191,13 @@ impl ReferenceStateMachine for Reference {
                 token
             }),
             4 => (0..QUEUES.len(), -1i32..2, prop_oneof![Just(0u64), 1u64..80], 1u32..4,
-                  proptest::option::weighted(0.3, 0u8..2))
-                .prop_map(|(queue, priority, delay, attempts, unique)| Step::Enqueue {
-                    queue, priority, delay, attempts, unique
+                  proptest::option::weighted(0.3, 0u8..2), proptest::option::weighted(0.5, 0u8..3))
+                .prop_map(|(queue, priority, delay, attempts, unique, key)| Step::Enqueue {
+                    queue, priority, delay, attempts, unique, key
                 }),
+            1 => (0..QUEUES.len(), proptest::option::weighted(0.4, 0u32..4),
+                  proptest::option::weighted(0.6, 0u32..3))
+                .prop_map(|(queue, concurrency, per_key)| Step::Limit { queue, concurrency, per_key }),
             4 => (0..QUEUES.len(), holder(), 1u64..100, 1usize..4)
                 .prop_map(|(queue, holder, lease, max)| Step::Claim { queue, holder, lease, max }),
             2 => (target.clone(), 1u64..100).prop_map(|((job, holder, token), lease)| {
@@ -231,6 +242,13 @@ impl ReferenceStateMachine for Reference {
             Step::Enqueue { .. } => {
                 let (queue, spec) = spec_of(step);
                 m.enqueue(queue, &spec);
+            }
+            Step::Limit {
+                queue,
+                concurrency,
+                per_key,
+            } => {
+                m.set_limits(QUEUES[queue], limits_of(concurrency, per_key));
             }
             Step::Claim {
                 queue,
@@ -288,6 +306,7 @@ fn spec_of(step: &Step) -> (&'static str, JobSpec) {
         delay,
         attempts,
         unique,
+        key,
     } = *step
     else {
         unreachable!()
@@ -299,9 +318,17 @@ fn spec_of(step: &Step) -> (&'static str, JobSpec) {
             delay_ms: delay,
             max_attempts: attempts,
             unique_key: unique.map(|u| format!("u{u}")),
+            key: key.map(|k| format!("k{k}")),
             ..JobSpec::new(format!("job-{priority}-{delay}"))
         },
     )
+}
+
+/// Limits as a step gives them (0 included: refused by both sides).
+fn limits_of(concurrency: Option<u32>, per_key: Option<u32>) -> leasehold::Limits {
+    leasehold::Limits::none()
+        .with_concurrency(concurrency)
+        .with_per_key(per_key)
 }
 
 /// Which store a run tests.
@@ -430,6 +457,7 @@ fn as_model_job(r: &JobRecord) -> Job {
         finished_at_ms: r.finished_at_ms,
         result: r.result.as_deref().map(<[u8]>::to_vec),
         purged: false,
+        key: r.key.as_deref().map(str::to_owned),
     }
 }
 
@@ -566,6 +594,16 @@ impl<K: StoreKind> StateMachineTest for Sut<K> {
             Step::Purge { queue, older } => flatten(
                 sut.run(|tx| core::job::purge(tx, QUEUES[queue], older, 2, &p))
                     .map(Outcome::Purged),
+            ),
+            Step::Limit {
+                queue,
+                concurrency,
+                per_key,
+            } => flatten(
+                sut.run(|tx| {
+                    core::job::set_limits(tx, QUEUES[queue], limits_of(concurrency, per_key))
+                })
+                .map(Outcome::Bool),
             ),
         };
         assert!(

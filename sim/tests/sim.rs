@@ -130,6 +130,7 @@ fn every_canary_is_caught() {
             Canary::SchedulerForgetsTicks => &["P1"],
             Canary::SettleKeyedByJob => &["B2"],
             Canary::ClaimIgnoresPause => &["F2"],
+            Canary::ClaimIgnoresKeyLimit => &["F1"],
         };
         assert!(
             expected.contains(&v.guarantee),
@@ -205,6 +206,7 @@ fn the_world_exercises_its_faults() {
                     Fault::TornWrite { .. } => "torn write",
                     Fault::PauseQueue => "queue paused",
                     Fault::ResumeQueue => "queue resumed",
+                    Fault::SetLimits { .. } => "queue limited",
                 };
                 *seen.entry(name).or_default() += 1;
             }
@@ -237,6 +239,7 @@ fn the_world_exercises_its_faults() {
         "boundary",
         "stall",
         "queue paused",
+        "queue limited",
         "queue resumed",
         "latency spike",
         "torn write",

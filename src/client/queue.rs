@@ -156,7 +156,21 @@ impl Queue {
             .run("resume", |tx| core::job::set_paused(tx, &self.name, false))
     }
 
-    /// The queue's stored flow-control settings (whether it is paused).
+    /// Replace the queue's concurrency limits, fleet-wide and durably
+    /// ([`Limits::none`](crate::Limits::none) clears them): at most
+    /// `concurrency` of its jobs run at once, and at most `per_key` of
+    /// those sharing a [`JobSpec::key`](crate::JobSpec::key), across every
+    /// worker (F1). Running jobs are never stopped: under a lowered limit,
+    /// nothing starts until they are under it. Returns whether the limits
+    /// changed.
+    pub fn set_limits(&self, limits: crate::Limits) -> Result<bool> {
+        self.client.run("set_limits", |tx| {
+            core::job::set_limits(tx, &self.name, limits)
+        })
+    }
+
+    /// The queue's stored flow-control settings (whether it is paused, its
+    /// limits).
     pub fn config(&self) -> Result<QueueConfig> {
         self.client
             .run("queue_config", |tx| core::job::queue_config(tx, &self.name))

@@ -37,7 +37,9 @@
 //! is dead once they reach `max_attempts` (Q4); claim takes the ready job
 //! with the highest priority, then earliest `run_at_ms`, then lowest id (Q5).
 //! Per queue, stored settings ([`QueueConfig`], `job::flow`) limit what a
-//! claim may start: a paused queue starts nothing (F2).
+//! claim may start: no claim makes a queue's running jobs exceed its
+//! concurrency limit, nor one concurrency key's its per-key limit (F1); a
+//! paused queue starts nothing (F2).
 //!
 //! # Schedules ([`schedule`])
 //! State per queue and name: a [`ScheduleRecord`] with its rule and the
@@ -74,7 +76,7 @@ pub use backoff::Backoff;
 pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
     backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobCursor, JobId, JobPeek,
-    JobRecord, JobSpec, JobState, QueueConfig, QueuePolicy, QueueSummary, StateCounts,
+    JobRecord, JobSpec, JobState, Limits, QueueConfig, QueuePolicy, QueueSummary, StateCounts,
     SummaryOptions,
 };
 pub use lease::{

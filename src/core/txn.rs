@@ -236,6 +236,29 @@ pub trait JobTxn {
     /// Store `queue`'s settings (replacing any).
     fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()>;
 
+    /// How many jobs of `queue` are running (claimed and not yet seen to
+    /// end), only those with concurrency key `key` when given. Costs the
+    /// queue's running jobs, not its backlog.
+    fn running_count(&mut self, queue: &str, key: Option<&str>) -> Result<u64>;
+
+    /// Up to `limit` parked ready jobs of `queue` ([`JobRecord::parked`]):
+    /// those with concurrency key `key` in claim order, or, without a key,
+    /// every key's, by key and then in claim order. A
+    /// store that locks rows locks these (skipping rows another
+    /// transaction holds).
+    fn parked(&mut self, queue: &str, key: Option<&str>, limit: usize) -> Result<Vec<JobRecord>>;
+
+    /// Serialize this transaction with the others that change what runs in
+    /// a limited `queue`: `exclusive` for a claim or a change of limits
+    /// (one at a time), shared for the end of an attempt (many at once,
+    /// none beside a claim). Held until the transaction ends. A store
+    /// whose transactions never run side by side does nothing (the
+    /// default).
+    fn lock_queue(&mut self, queue: &str, exclusive: bool) -> Result<()> {
+        let _ = (queue, exclusive);
+        Ok(())
+    }
+
     /// The schedules of `queue`, by name. A store that locks rows locks
     /// these (two workers firing the same queue take turns).
     fn schedules(&mut self, queue: &str) -> Result<Vec<ScheduleRecord>>;

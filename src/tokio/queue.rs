@@ -95,6 +95,12 @@ impl Queue {
         self.call(|q| q.resume()).await
     }
 
+    /// Replace the queue's concurrency limits (see
+    /// [`crate::Queue::set_limits`]).
+    pub async fn set_limits(&self, limits: crate::Limits) -> Result<bool> {
+        self.call(move |q| q.set_limits(limits)).await
+    }
+
     /// The queue's stored settings (see [`crate::Queue::config`]).
     pub async fn config(&self) -> Result<QueueConfig> {
         self.call(|q| q.config()).await

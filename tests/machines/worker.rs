@@ -51,6 +51,8 @@ pub(crate) fn job(id: u64, token: u64) -> JobRecord {
         unique_key: None,
         finished_at_ms: None,
         result: None,
+        key: None,
+        parked: false,
     }
 }
 

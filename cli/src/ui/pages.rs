@@ -163,6 +163,17 @@ fn queue_row(h: &mut Html, ui: &Ui, name: &str, s: &QueueSummary) {
     } else {
         h.raw("active");
     }
+    // Its concurrency limits (F1), where set.
+    let limits = [
+        s.limits.concurrency.map(|n| format!("at most {n} running")),
+        s.limits.per_key.map(|n| format!("{n} per key")),
+    ];
+    let limits: Vec<String> = limits.into_iter().flatten().collect();
+    if !limits.is_empty() {
+        h.raw("<br><span class=\"limits\" data-limits>")
+            .text(&limits.join(", "))
+            .raw("</span>");
+    }
     h.raw("</td>");
     for state in JobState::ALL {
         let zero = s.counts.get(state) == 0;
@@ -399,7 +410,12 @@ pub fn job(h: &mut Html, ui: &Ui, view: &JobView, done: Option<&str>) {
     notice(h, done, None);
     h.raw("<dl class=\"job\"><dt>Queue</dt><dd>");
     h.link(&jobs_href(&j.queue, j.state), &j.queue).raw("</dd>");
-    let fields: [(&'static str, String); 4] = [
+    let concurrency_key = match (&j.key, j.parked) {
+        (Some(key), true) => format!("{key} (waiting: its key is at the queue's per-key limit)"),
+        (Some(key), false) => key.to_string(),
+        (None, _) => "–".to_owned(),
+    };
+    let fields: [(&'static str, String); 5] = [
         ("Priority", j.priority.to_string()),
         ("Attempts", format!("{} of {}", j.attempts, j.max_attempts)),
         ("Expired claims", j.expiries.to_string()),
@@ -407,6 +423,7 @@ pub fn job(h: &mut Html, ui: &Ui, view: &JobView, done: Option<&str>) {
             "Unique key",
             j.unique_key.as_deref().unwrap_or("–").to_owned(),
         ),
+        ("Concurrency key", concurrency_key),
     ];
     for (name, value) in fields {
         h.raw("<dt>")

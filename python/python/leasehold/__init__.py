@@ -154,10 +154,11 @@ class Queue:
     def name(self):
         return self._native.name
 
-    def push(self, payload, priority=0, delay=None, max_attempts=None, unique=None):
+    def push(self, payload, priority=0, delay=None, max_attempts=None, unique=None, key=None):
         """Enqueue ``payload`` (bytes, str, or anything JSON takes); returns
-        the job's id (the live job's, when ``unique`` names one)."""
-        return self._native.push(_payload(payload), priority, delay, max_attempts, unique)
+        the job's id (the live job's, when ``unique`` names one). ``key`` is
+        its concurrency key: what the queue's ``per_key`` limit counts."""
+        return self._native.push(_payload(payload), priority, delay, max_attempts, unique, key)
 
     def claim(self, lease=30, keep_alive=True):
         """Claim the next ready job (``None`` if none), renewed about every
@@ -208,6 +209,21 @@ class Queue:
     def paused(self):
         """Whether the queue is paused (read from the store)."""
         return self._native.paused
+
+    def set_limits(self, concurrency=None, per_key=None):
+        """Replace the queue's concurrency limits, durably and fleet-wide:
+        at most ``concurrency`` of its jobs run at once, and at most
+        ``per_key`` of those pushed with one ``key`` (``None``: no limit;
+        ``set_limits()`` clears both). Running jobs are never stopped.
+        Returns whether the limits changed."""
+        return self._native.set_limits(concurrency, per_key)
+
+    @property
+    def limits(self):
+        """The queue's limits, ``{"concurrency": n, "per_key": m}`` (``None``
+        where unlimited), read from the store."""
+        concurrency, per_key = self._native.limits
+        return {"concurrency": concurrency, "per_key": per_key}
 
 
 class Store:

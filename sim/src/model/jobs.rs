@@ -88,6 +88,9 @@ impl Model {
                     return Outcome::Invalid(leasehold::Field::UniqueKey);
                 }
             }
+            if spec.key.as_deref().is_some_and(|k| !key_ok(k)) {
+                return Outcome::Invalid(leasehold::Field::ConcurrencyKey);
+            }
             let run_at = match spec.run_at.map(leasehold::StoreMs::ms) {
                 Some(at) if at > now.saturating_add(MAX_TTL_MS) => {
                     return Outcome::Invalid(leasehold::Field::RunAt)
@@ -128,6 +131,7 @@ impl Model {
                 finished_at_ms: None,
                 result: None,
                 purged: false,
+                key: spec.key.clone(),
             });
             Outcome::Enqueued { id, created: true }
         })();
@@ -147,7 +151,47 @@ impl Model {
         self.last.clone()
     }
 
-    /// Claim up to `max` ready jobs in claim order (none of a paused queue).
+    /// Replace `queue`'s concurrency limits: whether that changed them.
+    pub fn set_limits(&mut self, queue: &str, limits: leasehold::Limits) -> Outcome {
+        self.settle();
+        self.last = (|| {
+            let bad = |n: Option<u32>| n.is_some_and(|n| n == 0 || n > 1_000_000);
+            if bad(limits.concurrency) {
+                return Outcome::Invalid(leasehold::Field::Concurrency);
+            }
+            if bad(limits.per_key) {
+                return Outcome::Invalid(leasehold::Field::PerKey);
+            }
+            let was = self.limits_of(queue);
+            self.limits.retain(|(q, _)| q != queue);
+            self.limits.push((queue.to_owned(), limits));
+            Outcome::Bool(was != limits)
+        })();
+        self.last.clone()
+    }
+
+    /// `queue`'s concurrency limits (none if never set).
+    pub fn limits_of(&self, queue: &str) -> leasehold::Limits {
+        self.limits
+            .iter()
+            .find(|(q, _)| q == queue)
+            .map_or_else(leasehold::Limits::none, |(_, l)| *l)
+    }
+
+    /// Running jobs of `queue` (with concurrency key `key`, when given).
+    pub fn running(&self, queue: &str, key: Option<&str>) -> u64 {
+        self.jobs
+            .iter()
+            .filter(|j| !j.purged && j.queue == queue && j.state == JobState::Running)
+            .filter(|j| key.is_none() || j.key.as_deref() == key)
+            .count() as u64
+    }
+
+    /// Claim up to `max` ready jobs in claim order (none of a paused
+    /// queue), skipping those that would exceed a limit (F1): no more than
+    /// the queue's free slots, and none whose key is full. Written from the
+    /// rule's statement (the best ready jobs that fit), not from the
+    /// store's parking.
     pub fn claim(&mut self, queue: &str, holder: u128, lease_ms: u64, max: usize) -> Outcome {
         self.settle();
         let now = self.now_ms;
@@ -165,6 +209,23 @@ impl Model {
             if self.paused.iter().any(|q| q == queue) {
                 return Outcome::Claimed(Vec::new());
             }
+            let limits = self.limits_of(queue);
+            let room = limits.concurrency.map_or(max, |n| {
+                let free = u64::from(n).saturating_sub(self.running(queue, None));
+                max.min(usize::try_from(free).unwrap_or(0))
+            });
+            let mut keys: Vec<(String, u64)> = Vec::new();
+            for j in &self.jobs {
+                if let (false, JobState::Running, Some(k)) = (j.purged, j.state, &j.key) {
+                    if j.queue != queue {
+                        continue;
+                    }
+                    match keys.iter_mut().find(|(key, _)| key == k) {
+                        Some((_, n)) => *n += 1,
+                        None => keys.push((k.clone(), 1)),
+                    }
+                }
+            }
             let mut ready: Vec<&mut Job> = self
                 .jobs
                 .iter_mut()
@@ -172,7 +233,23 @@ impl Model {
                 .collect();
             ready.sort_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at_ms, j.id));
             let mut out = Vec::new();
-            for job in ready.into_iter().take(max) {
+            for job in ready {
+                if out.len() >= room {
+                    break;
+                }
+                if let (Some(m), Some(k)) = (limits.per_key, &job.key) {
+                    let at = match keys.iter().position(|(key, _)| key == k) {
+                        Some(at) => at,
+                        None => {
+                            keys.push((k.clone(), 0));
+                            keys.len() - 1
+                        }
+                    };
+                    if keys[at].1 >= u64::from(m) {
+                        continue;
+                    }
+                    keys[at].1 += 1;
+                }
                 job.last_token += 1;
                 job.attempts += 1;
                 job.state = JobState::Running;

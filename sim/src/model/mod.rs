@@ -199,6 +199,8 @@ pub struct Job {
     pub result: Option<Vec<u8>>,
     /// Deleted by purge.
     pub purged: bool,
+    /// Concurrency key (what a per-key limit counts).
+    pub key: Option<String>,
 }
 
 /// The whole reference state.
@@ -216,6 +218,8 @@ pub struct Model {
     pub last: Outcome,
     /// The queues paused (F2: their claims start nothing).
     pub paused: Vec<String>,
+    /// Queues' concurrency limits, where set (F1).
+    pub limits: Vec<(String, leasehold::Limits)>,
 }
 
 fn ttl_check(field: leasehold::Field, now_ms: u64, ttl_ms: u64) -> Result<u64, Outcome> {
@@ -239,6 +243,7 @@ impl Model {
             jobs: Vec::new(),
             last: Outcome::None,
             paused: Vec::new(),
+            limits: Vec::new(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! Faults (kill, pause, fork, burst, clock steps, boundary probes, store
-//! stalls, latency spikes, the queue paused), the
+//! stalls, latency spikes, the queue paused or limited), the
 //! heal phase, and the checks at the end of a run: every key acquirable
 //! (L4), every job finished and the counts agreeing with the model (Q3),
 //! every handler's outcome sent (B1).
@@ -53,6 +53,14 @@ impl Sim<'_> {
             Fault::TornWrite { proc, at_byte } => self.torn_write(proc, at_byte),
             Fault::PauseQueue => self.pause_queue(true),
             Fault::ResumeQueue => self.pause_queue(false),
+            Fault::SetLimits {
+                concurrency,
+                per_key,
+            } => self.limit_queue(
+                leasehold::Limits::none()
+                    .with_concurrency(concurrency)
+                    .with_per_key(per_key),
+            ),
         }
     }
 
@@ -108,6 +116,20 @@ impl Sim<'_> {
         let c = self.oracle.compare(self.now, what, &expect, &got);
         self.check(c);
         self.oracle.queue_paused(paused);
+    }
+
+    /// An operator replaces the queue's limits, beside the model; the
+    /// oracle holds every claim from now on to F1.
+    fn limit_queue(&mut self, limits: leasehold::Limits) {
+        self.clock.set(self.now);
+        let got = self
+            .store
+            .txn(|tx| core::job::set_limits(tx, QUEUE, limits));
+        let expect = self.oracle.model.set_limits(QUEUE, limits);
+        let got = crate::model::Outcome::of(&got, |&b| crate::model::Outcome::Bool(b));
+        let c = self.oracle.compare(self.now, "limit", &expect, &got);
+        self.check(c);
+        self.oracle.queue_limited(limits);
     }
 
     pub(super) fn kill(&mut self, proc: usize, restart_after_ms: u64) {

@@ -48,11 +48,17 @@ impl fmt::Display for Req {
             Req::Acquire { key } => write!(f, "acquire key-{key}"),
             Req::Renew { key, token } => write!(f, "renew key-{key} token {token}"),
             Req::Release { key, token } => write!(f, "release key-{key} token {token}"),
-            Req::Push(spec) => write!(
-                f,
-                "push prio {} delay {} attempts {} unique {:?}",
-                spec.priority, spec.delay_ms, spec.max_attempts, spec.unique_key
-            ),
+            Req::Push(spec) => {
+                write!(
+                    f,
+                    "push prio {} delay {} attempts {} unique {:?}",
+                    spec.priority, spec.delay_ms, spec.max_attempts, spec.unique_key
+                )?;
+                match &spec.key {
+                    Some(key) => write!(f, " key {key:?}"),
+                    None => Ok(()),
+                }
+            }
             Req::Worker { request, .. } => show_request(f, request),
         }
     }

@@ -38,7 +38,13 @@ impl Sim<'_> {
 
     fn random_spec(&mut self, p: usize) -> JobSpec {
         let rng = &mut self.procs[p].rng;
+        // Drawn in keyed runs alone, so that other runs stay as they were.
+        let key = match self.plan.keyed {
+            true => chance_key(rng),
+            false => None,
+        };
         JobSpec {
+            key,
             priority: rng.random_range(-1..=2),
             delay_ms: if rng.random_bool(0.3) {
                 rng.random_range(1..=200)
@@ -81,4 +87,10 @@ impl Sim<'_> {
                 .iter()
                 .all(|pr| !matches!(pr.state, RoleState::Producer { .. }) || pr.exited || !pr.alive)
     }
+}
+
+/// A concurrency key for a job of a keyed run: one of a few, or none.
+fn chance_key(rng: &mut rand::rngs::StdRng) -> Option<String> {
+    rng.random_bool(0.7)
+        .then(|| format!("k{}", rng.random_range(0..3)))
 }

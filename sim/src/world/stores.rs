@@ -95,6 +95,9 @@ pub(crate) struct Breakage {
     pub(crate) forget_schedules: bool,
     /// A claim's read never sees the queue paused.
     pub(crate) deaf_to_pause: bool,
+    /// A claim counts no running job of any key (the per-key limit is
+    /// never reached).
+    pub(crate) blind_to_keys: bool,
     /// Every claim read looks like this holder's (fencing by holder is
     /// ignored; the world swaps in the current tokens).
     pub(crate) careless: Option<HolderId>,
@@ -230,6 +233,25 @@ impl JobTxn for Broken<'_> {
     }
     fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> leasehold::Result<()> {
         self.inner.put_queue_config(queue, config)
+    }
+    fn running_count(&mut self, queue: &str, key: Option<&str>) -> leasehold::Result<u64> {
+        if key.is_some() && self.breakage.blind_to_keys {
+            // Broken on purpose: every key looks idle.
+            return Ok(0);
+        }
+        self.inner.running_count(queue, key)
+    }
+    fn parked(
+        &mut self,
+        queue: &str,
+        key: Option<&str>,
+        limit: usize,
+    ) -> leasehold::Result<Vec<JobRecord>> {
+        let jobs = self.inner.parked(queue, key, limit)?;
+        Ok(jobs.into_iter().map(|j| self.show(j)).collect())
+    }
+    fn lock_queue(&mut self, queue: &str, exclusive: bool) -> leasehold::Result<()> {
+        self.inner.lock_queue(queue, exclusive)
     }
     fn scan(
         &mut self,

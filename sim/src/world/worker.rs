@@ -165,6 +165,7 @@ impl Sim<'_> {
             blind_claims: canary == Some(Canary::ClaimIgnoresLease),
             forget_schedules: canary == Some(Canary::SchedulerForgetsTicks),
             deaf_to_pause: canary == Some(Canary::ClaimIgnoresPause),
+            blind_to_keys: canary == Some(Canary::ClaimIgnoresKeyLimit),
             careless: (canary == Some(Canary::IgnoresFencing)).then_some(self.procs[p].holder),
         };
         let store: Arc<dyn Store> = if breakage.any() {

@@ -156,6 +156,8 @@ mod tests {
             unique_key: None,
             finished_at_ms: None,
             result: None,
+            key: None,
+            parked: false,
         }
     }
 

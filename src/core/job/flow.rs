@@ -4,14 +4,42 @@
 //! Per queue, a [`QueueConfig`] kept by the store beside its jobs (a row
 //! in SQL, an entry in memory): absent means the default, which limits
 //! nothing. It is read with the claim's other reads ([`super::Pending`]),
-//! so honouring it costs a claim no extra round trip.
+//! so honouring it costs a claim no extra round trip. Per job, its
+//! concurrency key ([`JobRecord::key`]) and whether it is *parked*
+//! ([`JobRecord::parked`]): ready, but set aside because its key was full.
 //!
 //! # Transitions
 //! - **pause** sets `paused`; **resume** clears it and wakes idle workers
 //!   ([`Wake::JobReady`]), so they claim at once rather than at their next
 //!   poll. Both are idempotent and answer whether they changed anything.
+//! - **limit** ([`set_limits`]) replaces the [`Limits`] and unparks every
+//!   parked job of the queue (the next claims park again what is still
+//!   blocked), so a raised or cleared limit never strands a job.
+//! - **claim under limits** ([`claim_limited`]) takes, in claim order, the
+//!   ready jobs that fit: no more than the queue's free slots, and a job
+//!   whose key is full is parked instead of taken. Parked jobs leave the
+//!   ready index, so a later claim never reads them again: one blocked key
+//!   with 10,000 ready jobs costs its claims nothing once they are parked.
+//!   A claim parks at most [`PARK_MAX`] jobs (its cost stays bounded); one
+//!   that stopped there rings a wake-up so the workers claim again.
+//! - **a slot frees** ([`slot_freed`]): a job of a limited queue leaves
+//!   running (completed, failed, given back, expired), or an unparked
+//!   ready keyed job is cancelled. The best parked job of its key is
+//!   unparked, and idle workers are woken where a queue-wide limit may have
+//!   held them back.
 //!
 //! # Invariants
+//! - **F1** A claim never makes a queue's running jobs exceed its
+//!   `concurrency`, nor the running jobs of one key exceed `per_key`, as of
+//!   the store's instant: a claim counts what runs (a claim that ran out
+//!   was brought up to date first, so a dead holder's slot is free) and
+//!   only starts what fits. A lowered limit starts nothing until the
+//!   running jobs are under it; nothing running is stopped. Stores whose
+//!   transactions run side by side serialize the claims of a limited queue
+//!   ([`JobTxn::lock_queue`]).
+//! - No job stays parked while its key has room: a job is parked only while
+//!   some job of its key runs, and every slot that frees unparks one; so a
+//!   key with parked jobs always has a running job or an unparked ready one.
 //! - **F2** A claim of a paused queue starts nothing: it still brings the
 //!   queue up to date (claims that ran out are retried or dead as ever),
 //!   running jobs keep their claims, renew and settle, and pushes are
@@ -20,16 +48,84 @@
 //!   ([`super::next_change_in`] answers "nothing by time alone": the
 //!   worker sleeps until a wake-up or its idle poll).
 
-use crate::core::{check_key, Txn, Wake};
-use crate::error::{Field, Result};
+use super::rules::{put, start};
+use super::JobRecord;
+use crate::core::{check_key, HolderId, JobTxn, Txn, Wake};
+use crate::error::{Error, Field, Result};
+use std::sync::Arc;
 
-/// A queue's stored flow-control settings ([`set_paused`]); the default
-/// (what a queue never configured has) limits nothing.
+/// The most jobs one claim parks before it answers (with what it took) and
+/// leaves the rest to the next claim.
+pub const PARK_MAX: usize = 1024;
+
+/// Ready jobs a claim under limits reads at once past its first read: a
+/// blocked key's backlog is parked in reads of this many, not one by one.
+const PARK_READ: usize = 128;
+
+/// The largest concurrency limit (a queue or a key), far above any fleet.
+pub const MAX_LIMIT: u32 = 1_000_000;
+
+/// A queue's concurrency limits ([`set_limits`]); `None` limits nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// At most this many jobs of the queue run at once, fleet-wide.
+    pub concurrency: Option<u32>,
+    /// At most this many jobs of one concurrency key ([`JobRecord::key`])
+    /// run at once; jobs without a key are not limited by it.
+    pub per_key: Option<u32>,
+}
+
+impl Limits {
+    /// No limits.
+    pub fn none() -> Limits {
+        Limits::default()
+    }
+
+    /// These limits with a queue-wide one (`None`: none).
+    pub fn with_concurrency(mut self, n: Option<u32>) -> Limits {
+        self.concurrency = n;
+        self
+    }
+
+    /// These limits with a per-key one (`None`: none).
+    pub fn with_per_key(mut self, n: Option<u32>) -> Limits {
+        self.per_key = n;
+        self
+    }
+
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.concurrency.is_some() || self.per_key.is_some()
+    }
+
+    /// Refuse a limit outside 1..=[`MAX_LIMIT`] (0 would be a pause:
+    /// [`set_paused`] says so durably and visibly).
+    pub fn check(&self) -> Result<()> {
+        for (field, n) in [
+            (Field::Concurrency, self.concurrency),
+            (Field::PerKey, self.per_key),
+        ] {
+            if let Some(n) = n.filter(|n| *n == 0 || *n > MAX_LIMIT) {
+                return Err(Error::invalid(
+                    field,
+                    format!("{n} is outside 1..={MAX_LIMIT} (to start nothing, pause the queue)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A queue's stored flow-control settings ([`set_paused`], [`set_limits`]);
+/// the default (what a queue never configured has) limits nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QueueConfig {
     /// No claim starts a job of this queue (F2) until it is resumed.
     pub paused: bool,
+    /// How many of its jobs may run at once (F1).
+    pub limits: Limits,
 }
 
 /// The stored settings of `queue` (the default if it has none).
@@ -56,4 +152,148 @@ pub fn set_paused(tx: &mut dyn Txn, queue: &str, paused: bool) -> Result<bool> {
         tx.journal().wake(Wake::JobReady);
     }
     Ok(true)
+}
+
+/// Replace `queue`'s concurrency limits (F1), fleet-wide and durably
+/// ([`Limits::none`] clears them). Running jobs are never stopped: a
+/// lowered limit starts nothing until they are under it. Every parked job
+/// of the queue is unparked (the next claims park what is still blocked)
+/// and idle workers are woken. Returns whether the limits changed.
+pub fn set_limits(tx: &mut dyn Txn, queue: &str, limits: Limits) -> Result<bool> {
+    check_key(Field::Queue, queue)?;
+    limits.check()?;
+    let tx = tx.jobs()?;
+    tx.lock_queue(queue, true)?;
+    let mut config = tx.queue_config(queue)?;
+    if config.limits == limits {
+        return Ok(false);
+    }
+    config.limits = limits;
+    tx.put_queue_config(queue, &config)?;
+    loop {
+        let parked = tx.parked(queue, None, PARK_MAX)?;
+        let more = parked.len() >= PARK_MAX;
+        for mut job in parked {
+            job.parked = false;
+            tx.put_job(&job)?;
+        }
+        if !more {
+            break;
+        }
+    }
+    tx.journal().wake(Wake::JobReady);
+    Ok(true)
+}
+
+/// Claim for `holder` up to `max` of `candidates` (the head of the ready
+/// index, in claim order) and of the ready jobs after them, within the
+/// queue's `limits` (F1; see the module docs), each under a lease until
+/// `lease_until_ms`.
+pub(super) fn claim_limited(
+    tx: &mut dyn JobTxn,
+    queue: &str,
+    limits: Limits,
+    max: usize,
+    mut candidates: Vec<JobRecord>,
+    holder: HolderId,
+    lease_until_ms: u64,
+) -> Result<Vec<JobRecord>> {
+    tx.lock_queue(queue, true)?;
+    let mut room = max;
+    if let Some(n) = limits.concurrency {
+        let running = tx.running_count(queue, None)?;
+        room = room.min(usize::try_from(u64::from(n).saturating_sub(running)).unwrap_or(0));
+    }
+    let mut taken = Vec::new();
+    // Running jobs per key met so far, counting this claim's own.
+    let mut running: Vec<(Arc<str>, u64)> = Vec::new();
+    let mut parked = 0;
+    while taken.len() < room {
+        let mut parked_now = 0;
+        for mut job in candidates {
+            if taken.len() >= room {
+                break;
+            }
+            if let (Some(m), Some(key)) = (limits.per_key, job.key.clone()) {
+                let at = match running.iter().position(|(k, _)| *k == key) {
+                    Some(at) => at,
+                    None => {
+                        let n = tx.running_count(queue, Some(&key))?;
+                        running.push((key, n));
+                        running.len() - 1
+                    }
+                };
+                if running[at].1 >= u64::from(m) {
+                    job.parked = true;
+                    tx.put_job(&job)?;
+                    parked_now += 1;
+                    continue;
+                }
+                running[at].1 += 1;
+            }
+            start(tx, &mut job, holder, lease_until_ms)?;
+            taken.push(job);
+        }
+        parked += parked_now;
+        if parked_now == 0 || taken.len() >= room {
+            break;
+        }
+        if parked >= PARK_MAX {
+            // Bounded work per claim: the next claim goes on from here,
+            // and the workers are told to make it now.
+            tx.journal().wake(Wake::JobReady);
+            break;
+        }
+        let now_ms = tx.now_ms();
+        let want = (room - taken.len()).max(PARK_READ);
+        candidates = tx.pending(queue, now_ms, 0, want)?.ready;
+        if candidates.is_empty() {
+            break;
+        }
+    }
+    Ok(taken)
+}
+
+/// `job` of a queue with `config` left running (or, unparked and ready,
+/// was cancelled): unpark the best parked job of its key, and wake idle
+/// workers a queue-wide limit may have held back. Returns the job it
+/// unparked (claimable now), if any. Nothing for a queue without limits.
+pub(super) fn slot_freed(
+    tx: &mut dyn JobTxn,
+    job: &JobRecord,
+    config: &QueueConfig,
+) -> Result<Option<JobRecord>> {
+    let limits = config.limits;
+    if !limits.any() {
+        return Ok(None);
+    }
+    tx.lock_queue(&job.queue, false)?;
+    if limits.concurrency.is_some() {
+        tx.journal().wake(Wake::JobReady);
+    }
+    let (Some(_), Some(key)) = (limits.per_key, &job.key) else {
+        return Ok(None);
+    };
+    let Some(mut next) = tx.parked(&job.queue, Some(key), 1)?.pop() else {
+        return Ok(None);
+    };
+    next.parked = false;
+    put(tx, &next)?;
+    Ok(Some(next))
+}
+
+/// The settings of each queue a batch touches, read once per queue.
+#[derive(Default)]
+pub(super) struct Configs(Vec<(Arc<str>, QueueConfig)>);
+
+impl Configs {
+    /// The settings of `queue`.
+    pub(super) fn of(&mut self, tx: &mut dyn JobTxn, queue: &Arc<str>) -> Result<QueueConfig> {
+        if let Some((_, c)) = self.0.iter().find(|(q, _)| q == queue) {
+            return Ok(c.clone());
+        }
+        let config = tx.queue_config(queue)?;
+        self.0.push((queue.clone(), config.clone()));
+        Ok(config)
+    }
 }

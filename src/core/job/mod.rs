@@ -1,7 +1,7 @@
 //! Jobs: the records ([`JobRecord`], [`JobState`], [`Claim`]), what to
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
-//! a queue's stored settings (`flow`: [`QueueConfig`], pause and resume),
-//! and the rules over them (Q1-Q5, F2; `rules`: enqueue, claim, heartbeat,
+//! a queue's stored settings (`flow`: [`QueueConfig`], pause and resume,
+//! concurrency limits), and the rules over them (Q1-Q5, F1, F2; `rules`: enqueue, claim, heartbeat,
 //! expire, cancel, retry, purge, stats, list; `settle`: complete, fail,
 //! abandon, one at a time or a worker's batch), and what people look at
 //! (`view`: queues, pages of jobs, summaries).
@@ -183,6 +183,13 @@ pub struct JobRecord {
     /// What its handler returned when it completed, if anything (at most
     /// [`MAX_PAYLOAD_BYTES`](super::MAX_PAYLOAD_BYTES)).
     pub result: Option<Arc<[u8]>>,
+    /// Its concurrency key: what its queue's per-key limit counts
+    /// ([`Limits::per_key`]).
+    pub key: Option<Arc<str>>,
+    /// Ready but set aside by a claim because its key was at its queue's
+    /// per-key limit: out of claim order until a job of its key leaves
+    /// running (see `flow`). Only ever set on a ready job.
+    pub parked: bool,
 }
 
 /// The sort key of claim order (Q5): priority descending, then earlier
@@ -201,6 +208,7 @@ impl JobRecord {
         debug_assert!(state.is_terminal());
         self.state = state;
         self.claim = None;
+        self.parked = false;
         self.finished_at_ms = Some(now_ms);
     }
 
@@ -253,6 +261,10 @@ pub struct JobSpec {
     /// A second enqueue with the key of a live (non-terminal) job returns
     /// that job instead of creating one.
     pub unique_key: Option<String>,
+    /// Its concurrency key: a queue's per-key limit ([`Limits::per_key`])
+    /// counts the running jobs that share it (a customer, a tenant, a
+    /// repository), so at most that many of them run at once.
+    pub key: Option<String>,
 }
 
 impl Default for JobSpec {
@@ -264,6 +276,7 @@ impl Default for JobSpec {
             run_at: None,
             max_attempts: 3,
             unique_key: None,
+            key: None,
         }
     }
 }

@@ -2,9 +2,10 @@
 //! transaction and opens its job side once ([`Txn::jobs`]); a rule error
 //! is decided before anything is written.
 
+use super::flow::{claim_limited, slot_freed};
 use super::{
     backoff_ms, Claim, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec, JobState,
-    QueuePolicy, StateCounts,
+    QueueConfig, QueuePolicy, StateCounts,
 };
 use crate::core::{
     check_count, check_key, check_text, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn,
@@ -142,6 +143,8 @@ pub fn enqueue(
         unique_key: spec.unique_key.as_deref().map(Arc::from),
         finished_at_ms: None,
         result: None,
+        key: spec.key.as_deref().map(Arc::from),
+        parked: false,
     };
     job.reschedule(run_at_ms, now_ms);
     put(tx, &job)?;
@@ -172,6 +175,9 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
             return Err(Error::invalid(Field::UniqueKey, "must not be empty"));
         }
     }
+    if let Some(key) = &spec.key {
+        check_key(Field::ConcurrencyKey, key)?;
+    }
     Ok(())
 }
 
@@ -182,16 +188,18 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
 /// with the first chunk, merged with those this call made ready, which is
 /// exactly the head of the ready index once the queue is up to date.
 /// A paused queue (F2) answers no claimable jobs, after being brought up
-/// to date all the same.
+/// to date all the same. Also returns the queue's settings when
+/// `ready_max > 0` (read with the first chunk; else the default).
 fn refresh(
     tx: &mut dyn JobTxn,
     queue: &str,
     policy: &QueuePolicy,
     ready_max: usize,
-) -> Result<Vec<JobRecord>> {
+) -> Result<(Vec<JobRecord>, QueueConfig)> {
     let now_ms = tx.now_ms();
     let mut ready = Vec::new();
     let mut ready_max = ready_max;
+    let mut config = QueueConfig::default();
     let mut first = true;
     loop {
         let read = tx.pending(queue, now_ms, CHUNK, if first { ready_max } else { 0 })?;
@@ -201,6 +209,12 @@ fn refresh(
                 ready_max = 0;
             }
             ready = read.ready;
+            // A claim read the settings; others read them when a slot
+            // frees (an expiry), to unpark and wake (F1).
+            config = match ready_max {
+                0 if !read.expired.is_empty() => tx.queue_config(queue)?,
+                _ => read.config,
+            };
             first = false;
         }
         for mut job in read.expired {
@@ -208,6 +222,8 @@ fn refresh(
             put(tx, &job)?;
             note(tx, &job, JobChange::Expired);
             note_end(tx, &job, quarantined);
+            // A job its slot unparked is claimable too.
+            ready.extend(slot_freed(tx, &job, &config)?);
             if job.state == JobState::Ready {
                 ready.push(job);
             }
@@ -226,7 +242,7 @@ fn refresh(
             break;
         }
     }
-    Ok(ready)
+    Ok((ready, config))
 }
 
 /// Bring `queue` up to date with the store's clock (see `refresh`). Every
@@ -276,8 +292,9 @@ pub(super) fn settle_failure(
 }
 
 /// Claim up to `max` ready jobs of `queue` for `holder`, each under a lease
-/// of `lease_ms`, in claim order. Returns the claimed records (state
-/// running, with their claim).
+/// of `lease_ms`, in claim order, within the queue's limits (F1: none
+/// starts where its queue or its key is full; see `flow`). Returns the
+/// claimed records (state running, with their claim).
 pub fn claim(
     tx: &mut dyn Txn,
     queue: &str,
@@ -291,27 +308,44 @@ pub fn claim(
     check_count(Field::Batch, max)?;
     let now_ms = tx.now_ms();
     let lease_until_ms = expiry_ms(Field::Lease, now_ms, lease_ms)?;
-    let mut jobs = refresh(tx, queue, policy, max)?;
+    let (jobs, config) = refresh(tx, queue, policy, max)?;
+    if config.limits.any() && !jobs.is_empty() {
+        return claim_limited(tx, queue, config.limits, max, jobs, holder, lease_until_ms);
+    }
+    let mut jobs = jobs;
     for job in &mut jobs {
-        let token = job.last_token.checked_add(1).ok_or_else(|| {
-            Error::store(
-                format!("claiming job {}", job.id),
-                "token counter exhausted",
-            )
-        })?;
-        job.last_token = token;
-        job.attempts = job.attempts.saturating_add(1);
-        job.state = JobState::Running;
-        job.claim = Some(Claim {
-            holder,
-            token,
-            lease_until_ms,
-        });
-        tx.put_job(job)?;
-        let wait_ms = now_ms.saturating_sub(job.run_at_ms.max(job.created_at_ms));
-        note(tx, job, JobChange::Claimed { wait_ms });
+        start(tx, job, holder, lease_until_ms)?;
     }
     Ok(jobs)
+}
+
+/// Start a ready job: its next token, an attempt counted, running under a
+/// claim of `holder` until `lease_until_ms`.
+pub(super) fn start(
+    tx: &mut dyn JobTxn,
+    job: &mut JobRecord,
+    holder: HolderId,
+    lease_until_ms: u64,
+) -> Result<()> {
+    let token = job.last_token.checked_add(1).ok_or_else(|| {
+        Error::store(
+            format!("claiming job {}", job.id),
+            "token counter exhausted",
+        )
+    })?;
+    job.last_token = token;
+    job.attempts = job.attempts.saturating_add(1);
+    job.state = JobState::Running;
+    job.claim = Some(Claim {
+        holder,
+        token,
+        lease_until_ms,
+    });
+    tx.put_job(job)?;
+    let now_ms = tx.now_ms();
+    let wait_ms = now_ms.saturating_sub(job.run_at_ms.max(job.created_at_ms));
+    note(tx, job, JobChange::Claimed { wait_ms });
+    Ok(())
 }
 
 /// Extend a claim to `now + lease_ms`; tells the worker if a cancel was
@@ -386,6 +420,7 @@ pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobSt
     let tx = tx.jobs()?;
     let now_ms = tx.now_ms();
     let mut job = load_fresh(tx, id, policy)?;
+    let held_a_slot = job.state == JobState::Ready && !job.parked && job.key.is_some();
     match job.state {
         JobState::Ready | JobState::Scheduled => job.finish(JobState::Cancelled, now_ms),
         JobState::Running => job.cancel_requested = true,
@@ -400,6 +435,11 @@ pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobSt
     tx.put_job(&job)?;
     if job.state == JobState::Cancelled {
         note(tx, &job, JobChange::Cancelled);
+    }
+    if held_a_slot {
+        // It may have been its key's one claimable job (F1's liveness).
+        let config = tx.queue_config(&job.queue)?;
+        slot_freed(tx, &job, &config)?;
     }
     Ok(job.state)
 }

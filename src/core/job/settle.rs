@@ -8,6 +8,7 @@
 //! job's state, changing nothing ([`recorded`]). So a worker retries a
 //! settle it got no answer to, instead of giving its claim up as lost.
 
+use super::flow::{slot_freed, Configs};
 use super::rules::{load, note, note_end, put, settle_failure};
 use super::{JobId, JobRecord, JobState, QueuePolicy};
 use crate::core::{check_text, HolderId, JobChange, JobTxn, Txn, MAX_PAYLOAD_BYTES};
@@ -125,6 +126,8 @@ fn settle_one(
     settle_record(&mut job, holder, token, settle, tx.now_ms(), policy)?;
     put(tx, &job)?;
     note_settled(tx, &job, settle);
+    let config = tx.queue_config(&job.queue)?;
+    slot_freed(tx, &job, &config)?;
     Ok(job.state)
 }
 
@@ -184,6 +187,7 @@ pub fn settle_many(
     let ids: Vec<JobId> = settles.iter().map(|s| s.0).collect();
     let mut jobs = tx.jobs_by_id(&ids)?;
     let mut states = Vec::with_capacity(settles.len());
+    let mut configs = Configs::default();
     for (id, token, settle) in settles {
         let checked = match settle {
             Settle::Fail(reason) => check_text(Field::Reason, reason),
@@ -206,6 +210,8 @@ pub fn settle_many(
             Ok(()) => {
                 put(tx, job)?;
                 note_settled(tx, job, settle);
+                let config = configs.of(tx, &job.queue)?;
+                slot_freed(tx, job, &config)?;
                 states.push(Ok(job.state));
             }
             Err(e) => states.push(Err(e)),

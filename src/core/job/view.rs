@@ -164,6 +164,8 @@ pub struct QueueSummary {
     pub now_ms: u64,
     /// The queue is paused ([`super::set_paused`]): no claim starts its jobs.
     pub paused: bool,
+    /// The queue's concurrency limits ([`super::set_limits`]).
+    pub limits: super::Limits,
 }
 
 impl QueueSummary {
@@ -247,7 +249,7 @@ pub fn summary(
     let from_ms = now_ms.saturating_add(1).saturating_sub(span_ms);
     let mut finished = vec![StateCounts::default(); opts.buckets];
     jobs.finished_histogram(queue, from_ms, opts.bucket_ms, &mut finished)?;
-    let paused = jobs.queue_config(queue)?.paused;
+    let config = jobs.queue_config(queue)?;
     Ok(QueueSummary {
         counts,
         count_cap: opts.count_cap,
@@ -256,7 +258,8 @@ pub fn summary(
         bucket_ms: opts.bucket_ms,
         finished,
         now_ms,
-        paused,
+        paused: config.paused,
+        limits: config.limits,
     })
 }
 

@@ -1,7 +1,9 @@
 //! The in-memory store's per-queue indexes: one ordered set per state's
 //! listing order (ready in claim order, scheduled by due time, running by
-//! lease expiry, finished by finish time), the live unique keys, the ids
-//! and the counts, kept in step with every write of a job.
+//! lease expiry, finished by finish time), the claimable (unparked) ready
+//! jobs in claim order, the parked ones by concurrency key, the live
+//! unique keys, the ids and the counts, kept in step with every write of a
+//! job.
 
 use crate::core::{ClaimRank, JobId, JobRecord, JobState, StateCounts};
 use hashbrown::HashMap;
@@ -12,6 +14,10 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub(super) struct QueueIndex {
     pub(super) ready: BTreeSet<ClaimRank>,
+    /// Ready jobs not parked, in claim order (what a claim reads).
+    pub(super) claimable: BTreeSet<ClaimRank>,
+    /// Parked ready jobs by concurrency key, then claim order.
+    pub(super) parked: BTreeSet<(Arc<str>, ClaimRank)>,
     pub(super) scheduled: BTreeSet<(u64, JobId)>,
     pub(super) running: BTreeSet<(u64, JobId)>,
     pub(super) finished: BTreeSet<(u64, JobId)>,
@@ -26,6 +32,10 @@ impl QueueIndex {
         match job.state {
             JobState::Ready => {
                 self.ready.insert(job.rank());
+                match (&job.key, job.parked) {
+                    (Some(key), true) => self.parked.insert((key.clone(), job.rank())),
+                    _ => self.claimable.insert(job.rank()),
+                };
             }
             JobState::Scheduled => {
                 self.scheduled.insert((job.run_at_ms, id));
@@ -50,6 +60,10 @@ impl QueueIndex {
         match job.state {
             JobState::Ready => {
                 self.ready.remove(&job.rank());
+                match (&job.key, job.parked) {
+                    (Some(key), true) => self.parked.remove(&(key.clone(), job.rank())),
+                    _ => self.claimable.remove(&job.rank()),
+                };
             }
             JobState::Scheduled => {
                 self.scheduled.remove(&(job.run_at_ms, id));

@@ -11,8 +11,8 @@
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{
-    JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
+    ClaimRank, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal,
+    LeaseRecord, Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Result;
 use crate::store::{Store, Wake};
@@ -302,7 +302,7 @@ impl JobTxn for MemTxn<'_> {
             expired: until(&q.running),
             due: until(&q.scheduled),
             ready: q
-                .ready
+                .claimable
                 .iter()
                 .take(ready)
                 .filter_map(|r| jobs.get(&r.2).cloned())
@@ -355,6 +355,46 @@ impl JobTxn for MemTxn<'_> {
 
     fn queue_config(&mut self, queue: &str) -> Result<QueueConfig> {
         Ok(self.st.configs.get(queue).cloned().unwrap_or_default())
+    }
+
+    fn running_count(&mut self, queue: &str, key: Option<&str>) -> Result<u64> {
+        let Some(q) = self.st.queues.get(queue) else {
+            return Ok(0);
+        };
+        let jobs = &self.st.jobs;
+        let n = match key {
+            None => q.running.len(),
+            Some(key) => q
+                .running
+                .iter()
+                .filter(|(_, id)| jobs.get(id).is_some_and(|j| j.key.as_deref() == Some(key)))
+                .count(),
+        };
+        Ok(n as u64)
+    }
+
+    fn parked(&mut self, queue: &str, key: Option<&str>, limit: usize) -> Result<Vec<JobRecord>> {
+        let Some(q) = self.st.queues.get(queue) else {
+            return Ok(Vec::new());
+        };
+        let jobs = &self.st.jobs;
+        let ranks: Vec<&ClaimRank> = match key {
+            Some(key) => {
+                let key: Arc<str> = Arc::from(key);
+                let from = (key.clone(), (std::cmp::Reverse(i32::MAX), 0, JobId(0)));
+                q.parked
+                    .range(from..)
+                    .take_while(|(k, _)| *k == key)
+                    .take(limit)
+                    .map(|(_, r)| r)
+                    .collect()
+            }
+            None => q.parked.iter().take(limit).map(|(_, r)| r).collect(),
+        };
+        Ok(ranks
+            .into_iter()
+            .filter_map(|r| jobs.get(&r.2).cloned())
+            .collect())
     }
 
     fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()> {

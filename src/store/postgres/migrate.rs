@@ -15,7 +15,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 5] = [
+const MIGRATIONS: [&str; 6] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -62,7 +62,21 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     V4_SCHEDULES,
     // v5: a queue's flow-control settings (absent: the defaults).
     "CREATE TABLE {s}.queues (queue text PRIMARY KEY, paused bool NOT NULL);",
+    V6_LIMITS,
 ];
+
+/// v6: concurrency limits. A job's concurrency key and whether a claim
+/// parked it (its key was full); a queue's limits (NULL: none). Claims
+/// read the ready jobs that are not parked (`jobs_claim`); listings and
+/// counts still read every ready job (`jobs_ready`); a freed slot finds
+/// its key's best parked job (`jobs_parked`).
+const V6_LIMITS: &str = "
+ALTER TABLE {s}.jobs ADD COLUMN conc_key text, ADD COLUMN parked bool NOT NULL DEFAULT false;
+ALTER TABLE {s}.queues ADD COLUMN concurrency int4, ADD COLUMN per_key int4;
+CREATE INDEX jobs_claim ON {s}.jobs (queue, priority DESC, run_at, id) WHERE state = 0 AND NOT parked;
+CREATE INDEX jobs_parked ON {s}.jobs (queue, conc_key, priority DESC, run_at, id)
+    WHERE state = 0 AND parked;
+";
 
 /// v4: schedules (periodic jobs), one row per queue and name; `next_at`
 /// is the cursor of the next tick (wall clock, Unix ms).

@@ -22,10 +22,15 @@ pub(super) struct Statements {
     pub schedule_delete: Statement,
     pub queue_get: Statement,
     pub queue_put: Statement,
+    pub running_count: Statement,
+    pub parked_key: Statement,
+    pub parked_any: Statement,
+    pub lock_queue: Statement,
+    pub lock_queue_shared: Statement,
 }
 
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
-pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result";
+pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked";
 
 /// How many [`COLUMNS`] there are (where a claim's read puts the queue's
 /// settings).
@@ -42,17 +47,34 @@ pub(super) const JOB_COLUMN_COUNT: usize = {
 };
 
 /// The columns of a queue's settings row, in the order [`queue_config`]
-/// decodes them from `at`.
-pub(super) const QUEUE_COLUMNS: &str = "paused";
+/// decodes them from `at`, each prefixed with `c.` (the join's alias).
+pub(super) const QUEUE_COLUMNS: &str = "c.paused, c.concurrency, c.per_key";
 
 /// The queue settings in `row` from column `at` (NULL: the default).
 pub(super) fn queue_config(
     row: &postgres::Row,
     at: usize,
 ) -> std::result::Result<crate::core::QueueConfig, postgres::Error> {
+    let limit = |i: usize| -> std::result::Result<Option<u32>, postgres::Error> {
+        Ok(row
+            .try_get::<_, Option<i32>>(at + i)?
+            .and_then(|v| u32::try_from(v).ok()))
+    };
     Ok(crate::core::QueueConfig {
         paused: row.try_get::<_, Option<bool>>(at)?.unwrap_or(false),
+        limits: crate::core::Limits::none()
+            .with_concurrency(limit(1)?)
+            .with_per_key(limit(2)?),
     })
+}
+
+/// [`COLUMNS`], each prefixed with `j.` (for a join with the queues).
+fn job_columns_of_j() -> String {
+    COLUMNS
+        .split(", ")
+        .map(|c| format!("j.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Statements {
@@ -74,17 +96,25 @@ impl Statements {
         );
         let ready = |limit: &str| {
             format!(
-                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0 AND NOT parked
                  ORDER BY priority DESC, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
             )
         };
+        let j = job_columns_of_j();
         Ok(Statements {
             lease_get: p("SELECT last_token, tokens, holders, labels, expires, lease_limit FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
-            job_get: p(format!("SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = $1 FOR UPDATE"))?,
+            // A job read for a change comes with its queue's settings
+            // ([`QUEUE_COLUMNS`] after the job's), so the end of an attempt
+            // knows its queue's limits without another round trip.
+            job_get: p(format!(
+                "SELECT {j}, {QUEUE_COLUMNS} FROM {{s}}.jobs j LEFT JOIN {{s}}.queues c ON c.queue = j.queue
+                 WHERE j.id = $1 FOR UPDATE OF j"
+            ))?,
             // Locked in id order, so two batches that share jobs never
             // deadlock (the lock is taken above the sort).
             jobs_get: p(format!(
-                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+                "SELECT {j}, {QUEUE_COLUMNS} FROM {{s}}.jobs j LEFT JOIN {{s}}.queues c ON c.queue = j.queue
+                 WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE OF j"
             ))?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
             live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
@@ -97,7 +127,7 @@ impl Statements {
             scan_maintenance_ready: p(format!(
                 "WITH e AS ({expired}), d AS ({due}), r AS ({}),
                    j AS (SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r)
-                 SELECT j.*, c.{QUEUE_COLUMNS} FROM (SELECT) AS one
+                 SELECT j.*, {QUEUE_COLUMNS} FROM (SELECT) AS one
                    LEFT JOIN j ON true LEFT JOIN {{s}}.queues c ON c.queue = $1",
                 ready("$4")
             ))?,
@@ -132,11 +162,28 @@ impl Statements {
                    missed = excluded.missed, next_at = excluded.next_at"
             ))?,
             schedule_delete: p("DELETE FROM {s}.schedules WHERE queue = $1 AND name = $2".into())?,
-            queue_get: p(format!("SELECT {QUEUE_COLUMNS} FROM {{s}}.queues WHERE queue = $1"))?,
+            queue_get: p(format!("SELECT {QUEUE_COLUMNS} FROM {{s}}.queues c WHERE queue = $1"))?,
             queue_put: p(
-                "INSERT INTO {s}.queues (queue, paused) VALUES ($1, $2)
-                 ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused".into(),
+                "INSERT INTO {s}.queues (queue, paused, concurrency, per_key) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused,
+                   concurrency = excluded.concurrency, per_key = excluded.per_key".into(),
             )?,
+            running_count: p(
+                "SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 2
+                   AND ($2::text IS NULL OR conc_key = $2::text)".into(),
+            )?,
+            parked_key: p(format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0 AND parked AND conc_key = $2
+                 ORDER BY priority DESC, run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+            ))?,
+            parked_any: p(format!(
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0 AND parked
+                 ORDER BY conc_key, priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
+            ))?,
+            // The claims of a limited queue take turns on its settings row
+            // (every limited queue has one); the ends of attempts share it.
+            lock_queue: p("SELECT 1 FROM {s}.queues WHERE queue = $1 FOR UPDATE".into())?,
+            lock_queue_shared: p("SELECT 1 FROM {s}.queues WHERE queue = $1 FOR SHARE".into())?,
         })
     }
 }

@@ -40,6 +40,9 @@ pub(super) struct PgTxn<'c> {
     /// Jobs written since the last flush, in order.
     pending: Vec<JobId>,
     deleted: Vec<JobId>,
+    /// Queues' settings read in this transaction (with their jobs, or
+    /// alone), so the end of an attempt reads them without a round trip.
+    configs: HashMap<Arc<str>, QueueConfig>,
     /// The wake-ups and events this transaction causes.
     journal: Journal,
 }
@@ -93,6 +96,8 @@ fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error>
         unique_key: r.try_get::<_, Option<&str>>(16)?.map(Arc::from),
         finished_at_ms: r.try_get::<_, Option<i64>>(17)?.map(u64_of),
         result: r.try_get::<_, Option<Vec<u8>>>(18)?.map(Arc::from),
+        key: r.try_get::<_, Option<&str>>(19)?.map(Arc::from),
+        parked: r.try_get(20)?,
     };
     Ok((job, state_code))
 }
@@ -112,6 +117,7 @@ impl<'c> PgTxn<'c> {
             jobs: HashMap::new(),
             pending: Vec::new(),
             deleted: Vec::new(),
+            configs: HashMap::new(),
             journal: Journal::default(),
         }
     }
@@ -208,8 +214,19 @@ impl<'c> PgTxn<'c> {
 
     /// Cache rows a locking query returned; their ids are appended to `out`.
     fn absorb(&mut self, rows: &[Row], out: &mut Vec<JobId>) -> Result<()> {
+        self.absorb_with(rows, out, false)
+    }
+
+    /// [`Self::absorb`]; with `configs`, each row also carries its queue's
+    /// settings after the job's columns, cached too.
+    fn absorb_with(&mut self, rows: &[Row], out: &mut Vec<JobId>, configs: bool) -> Result<()> {
         for row in rows {
             let job = job_from_row(row)?;
+            if configs && !self.configs.contains_key(&*job.queue) {
+                let config = queue_config(row, JOB_COLUMN_COUNT)
+                    .map_err(|e| pg_err("decoding a queue's settings", e, Stage::Work))?;
+                self.configs.insert(job.queue.clone(), config);
+            }
             out.push(job.id);
             let state = job.state;
             self.jobs.insert(
@@ -311,7 +328,7 @@ impl JobTxn for PgTxn<'_> {
             &[&i64_of(Field::Id, id.0)?],
         )?;
         let mut ids = Vec::new();
-        self.absorb(&rows, &mut ids)?;
+        self.absorb_with(&rows, &mut ids, true)?;
         Ok(self.jobs.get(&id).map(|c| c.record.clone()))
     }
 
@@ -331,7 +348,7 @@ impl JobTxn for PgTxn<'_> {
                 |st| &st.jobs_get,
                 &[&missing],
             )?;
-            self.absorb(&rows, &mut Vec::new())?;
+            self.absorb_with(&rows, &mut Vec::new(), true)?;
         }
         Ok(ids
             .iter()
@@ -402,6 +419,7 @@ impl JobTxn for PgTxn<'_> {
                 ))
             };
             let (config, id) = decode().map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
+            self.configs.insert(Arc::from(queue), config.clone());
             read.config = config;
             if id.is_none() {
                 jobs = &[];
@@ -474,18 +492,66 @@ impl JobTxn for PgTxn<'_> {
     }
 
     fn queue_config(&mut self, queue: &str) -> Result<QueueConfig> {
+        if let Some(config) = self.configs.get(queue) {
+            return Ok(config.clone());
+        }
         let what = format!("reading the settings of queue {queue:?}");
         let rows = self.query(&what, |st| &st.queue_get, &[&queue])?;
-        match rows.first() {
-            Some(row) => queue_config(row, 0).map_err(|e| pg_err(what, e, Stage::Work)),
-            None => Ok(QueueConfig::default()),
-        }
+        let config = match rows.first() {
+            Some(row) => queue_config(row, 0).map_err(|e| pg_err(what, e, Stage::Work))?,
+            None => QueueConfig::default(),
+        };
+        self.configs.insert(Arc::from(queue), config.clone());
+        Ok(config)
     }
 
     fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()> {
         let what = format!("writing the settings of queue {queue:?}");
-        self.query(&what, |st| &st.queue_put, &[&queue, &config.paused])
-            .map(drop)
+        let limit = |n: Option<u32>| n.map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+        let (concurrency, per_key) = (
+            limit(config.limits.concurrency),
+            limit(config.limits.per_key),
+        );
+        self.query(
+            &what,
+            |st| &st.queue_put,
+            &[&queue, &config.paused, &concurrency, &per_key],
+        )?;
+        self.configs.insert(Arc::from(queue), config.clone());
+        Ok(())
+    }
+
+    fn running_count(&mut self, queue: &str, key: Option<&str>) -> Result<u64> {
+        self.flush_jobs()?;
+        let what = format!("counting the running jobs of queue {queue:?}");
+        let rows = self.query(&what, |st| &st.running_count, &[&queue, &key])?;
+        Ok(rows.first().map_or(0, |r| u64_of(r.get(0))))
+    }
+
+    fn parked(&mut self, queue: &str, key: Option<&str>, limit: usize) -> Result<Vec<JobRecord>> {
+        self.flush_jobs()?;
+        let what = format!("reading the parked jobs of queue {queue:?}");
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match key {
+            Some(key) => self.query(&what, |st| &st.parked_key, &[&queue, &key, &n])?,
+            None => self.query(&what, |st| &st.parked_any, &[&queue, &n])?,
+        };
+        let mut ids = Vec::new();
+        self.absorb(&rows, &mut ids)?;
+        Ok(ids
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(|c| c.record.clone()))
+            .collect())
+    }
+
+    fn lock_queue(&mut self, queue: &str, exclusive: bool) -> Result<()> {
+        let what = format!("locking the settings of queue {queue:?}");
+        if exclusive {
+            self.query(&what, |st| &st.lock_queue, &[&queue])?;
+        } else {
+            self.query(&what, |st| &st.lock_queue_shared, &[&queue])?;
+        }
+        Ok(())
     }
 
     fn put_schedule(&mut self, s: &ScheduleRecord) -> Result<()> {

@@ -14,7 +14,7 @@ pub fn sql_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result";
+pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked";
 
 /// A stored state code; an unknown one is an error naming the row.
 pub(super) fn state_of(id: i64, code: i64) -> rusqlite::Result<JobState> {
@@ -71,6 +71,10 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
             .map(|s| Arc::from(s.as_str())),
         finished_at_ms: r.get::<_, Option<i64>>(c(17))?.map(u64_of),
         result: r.get::<_, Option<Vec<u8>>>(c(18))?.map(Arc::from),
+        key: r
+            .get::<_, Option<String>>(c(19))?
+            .map(|s| Arc::from(s.as_str())),
+        parked: r.get::<_, i64>(c(20))? != 0,
     })
 }
 
@@ -86,12 +90,15 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
 /// limit: bound as parameters, either one makes SQLite re-prepare these
 /// statements on every execution (measured: a fifth of a claim's cost).
 /// The statement cache keeps one per queue and limit.
-pub const SCAN_SQL: [&str; 5] = [
+pub const SCAN_SQL: [&str; 7] = [
     "SELECT lease_until, {cols} FROM jobs WHERE queue = {queue} AND state = 2 ORDER BY lease_until, id LIMIT {limit}",
     "SELECT run_at, {cols} FROM jobs WHERE queue = {queue} AND state = 1 ORDER BY run_at, id LIMIT {limit}",
-    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
+    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 AND parked = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
     "SELECT finished_at, id FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
     "SELECT 0, id FROM jobs WHERE queue = {queue} AND state = 1 AND attempts > 0 ORDER BY run_at, id LIMIT {limit}",
+    // Parked jobs: one key's in claim order; any key's by key, then so.
+    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 AND parked = 1 AND conc_key = ?1 ORDER BY priority DESC, run_at, id LIMIT {limit}",
+    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 AND parked = 1 ORDER BY conc_key, priority DESC, run_at, id LIMIT {limit}",
 ];
 
 /// A job's fields as the database stores them (integers checked to fit).

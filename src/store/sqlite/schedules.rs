@@ -2,7 +2,7 @@
 //! and its settings ([`QueueConfig`], one row, absent until first set).
 
 use super::conn::sql_err;
-use crate::core::{QueueConfig, ScheduleRecord};
+use crate::core::{Limits, QueueConfig, ScheduleRecord};
 use crate::error::Field;
 use crate::error::Result;
 use crate::store::{i64_of, schedule_of_row, SCHEDULE_COLUMNS};
@@ -79,21 +79,39 @@ pub(super) fn delete(conn: &Connection, queue: &str, name: &str) -> Result<bool>
 
 /// The settings of `queue` (the default if it has no row).
 pub(super) fn config(conn: &Connection, queue: &str) -> Result<QueueConfig> {
-    conn.prepare_cached("SELECT paused FROM queues WHERE queue = ?1")
-        .and_then(|mut s| s.query_row([queue], |r| r.get::<_, bool>(0)).optional())
-        .map(|paused| QueueConfig {
-            paused: paused.unwrap_or(false),
+    let limit = |v: Option<i64>| v.and_then(|v| u32::try_from(v).ok());
+    conn.prepare_cached("SELECT paused, concurrency, per_key FROM queues WHERE queue = ?1")
+        .and_then(|mut s| {
+            s.query_row([queue], |r| {
+                Ok(QueueConfig {
+                    paused: r.get(0)?,
+                    limits: Limits::none()
+                        .with_concurrency(limit(r.get(1)?))
+                        .with_per_key(limit(r.get(2)?)),
+                })
+            })
+            .optional()
         })
+        .map(Option::unwrap_or_default)
         .map_err(|e| sql_err(|| format!("reading the settings of queue {queue:?}"), e))
 }
 
 /// Insert or replace the settings of `queue`.
 pub(super) fn put_config(conn: &Connection, queue: &str, config: &QueueConfig) -> Result<()> {
     conn.prepare_cached(
-        "INSERT INTO queues (queue, paused) VALUES (?1, ?2)
-         ON CONFLICT(queue) DO UPDATE SET paused = excluded.paused",
+        "INSERT INTO queues (queue, paused, concurrency, per_key) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT(queue) DO UPDATE SET paused = excluded.paused,
+           concurrency = excluded.concurrency, per_key = excluded.per_key",
     )
-    .and_then(|mut s| s.execute(params![queue, config.paused]))
+    .and_then(|mut s| {
+        let limits = config.limits;
+        s.execute(params![
+            queue,
+            config.paused,
+            limits.concurrency,
+            limits.per_key
+        ])
+    })
     .map(drop)
     .map_err(|e| sql_err(|| format!("writing the settings of queue {queue:?}"), e))
 }

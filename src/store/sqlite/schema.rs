@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 5] = [
+const MIGRATIONS: [&str; 6] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -66,7 +66,22 @@ const MIGRATIONS: [&str; 5] = [
     V4_SCHEDULES,
     // v5: a queue's flow-control settings (absent: the defaults).
     "CREATE TABLE queues (queue TEXT PRIMARY KEY, paused INTEGER NOT NULL) WITHOUT ROWID;",
+    V6_LIMITS,
 ];
+
+/// v6: concurrency limits. A job's concurrency key and whether a claim
+/// parked it (its key was full); a queue's limits (NULL: none). Claims
+/// read the ready jobs that are not parked (`jobs_claim`); listings and
+/// counts still read every ready job (`jobs_ready`); a freed slot finds
+/// its key's best parked job (`jobs_parked`).
+const V6_LIMITS: &str = "
+ALTER TABLE jobs ADD COLUMN conc_key TEXT;
+ALTER TABLE jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE queues ADD COLUMN concurrency INTEGER;
+ALTER TABLE queues ADD COLUMN per_key INTEGER;
+CREATE INDEX jobs_claim ON jobs (queue, priority DESC, run_at, id) WHERE state = 0 AND parked = 0;
+CREATE INDEX jobs_parked ON jobs (queue, conc_key, priority DESC, run_at, id) WHERE state = 0 AND parked = 1;
+";
 
 /// v4: schedules (periodic jobs), one row per queue and name; `next_at`
 /// is the cursor of the next tick (wall clock, Unix ms).

@@ -188,7 +188,7 @@ impl SqlTxn<'_> {
                 "UPDATE jobs SET priority = ?2, run_at = ?3, max_attempts = ?4, attempts = ?5,
                    expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
                    claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
-                   last_error = ?13, finished_at = ?14, result = ?15
+                   last_error = ?13, finished_at = ?14, result = ?15, parked = ?16
                  WHERE id = ?1",
             )
             .and_then(|mut s| {
@@ -208,6 +208,7 @@ impl SqlTxn<'_> {
                     job.last_error.as_deref(),
                     finished,
                     job.result.as_deref(),
+                    job.parked,
                 ])
             })
             .map(|_| ())
@@ -373,7 +374,7 @@ impl JobTxn for SqlTxn<'_> {
             return self.update_job(job);
         }
         let sql = format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
+            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
              ON CONFLICT(id) DO UPDATE SET
                queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
                run_at = excluded.run_at, created_at = excluded.created_at,
@@ -382,7 +383,8 @@ impl JobTxn for SqlTxn<'_> {
                claim_holder = excluded.claim_holder, claim_token = excluded.claim_token,
                lease_until = excluded.lease_until, cancel_requested = excluded.cancel_requested,
                last_error = excluded.last_error, unique_key = excluded.unique_key,
-               finished_at = excluded.finished_at, result = excluded.result"
+               finished_at = excluded.finished_at, result = excluded.result,
+               conc_key = excluded.conc_key, parked = excluded.parked"
         );
         let JobRow {
             id,
@@ -417,6 +419,8 @@ impl JobTxn for SqlTxn<'_> {
                     job.unique_key.as_deref(),
                     finished,
                     job.result.as_deref(),
+                    job.key.as_deref(),
+                    job.parked,
                 ])
             })
             .map(|_| ())
@@ -469,6 +473,49 @@ impl JobTxn for SqlTxn<'_> {
 
     fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()> {
         super::schedules::put_config(self.conn, queue, config)
+    }
+
+    fn running_count(&mut self, queue: &str, key: Option<&str>) -> Result<u64> {
+        self.conn
+            .prepare_cached(
+                "SELECT count(*) FROM jobs INDEXED BY jobs_running
+                 WHERE queue = ?1 AND state = 2 AND (?2 IS NULL OR conc_key = ?2)",
+            )
+            .and_then(|mut s| s.query_row(params![queue, key], |r| r.get::<_, i64>(0)))
+            .map(u64_of)
+            .map_err(|e| {
+                sql_err(
+                    || format!("counting the running jobs of queue {queue:?}"),
+                    e,
+                )
+            })
+    }
+
+    fn parked(&mut self, queue: &str, key: Option<&str>, limit: usize) -> Result<Vec<JobRecord>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let fail = |e| sql_err(|| format!("reading the parked jobs of queue {queue:?}"), e);
+        let sql = SCAN_SQL[if key.is_some() { 5 } else { 6 }]
+            .replacen("{cols}", JOB_COLUMNS, 1)
+            .replacen("{limit}", &limit.to_string(), 1)
+            .replacen("{queue}", &sql_quote(queue), 1);
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
+        let mut rows = match key {
+            Some(key) => stmt.query([key]),
+            None => stmt.query([]),
+        }
+        .map_err(fail)?;
+        let mut jobs = Vec::new();
+        while let Some(r) = rows.next().map_err(fail)? {
+            jobs.push(job_from_row_at(r, 1).map_err(fail)?);
+        }
+        for job in &jobs {
+            if !self.loaded.contains(&job.id) {
+                self.loaded.push(job.id);
+            }
+        }
+        Ok(jobs)
     }
 
     fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()> {

@@ -167,12 +167,14 @@ mod batches;
 mod flow;
 mod jobs;
 mod leases;
+mod limits;
 mod listing;
 mod schedules;
 pub use batches::*;
 pub use flow::*;
 pub use jobs::*;
 pub use leases::*;
+pub use limits::*;
 pub use listing::*;
 pub use schedules::*;
 
@@ -216,7 +218,11 @@ macro_rules! conformance_cases {
             job_summary_settles_expired_claims_and_refuses_bad_options,
             job_next_change_is_the_first_due_or_expiry, job_pages_list_empty_payloads,
             job_settle_again_finds_its_own_outcome,
-            queue_pause_starts_nothing_until_resumed, queue_pause_checks_its_input_and_rolls_back
+            queue_pause_starts_nothing_until_resumed, queue_pause_checks_its_input_and_rolls_back,
+            queue_concurrency_limit_holds_across_holders, queue_per_key_limit_runs_one_per_key,
+            queue_per_key_slot_frees_on_expiry_and_cancel,
+            queue_limits_raised_or_cleared_free_waiting_jobs, queue_blocked_key_backlog_is_set_aside,
+            queue_limits_check_their_input_and_roll_back
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,

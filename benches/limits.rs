@@ -1,0 +1,120 @@
+//! Concurrency limits (F1) at the API users call (`Queue::claim`, then
+//! `complete`, then a push that keeps the queue's depth): the claim of an
+//! unlimited queue, the same queue under a queue-wide limit that does not
+//! bind (what counting the running jobs and the claim's lock cost), and a
+//! queue whose one hot key is full with 10,000 of its jobs waiting, where
+//! each claim must find a free job behind them (F1's "skips blocked keys
+//! without scanning every blocked job").
+//!
+//! Run: `cargo bench --bench limits` (PostgreSQL too with
+//! `LEASEHOLD_BENCH_PG=postgres://...`; results: BENCHMARKS.md).
+
+#![allow(clippy::disallowed_methods)] // benchmarks read real time
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use leasehold::core::{self, Limits};
+use leasehold::{Client, JobSpec, QueuePolicy, Store, StoreExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Ready jobs behind the claimed one (the hot key's backlog, or plain jobs).
+const DEPTH: usize = 10_000;
+
+const LEASE: Duration = Duration::from_secs(600);
+
+fn stores() -> Vec<(&'static str, Arc<dyn Store>, Option<std::path::PathBuf>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Store>, Option<std::path::PathBuf>)> =
+        vec![("mem", Arc::new(leasehold::MemStore::new()), None)];
+    let dir = std::env::temp_dir().join(format!("leasehold-bench-limits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sqlite = leasehold::SqliteStore::open(dir.join("l.db")).unwrap();
+    out.push(("sqlite", Arc::new(sqlite), Some(dir)));
+    if let Ok(url) = std::env::var("LEASEHOLD_BENCH_PG") {
+        let opts = leasehold::PostgresOptions {
+            schema: format!("lh_bench_limits_{}", std::process::id()),
+            ..leasehold::PostgresOptions::default()
+        };
+        out.push((
+            "postgres",
+            Arc::new(leasehold::PostgresStore::open_with(&url, opts).unwrap()),
+            None,
+        ));
+    }
+    out
+}
+
+/// `n` jobs of `queue` (with concurrency key `key`), in transactions of
+/// 1,000.
+fn fill(store: &dyn Store, queue: &str, key: Option<&str>, n: usize) {
+    let spec = JobSpec {
+        key: key.map(str::to_owned),
+        ..JobSpec::new(&b"payload-bytes"[..])
+    };
+    let policy = QueuePolicy::default();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        store
+            .txn(|tx| {
+                for _ in chunk {
+                    core::job::enqueue(tx, queue, &spec, &policy)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+/// One claim, its completion, and a push of a job like it.
+fn cycle(q: &leasehold::Queue, spec: &JobSpec) {
+    let job = q.claim(LEASE).unwrap().expect("a claimable job");
+    job.complete().unwrap();
+    q.push(spec).unwrap();
+}
+
+fn limits(c: &mut Criterion) {
+    let mut g = c.benchmark_group("limits");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(30);
+    g.measurement_time(Duration::from_secs(4));
+    let plain = JobSpec::new(&b"payload-bytes"[..]);
+    for (name, store, _dir) in stores() {
+        let client = Client::builder_shared(store.clone()).build();
+        // Unlimited: the baseline.
+        fill(store.as_ref(), "plain", None, DEPTH);
+        let q = client.queue("plain").unwrap();
+        g.bench_function(format!("claim_complete/unlimited/{name}"), |b| {
+            b.iter(|| cycle(&q, &plain))
+        });
+        // A queue-wide limit that never binds.
+        fill(store.as_ref(), "capped", None, DEPTH);
+        let q = client.queue("capped").unwrap();
+        q.set_limits(Limits::none().with_concurrency(Some(1_000)))
+            .unwrap();
+        g.bench_function(format!("claim_complete/concurrency_limit/{name}"), |b| {
+            b.iter(|| cycle(&q, &plain))
+        });
+        // One hot key, full: its 10,000 waiting jobs stand before the free
+        // ones in claim order (enqueued first, same priority).
+        let q = client.queue("hot").unwrap();
+        q.set_limits(Limits::none().with_per_key(Some(1))).unwrap();
+        fill(store.as_ref(), "hot", Some("hot"), DEPTH + 1);
+        fill(store.as_ref(), "hot", None, 100);
+        let running = q.claim(LEASE).unwrap().expect("the hot key's first job");
+        // Set the backlog aside once, as the first claims after a burst do.
+        while q
+            .claim(LEASE)
+            .unwrap()
+            .map(|j| j.complete().unwrap())
+            .is_none()
+        {}
+        q.push(&plain).unwrap();
+        g.bench_function(format!("claim_complete/blocked_key/{name}"), |b| {
+            b.iter(|| cycle(&q, &plain))
+        });
+        drop(running);
+    }
+    g.finish();
+}
+
+criterion_group!(benches, limits);
+criterion_main!(benches);

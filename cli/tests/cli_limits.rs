@@ -1,0 +1,191 @@
+//! Concurrency limits across real processes (F1): several `queue work`
+//! processes, each running several jobs at once, never run more than the
+//! queue's limit at once, nor more than the per-key limit of one key; a
+//! slot that frees is taken at once; `queue limit set/show/clear` answer
+//! in JSON (SQLite and PostgreSQL).
+//!
+//! Each job's CMD takes a slot by `mkdir` (atomic: it fails if the
+//! directory exists) and gives it back by `rmdir`. CMD runs inside its
+//! job's claim, so two CMDs holding one slot at once means two claims ran
+//! at once: a failed `mkdir` is logged as a violation.
+
+#![allow(clippy::disallowed_methods)] // real processes, real time
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{signal, within, Dir};
+
+#[test]
+fn limits_hold_across_worker_processes() {
+    limits_hold(Dir::new("limits"));
+}
+
+#[test]
+fn postgres_limits_hold_across_worker_processes() {
+    if let Some(d) = Dir::new_pg("limits") {
+        limits_hold(d);
+    }
+}
+
+fn lines_of(d: &Dir, file: &str) -> Vec<String> {
+    std::fs::read_to_string(d.0.join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A worker running up to 4 jobs at once. A keyed job holds `key-$KEY`;
+/// every job holds one of the queue's two slots (`slot-0`, `slot-1`).
+fn worker(d: &Dir) -> Child {
+    let script = r#"
+        slot=""
+        for s in 0 1; do
+            if mkdir "slot-$s" 2>/dev/null; then slot="slot-$s"; break; fi
+        done
+        [ -n "$slot" ] || echo "queue over its limit: job $LEASEHOLD_JOB_ID" >> violations.log
+        if [ -n "$LEASEHOLD_JOB_KEY" ]; then
+            mkdir "key-$LEASEHOLD_JOB_KEY" 2>/dev/null \
+              || echo "key $LEASEHOLD_JOB_KEY over its limit: job $LEASEHOLD_JOB_ID" >> violations.log
+        fi
+        echo "$LEASEHOLD_JOB_ID ${LEASEHOLD_JOB_KEY:--}" >> ran.log
+        sleep 0.2
+        [ -n "$LEASEHOLD_JOB_KEY" ] && rmdir "key-$LEASEHOLD_JOB_KEY"
+        [ -n "$slot" ] && rmdir "$slot"
+        exit 0
+    "#;
+    d.cmd()
+        .args([
+            "queue",
+            "work",
+            "q",
+            "--concurrency",
+            "4",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn limits_hold(d: Dir) {
+    let set = d.json(&[
+        "queue",
+        "limit",
+        "set",
+        "q",
+        "--concurrency",
+        "2",
+        "--per-key",
+        "1",
+    ]);
+    assert_eq!(
+        (&set["concurrency"], &set["per_key"], &set["changed"]),
+        (&2.into(), &1.into(), &true.into()),
+        "{set}"
+    );
+    let show = d.json(&["queue", "limit", "show", "q"]);
+    assert_eq!(
+        (&show["concurrency"], &show["per_key"]),
+        (&2.into(), &1.into())
+    );
+    // Setting one limit keeps the other.
+    let again = d.json(&["queue", "limit", "set", "q", "--per-key", "1"]);
+    assert_eq!(
+        (&again["concurrency"], &again["changed"]),
+        (&2.into(), &false.into())
+    );
+    // Twelve jobs of one key, six of another, six without: the hot key's
+    // backlog must not hold the others back.
+    for i in 0..24 {
+        let mut args = vec!["queue", "push", "q", "--payload", "x"];
+        let key = match i % 4 {
+            0 | 1 => Some("hot"),
+            2 => Some("cold"),
+            _ => None,
+        };
+        if let Some(k) = key {
+            args.extend(["--key", k]);
+        }
+        let pushed = d.json(&args);
+        assert_eq!(pushed["created"], true);
+    }
+    let job = d.json(&["queue", "get", "1"]);
+    assert_eq!(job["key"], "hot", "{job}");
+    let workers: Vec<Child> = (0..3).map(|_| worker(&d)).collect();
+    let done = within(Duration::from_secs(60), || d.stats("q")["done"] == 24);
+    let stats = d.stats("q");
+    for mut w in workers {
+        signal(w.id(), libc::SIGTERM);
+        let _ = w.wait();
+    }
+    assert!(done.is_some(), "every job done: {stats:?}");
+    assert_eq!(lines_of(&d, "violations.log"), Vec::<String>::new());
+    let ran = lines_of(&d, "ran.log");
+    assert_eq!(ran.len(), 24, "each job ran once: {ran:?}");
+    // Two slots, four jobs per process, three processes: 24 jobs of 0.2 s
+    // take at least 2.4 s; the limit, not the workers, set the pace.
+    let queues = d.lines(&["queue", "queues"]);
+    let line = queues.iter().find(|l| l["queue"] == "q").unwrap();
+    assert_eq!(
+        (&line["concurrency"], &line["per_key"]),
+        (&2.into(), &1.into())
+    );
+    let cleared = d.json(&["queue", "limit", "clear", "q"]);
+    assert_eq!(
+        (
+            &cleared["concurrency"],
+            &cleared["per_key"],
+            &cleared["changed"]
+        ),
+        (
+            &serde_json::Value::Null,
+            &serde_json::Value::Null,
+            &true.into()
+        )
+    );
+}
+
+#[test]
+fn limit_commands_refuse_bad_input() {
+    let d = Dir::new("limits-bad");
+    for args in [
+        &["queue", "limit", "set", "q"][..],
+        &["queue", "limit", "set", "q", "--concurrency", "0"],
+        &["queue", "limit", "set", "q", "--per-key", "-1"],
+        &["queue", "limit", "set", "q", "--per-key", "many"],
+    ] {
+        let out = d.run(args);
+        assert_eq!(
+            cli::code(&out),
+            2,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = d.run(&["queue", "push", "q", "--payload", "x", "--key", ""]);
+    assert_eq!(
+        cli::code(&out),
+        1,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("key"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let show = d.json(&["queue", "limit", "show", "q"]);
+    assert_eq!(
+        show["concurrency"],
+        serde_json::Value::Null,
+        "nothing was set"
+    );
+}

@@ -1,0 +1,243 @@
+//! Concurrency limits on every store (F1): per queue and per key, held
+//! across holders, through expiries, lowered, raised and cleared, with a
+//! blocked key's backlog set aside (parked) and given back one slot at a
+//! time.
+
+use super::*;
+use leasehold::core::{Limits, Wake};
+
+fn set_limits(w: &World, queue: &str, limits: Limits) -> bool {
+    w.tx(|tx| core::job::set_limits(tx, queue, limits)).unwrap()
+}
+
+fn keyed(key: &str, payload: &str) -> JobSpec {
+    JobSpec {
+        key: Some(key.into()),
+        ..JobSpec::new(payload)
+    }
+}
+
+fn ids(jobs: &[JobRecord]) -> Vec<JobId> {
+    jobs.iter().map(|j| j.id).collect()
+}
+
+/// At most N jobs of a limited queue run at once, whoever claims; a slot
+/// frees when a job completes (idle workers are woken) or its claim runs
+/// out; a lowered limit starts nothing until the running jobs are under
+/// it; other queues are untouched.
+pub fn queue_concurrency_limit_holds_across_holders(make: &Make) {
+    let w = World::new(make);
+    let jobs: Vec<JobId> = (0..6)
+        .map(|i| w.push("q", JobSpec::new(format!("j{i}"))))
+        .collect();
+    let two = Limits::none().with_concurrency(Some(2));
+    assert!(set_limits(&w, "q", two));
+    assert!(!set_limits(&w, "q", two), "unchanged");
+    assert_eq!(ids(&w.claim("q", 1, 10_000, 10)), jobs[..2]);
+    assert!(w.claim("q", 2, 1_000, 10).is_empty(), "full, whoever asks");
+    let other = w.push("other", JobSpec::new("o"));
+    assert_eq!(
+        ids(&w.claim("other", 2, 1_000, 10)),
+        [other],
+        "only q is limited"
+    );
+    let running = w.list("q", Some(JobState::Running));
+    let epoch = w.store.epoch(Wake::JobReady);
+    w.complete(&running[0], 1).unwrap();
+    assert!(
+        w.store.epoch(Wake::JobReady) > epoch || w.store.epoch(Wake::JobReady) == 0,
+        "a freed slot wakes idle workers (where the store can tell)"
+    );
+    assert_eq!(ids(&w.claim("q", 2, 1_000, 10)), [jobs[2]]);
+    // A dead holder's slot comes free when its claim runs out.
+    w.at(T0 + 500);
+    assert!(w.claim("q", 3, 10_000, 10).is_empty());
+    w.at(T0 + 2_000);
+    assert_eq!(
+        ids(&w.claim("q", 3, 10_000, 10)),
+        [jobs[3]],
+        "the expired claim's slot, and only it"
+    );
+    // Lowered under what runs: nothing starts until under the limit.
+    assert!(set_limits(
+        &w,
+        "q",
+        Limits::none().with_concurrency(Some(1))
+    ));
+    assert_eq!(w.stats("q").get(JobState::Running), 2);
+    assert!(w.claim("q", 4, 10_000, 10).is_empty());
+    let running = w.list("q", Some(JobState::Running));
+    let h = |j: &JobRecord| j.claim.unwrap().holder.0;
+    w.complete(&running[0], h(&running[0])).unwrap();
+    assert!(w.claim("q", 4, 10_000, 10).is_empty(), "1 runs: still full");
+    w.complete(&running[1], h(&running[1])).unwrap();
+    assert_eq!(w.claim("q", 4, 10_000, 10).len(), 1);
+    // Cleared: every ready job is claimable.
+    assert!(set_limits(&w, "q", Limits::none()));
+    let ready = w.stats("q").get(JobState::Ready);
+    assert!(ready > 0);
+    assert_eq!(w.claim("q", 5, 10_000, 10).len() as u64, ready);
+}
+
+/// At most M jobs of one key run at once: a claim takes the best jobs
+/// that fit and sets the blocked ones aside (still ready, listed and
+/// counted as ready); a job of the key leaving running gives its slot to
+/// the key's best waiting job; jobs without a key are not limited.
+pub fn queue_per_key_limit_runs_one_per_key(make: &Make) {
+    let w = World::new(make);
+    assert!(set_limits(&w, "q", Limits::none().with_per_key(Some(1))));
+    let a1 = w.push("q", keyed("a", "a1"));
+    let a2 = w.push("q", keyed("a", "a2"));
+    let b1 = w.push("q", keyed("b", "b1"));
+    let n1 = w.push("q", JobSpec::new("n1"));
+    let n2 = w.push("q", JobSpec::new("n2"));
+    let first = w.claim("q", 1, 1_000, 10);
+    assert_eq!(ids(&first), [a1, b1, n1, n2]);
+    assert_eq!(first[0].key.as_deref(), Some("a"));
+    let waiting = w.get(a2);
+    assert_eq!((waiting.state, waiting.parked), (JobState::Ready, true));
+    assert_eq!(
+        w.stats("q").get(JobState::Ready),
+        1,
+        "set aside, still ready"
+    );
+    assert_eq!(ids(&w.list("q", Some(JobState::Ready))), [a2]);
+    assert!(w.claim("q", 2, 1_000, 10).is_empty(), "a is full");
+    // A third job of a, with a higher priority, waits too.
+    let a3 = w.push(
+        "q",
+        JobSpec {
+            priority: 5,
+            ..keyed("a", "a3")
+        },
+    );
+    assert!(w.claim("q", 2, 1_000, 10).is_empty());
+    // a1 fails: its slot goes to a's best waiting job, a3.
+    assert_eq!(w.fail(&first[0], 1, "boom").unwrap(), JobState::Scheduled);
+    assert!(!w.get(a3).parked);
+    assert_eq!(ids(&w.claim("q", 2, 1_000, 10)), [a3]);
+    assert!(w.get(a2).parked, "one slot, one job");
+    // b's slot is b's: nothing of a starts when b1 completes.
+    w.complete(&first[1], 1).unwrap();
+    assert!(w.claim("q", 2, 1_000, 10).is_empty());
+}
+
+/// The claim that finds a full key's running job expired (its holder
+/// died) starts that key's waiting job in the same claim; a waiting job
+/// given the slot and then cancelled passes it on.
+pub fn queue_per_key_slot_frees_on_expiry_and_cancel(make: &Make) {
+    let w = World::new(make);
+    assert!(set_limits(&w, "q", Limits::none().with_per_key(Some(1))));
+    let a: Vec<JobId> = (0..4)
+        .map(|i| w.push("q", keyed("a", &format!("a{i}"))))
+        .collect();
+    assert_eq!(ids(&w.claim("q", 1, 100, 10)), [a[0]]);
+    w.at(T0 + 150);
+    // a0's claim ran out: the same claim starts a1 (a0 waits its backoff).
+    assert_eq!(ids(&w.claim("q", 2, 1_000, 10)), [a[1]]);
+    assert_eq!(w.get(a[0]).state, JobState::Scheduled);
+    let running = w.get(a[1]);
+    w.complete(&running, 2).unwrap();
+    // a2 has the slot; cancelled before any claim, it passes it to a3.
+    assert!(!w.get(a[2]).parked);
+    assert!(w.get(a[3]).parked);
+    w.tx(|tx| core::job::cancel(tx, a[2], &QueuePolicy::default()))
+        .unwrap();
+    assert!(!w.get(a[3]).parked);
+    assert_eq!(ids(&w.claim("q", 3, 1_000, 10)), [a[3]]);
+}
+
+/// Raising or clearing a limit gives every waiting job its chance at
+/// once; lowering stops nothing that runs.
+pub fn queue_limits_raised_or_cleared_free_waiting_jobs(make: &Make) {
+    let w = World::new(make);
+    assert!(set_limits(&w, "q", Limits::none().with_per_key(Some(1))));
+    let a: Vec<JobId> = (0..4)
+        .map(|i| w.push("q", keyed("a", &format!("a{i}"))))
+        .collect();
+    assert_eq!(ids(&w.claim("q", 1, 10_000, 10)), [a[0]]);
+    assert!(set_limits(&w, "q", Limits::none().with_per_key(Some(3))));
+    assert_eq!(ids(&w.claim("q", 1, 10_000, 10)), [a[1], a[2]]);
+    assert!(set_limits(&w, "q", Limits::none().with_per_key(Some(1))));
+    assert_eq!(w.stats("q").get(JobState::Running), 3, "nothing stopped");
+    assert!(w.claim("q", 1, 10_000, 10).is_empty());
+    assert!(set_limits(&w, "q", Limits::none()));
+    assert_eq!(ids(&w.claim("q", 1, 10_000, 10)), [a[3]]);
+}
+
+/// A claim sets a blocked key's backlog aside in bounded steps, and once
+/// it is aside, claims find the free job behind it at once.
+pub fn queue_blocked_key_backlog_is_set_aside(make: &Make) {
+    let w = World::new(make);
+    assert!(set_limits(&w, "q", Limits::none().with_per_key(Some(1))));
+    let n = core::job::PARK_MAX + 300;
+    let blocked: Vec<JobId> = w
+        .tx(|tx| {
+            (0..n)
+                .map(|i| {
+                    let spec = keyed("hot", &format!("h{i}"));
+                    core::job::enqueue(tx, "q", &spec, &QueuePolicy::default()).map(|o| o.id)
+                })
+                .collect()
+        })
+        .unwrap();
+    let free = w.push("q", JobSpec::new("free"));
+    assert_eq!(ids(&w.claim("q", 1, 60_000, 1)), [blocked[0]]);
+    let mut claims = 0;
+    let found = loop {
+        claims += 1;
+        let got = w.claim("q", 2, 60_000, 1);
+        if !got.is_empty() || claims > 3 {
+            break got;
+        }
+    };
+    assert_eq!(ids(&found), [free], "found after {claims} claims");
+    assert!(
+        claims <= 2,
+        "at most {} per claim: {claims} claims",
+        core::job::PARK_MAX
+    );
+    assert!(w.claim("q", 2, 60_000, 1).is_empty(), "all aside now");
+    assert_eq!(w.stats("q").get(JobState::Ready) as usize, n - 1);
+}
+
+/// Limits and keys are checked like any input, and a change of limits in
+/// a transaction that fails is not kept (S1).
+pub fn queue_limits_check_their_input_and_roll_back(make: &Make) {
+    let w = World::new(make);
+    let field_of = |r: leasehold::Result<bool>| match r {
+        Err(Error::Invalid { field, .. }) => Some(field),
+        _ => None,
+    };
+    for (limits, field) in [
+        (
+            Limits::none().with_concurrency(Some(0)),
+            leasehold::Field::Concurrency,
+        ),
+        (
+            Limits::none().with_per_key(Some(0)),
+            leasehold::Field::PerKey,
+        ),
+        (
+            Limits::none().with_per_key(Some(core::job::MAX_LIMIT + 1)),
+            leasehold::Field::PerKey,
+        ),
+    ] {
+        let r = w.tx(|tx| core::job::set_limits(tx, "q", limits));
+        assert_eq!(field_of(r), Some(field), "{limits:?}");
+    }
+    for bad in ["", "a\nb"] {
+        let r = w.tx(|tx| core::job::enqueue(tx, "q", &keyed(bad, "x"), &QueuePolicy::default()));
+        assert!(
+            matches!(&r, Err(Error::Invalid { field, .. }) if *field == leasehold::Field::ConcurrencyKey),
+            "{bad:?}: {r:?}"
+        );
+    }
+    let r: leasehold::Result<()> = w.tx(|tx| {
+        core::job::set_limits(tx, "q", Limits::none().with_concurrency(Some(1)))?;
+        Err(Error::NotFound(JobId(0)))
+    });
+    assert!(r.is_err());
+    let limits = w.tx(|tx| core::job::queue_config(tx, "q")).unwrap().limits;
+    assert!(!limits.any(), "the failed transaction's limits are gone");
+}
