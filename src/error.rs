@@ -20,6 +20,9 @@ pub enum LostReason {
     NotHolder,
     /// The holder's own clock says its local validity deadline has passed.
     LocalDeadline,
+    /// The job's run-time limit passed (its worker stopped the attempt and
+    /// failed it, saying so).
+    TimedOut,
 }
 
 impl fmt::Display for LostReason {
@@ -29,6 +32,7 @@ impl fmt::Display for LostReason {
             LostReason::StaleToken => "stale token",
             LostReason::NotHolder => "not the holder",
             LostReason::LocalDeadline => "local validity deadline passed",
+            LostReason::TimedOut => "the job's run-time limit passed",
         })
     }
 }
@@ -135,6 +139,8 @@ pub enum Field {
     Concurrency,
     /// A queue's limit on running jobs per concurrency key.
     PerKey,
+    /// A job's run-time limit.
+    Timeout,
     /// A job's payload.
     Payload,
     /// A job's result.
@@ -224,6 +230,7 @@ impl Field {
             Field::ConcurrencyKey => "key",
             Field::Concurrency => "concurrency",
             Field::PerKey => "per_key",
+            Field::Timeout => "timeout",
             Field::Payload => "payload",
             Field::Result => "result",
             Field::MaxAttempts => "max_attempts",

@@ -173,6 +173,7 @@ fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> V
             "token": c.token,
             "lease_until": t.at(c.lease_until_ms),
             "lease_remaining_ms": t.until(c.lease_until_ms),
+            "deadline": c.deadline_ms.map(|d| t.at(d)),
         })
     });
     json!({
@@ -191,6 +192,7 @@ fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> V
         "unique_key": j.unique_key.as_deref(),
         "key": j.key.as_deref(),
         "parked": j.parked,
+        "timeout_ms": j.timeout_ms,
         "claim": claim,
         "payload_bytes": payload_bytes,
         "payload_encoding": encoding,

@@ -165,6 +165,7 @@ fn flag_of(field: Field) -> &'static str {
         Field::ConcurrencyKey => "--key",
         Field::Concurrency => "--concurrency",
         Field::PerKey => "--per-key",
+        Field::Timeout => "--timeout",
         Field::Holder => "--holder",
         Field::HolderLabel => "--label",
         Field::State => "--state",

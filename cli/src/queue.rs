@@ -35,6 +35,9 @@ pub enum QueueCmd {
         /// Concurrency key: the queue's per-key limit counts the running jobs sharing it.
         #[arg(long)]
         key: Option<String>,
+        /// Run-time limit of each attempt, counted from its claim: past it CMD's tree is stopped and the attempt fails.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
     },
     /// Claim jobs and run CMD for each (payload on stdin); fire the queue's schedules.
     Work(work::WorkArgs),
@@ -135,6 +138,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
             max_attempts,
             unique,
             key,
+            timeout,
         } => {
             let run_at = at.map(|at| client.store_time(at)).transpose()?;
             let spec = JobSpec {
@@ -145,6 +149,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
                 max_attempts,
                 unique_key: unique,
                 key,
+                timeout,
             };
             let pushed = client.queue(&queue)?.push(&spec)?;
             vec![json!({"id": pushed.id.0, "created": pushed.created})]

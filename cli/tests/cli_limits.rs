@@ -2,7 +2,8 @@
 //! processes, each running several jobs at once, never run more than the
 //! queue's limit at once, nor more than the per-key limit of one key; a
 //! slot that frees is taken at once; `queue limit set/show/clear` answer
-//! in JSON (SQLite and PostgreSQL).
+//! in JSON (SQLite and PostgreSQL). And run-time limits (F3): a job past
+//! its `--timeout` has CMD's whole tree stopped and fails saying so.
 //!
 //! Each job's CMD takes a slot by `mkdir` (atomic: it fails if the
 //! directory exists) and gives it back by `rmdir`. CMD runs inside its
@@ -187,5 +188,92 @@ fn limit_commands_refuse_bad_input() {
         show["concurrency"],
         serde_json::Value::Null,
         "nothing was set"
+    );
+}
+
+/// The `sleep` processes (not zombies) whose argument is `mark` (the
+/// worker's own command line carries the mark too, inside CMD).
+fn running_with(mark: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            });
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            !zombie && args.len() >= 2 && args[0].ends_with(b"sleep") && args[1] == mark.as_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn a_job_past_its_timeout_has_its_tree_stopped_and_fails_saying_so() {
+    timeout_stops_the_tree(Dir::new("timeout"), 1);
+}
+
+#[test]
+fn postgres_a_job_past_its_timeout_has_its_tree_stopped_and_fails_saying_so() {
+    if let Some(d) = Dir::new_pg("timeout") {
+        timeout_stops_the_tree(d, 2);
+    }
+}
+
+fn timeout_stops_the_tree(d: Dir, tag: u32) {
+    // A mark no other test's process carries: the sleeps' own argument.
+    let mark = format!("{}.{tag}", 600 + std::process::id() % 1000);
+    let pushed = d.json(&[
+        "queue",
+        "push",
+        "q",
+        "--payload",
+        "x",
+        "--timeout",
+        "1s",
+        "--max-attempts",
+        "1",
+    ]);
+    let id = pushed["id"].to_string();
+    assert_eq!(d.json(&["queue", "get", &id])["timeout_ms"], 1_000);
+    // A lease far longer than the limit: only the limit can stop it.
+    let script = format!("sleep {mark} & sleep {mark}; exit 0");
+    let mut worker = d
+        .cmd()
+        .args([
+            "queue", "work", "q", "--lease", "30s", "--", "sh", "-c", &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = within(Duration::from_secs(10), || running_with(&mark).len() == 2);
+    assert!(started.is_some(), "CMD and its child run");
+    let dead = within(Duration::from_secs(15), || {
+        d.json(&["queue", "get", &id])["state"] == "dead"
+    });
+    let job = d.json(&["queue", "get", &id]);
+    let stopped = within(Duration::from_secs(5), || running_with(&mark).is_empty());
+    signal(worker.id(), libc::SIGTERM);
+    let _ = worker.wait();
+    assert!(dead.is_some(), "the attempt failed: {job}");
+    let took = dead.unwrap();
+    assert!(
+        took < Duration::from_secs(8),
+        "stopped {took:?} after a 1 s limit"
+    );
+    assert!(
+        job["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("timed out"),
+        "{job}"
+    );
+    assert!(
+        stopped.is_some(),
+        "CMD's tree still runs: {:?}",
+        running_with(&mark)
     );
 }

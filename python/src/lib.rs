@@ -343,8 +343,9 @@ impl Queue {
 
     /// Enqueue `payload` (bytes); returns the job's id (or the id of the
     /// live job that already has `unique` as its key). `key` is its
-    /// concurrency key (what a per-key limit counts).
-    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None, key=None))]
+    /// concurrency key (what a per-key limit counts); `timeout` its
+    /// run-time limit in seconds.
+    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None, key=None, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
@@ -355,6 +356,7 @@ impl Queue {
         max_attempts: Option<u32>,
         unique: Option<String>,
         key: Option<String>,
+        timeout: Option<f64>,
     ) -> PyResult<u64> {
         let mut spec = JobSpec::new(payload);
         spec.priority = priority;
@@ -366,6 +368,9 @@ impl Queue {
         }
         spec.unique_key = unique;
         spec.key = key;
+        if let Some(t) = timeout {
+            spec.timeout = Some(seconds(py, "timeout", t)?);
+        }
         let q = self.queue.clone();
         py.detach(move || q.push(&spec))
             .map(|o| o.id.0)

@@ -249,6 +249,29 @@ def test_limits_hold_one_job_per_key_and_a_queue_wide_cap(store_url, name):
         q.push(b"x", key="")
 
 
+def test_a_job_past_its_timeout_fails_saying_so(store_url, name):
+    import time
+
+    q = leasehold.open(store_url).queue(name)
+    jid = q.push(b"slow", timeout=0.3, max_attempts=1)
+    assert q.get(jid)["timeout_ms"] == 300
+    seen = []
+
+    def handler(job):
+        deadline = time.monotonic() + 3
+        while job.valid() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen.append(job.valid())
+
+    q.work(handler, concurrency=1, lease=30, drain=True)
+    assert seen == [False], "the handler saw its job stop being valid"
+    job = q.get(jid)
+    assert job["state"] == "dead"
+    assert "timed out" in job["last_error"]
+    with pytest.raises(leasehold.InvalidInput):
+        q.push(b"x", timeout=0)
+
+
 def test_abandon_gives_the_job_back(store_url, name):
     q = leasehold.open(store_url).queue(name)
     jid = q.push(b"x")

@@ -30,6 +30,8 @@
 //!   at the claim's instant (a claim's interval ends at its settle or its
 //!   expiry, as for Q1).
 //! - F2: no claim applied while the queue is paused starts a job.
+//! - F3: no claim of a job with a run-time limit is granted or renewed
+//!   past its claim instant plus the limit.
 //! - L4, Q3 liveness, E1 (a dead leader replaced within its lease plus the
 //!   campaign's retry) and P2 (every tick due before the heal phase fired
 //!   by the workers): checked by the simulator around the heal phase.
@@ -105,6 +107,29 @@ pub struct Oracle {
 }
 
 type Check = Result<(), Violation>;
+
+/// F3: a claim made at `start` of a job with run-time limit `timeout`
+/// (if any) runs until `until` at the latest: no later than its deadline.
+fn within_deadline(
+    t: u64,
+    id: u64,
+    start: u64,
+    timeout: Option<u64>,
+    until: u64,
+    what: &str,
+) -> Check {
+    match timeout {
+        Some(limit) if until > start + limit => violation(
+            "F3",
+            t,
+            format!(
+                "job {id} {what} until {until}, past its deadline {} (claimed at {start}, limit {limit} ms)",
+                start + limit
+            ),
+        ),
+        _ => Ok(()),
+    }
+}
 
 fn violation(guarantee: &'static str, at_ms: u64, detail: String) -> Check {
     Err(Violation {
@@ -519,6 +544,8 @@ impl Oracle {
             );
         }
         for &(id, token, until) in jobs {
+            let timeout = self.model.job(id).and_then(|j| j.timeout_ms);
+            within_deadline(t, id, t, timeout, until, "claimed")?;
             let history = self.claims.entry(id).or_default();
             if let Some((prev_token, prev)) = history.last() {
                 if prev.live_at(t) {
@@ -615,8 +642,11 @@ impl Oracle {
 
     /// An accepted heartbeat.
     pub fn heartbeat(&mut self, t: u64, id: u64, owner: Owner, token: u64, until: u64) -> Check {
-        self.current_claim(t, id, owner, token, "heartbeat")?.end_ms = until;
-        Ok(())
+        let timeout = self.model.job(id).and_then(|j| j.timeout_ms);
+        let claim = self.current_claim(t, id, owner, token, "heartbeat")?;
+        claim.end_ms = until;
+        let start = claim.start_ms;
+        within_deadline(t, id, start, timeout, until, "renewed")
     }
 
     /// An accepted complete or fail (the claim's first: an accepted

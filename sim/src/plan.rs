@@ -100,11 +100,14 @@ pub enum Canary {
     /// Claims never count the running jobs of a concurrency key: the
     /// per-key limit is never reached (F1).
     ClaimIgnoresKeyLimit,
+    /// The store forgets a claim's deadline: renewals extend it past the
+    /// job's run-time limit (F3).
+    RenewsPastDeadline,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 12] = [
+    pub const ALL: [Canary; 13] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -117,6 +120,7 @@ impl Canary {
         Canary::SettleKeyedByJob,
         Canary::ClaimIgnoresPause,
         Canary::ClaimIgnoresKeyLimit,
+        Canary::RenewsPastDeadline,
     ];
 
     /// Its command-line name.
@@ -134,6 +138,7 @@ impl Canary {
             Canary::SettleKeyedByJob => "settle-keyed-by-job",
             Canary::ClaimIgnoresPause => "claim-ignores-pause",
             Canary::ClaimIgnoresKeyLimit => "claim-ignores-key-limit",
+            Canary::RenewsPastDeadline => "renews-past-deadline",
         }
     }
 
@@ -152,7 +157,8 @@ impl Canary {
             | Canary::CompleterDropsOutcome
             | Canary::SettleKeyedByJob
             | Canary::ClaimIgnoresPause
-            | Canary::ClaimIgnoresKeyLimit => Scenario::Queue,
+            | Canary::ClaimIgnoresKeyLimit
+            | Canary::RenewsPastDeadline => Scenario::Queue,
             Canary::LeaderIgnoresDeadline => Scenario::Election,
             Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }
@@ -357,6 +363,8 @@ pub struct Plan {
     pub strict_l3: bool,
     /// Whether jobs carry concurrency keys (runs with limits).
     pub keyed: bool,
+    /// Jobs carry run-time limits in this range (ms), when set.
+    pub timeouts: Option<(u64, u64)>,
 }
 
 fn chance(rng: &mut StdRng, p: f64) -> bool {
@@ -537,6 +545,7 @@ impl Plan {
             fencing: true,
             strict_l3: !chaos,
             keyed: false,
+            timeouts: None,
         };
         let actors: Vec<usize> = plan
             .procs
@@ -564,6 +573,8 @@ impl Plan {
         plan.add_tears(&mut tears, &mut faults, 0.3, 4);
         let mut limits = StdRng::seed_from_u64(seed ^ 0x0C0C_0C0C_11A1);
         plan.add_limits(&mut limits, &mut faults, 0.3, 3);
+        let mut timeouts = StdRng::seed_from_u64(seed ^ 0x7100_0E0F_D0E5);
+        plan.add_timeouts(&mut timeouts, 0.3);
         if let Some(c) = canary {
             plan.apply_canary(c, &mut rng, &mut faults, &actors);
         }
@@ -628,6 +639,17 @@ impl Plan {
             let at = rng.random_range(0..self.duration_ms);
             faults.push((at, draw(rng)));
         }
+    }
+
+    /// With probability `p` (queue and mixed runs), jobs carry run-time
+    /// limits around the handlers' run time, so that some attempts time
+    /// out (F3).
+    fn add_timeouts(&mut self, rng: &mut StdRng, p: f64) {
+        if !matches!(self.scenario, Scenario::Queue | Scenario::Mixed) || !chance(rng, p) {
+            return;
+        }
+        let low = (self.work_max_ms / 2).max(1);
+        self.timeouts = Some((low, 2 * self.work_max_ms + 1));
     }
 
     /// The longest one-way latency of the run: the network's, plus the
@@ -735,6 +757,10 @@ impl Plan {
                 };
                 faults.retain(|(_, f)| !matches!(f, Fault::SetLimits { .. }));
                 faults.push((0, limit));
+            }
+            Canary::RenewsPastDeadline => {
+                // Limits shorter than a lease: every renewal would pass them.
+                self.timeouts = Some((1, self.lease_ms / 2 + 1));
             }
             Canary::DeadlineFromReply => {
                 // Slow replies: the deadline counted from them runs late.

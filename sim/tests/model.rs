@@ -62,6 +62,8 @@ enum Step {
         unique: Option<u8>,
         /// Concurrency key `k{n}`.
         key: Option<u8>,
+        /// Run-time limit (ms; 0 is refused).
+        timeout: Option<u64>,
     },
     /// Replace a queue's concurrency limits (F1).
     Limit {
@@ -191,9 +193,10 @@ impl ReferenceStateMachine for Reference {
                 token
             }),
             4 => (0..QUEUES.len(), -1i32..2, prop_oneof![Just(0u64), 1u64..80], 1u32..4,
-                  proptest::option::weighted(0.3, 0u8..2), proptest::option::weighted(0.5, 0u8..3))
-                .prop_map(|(queue, priority, delay, attempts, unique, key)| Step::Enqueue {
-                    queue, priority, delay, attempts, unique, key
+                  proptest::option::weighted(0.3, 0u8..2), proptest::option::weighted(0.5, 0u8..3),
+                  proptest::option::weighted(0.3, 0u64..150))
+                .prop_map(|(queue, priority, delay, attempts, unique, key, timeout)| Step::Enqueue {
+                    queue, priority, delay, attempts, unique, key, timeout
                 }),
             1 => (0..QUEUES.len(), proptest::option::weighted(0.4, 0u32..4),
                   proptest::option::weighted(0.6, 0u32..3))
@@ -307,6 +310,7 @@ fn spec_of(step: &Step) -> (&'static str, JobSpec) {
         attempts,
         unique,
         key,
+        timeout,
     } = *step
     else {
         unreachable!()
@@ -319,6 +323,7 @@ fn spec_of(step: &Step) -> (&'static str, JobSpec) {
             max_attempts: attempts,
             unique_key: unique.map(|u| format!("u{u}")),
             key: key.map(|k| format!("k{k}")),
+            timeout: timeout.map(std::time::Duration::from_millis),
             ..JobSpec::new(format!("job-{priority}-{delay}"))
         },
     )
@@ -458,6 +463,8 @@ fn as_model_job(r: &JobRecord) -> Job {
         result: r.result.as_deref().map(<[u8]>::to_vec),
         purged: false,
         key: r.key.as_deref().map(str::to_owned),
+        timeout_ms: r.timeout_ms,
+        deadline_ms: r.claim.and_then(|c| c.deadline_ms),
     }
 }
 

@@ -131,6 +131,7 @@ fn every_canary_is_caught() {
             Canary::SettleKeyedByJob => &["B2"],
             Canary::ClaimIgnoresPause => &["F2"],
             Canary::ClaimIgnoresKeyLimit => &["F1"],
+            Canary::RenewsPastDeadline => &["F3"],
         };
         assert!(
             expected.contains(&v.guarantee),
@@ -223,6 +224,8 @@ fn the_world_exercises_its_faults() {
                 ("restarts with a new identity", "restart"),
                 ("State(Dead)", "job dead"),
                 ("Abandoned(", "claim given back"),
+                ("fail (timed out)", "job timed out"),
+                ("key \"k", "keyed job"),
             ] {
                 if text.contains(needle) {
                     *seen.entry(name).or_default() += 1;
@@ -253,6 +256,8 @@ fn the_world_exercises_its_faults() {
         "stale token refused",
         "restart",
         "claim given back",
+        "job timed out",
+        "keyed job",
     ] {
         assert!(
             seen.get(name).copied().unwrap_or(0) > 0,

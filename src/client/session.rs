@@ -29,7 +29,7 @@ use super::worker::{WorkOptions, WorkReport};
 use super::{ms_of, Client};
 use crate::clock::Clock;
 use crate::core::{self, HolderId, JobRecord, QueuePolicy};
-use crate::error::Result;
+use crate::error::{LostReason, Result};
 use crate::store::{Store, StoreExt};
 use crate::time::{LocalMs, WallMs};
 use std::collections::HashMap;
@@ -143,9 +143,12 @@ pub enum Next {
     Send(WorkerRequest),
     /// Run the handler for this job.
     Start(Arc<ClaimedJob>),
-    /// The handler of this claim should stop now (its handle already says
-    /// it may not act): a driver that can interrupt it does.
-    Stop(#[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] ClaimId),
+    /// The handler of this claim should stop now, and why (its handle
+    /// already says it may not act): a driver that can interrupt it does.
+    Stop(
+        #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] ClaimId,
+        #[allow(dead_code)] StopWhy,
+    ),
     /// The loop is over.
     End(Result<WorkReport>),
 }
@@ -285,13 +288,14 @@ impl Session {
                     if let Some(job) = self.handles.get(&claim) {
                         match why {
                             StopWhy::Lost(reason) => job.life.mark_lost(reason),
+                            StopWhy::TimedOut => job.life.mark_lost(LostReason::TimedOut),
                             StopWhy::Cancelled => job.life.set_cancel(),
                             StopWhy::Shutdown => {
                                 job.life.finish();
                             }
                         }
                     }
-                    return Some(Next::Stop(claim));
+                    return Some(Next::Stop(claim, why));
                 }
                 WorkerAction::Renewed { claim, deadline } => {
                     if let Some(job) = self.handles.get(&claim) {
@@ -374,7 +378,7 @@ mod tests {
                     s.reply(reply);
                 }
                 Next::Start(job) => started.push(job),
-                Next::Stop(_) => {}
+                Next::Stop(..) => {}
                 Next::End(end) => panic!("the loop ended: {:?}", end.err()),
             }
         }

@@ -332,7 +332,7 @@ impl<'a> Driver<'a> {
                     Next::Send(request) => self.shared.requests.push(request),
                     Next::Start(job) => self.shared.pool.push(job),
                     // The handler sees its handle turn invalid.
-                    Next::Stop(_) => {}
+                    Next::Stop(..) => {}
                     Next::End(end) => return end,
                 }
             }

@@ -134,7 +134,7 @@ where
                         }));
                     }
                     Next::Start(job) => self.start(ClaimedJob::new(&self.queue.client, job)),
-                    Next::Stop(claim) => {
+                    Next::Stop(claim, _) => {
                         if let Some(job) = self.running.get(&claim) {
                             job.stop();
                         }

@@ -45,6 +45,7 @@ pub(crate) fn job(id: u64, token: u64) -> JobRecord {
             holder: HolderId(1),
             token,
             lease_until_ms: 3_000,
+            deadline_ms: None,
         }),
         cancel_requested: false,
         last_error: None,
@@ -53,6 +54,7 @@ pub(crate) fn job(id: u64, token: u64) -> JobRecord {
         result: None,
         key: None,
         parked: false,
+        timeout_ms: None,
     }
 }
 
@@ -1139,4 +1141,71 @@ fn draining_asks_at_once_when_the_last_outcome_settles_after_an_empty_claim() {
         WorkerReply::Settled(Ok(vec![Ok(JobState::Done)])),
     );
     assert!(!requests(&drain(&mut m)).contains(&WorkerRequest::DrainCheck));
+}
+
+/// F3 on the worker's side: a running job with a run-time limit is
+/// stopped when the limit passes on the worker's clock (its claim's send
+/// time plus the limit, less the drift allowance), whatever the renewals
+/// say, and fails saying so; its handler's late outcome changes nothing.
+/// A queued one whose limit passes is given back unstarted.
+#[test]
+fn a_job_past_its_run_time_limit_is_stopped_and_fails_saying_so() {
+    let mut m = WorkerMachine::new(worker(1, 1, 64), LocalMs(0));
+    drain(&mut m);
+    let timed = |id| JobRecord {
+        timeout_ms: Some(1_000),
+        ..job(id, 1)
+    };
+    m.handle_reply(
+        LocalMs(1),
+        WorkerReply::Claimed(Ok(vec![timed(1), timed(2)])),
+    );
+    let a = drain(&mut m);
+    assert_eq!(started(&a), [1]);
+    let limit = leasehold::core::local_deadline_ms(0, 1_000, DRIFT);
+    assert!(limit <= 1_000, "the drift allowance comes off: {limit}");
+    let deadline = m.poll_timeout().unwrap();
+    assert!(
+        deadline <= LocalMs(limit),
+        "capped at the limit: {deadline:?}"
+    );
+    // A renewal round answered with a long lease moves nothing past it.
+    m.handle_timeout(LocalMs(limit - 1));
+    let a = drain(&mut m);
+    assert!(
+        a.iter().all(|a| !matches!(a, WorkerAction::Stop { .. })),
+        "{a:?}"
+    );
+    m.handle_timeout(LocalMs(limit));
+    let a = drain(&mut m);
+    let stopped: Vec<_> = a
+        .iter()
+        .filter_map(|a| match a {
+            WorkerAction::Stop { claim, why } => Some((*claim, *why)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopped, [(c(1, 1), StopWhy::TimedOut)], "{a:?}");
+    let sent: Vec<(JobId, u64, Settle)> = settles(&a).concat();
+    assert!(
+        sent.iter()
+            .any(|(id, _, s)| *id == JobId(1)
+                && matches!(s, Settle::Fail(r) if r.contains("timed out"))),
+        "{sent:?}"
+    );
+    assert!(
+        sent.iter()
+            .any(|(id, _, s)| *id == JobId(2) && *s == Settle::Abandon { started: false }),
+        "the queued one is given back: {sent:?}"
+    );
+    // The handler, stopped, reports late: nothing more is sent for it.
+    m.handler_done(LocalMs(limit + 5), c(1, 1), Ok(()));
+    let late = drain(&mut m);
+    assert!(
+        settles(&late)
+            .concat()
+            .iter()
+            .all(|(id, _, _)| *id != JobId(1)),
+        "{late:?}"
+    );
 }

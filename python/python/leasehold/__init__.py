@@ -154,11 +154,18 @@ class Queue:
     def name(self):
         return self._native.name
 
-    def push(self, payload, priority=0, delay=None, max_attempts=None, unique=None, key=None):
+    def push(
+        self, payload, priority=0, delay=None, max_attempts=None, unique=None, key=None, timeout=None
+    ):
         """Enqueue ``payload`` (bytes, str, or anything JSON takes); returns
         the job's id (the live job's, when ``unique`` names one). ``key`` is
-        its concurrency key: what the queue's ``per_key`` limit counts."""
-        return self._native.push(_payload(payload), priority, delay, max_attempts, unique, key)
+        its concurrency key: what the queue's ``per_key`` limit counts.
+        ``timeout`` (seconds) limits each attempt's run time, counted from
+        its claim: past it the handler is told to stop, the attempt fails,
+        and the store renews its claim no further."""
+        return self._native.push(
+            _payload(payload), priority, delay, max_attempts, unique, key, timeout
+        )
 
     def claim(self, lease=30, keep_alive=True):
         """Claim the next ready job (``None`` if none), renewed about every

@@ -16,12 +16,15 @@ impl Model {
             if let (JobState::Running, Some((_, _, until))) = (job.state, job.claim) {
                 if until <= now {
                     job.claim = None;
+                    let at_deadline = job.deadline_ms.take().is_some_and(|d| until >= d);
                     job.expiries += 1;
                     let quarantined = policy.quarantine_expiries > 0
                         && job.expiries >= policy.quarantine_expiries;
                     job.last_error = Some(
                         if quarantined && job.attempts < job.max_attempts {
                             "lease expired (crash loop: quarantined)"
+                        } else if at_deadline {
+                            "lease expired at the job's deadline (timed out)"
                         } else {
                             "lease expired"
                         }
@@ -91,6 +94,10 @@ impl Model {
             if spec.key.as_deref().is_some_and(|k| !key_ok(k)) {
                 return Outcome::Invalid(leasehold::Field::ConcurrencyKey);
             }
+            let timeout_ms = spec.timeout.map(|t| t.as_millis() as u64);
+            if timeout_ms.is_some_and(|t| t == 0 || t > MAX_TTL_MS) {
+                return Outcome::Invalid(leasehold::Field::Timeout);
+            }
             let run_at = match spec.run_at.map(leasehold::StoreMs::ms) {
                 Some(at) if at > now.saturating_add(MAX_TTL_MS) => {
                     return Outcome::Invalid(leasehold::Field::RunAt)
@@ -132,6 +139,8 @@ impl Model {
                 result: None,
                 purged: false,
                 key: spec.key.clone(),
+                timeout_ms,
+                deadline_ms: None,
             });
             Outcome::Enqueued { id, created: true }
         })();
@@ -253,6 +262,10 @@ impl Model {
                 job.last_token += 1;
                 job.attempts += 1;
                 job.state = JobState::Running;
+                // The run-time limit counts from the claim; the lease
+                // never passes it (F3).
+                job.deadline_ms = job.timeout_ms.map(|t| now + t);
+                let until = job.deadline_ms.map_or(until, |d| d.min(until));
                 job.claim = Some((holder, job.last_token, until));
                 out.push((job.id, job.last_token, job.attempts, until));
             }
@@ -312,6 +325,7 @@ impl Model {
             };
             match self.claimed(id, holder, token) {
                 Ok(job) => {
+                    let until = job.deadline_ms.map_or(until, |d| d.min(until));
                     let until = job.claim.map_or(until, |c| c.2.max(until));
                     job.claim = Some((holder, token, until));
                     Outcome::Heartbeat {
@@ -343,6 +357,7 @@ impl Model {
             Ok(job) => {
                 job.state = JobState::Done;
                 job.claim = None;
+                job.deadline_ms = None;
                 job.finished_at_ms = Some(now);
                 job.result = result.map(<[u8]>::to_vec);
                 Outcome::Ok
@@ -365,6 +380,7 @@ impl Model {
         self.last = match self.claimed(id, holder, token) {
             Ok(job) => {
                 job.claim = None;
+                job.deadline_ms = None;
                 if job.cancel_requested {
                     job.state = JobState::Cancelled;
                     job.finished_at_ms = Some(now);
@@ -421,6 +437,7 @@ impl Model {
                 Err(o) => return o,
             };
             job.claim = None;
+            job.deadline_ms = None;
             job.last_error = Some(reason.to_owned());
             if job.cancel_requested {
                 job.state = JobState::Cancelled;

@@ -201,6 +201,10 @@ pub struct Job {
     pub purged: bool,
     /// Concurrency key (what a per-key limit counts).
     pub key: Option<String>,
+    /// Run-time limit of each attempt (F3).
+    pub timeout_ms: Option<u64>,
+    /// The running claim's deadline: its claim instant plus the limit.
+    pub deadline_ms: Option<u64>,
 }
 
 /// The whole reference state.

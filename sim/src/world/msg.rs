@@ -54,8 +54,11 @@ impl fmt::Display for Req {
                     "push prio {} delay {} attempts {} unique {:?}",
                     spec.priority, spec.delay_ms, spec.max_attempts, spec.unique_key
                 )?;
-                match &spec.key {
-                    Some(key) => write!(f, " key {key:?}"),
+                if let Some(key) = &spec.key {
+                    write!(f, " key {key:?}")?;
+                }
+                match spec.timeout {
+                    Some(t) => write!(f, " timeout {} ms", t.as_millis()),
                     None => Ok(()),
                 }
             }
@@ -80,6 +83,7 @@ fn show_request(f: &mut fmt::Formatter<'_>, request: &WorkerRequest) -> fmt::Res
                 let what = match s {
                     Settle::Complete => "complete".to_owned(),
                     Settle::CompleteWith(r) => format!("complete with {} bytes", r.len()),
+                    Settle::Fail(r) if r.starts_with("timed out") => "fail (timed out)".to_owned(),
                     Settle::Fail(_) => "fail".to_owned(),
                     Settle::Abandon { started } => format!("abandon (started {started})"),
                 };

@@ -43,8 +43,14 @@ impl Sim<'_> {
             true => chance_key(rng),
             false => None,
         };
+        // Likewise run-time limits, in timed runs alone.
+        let timeout = self.plan.timeouts.and_then(|(low, high)| {
+            rng.random_bool(0.5)
+                .then(|| std::time::Duration::from_millis(rng.random_range(low..=high)))
+        });
         JobSpec {
             key,
+            timeout,
             priority: rng.random_range(-1..=2),
             delay_ms: if rng.random_bool(0.3) {
                 rng.random_range(1..=200)

@@ -98,6 +98,8 @@ pub(crate) struct Breakage {
     /// A claim counts no running job of any key (the per-key limit is
     /// never reached).
     pub(crate) blind_to_keys: bool,
+    /// A job is written without its claim's deadline (renewals pass it).
+    pub(crate) forget_deadlines: bool,
     /// Every claim read looks like this holder's (fencing by holder is
     /// ignored; the world swaps in the current tokens).
     pub(crate) careless: Option<HolderId>,
@@ -193,6 +195,10 @@ impl JobTxn for Broken<'_> {
     }
     fn put_job(&mut self, job: &JobRecord) -> leasehold::Result<()> {
         let mut job = job.clone();
+        if let (true, Some(c)) = (self.breakage.forget_deadlines, job.claim.as_mut()) {
+            // Broken on purpose: the claim's deadline is not stored.
+            c.deadline_ms = None;
+        }
         if let (Some(real), Some(c)) = (self.holders.get(&job.id), job.claim.as_mut()) {
             if Some(c.holder) == self.breakage.careless {
                 c.holder = *real;

@@ -13,7 +13,7 @@ use super::msg::{error_of, Answer, Line, Rep, Req};
 use super::stores::{Breakage, BrokenStore};
 use super::{RoleState, Sim, QUEUE};
 use crate::plan::Canary;
-use leasehold::client::machine::{ClaimId, WorkerBreakage, WorkerRequest};
+use leasehold::client::machine::{ClaimId, StopWhy, WorkerBreakage, WorkerRequest};
 use leasehold::client::sim::{Exec, Next, Session, SessionBreakage};
 use leasehold::core::job::Settle;
 use leasehold::{
@@ -166,6 +166,7 @@ impl Sim<'_> {
             forget_schedules: canary == Some(Canary::SchedulerForgetsTicks),
             deaf_to_pause: canary == Some(Canary::ClaimIgnoresPause),
             blind_to_keys: canary == Some(Canary::ClaimIgnoresKeyLimit),
+            forget_deadlines: canary == Some(Canary::RenewsPastDeadline),
             careless: (canary == Some(Canary::IgnoresFencing)).then_some(self.procs[p].holder),
         };
         let store: Arc<dyn Store> = if breakage.any() {
@@ -297,7 +298,7 @@ impl Sim<'_> {
                 }
                 Next::Send(request) => self.send_worker_request(p, request),
                 Next::Start(job) => self.start_handler(p, local, job),
-                Next::Stop(claim) => self.stop_handler(p, local, claim),
+                Next::Stop(claim, why) => self.stop_handler(p, local, claim, why),
                 Next::End(Ok(_)) if self.healing && !self.queue_finished() => {
                     // Drained, but jobs delayed before their first attempt
                     // remain (the drain rule does not wait for them): like a
@@ -410,9 +411,16 @@ impl Sim<'_> {
 
     /// The session stops a handler: a cancelled one reports failure at
     /// once (its handle says cancel requested); one stopped for a loss or
-    /// a shutdown runs on and reports late.
-    fn stop_handler(&mut self, p: usize, local: LocalMs, claim: ClaimId) {
+    /// a shutdown runs on and reports late. One stopped at its run-time
+    /// limit runs on too, but its loop has reported the failure for it
+    /// (B1 counts that report as the handler's).
+    fn stop_handler(&mut self, p: usize, local: LocalMs, claim: ClaimId, why: StopWhy) {
         let gen = self.procs[p].gen;
+        if why == StopWhy::TimedOut && !self.procs[p].forked_child {
+            let owner = self.owner(p);
+            self.oracle
+                .handler_reported(owner, claim.job.0, claim.token, false);
+        }
         let w = self.worker(p);
         let at = w.handlers.iter().position(|h| h.claim == claim);
         let cancelled = at.is_some_and(|i| w.handlers[i].job.cancel_requested());

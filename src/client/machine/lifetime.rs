@@ -5,6 +5,8 @@
 //! `deadline`: the local instant at which the grant stops being valid (L3:
 //! the send time of the request that granted or last renewed it, plus the
 //! TTL, minus the drift allowance, [`crate::core::local_deadline_ms`]).
+//! `cap`: an instant the deadline never passes (a job's run-time limit),
+//! or none.
 //! `next_renewal`: when the next renewal is due (about every third of the
 //! TTL, jittered so that many holders do not renew in step), or never.
 //! `in_flight`: the send time of the scheduled renewal awaiting its reply.
@@ -15,8 +17,8 @@
 //! refused (lost)) … → finished, or lost when the deadline passes first.
 //!
 //! # Invariants
-//! The deadline only moves forward, and only by a renewal *sent* after the
-//! last one (its send time starts the TTL). A grant is never valid once
+//! The deadline only moves forward, only by a renewal *sent* after the
+//! last one (its send time starts the TTL), and never past the cap. A grant is never valid once
 //! ended or at/after its deadline. A loss is reported exactly once.
 
 use crate::core::{local_deadline_ms, mix64, DriftBound};
@@ -51,6 +53,8 @@ pub struct Lifetime {
     seed: u64,
     round: u64,
     deadline: LocalMs,
+    /// The deadline never passes this (a job's run-time limit).
+    cap: LocalMs,
     next_renewal: LocalMs,
     in_flight: Option<LocalMs>,
     end: Option<End>,
@@ -94,6 +98,7 @@ impl Lifetime {
             seed,
             round: 0,
             deadline: deadline_of(sent_at, ttl_ms, drift),
+            cap: LocalMs::MAX,
             next_renewal: LocalMs::MAX,
             in_flight: None,
             end: None,
@@ -113,6 +118,7 @@ impl Lifetime {
             seed: 0,
             round: 0,
             deadline,
+            cap: LocalMs::MAX,
             next_renewal: LocalMs::MAX,
             in_flight: None,
             end: None,
@@ -120,11 +126,19 @@ impl Lifetime {
         }
     }
 
-    /// The deadline moves to `deadline` (never back): a renewal made by
-    /// someone else (a worker loop's round).
+    /// The same grant, never valid at or past `cap` however it is renewed
+    /// (a job's run-time limit, counted from its claim).
+    pub fn capped(mut self, cap: LocalMs) -> Self {
+        self.cap = cap;
+        self.deadline = self.deadline.min(cap);
+        self
+    }
+
+    /// The deadline moves to `deadline` (never back, never past the cap):
+    /// a renewal made by someone else (a worker loop's round).
     pub fn extend_to(&mut self, deadline: LocalMs) {
         if self.end.is_none() {
-            self.deadline = self.deadline.max(deadline);
+            self.deadline = self.deadline.max(deadline.min(self.cap));
         }
     }
 
@@ -206,7 +220,7 @@ impl Lifetime {
         };
         self.deadline = self
             .deadline
-            .max(deadline_of(from, self.ttl_ms, self.drift));
+            .max(deadline_of(from, self.ttl_ms, self.drift).min(self.cap));
         self.schedule(sent_at);
     }
 

@@ -35,6 +35,13 @@
 //!   so a cancel is seen within a second); a refused renewal or a passed
 //!   local deadline loses the job (its handler is told to stop); a cancel
 //!   request stops its handler.
+//! - **Time out** (F3): a job with a run-time limit is held no longer
+//!   than its claim's send time plus the limit, less the drift allowance
+//!   (its [`Lifetime`] is capped there, renewals notwithstanding): then its
+//!   handler is told to stop ([`StopWhy::TimedOut`]) and the attempt fails
+//!   saying so, while the store still holds the claim (the store's own
+//!   deadline, counted from the claim, comes later); one never started is
+//!   given back.
 //! - **Settle** outcomes in batches: a flush when the completer holds
 //!   `batch_max` outcomes, when `flush_delay_ms` passed since the first, or
 //!   at once when no handler runs or waits to (nothing else is coming); a
@@ -93,6 +100,10 @@ pub(super) struct Held {
     pub(super) life: Lifetime,
     pub(super) running: bool,
     pub(super) cancel_seen: bool,
+    /// When the job's run-time limit passes, on this clock (its claim's
+    /// send time plus the limit, less the drift allowance); `life` never
+    /// runs past it.
+    pub(super) timeout_at: Option<LocalMs>,
 }
 
 impl Held {
@@ -468,14 +479,44 @@ impl WorkerMachine {
     /// lost (its handler is told; one never started is given back). A
     /// reported outcome is still sent (the store decides).
     pub(super) fn expire(&mut self, now: LocalMs) {
-        let lost: Vec<(JobId, LostReason)> = self
+        let lost: Vec<(JobId, LostReason, bool)> = self
             .jobs
             .iter_mut()
-            .filter_map(|(id, h)| h.life.handle_timeout(now).map(|r| (*id, r)))
+            .filter_map(|(id, h)| {
+                let timed_out = h.timeout_at.is_some_and(|at| now >= at);
+                h.life.handle_timeout(now).map(|r| (*id, r, timed_out))
+            })
             .collect();
-        for (id, reason) in lost {
-            self.lose(id, reason, now);
+        for (id, reason, timed_out) in lost {
+            if timed_out {
+                self.time_out(id, now);
+            } else {
+                self.lose(id, reason, now);
+            }
         }
+    }
+
+    /// The run-time limit of `id` passed (F3): its handler is told to stop
+    /// and the attempt fails saying so, sent while its claim still holds
+    /// (the store's deadline is later by the drift allowance). One never
+    /// started is given back instead, costing no attempt.
+    fn time_out(&mut self, id: JobId, now: LocalMs) {
+        let Some(h) = self.jobs.get(&id) else {
+            return;
+        };
+        let (claim, running) = (h.claim(), h.running);
+        let limit_ms = h.record.timeout_ms.unwrap_or(0);
+        if !running {
+            self.queued.retain(|q| *q != id);
+            return self.report(id, Settle::Abandon { started: false }, now);
+        }
+        self.running -= 1;
+        self.out.push_back(WorkerAction::Stop {
+            claim,
+            why: StopWhy::TimedOut,
+        });
+        let reason = format!("timed out: still running at the job's {limit_ms} ms limit");
+        self.report(id, Settle::Fail(reason), now);
     }
 
     /// The claim of `id` may no longer be acted on. A running handler is

@@ -150,6 +150,7 @@ mod tests {
                 holder: HolderId(1),
                 token: 1,
                 lease_until_ms: 3_000,
+                deadline_ms: None,
             }),
             cancel_requested: false,
             last_error: None,
@@ -158,6 +159,7 @@ mod tests {
             result: None,
             key: None,
             parked: false,
+            timeout_ms: None,
         }
     }
 

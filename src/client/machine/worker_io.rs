@@ -196,6 +196,9 @@ pub enum StopWhy {
     Cancelled,
     /// The worker shut down and gave the job back.
     Shutdown,
+    /// The job's run-time limit passed: stop at once (as on a loss); the
+    /// machine reports the failure itself.
+    TimedOut,
 }
 
 /// What the driver should do next.

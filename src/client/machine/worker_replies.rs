@@ -7,7 +7,7 @@ use super::worker::{
     ClaimId, Held, JobOutcome, StopWhy, WorkerAction, WorkerMachine, WorkerReply, WorkerRequest,
 };
 use crate::core::job::Settle;
-use crate::core::{HeartbeatReply, JobId, JobRecord, JobState};
+use crate::core::{local_deadline_ms, HeartbeatReply, JobId, JobRecord, JobState};
 use crate::error::{Error, LostReason, Result};
 use crate::time::LocalMs;
 
@@ -86,13 +86,21 @@ impl WorkerMachine {
                 // Granted again: the store says our earlier claim ran out.
                 self.lose(id, LostReason::Expired, now);
             }
-            let life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
+            let mut life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
+            // A run-time limit counts from the claim, as the store's does.
+            let timeout_at = record
+                .timeout_ms
+                .map(|t| LocalMs(local_deadline_ms(sent_at.ms(), t, self.cfg.drift)));
+            if let Some(at) = timeout_at {
+                life = life.capped(at);
+            }
             let held = Held {
                 record,
                 token: claim.token,
                 life,
                 running: false,
                 cancel_seen: false,
+                timeout_at,
             };
             self.jobs.insert(id, held);
             if self.shutdown_at.is_some() {

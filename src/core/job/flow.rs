@@ -40,6 +40,13 @@
 //! - No job stays parked while its key has room: a job is parked only while
 //!   some job of its key runs, and every slot that frees unparks one; so a
 //!   key with parked jobs always has a running job or an unparked ready one.
+//! - **F3** (run-time limits; the rules live with the claim and the
+//!   heartbeat in `rules`) A job with a timeout is claimed with a deadline,
+//!   the claim instant plus the timeout ([`super::Claim::deadline_ms`]);
+//!   the claim's lease never reaches past it and no renewal extends it,
+//!   so a claim past its deadline cannot be renewed and ends there even if
+//!   its worker is gone; its expiry says the job timed out. The worker
+//!   machine stops the attempt and fails it before then.
 //! - **F2** A claim of a paused queue starts nothing: it still brings the
 //!   queue up to date (claims that ran out are retried or dead as ever),
 //!   running jobs keep their claims, renew and settle, and pushes are

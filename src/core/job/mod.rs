@@ -143,6 +143,10 @@ pub struct Claim {
     pub token: u64,
     /// First instant (store clock) at which the claim is expired.
     pub lease_until_ms: u64,
+    /// For a job with a run-time limit ([`JobRecord::timeout_ms`]): the
+    /// instant (store clock) it passes, counted from the claim. The claim's
+    /// lease never reaches past it, and no renewal extends it (F3).
+    pub deadline_ms: Option<u64>,
 }
 
 /// The stored state of one job.
@@ -186,6 +190,9 @@ pub struct JobRecord {
     /// Its concurrency key: what its queue's per-key limit counts
     /// ([`Limits::per_key`]).
     pub key: Option<Arc<str>>,
+    /// Its run-time limit: each attempt ends this long after its claim at
+    /// the latest (F3).
+    pub timeout_ms: Option<u64>,
     /// Ready but set aside by a claim because its key was at its queue's
     /// per-key limit: out of claim order until a job of its key leaves
     /// running (see `flow`). Only ever set on a ready job.
@@ -220,6 +227,18 @@ impl JobRecord {
         } else {
             JobState::Scheduled
         };
+    }
+
+    /// The reason a claim that ran out writes: an expiry, or the job's
+    /// run-time limit reached (the claim ran out at its deadline). Both
+    /// begin "lease expired", which no settle writes.
+    pub(super) fn expiry_reason(&self) -> &'static str {
+        match self.claim {
+            Some(c) if c.deadline_ms.is_some_and(|d| c.lease_until_ms >= d) => {
+                "lease expired at the job's deadline (timed out)"
+            }
+            _ => "lease expired",
+        }
     }
 
     /// Check that `holder`/`token` names this job's unexpired claim.
@@ -265,6 +284,12 @@ pub struct JobSpec {
     /// counts the running jobs that share it (a customer, a tenant, a
     /// repository), so at most that many of them run at once.
     pub key: Option<String>,
+    /// Its run-time limit, distinct from the claim's lease: an attempt
+    /// still running this long after its claim is stopped by its worker and
+    /// fails saying so, and the store renews no claim past it, so a stuck
+    /// attempt's claim ends there even if its worker is gone (F3). At most
+    /// a year.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for JobSpec {
@@ -277,6 +302,7 @@ impl Default for JobSpec {
             max_attempts: 3,
             unique_key: None,
             key: None,
+            timeout: None,
         }
     }
 }

@@ -144,6 +144,9 @@ pub fn enqueue(
         finished_at_ms: None,
         result: None,
         key: spec.key.as_deref().map(Arc::from),
+        timeout_ms: spec
+            .timeout
+            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
         parked: false,
     };
     job.reschedule(run_at_ms, now_ms);
@@ -177,6 +180,15 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
     }
     if let Some(key) = &spec.key {
         check_key(Field::ConcurrencyKey, key)?;
+    }
+    if let Some(t) = spec.timeout {
+        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 || ms > MAX_TTL_MS {
+            return Err(Error::invalid(
+                Field::Timeout,
+                format!("{t:?} is outside 1 ms..=one year"),
+            ));
+        }
     }
     Ok(())
 }
@@ -264,7 +276,7 @@ fn expire(job: &mut JobRecord, now_ms: u64, policy: &QueuePolicy) -> bool {
         if quarantined && job.attempts < job.max_attempts {
             "lease expired (crash loop: quarantined)"
         } else {
-            "lease expired"
+            job.expiry_reason()
         },
     ));
     settle_failure(job, expired_at_ms, now_ms, policy, quarantined);
@@ -333,16 +345,19 @@ pub(super) fn start(
             "token counter exhausted",
         )
     })?;
+    let now_ms = tx.now_ms();
+    // A run-time limit counts from the claim; the lease never passes it.
+    let deadline_ms = job.timeout_ms.map(|t| now_ms.saturating_add(t));
     job.last_token = token;
     job.attempts = job.attempts.saturating_add(1);
     job.state = JobState::Running;
     job.claim = Some(Claim {
         holder,
         token,
-        lease_until_ms,
+        lease_until_ms: deadline_ms.map_or(lease_until_ms, |d| d.min(lease_until_ms)),
+        deadline_ms,
     });
     tx.put_job(job)?;
-    let now_ms = tx.now_ms();
     let wait_ms = now_ms.saturating_sub(job.run_at_ms.max(job.created_at_ms));
     note(tx, job, JobChange::Claimed { wait_ms });
     Ok(())
@@ -374,8 +389,12 @@ fn heartbeat_record(
     lease_until_ms: u64,
 ) -> Result<HeartbeatReply> {
     let mut claim = job.check_claim(holder, token, now_ms)?;
-    // Never shorten: the worker's earlier local deadline relies on it.
-    claim.lease_until_ms = claim.lease_until_ms.max(lease_until_ms);
+    // Never past the job's deadline (F3); never shorter: the worker's
+    // earlier local deadline relies on it.
+    let until = claim
+        .deadline_ms
+        .map_or(lease_until_ms, |d| d.min(lease_until_ms));
+    claim.lease_until_ms = claim.lease_until_ms.max(until);
     job.claim = Some(claim);
     Ok(HeartbeatReply {
         lease_until_ms: claim.lease_until_ms,

@@ -15,7 +15,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 6] = [
+const MIGRATIONS: [&str; 7] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -63,6 +63,8 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // v5: a queue's flow-control settings (absent: the defaults).
     "CREATE TABLE {s}.queues (queue text PRIMARY KEY, paused bool NOT NULL);",
     V6_LIMITS,
+    // v7: a job's run-time limit and its current claim's deadline.
+    "ALTER TABLE {s}.jobs ADD COLUMN timeout_ms int8, ADD COLUMN claim_deadline int8;",
 ];
 
 /// v6: concurrency limits. A job's concurrency key and whether a claim

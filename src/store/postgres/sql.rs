@@ -111,7 +111,10 @@ impl Sql {
         };
         self.raw(", ")
             .opt_text(Field::ConcurrencyKey, job.key.as_deref())?
-            .raw(if job.parked { ", true" } else { ", false" });
+            .raw(if job.parked { ", true, " } else { ", false, " })
+            .opt_int(Field::Timeout, job.timeout_ms)?
+            .raw(", ")
+            .opt_int(Field::Timeout, claim.and_then(|c| c.deadline_ms))?;
         Ok(self.raw(")"))
     }
 
@@ -146,7 +149,7 @@ impl Sql {
                 }
             }
         };
-        let columns: [Each<'_>; 16] = [
+        let columns: [Each<'_>; 17] = [
             &|o, j| int(o, Field::Id, Some(j.id.0)),
             &|o, j| write!(o, "{}", j.priority).map_err(fmt_err),
             &|o, j| int(o, Field::RunAt, Some(j.run_at_ms)),
@@ -181,6 +184,7 @@ impl Sql {
                 o.push(if j.parked { 't' } else { 'f' });
                 Ok(())
             },
+            &|o, j| int(o, Field::Timeout, j.claim.and_then(|c| c.deadline_ms)),
         ];
         for (i, each) in columns.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " }).array(jobs, each)?;
@@ -216,22 +220,22 @@ impl Sql {
 
 /// The columns of a job that can change after it is created (the id first,
 /// to find the row), in the order of the prepared UPDATE's parameters.
-const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result, parked";
+const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result, parked, claim_deadline";
 
 /// The assignments of an UPDATE from a row source `u` of [`UPDATE_FIELDS`].
-const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked";
+const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked, claim_deadline = u.claim_deadline";
 
 /// The types of [`UPDATE_FIELDS`], as arrays.
-const UPDATE_ARRAY_TYPES: [&str; 16] = [
+const UPDATE_ARRAY_TYPES: [&str; 17] = [
     "int8[]", "int4[]", "int8[]", "int8[]", "int8[]", "int8[]", "int8[]", "int2[]", "bytea[]",
-    "int8[]", "int8[]", "bool[]", "text[]", "int8[]", "bytea[]", "bool[]",
+    "int8[]", "int8[]", "bool[]", "text[]", "int8[]", "bytea[]", "bool[]", "int8[]",
 ];
 
 /// The name of the UPDATE each session prepares (SQL-level `PREPARE`).
 const PREPARED_UPDATE: &str = "leasehold_jobs_update";
 
 /// The `PREPARE` of [`PREPARED_UPDATE`] for the quoted `schema`: one
-/// UPDATE joining the rows of 16 parallel arrays to the jobs by id.
+/// UPDATE joining the rows of 17 parallel arrays to the jobs by id.
 ///
 /// Measured against the literal `UPDATE ... FROM (VALUES ...)` it replaced,
 /// literal arrays, and a protocol-level prepared statement with binary
@@ -387,6 +391,7 @@ mod tests {
             result: None,
             key: None,
             parked: false,
+            timeout_ms: None,
         }
     }
 

@@ -73,6 +73,7 @@ fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error>
             holder: holder_from(&h),
             token: u64_of(t),
             lease_until_ms: u64_of(u),
+            deadline_ms: r.try_get::<_, Option<i64>>(22)?.map(u64_of),
         }),
         _ => None,
     };
@@ -98,6 +99,7 @@ fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error>
         result: r.try_get::<_, Option<Vec<u8>>>(18)?.map(Arc::from),
         key: r.try_get::<_, Option<&str>>(19)?.map(Arc::from),
         parked: r.try_get(20)?,
+        timeout_ms: r.try_get::<_, Option<i64>>(21)?.map(u64_of),
     };
     Ok((job, state_code))
 }

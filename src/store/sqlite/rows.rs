@@ -14,7 +14,7 @@ pub fn sql_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked";
+pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline";
 
 /// A stored state code; an unknown one is an error naming the row.
 pub(super) fn state_of(id: i64, code: i64) -> rusqlite::Result<JobState> {
@@ -46,6 +46,7 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
             holder: holder_from(&h),
             token: u64_of(t),
             lease_until_ms: u64_of(u),
+            deadline_ms: r.get::<_, Option<i64>>(c(22))?.map(u64_of),
         }),
         _ => None,
     };
@@ -75,6 +76,7 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
             .get::<_, Option<String>>(c(19))?
             .map(|s| Arc::from(s.as_str())),
         parked: r.get::<_, i64>(c(20))? != 0,
+        timeout_ms: r.get::<_, Option<i64>>(c(21))?.map(u64_of),
     })
 }
 
@@ -111,6 +113,8 @@ pub(super) struct JobRow {
     pub token: Option<i64>,
     pub until: Option<i64>,
     pub finished: Option<i64>,
+    pub timeout: Option<i64>,
+    pub deadline: Option<i64>,
 }
 
 impl JobRow {
@@ -129,6 +133,14 @@ impl JobRow {
             finished: job
                 .finished_at_ms
                 .map(|f| i64_of(Field::FinishedAt, f))
+                .transpose()?,
+            timeout: job
+                .timeout_ms
+                .map(|t| i64_of(Field::Timeout, t))
+                .transpose()?,
+            deadline: claim
+                .and_then(|c| c.deadline_ms)
+                .map(|d| i64_of(Field::Timeout, d))
                 .transpose()?,
         })
     }

@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 6] = [
+const MIGRATIONS: [&str; 7] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -67,6 +67,9 @@ const MIGRATIONS: [&str; 6] = [
     // v5: a queue's flow-control settings (absent: the defaults).
     "CREATE TABLE queues (queue TEXT PRIMARY KEY, paused INTEGER NOT NULL) WITHOUT ROWID;",
     V6_LIMITS,
+    // v7: a job's run-time limit and its current claim's deadline.
+    "ALTER TABLE jobs ADD COLUMN timeout_ms INTEGER;
+     ALTER TABLE jobs ADD COLUMN claim_deadline INTEGER;",
 ];
 
 /// v6: concurrency limits. A job's concurrency key and whether a claim

@@ -181,6 +181,7 @@ impl SqlTxn<'_> {
             token,
             until,
             finished,
+            deadline,
             ..
         } = JobRow::of(job)?;
         self.conn
@@ -188,7 +189,8 @@ impl SqlTxn<'_> {
                 "UPDATE jobs SET priority = ?2, run_at = ?3, max_attempts = ?4, attempts = ?5,
                    expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
                    claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
-                   last_error = ?13, finished_at = ?14, result = ?15, parked = ?16
+                   last_error = ?13, finished_at = ?14, result = ?15, parked = ?16,
+                   claim_deadline = ?17
                  WHERE id = ?1",
             )
             .and_then(|mut s| {
@@ -209,6 +211,7 @@ impl SqlTxn<'_> {
                     finished,
                     job.result.as_deref(),
                     job.parked,
+                    deadline,
                 ])
             })
             .map(|_| ())
@@ -374,7 +377,7 @@ impl JobTxn for SqlTxn<'_> {
             return self.update_job(job);
         }
         let sql = format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
+            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)
              ON CONFLICT(id) DO UPDATE SET
                queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
                run_at = excluded.run_at, created_at = excluded.created_at,
@@ -384,7 +387,8 @@ impl JobTxn for SqlTxn<'_> {
                lease_until = excluded.lease_until, cancel_requested = excluded.cancel_requested,
                last_error = excluded.last_error, unique_key = excluded.unique_key,
                finished_at = excluded.finished_at, result = excluded.result,
-               conc_key = excluded.conc_key, parked = excluded.parked"
+               conc_key = excluded.conc_key, parked = excluded.parked,
+               timeout_ms = excluded.timeout_ms, claim_deadline = excluded.claim_deadline"
         );
         let JobRow {
             id,
@@ -395,6 +399,8 @@ impl JobTxn for SqlTxn<'_> {
             token,
             until,
             finished,
+            timeout,
+            deadline,
         } = JobRow::of(job)?;
         self.conn
             .prepare_cached(&sql)
@@ -421,6 +427,8 @@ impl JobTxn for SqlTxn<'_> {
                     job.result.as_deref(),
                     job.key.as_deref(),
                     job.parked,
+                    timeout,
+                    deadline,
                 ])
             })
             .map(|_| ())

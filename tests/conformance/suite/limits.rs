@@ -241,3 +241,80 @@ pub fn queue_limits_check_their_input_and_roll_back(make: &Make) {
     let limits = w.tx(|tx| core::job::queue_config(tx, "q")).unwrap().limits;
     assert!(!limits.any(), "the failed transaction's limits are gone");
 }
+
+/// F3: a job's run-time limit counts from its claim. The claim's lease
+/// never reaches past the deadline, renewals never move it past, and a
+/// claim that runs out there is settled saying the job timed out; a
+/// worker's own failure before the deadline is accepted as any failure.
+pub fn job_timeout_caps_the_claim_and_its_renewals(make: &Make) {
+    let w = World::new(make);
+    let timed = |ms: u64, payload: &str| JobSpec {
+        timeout: Some(std::time::Duration::from_millis(ms)),
+        ..JobSpec::new(payload)
+    };
+    let a = w.push("q", timed(500, "a"));
+    let plain = w.push("q", JobSpec::new("plain"));
+    assert_eq!(w.get(a).timeout_ms, Some(500));
+    let claimed = w.claim("q", 1, 1_000, 10);
+    assert_eq!(ids(&claimed), [a, plain]);
+    let c = claimed[0].claim.unwrap();
+    assert_eq!(
+        (c.lease_until_ms, c.deadline_ms),
+        (T0 + 500, Some(T0 + 500))
+    );
+    let p = claimed[1].claim.unwrap();
+    assert_eq!((p.lease_until_ms, p.deadline_ms), (T0 + 1_000, None));
+    w.at(T0 + 100);
+    let hb = w
+        .tx(|tx| core::job::heartbeat(tx, a, HolderId(1), c.token, 1_000))
+        .unwrap();
+    assert_eq!(
+        hb.lease_until_ms,
+        T0 + 500,
+        "no renewal passes the deadline"
+    );
+    w.at(T0 + 500);
+    let late = w.tx(|tx| core::job::heartbeat(tx, a, HolderId(1), c.token, 1_000));
+    assert!(
+        matches!(
+            late,
+            Err(Error::Lost {
+                reason: leasehold::LostReason::Expired,
+                ..
+            })
+        ),
+        "{late:?}"
+    );
+    let job = w.get(a);
+    assert_eq!(job.state, JobState::Scheduled, "retried as any expiry");
+    assert_eq!(
+        job.last_error.as_deref(),
+        Some("lease expired at the job's deadline (timed out)")
+    );
+    // The next attempt's deadline counts from its own claim.
+    w.at(T0 + 60_000);
+    let again = w.claim_one("q", 2, 200);
+    assert_eq!(again.id, a);
+    assert_eq!(
+        again.claim.map(|c| (c.lease_until_ms, c.deadline_ms)),
+        Some((T0 + 60_200, Some(T0 + 60_500))),
+        "a lease shorter than the limit is the lease"
+    );
+    // A worker that stops it first fails it with its own reason.
+    assert_eq!(
+        w.fail(
+            &again,
+            2,
+            "timed out: still running at the job's 500 ms limit"
+        )
+        .unwrap(),
+        JobState::Scheduled
+    );
+    for bad in [0, core::MAX_TTL_MS + 1] {
+        let r = w.tx(|tx| core::job::enqueue(tx, "q", &timed(bad, "x"), &QueuePolicy::default()));
+        assert!(
+            matches!(&r, Err(Error::Invalid { field, .. }) if *field == leasehold::Field::Timeout),
+            "{bad}: {r:?}"
+        );
+    }
+}

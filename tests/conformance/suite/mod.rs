@@ -222,7 +222,7 @@ macro_rules! conformance_cases {
             queue_concurrency_limit_holds_across_holders, queue_per_key_limit_runs_one_per_key,
             queue_per_key_slot_frees_on_expiry_and_cancel,
             queue_limits_raised_or_cleared_free_waiting_jobs, queue_blocked_key_backlog_is_set_aside,
-            queue_limits_check_their_input_and_roll_back
+            queue_limits_check_their_input_and_roll_back, job_timeout_caps_the_claim_and_its_renewals
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
