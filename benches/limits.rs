@@ -7,7 +7,7 @@
 //! without scanning every blocked job").
 //!
 //! Run: `cargo bench --bench limits` (PostgreSQL too with
-//! `LEASEHOLD_BENCH_PG=postgres://...`; results: BENCHMARKS.md).
+//! `LEASEHOLD_TEST_PG=postgres://...`; results: BENCHMARKS.md).
 
 #![allow(clippy::disallowed_methods)] // benchmarks read real time
 
@@ -30,7 +30,7 @@ fn stores() -> Vec<(&'static str, Arc<dyn Store>, Option<std::path::PathBuf>)> {
     std::fs::create_dir_all(&dir).unwrap();
     let sqlite = leasehold::SqliteStore::open(dir.join("l.db")).unwrap();
     out.push(("sqlite", Arc::new(sqlite), Some(dir)));
-    if let Ok(url) = std::env::var("LEASEHOLD_BENCH_PG") {
+    if let Ok(url) = std::env::var("LEASEHOLD_TEST_PG") {
         let opts = leasehold::PostgresOptions {
             schema: format!("lh_bench_limits_{}", std::process::id()),
             ..leasehold::PostgresOptions::default()

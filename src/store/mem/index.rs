@@ -1,7 +1,8 @@
 //! The in-memory store's per-queue indexes: one ordered set per state's
-//! listing order (ready in claim order, scheduled by due time, running by
-//! lease expiry, finished by finish time), the claimable (unparked) ready
-//! jobs in claim order, the parked ones by concurrency key, the live
+//! listing order (ready in claim order: the claimable ones and the parked
+//! ones apart, merged by listings; scheduled by due time, running by lease
+//! expiry, finished by finish time), the parked ones by concurrency key
+//! too, the live
 //! unique keys, the ids and the counts, kept in step with every write of a
 //! job.
 
@@ -13,11 +14,13 @@ use std::sync::Arc;
 /// Per-queue indexes, kept in step with every `put_job`/`delete_job`.
 #[derive(Debug, Default)]
 pub(super) struct QueueIndex {
-    pub(super) ready: BTreeSet<ClaimRank>,
     /// Ready jobs not parked, in claim order (what a claim reads).
     pub(super) claimable: BTreeSet<ClaimRank>,
     /// Parked ready jobs by concurrency key, then claim order.
     pub(super) parked: BTreeSet<(Arc<str>, ClaimRank)>,
+    /// Parked ready jobs in claim order (listings merge them with the
+    /// claimable ones). Only parked jobs pay for the two sets.
+    pub(super) parked_ranks: BTreeSet<ClaimRank>,
     pub(super) scheduled: BTreeSet<(u64, JobId)>,
     pub(super) running: BTreeSet<(u64, JobId)>,
     pub(super) finished: BTreeSet<(u64, JobId)>,
@@ -31,9 +34,11 @@ impl QueueIndex {
         let id = job.id;
         match job.state {
             JobState::Ready => {
-                self.ready.insert(job.rank());
                 match (&job.key, job.parked) {
-                    (Some(key), true) => self.parked.insert((key.clone(), job.rank())),
+                    (Some(key), true) => {
+                        self.parked.insert((key.clone(), job.rank()));
+                        self.parked_ranks.insert(job.rank())
+                    }
                     _ => self.claimable.insert(job.rank()),
                 };
             }
@@ -59,9 +64,11 @@ impl QueueIndex {
         let id = job.id;
         match job.state {
             JobState::Ready => {
-                self.ready.remove(&job.rank());
                 match (&job.key, job.parked) {
-                    (Some(key), true) => self.parked.remove(&(key.clone(), job.rank())),
+                    (Some(key), true) => {
+                        self.parked.remove(&(key.clone(), job.rank()));
+                        self.parked_ranks.remove(&job.rank())
+                    }
                     _ => self.claimable.remove(&job.rank()),
                 };
             }

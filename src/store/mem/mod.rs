@@ -531,8 +531,22 @@ impl MemTxn<'_> {
                 let start = after.map_or(Unbounded, |c| {
                     Excluded((std::cmp::Reverse(c.priority), c.at_ms, c.id))
                 });
-                let range = q.ready.range((start, Unbounded));
-                return range.take(limit).map(|r| r.2).collect();
+                // Claimable and parked ready jobs, merged in claim order.
+                let mut a = q.claimable.range((start, Unbounded)).peekable();
+                let mut b = q.parked_ranks.range((start, Unbounded)).peekable();
+                let mut out = Vec::new();
+                while out.len() < limit {
+                    let next = match (a.peek(), b.peek()) {
+                        (Some(x), Some(y)) if y < x => b.next(),
+                        (Some(_), _) => a.next(),
+                        (None, _) => b.next(),
+                    };
+                    match next {
+                        Some(r) => out.push(r.2),
+                        None => break,
+                    }
+                }
+                return out;
             }
             JobState::Scheduled => q.scheduled.range((from(after), Unbounded)),
             JobState::Running => q.running.range((from(after), Unbounded)),

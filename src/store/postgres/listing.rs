@@ -173,10 +173,12 @@ fn sat(v: u64) -> i64 {
 /// The page statements, `{cols}` the job columns with the payload cut to
 /// `$2` bytes, then its length; `$1` the queue, `$3` the limit, then the
 /// cursor. Ready jobs page in two steps (the rest of the cursor's priority
-/// band, then the lower bands); terminal jobs newest first.
+/// band, then the lower bands), once for the claimable ones and once for
+/// the parked ones (the last parameter), merged; terminal jobs newest
+/// first.
 pub(super) const PAGE_SQL: [&str; 7] = [
-    "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 0 AND priority = $4::int8 AND (run_at, id) > ($5, $6) ORDER BY run_at, id LIMIT $3",
-    "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 0 AND priority < $4::int8 ORDER BY priority DESC, run_at, id LIMIT $3",
+    "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 0 AND parked = $7 AND priority = $4::int8 AND (run_at, id) > ($5, $6) ORDER BY run_at, id LIMIT $3",
+    "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 0 AND parked = $5 AND priority < $4::int8 ORDER BY priority DESC, run_at, id LIMIT $3",
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 1 AND (run_at, id) > ($4, $5) ORDER BY run_at, id LIMIT $3",
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 2 AND (lease_until, id) > ($4, $5) ORDER BY lease_until, id LIMIT $3",
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 3 AND (finished_at, id) < ($4, $5) ORDER BY finished_at DESC, id DESC LIMIT $3",
@@ -224,27 +226,44 @@ pub(super) fn page(
     let (queue, state) = q;
     let what = format!("listing {state} jobs of queue {queue:?}");
     let preview = i32::try_from(preview_bytes).unwrap_or(i32::MAX);
-    let mut jobs = Vec::new();
-    for (step, cursor) in page_plan(state, after) {
-        let left = sat((limit - jobs.len()) as u64);
-        if left == 0 {
-            break;
-        }
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&queue, &preview, &left];
-        params.extend(cursor.iter().map(|v| v as &(dyn ToSql + Sync)));
-        let rows = client
-            .query(&page_sql(step, schema), &params)
-            .map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
-        for row in &rows {
-            // The length follows the job's columns.
-            let payload_bytes = row
-                .try_get::<_, i32>(COLUMNS.split(',').count())
+    // Ready jobs are indexed claimable and parked apart: a page of each,
+    // merged in claim order.
+    let parked: &[Option<bool>] = match state {
+        JobState::Ready => &[Some(false), Some(true)],
+        _ => &[None],
+    };
+    let mut jobs: Vec<JobPeek> = Vec::new();
+    for arm in parked {
+        let mut got = 0;
+        for (step, cursor) in page_plan(state, after) {
+            let left = sat((limit - got) as u64);
+            if left == 0 {
+                break;
+            }
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&queue, &preview, &left];
+            params.extend(cursor.iter().map(|v| v as &(dyn ToSql + Sync)));
+            if let Some(parked) = arm {
+                params.push(parked);
+            }
+            let rows = client
+                .query(&page_sql(step, schema), &params)
                 .map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
-            jobs.push(JobPeek {
-                job: job_from_row(row)?,
-                payload_bytes: u64::try_from(payload_bytes).unwrap_or(0),
-            });
+            for row in &rows {
+                // The length follows the job's columns.
+                let payload_bytes = row
+                    .try_get::<_, i32>(COLUMNS.split(',').count())
+                    .map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
+                jobs.push(JobPeek {
+                    job: job_from_row(row)?,
+                    payload_bytes: u64::try_from(payload_bytes).unwrap_or(0),
+                });
+                got += 1;
+            }
         }
+    }
+    if parked.len() > 1 {
+        jobs.sort_by_key(|j| JobCursor::of(&j.job).sort_key(state));
+        jobs.truncate(limit);
     }
     Ok(jobs)
 }
@@ -346,8 +365,8 @@ mod tests {
         for step in 0..PAGE_SQL.len() {
             let sql = page_sql(step, &s);
             match step {
-                0 => explain(&sql, &[&q, &3i32, &n, &t, &t, &t]),
-                1 => explain(&sql, &[&q, &3i32, &n, &t]),
+                0 => explain(&sql, &[&q, &3i32, &n, &t, &t, &t, &false]),
+                1 => explain(&sql, &[&q, &3i32, &n, &t, &false]),
                 _ => explain(&sql, &[&q, &3i32, &n, &t, &t]),
             }
         }

@@ -96,7 +96,7 @@ impl Statements {
         );
         let ready = |limit: &str| {
             format!(
-                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0 AND NOT parked
+                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0 AND parked = false
                  ORDER BY priority DESC, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
             )
         };

@@ -84,11 +84,12 @@ pub(super) fn queue_names(
 
 /// The page statements: `{cols}` is the job columns with the payload cut
 /// to a preview, then its length. Ready jobs page in two steps (the rest
-/// of the cursor's priority band, then the lower bands), every other
+/// of the cursor's priority band, then the lower bands), once for the
+/// claimable ones and once for the parked ones (`?7`), merged; every other
 /// state in one; terminal jobs newest first.
 pub(super) const PAGE_SQL: [&str; 7] = [
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND priority = ?2 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND priority < ?2 ORDER BY priority DESC, run_at, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND parked = ?7 AND priority = ?2 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND parked = ?7 AND priority < ?2 ORDER BY priority DESC, run_at, id LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 1 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 2 AND (lease_until, id) > (?3, ?4) ORDER BY lease_until, id LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state >= 3 AND state = 3 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
@@ -138,21 +139,39 @@ pub(super) fn page(
         + ", length(payload)";
     let (steps, p, at, id) = page_plan(state, after);
     let preview = i64::try_from(preview_bytes).unwrap_or(i64::MAX);
-    let mut jobs = Vec::new();
-    for &step in steps {
-        let left = limit - jobs.len();
-        if left == 0 {
-            break;
-        }
-        let sql = PAGE_SQL[step].replacen("{cols}", &cols, 1);
-        let mut stmt = conn.prepare_cached(&sql).map_err(fail)?;
-        let n = i64::try_from(left).unwrap_or(i64::MAX);
-        let rows = stmt
-            .query_map(params![queue, p, at, id, n, preview], peek_from_row)
+    // Ready jobs are indexed claimable and parked apart: a page of each,
+    // merged in claim order.
+    let parked: &[Option<bool>] = match state {
+        JobState::Ready => &[Some(false), Some(true)],
+        _ => &[None],
+    };
+    let mut jobs: Vec<JobPeek> = Vec::new();
+    for &arm in parked {
+        let mut got = 0;
+        for &step in steps {
+            let left = limit - got;
+            if left == 0 {
+                break;
+            }
+            let sql = PAGE_SQL[step].replacen("{cols}", &cols, 1);
+            let mut stmt = conn.prepare_cached(&sql).map_err(fail)?;
+            let n = i64::try_from(left).unwrap_or(i64::MAX);
+            let rows = match arm {
+                Some(parked) => {
+                    stmt.query_map(params![queue, p, at, id, n, preview, parked], peek_from_row)
+                }
+                None => stmt.query_map(params![queue, p, at, id, n, preview], peek_from_row),
+            }
             .map_err(fail)?;
-        for row in rows {
-            jobs.push(row.map_err(fail)?);
+            for row in rows {
+                jobs.push(row.map_err(fail)?);
+                got += 1;
+            }
         }
+    }
+    if parked.len() > 1 {
+        jobs.sort_by_key(|j| JobCursor::of(&j.job).sort_key(state));
+        jobs.truncate(limit);
     }
     Ok(jobs)
 }

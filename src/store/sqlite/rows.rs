@@ -99,8 +99,8 @@ pub const SCAN_SQL: [&str; 7] = [
     "SELECT finished_at, id FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
     "SELECT 0, id FROM jobs WHERE queue = {queue} AND state = 1 AND attempts > 0 ORDER BY run_at, id LIMIT {limit}",
     // Parked jobs: one key's in claim order; any key's by key, then so.
-    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 AND parked = 1 AND conc_key = ?1 ORDER BY priority DESC, run_at, id LIMIT {limit}",
-    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 AND parked = 1 ORDER BY conc_key, priority DESC, run_at, id LIMIT {limit}",
+    "SELECT 0, {cols} FROM jobs INDEXED BY jobs_parked WHERE queue = {queue} AND state = 0 AND parked = 1 AND conc_key = ?1 ORDER BY priority DESC, run_at, id LIMIT {limit}",
+    "SELECT 0, {cols} FROM jobs INDEXED BY jobs_parked WHERE queue = {queue} AND state = 0 AND parked = 1 ORDER BY conc_key, priority DESC, run_at, id LIMIT {limit}",
 ];
 
 /// A job's fields as the database stores them (integers checked to fit).

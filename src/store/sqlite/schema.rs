@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 7] = [
+const MIGRATIONS: [&str; 8] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -70,13 +70,23 @@ const MIGRATIONS: [&str; 7] = [
     // v7: a job's run-time limit and its current claim's deadline.
     "ALTER TABLE jobs ADD COLUMN timeout_ms INTEGER;
      ALTER TABLE jobs ADD COLUMN claim_deadline INTEGER;",
+    V8_ONE_READY_INDEX,
 ];
 
+/// v8: one index of ready jobs again, parked or not second in its key:
+/// a claim reads the unparked ones in claim order (`parked = 0`), counts
+/// read them all, and a queue that never parks pays for one index as
+/// before v6 (v6's second index, `jobs_claim`, cost every job a write).
+const V8_ONE_READY_INDEX: &str = "
+DROP INDEX IF EXISTS jobs_claim;
+DROP INDEX IF EXISTS jobs_ready;
+CREATE INDEX jobs_ready ON jobs (queue, parked, priority DESC, run_at, id) WHERE state = 0;
+";
+
 /// v6: concurrency limits. A job's concurrency key and whether a claim
-/// parked it (its key was full); a queue's limits (NULL: none). Claims
-/// read the ready jobs that are not parked (`jobs_claim`); listings and
-/// counts still read every ready job (`jobs_ready`); a freed slot finds
-/// its key's best parked job (`jobs_parked`).
+/// parked it (its key was full); a queue's limits (NULL: none). A freed
+/// slot finds its key's best parked job (`jobs_parked`). (Its
+/// `jobs_claim`, for claims, is replaced in v8.)
 const V6_LIMITS: &str = "
 ALTER TABLE jobs ADD COLUMN conc_key TEXT;
 ALTER TABLE jobs ADD COLUMN parked INTEGER NOT NULL DEFAULT 0;

@@ -112,10 +112,24 @@ pub fn queue_per_key_limit_runs_one_per_key(make: &Make) {
         },
     );
     assert!(w.claim("q", 2, 1_000, 10).is_empty());
+    // Pages of ready jobs show the waiting ones in claim order, a page at
+    // a time, whatever the store indexes apart.
+    let n3 = w.push("q", JobSpec::new("n3"));
+    let page = |after: Option<core::JobCursor>| -> Vec<JobId> {
+        let policy = QueuePolicy::default();
+        w.tx(|tx| core::job::page(tx, "q", JobState::Ready, after, 2, 0, &policy))
+            .unwrap()
+            .iter()
+            .map(|p| p.job.id)
+            .collect()
+    };
+    assert_eq!(page(None), [a3, a2], "priority 5 first, then by id");
+    let cursor = core::JobCursor::of(&w.get(a2));
+    assert_eq!(page(Some(cursor)), [n3]);
     // a1 fails: its slot goes to a's best waiting job, a3.
     assert_eq!(w.fail(&first[0], 1, "boom").unwrap(), JobState::Scheduled);
     assert!(!w.get(a3).parked);
-    assert_eq!(ids(&w.claim("q", 2, 1_000, 10)), [a3]);
+    assert_eq!(ids(&w.claim("q", 2, 1_000, 10)), [a3, n3]);
     assert!(w.get(a2).parked, "one slot, one job");
     // b's slot is b's: nothing of a starts when b1 completes.
     w.complete(&first[1], 1).unwrap();
