@@ -220,7 +220,7 @@ macro_rules! conformance_cases {
             job_settle_again_finds_its_own_outcome,
             queue_pause_starts_nothing_until_resumed, queue_pause_checks_its_input_and_rolls_back,
             queue_concurrency_limit_holds_across_holders, queue_per_key_limit_runs_one_per_key,
-            queue_per_key_slot_frees_on_expiry_and_cancel,
+            queue_per_key_slot_frees_on_expiry_and_cancel, queue_per_key_slot_frees_in_a_settle_batch,
             queue_limits_raised_or_cleared_free_waiting_jobs, queue_blocked_key_backlog_is_set_aside,
             queue_limits_check_their_input_and_roll_back, job_timeout_caps_the_claim_and_its_renewals
         );
