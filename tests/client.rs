@@ -41,6 +41,44 @@ fn local_deadline_uses_send_time_and_drift() {
     assert_eq!(guard.remaining(), Duration::ZERO);
 }
 
+/// A job claimed by hand with a run-time limit shorter than its lease is
+/// valid until the limit (from the claim's send time, less the drift
+/// allowance), not the lease, and no renewal moves it: past it the store's
+/// claim has ended (F3, and L3 for the handle).
+#[test]
+fn a_hand_claimed_job_is_valid_until_its_run_time_limit_not_its_lease() {
+    let (store_clock, local, store) = manual_pair();
+    let client = Client::builder_shared(store)
+        .clock(Arc::new(local.clone()))
+        .drift(DriftBound {
+            ppm: 10_000,
+            margin_ms: 5,
+        })
+        .build();
+    let q = client.queue("q").unwrap();
+    let spec = leasehold::JobSpec {
+        timeout: Some(Duration::from_millis(1_000)),
+        ..leasehold::JobSpec::new("x")
+    };
+    q.push(&spec).unwrap();
+    let job = q.claim(Duration::from_secs(60)).unwrap().unwrap();
+    assert_eq!(
+        job.record().claim.unwrap().lease_until_ms,
+        1_000_000 + 1_000,
+        "the store's claim ends at the deadline"
+    );
+    // Sent at local 5: 1000 ms minus 1 % minus 5 ms = 985 ms, as a lease.
+    local.set(5 + 984);
+    store_clock.set(1_000_000 + 984);
+    assert!(job.is_valid());
+    assert!(
+        !job.heartbeat().unwrap(),
+        "renewed (no cancel), the deadline unmoved"
+    );
+    local.set(5 + 985);
+    assert!(!job.is_valid(), "invalid at the limit, whatever the lease");
+}
+
 #[test]
 fn renew_extends_local_deadline_and_reports_loss() {
     let (store_clock, local, store) = manual_pair();

@@ -6,7 +6,7 @@
 use super::lifeline::{Lifeline, RenewFn};
 #[cfg(loom)]
 use super::loom_canary;
-use super::machine::{renew_every, Lifetime};
+use super::machine::{renew_every, run_limit, Lifetime};
 use super::Client;
 #[cfg(loom)]
 use crate::core::QueuePolicy;
@@ -49,7 +49,11 @@ impl ClaimedJob {
         let token = job.claim.map_or(0, |c| c.token);
         let seed = token ^ job.id.0;
         let drift = client.inner.drift;
-        let life = Lifetime::granted(sent_at, lease_ms, drift, renew_every(lease_ms), seed);
+        // Never valid past the job's run-time limit (F3), whatever the
+        // renewals: the store's claim ends there.
+        let limit = run_limit(sent_at, job.timeout_ms, drift);
+        let life =
+            Lifetime::granted(sent_at, lease_ms, drift, renew_every(lease_ms), seed).capped(limit);
         Self::with_life(client, job, lease_ms, life, false)
     }
 

@@ -127,10 +127,13 @@ impl Lifetime {
     }
 
     /// The same grant, never valid at or past `cap` however it is renewed
-    /// (a job's run-time limit, counted from its claim).
-    pub fn capped(mut self, cap: LocalMs) -> Self {
-        self.cap = cap;
-        self.deadline = self.deadline.min(cap);
+    /// (a job's run-time limit, counted from its claim); unchanged for
+    /// `None`.
+    pub fn capped(mut self, cap: Option<LocalMs>) -> Self {
+        if let Some(cap) = cap {
+            self.cap = cap;
+            self.deadline = self.deadline.min(cap);
+        }
         self
     }
 
@@ -289,6 +292,15 @@ impl Lifetime {
         self.every_ms = 0;
         self.next_renewal = LocalMs::MAX;
     }
+}
+
+/// The local instant a claim requested at `sent_at` of a job with run-time
+/// limit `timeout_ms` stops being valid, if it has one (F3, and L3: the
+/// store's deadline counts from the claim, later than the request's send
+/// time, and the drift allowance comes off). Every holder of a claim, the
+/// worker loop's and a hand-claimed one, caps its lifetime here.
+pub fn run_limit(sent_at: LocalMs, timeout_ms: Option<u64>, drift: DriftBound) -> Option<LocalMs> {
+    timeout_ms.map(|t| deadline_of(sent_at, t, drift))
 }
 
 /// The local deadline of a grant requested at `sent_at` (L3).

@@ -38,7 +38,7 @@ pub use holder::{
 };
 #[cfg(feature = "canaries")]
 pub use lifetime::Breakage;
-pub use lifetime::{renew_every, renewal_retry, renewal_wait, End, Lifetime};
+pub use lifetime::{renew_every, renewal_retry, renewal_wait, run_limit, End, Lifetime};
 pub use scheduler::FireReport;
 #[cfg(feature = "canaries")]
 pub use worker::WorkerBreakage;

@@ -2,12 +2,12 @@
 //! settle batch and a drain check mean when the store's reply arrives.
 //! Rules as in `worker.rs`; the state is private to the machine.
 
-use super::lifetime::{renewal_retry, Lifetime};
+use super::lifetime::{renewal_retry, run_limit, Lifetime};
 use super::worker::{
     ClaimId, Held, JobOutcome, StopWhy, WorkerAction, WorkerMachine, WorkerReply, WorkerRequest,
 };
 use crate::core::job::Settle;
-use crate::core::{local_deadline_ms, HeartbeatReply, JobId, JobRecord, JobState};
+use crate::core::{HeartbeatReply, JobId, JobRecord, JobState};
 use crate::error::{Error, LostReason, Result};
 use crate::time::LocalMs;
 
@@ -86,14 +86,10 @@ impl WorkerMachine {
                 // Granted again: the store says our earlier claim ran out.
                 self.lose(id, LostReason::Expired, now);
             }
-            let mut life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0);
             // A run-time limit counts from the claim, as the store's does.
-            let timeout_at = record
-                .timeout_ms
-                .map(|t| LocalMs(local_deadline_ms(sent_at.ms(), t, self.cfg.drift)));
-            if let Some(at) = timeout_at {
-                life = life.capped(at);
-            }
+            let timeout_at = run_limit(sent_at, record.timeout_ms, self.cfg.drift);
+            let life = Lifetime::granted(sent_at, self.cfg.lease_ms, self.cfg.drift, 0, 0)
+                .capped(timeout_at);
             let held = Held {
                 record,
                 token: claim.token,
