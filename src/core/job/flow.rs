@@ -265,16 +265,19 @@ pub(super) fn claim_limited(
 /// was cancelled): unpark the best parked job of its key, and wake idle
 /// workers a queue-wide limit may have held back. Returns the job it
 /// unparked (claimable now), if any. Nothing for a queue without limits.
+/// A claim (`for_claim`) takes the queue's lock as claims do, so that it
+/// never holds it shared and then asks for it whole.
 pub(super) fn slot_freed(
     tx: &mut dyn JobTxn,
     job: &JobRecord,
     config: &QueueConfig,
+    for_claim: bool,
 ) -> Result<Option<JobRecord>> {
     let limits = config.limits;
     if !limits.any() {
         return Ok(None);
     }
-    tx.lock_queue(&job.queue, false)?;
+    tx.lock_queue(&job.queue, for_claim)?;
     if limits.concurrency.is_some() {
         tx.journal().wake(Wake::JobReady);
     }

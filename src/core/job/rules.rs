@@ -210,6 +210,7 @@ fn refresh(
 ) -> Result<(Vec<JobRecord>, QueueConfig)> {
     let now_ms = tx.now_ms();
     let mut ready = Vec::new();
+    let for_claim = ready_max > 0;
     let mut ready_max = ready_max;
     let mut config = QueueConfig::default();
     let mut first = true;
@@ -235,7 +236,7 @@ fn refresh(
             note(tx, &job, JobChange::Expired);
             note_end(tx, &job, quarantined);
             // A job its slot unparked is claimable too.
-            ready.extend(slot_freed(tx, &job, &config)?);
+            ready.extend(slot_freed(tx, &job, &config, for_claim)?);
             if job.state == JobState::Ready {
                 ready.push(job);
             }
@@ -458,7 +459,7 @@ pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobSt
     if held_a_slot {
         // It may have been its key's one claimable job (F1's liveness).
         let config = tx.queue_config(&job.queue)?;
-        slot_freed(tx, &job, &config)?;
+        slot_freed(tx, &job, &config, false)?;
     }
     Ok(job.state)
 }

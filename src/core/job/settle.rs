@@ -127,7 +127,7 @@ fn settle_one(
     put(tx, &job)?;
     note_settled(tx, &job, settle);
     let config = tx.queue_config(&job.queue)?;
-    slot_freed(tx, &job, &config)?;
+    slot_freed(tx, &job, &config, false)?;
     Ok(job.state)
 }
 
@@ -211,7 +211,7 @@ pub fn settle_many(
                 put(tx, job)?;
                 note_settled(tx, job, settle);
                 let config = configs.of(tx, &job.queue)?;
-                slot_freed(tx, job, &config)?;
+                slot_freed(tx, job, &config, false)?;
                 states.push(Ok(job.state));
             }
             Err(e) => states.push(Err(e)),
