@@ -164,7 +164,7 @@ impl Model {
     pub fn set_limits(&mut self, queue: &str, limits: leasehold::Limits) -> Outcome {
         self.settle();
         self.last = (|| {
-            let bad = |n: Option<u32>| n.is_some_and(|n| n == 0 || n > 1_000_000);
+            let bad = |n: Option<u32>| n.is_some_and(|n| n == 0 || n > core::job::MAX_LIMIT);
             if bad(limits.concurrency) {
                 return Outcome::Invalid(leasehold::Field::Concurrency);
             }

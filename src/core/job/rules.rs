@@ -144,9 +144,7 @@ pub fn enqueue(
         finished_at_ms: None,
         result: None,
         key: spec.key.as_deref().map(Arc::from),
-        timeout_ms: spec
-            .timeout
-            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        timeout_ms: timeout_ms(spec),
         parked: false,
     };
     job.reschedule(run_at_ms, now_ms);
@@ -181,8 +179,7 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
     if let Some(key) = &spec.key {
         check_key(Field::ConcurrencyKey, key)?;
     }
-    if let Some(t) = spec.timeout {
-        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+    if let (Some(t), Some(ms)) = (spec.timeout, timeout_ms(spec)) {
         if ms == 0 || ms > MAX_TTL_MS {
             return Err(Error::invalid(
                 Field::Timeout,
@@ -191,6 +188,12 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A spec's run-time limit in whole ms (saturating), as jobs keep it.
+fn timeout_ms(spec: &JobSpec) -> Option<u64> {
+    spec.timeout
+        .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Bring `queue` up to date with the store's clock: running jobs whose

@@ -268,7 +268,7 @@ impl SqlTxn<'_> {
     fn scan_rows(
         &self,
         sql: &str,
-        queue: &str,
+        (queue, params): (&str, &[&dyn rusqlite::ToSql]),
         limit: usize,
         bound: u64,
         mut row: impl FnMut(&Row<'_>) -> rusqlite::Result<()>,
@@ -282,7 +282,7 @@ impl SqlTxn<'_> {
             .replacen("{limit}", &limit.to_string(), 1)
             .replacen("{queue}", &sql_quote(queue), 1);
         let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
-        let mut rows = stmt.query([]).map_err(fail)?;
+        let mut rows = stmt.query(params).map_err(fail)?;
         while let Some(r) = rows.next().map_err(fail)? {
             let at: Option<i64> = r.get(0).map_err(fail)?;
             if u64_of(at.unwrap_or(0)) > bound {
@@ -293,11 +293,12 @@ impl SqlTxn<'_> {
         Ok(())
     }
 
-    /// Up to `limit` whole jobs from one of the pending reads.
+    /// Up to `limit` whole jobs from one of the pending or parked reads
+    /// (`queue` with the statement's parameters, if any).
     fn read_jobs(
         &mut self,
         sql: &str,
-        queue: &str,
+        queue: (&str, &[&dyn rusqlite::ToSql]),
         limit: usize,
         bound: u64,
     ) -> Result<Vec<JobRecord>> {
@@ -326,9 +327,9 @@ impl JobTxn for SqlTxn<'_> {
 
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
         Ok(Pending {
-            expired: self.read_jobs(SCAN_SQL[0], queue, chunk, now_ms)?,
-            due: self.read_jobs(SCAN_SQL[1], queue, chunk, now_ms)?,
-            ready: self.read_jobs(SCAN_SQL[2], queue, ready, u64::MAX)?,
+            expired: self.read_jobs(SCAN_SQL[0], (queue, &[]), chunk, now_ms)?,
+            due: self.read_jobs(SCAN_SQL[1], (queue, &[]), chunk, now_ms)?,
+            ready: self.read_jobs(SCAN_SQL[2], (queue, &[]), ready, u64::MAX)?,
             config: match ready {
                 0 => QueueConfig::default(),
                 _ => super::schedules::config(self.conn, queue)?,
@@ -465,7 +466,7 @@ impl JobTxn for SqlTxn<'_> {
             JobQuery::FinishedBy { cutoff_ms } => (SCAN_SQL[3], cutoff_ms),
             JobQuery::Retrying => (SCAN_SQL[4], u64::MAX),
         };
-        self.scan_rows(sql, queue, limit, bound, |r| {
+        self.scan_rows(sql, (queue, &[]), limit, bound, |r| {
             out.push(JobId(u64_of(r.get(1)?)));
             Ok(())
         })
@@ -500,30 +501,10 @@ impl JobTxn for SqlTxn<'_> {
     }
 
     fn parked(&mut self, queue: &str, key: Option<&str>, limit: usize) -> Result<Vec<JobRecord>> {
-        if limit == 0 {
-            return Ok(Vec::new());
+        match key {
+            Some(key) => self.read_jobs(SCAN_SQL[5], (queue, &[&key]), limit, u64::MAX),
+            None => self.read_jobs(SCAN_SQL[6], (queue, &[]), limit, u64::MAX),
         }
-        let fail = |e| sql_err(|| format!("reading the parked jobs of queue {queue:?}"), e);
-        let sql = SCAN_SQL[if key.is_some() { 5 } else { 6 }]
-            .replacen("{cols}", JOB_COLUMNS, 1)
-            .replacen("{limit}", &limit.to_string(), 1)
-            .replacen("{queue}", &sql_quote(queue), 1);
-        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
-        let mut rows = match key {
-            Some(key) => stmt.query([key]),
-            None => stmt.query([]),
-        }
-        .map_err(fail)?;
-        let mut jobs = Vec::new();
-        while let Some(r) = rows.next().map_err(fail)? {
-            jobs.push(job_from_row_at(r, 1).map_err(fail)?);
-        }
-        for job in &jobs {
-            if !self.loaded.contains(&job.id) {
-                self.loaded.push(job.id);
-            }
-        }
-        Ok(jobs)
     }
 
     fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()> {
