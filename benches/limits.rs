@@ -1,7 +1,10 @@
 //! Concurrency limits (F1) at the API users call (`Queue::claim`, then
 //! `complete`, then a push that keeps the queue's depth): the claim of an
 //! unlimited queue, the same queue under a queue-wide limit that does not
-//! bind (what counting the running jobs and the claim's lock cost), and a
+//! bind (what counting the running jobs and the claim's lock cost), the
+//! same under a rate that does not bind (what reading and writing the
+//! queue's start log costs: 1,000 starts per ms, so the log holds every
+//! start of the last ms, up to 1,000 instants), and a
 //! queue whose one hot key is full with 10,000 of its jobs waiting, where
 //! each claim must find a free job behind them (F1's "skips blocked keys
 //! without scanning every blocked job").
@@ -12,7 +15,7 @@
 #![allow(clippy::disallowed_methods)] // benchmarks read real time
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use leasehold::core::{self, Limits};
+use leasehold::core::{self, Limits, Rate};
 use leasehold::{Client, JobSpec, QueuePolicy, Store, StoreExt};
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +94,14 @@ fn limits(c: &mut Criterion) {
         q.set_limits(Limits::none().with_concurrency(Some(1_000)))
             .unwrap();
         g.bench_function(format!("claim_complete/concurrency_limit/{name}"), |b| {
+            b.iter(|| cycle(&q, &plain))
+        });
+        // A rate that never binds.
+        fill(store.as_ref(), "rated", None, DEPTH);
+        let q = client.queue("rated").unwrap();
+        q.set_limits(Limits::none().with_rate(Some(Rate::new(1_000, 1))))
+            .unwrap();
+        g.bench_function(format!("claim_complete/rate_limit/{name}"), |b| {
             b.iter(|| cycle(&q, &plain))
         });
         // One hot key, full: its 10,000 waiting jobs stand before the free

@@ -141,6 +141,10 @@ pub enum Field {
     PerKey,
     /// A job's run-time limit.
     Timeout,
+    /// A queue's limit on jobs started per window.
+    Rate,
+    /// A queue's limit on jobs of one concurrency key started per window.
+    PerKeyRate,
     /// A job's payload.
     Payload,
     /// A job's result.
@@ -231,6 +235,8 @@ impl Field {
             Field::Concurrency => "concurrency",
             Field::PerKey => "per_key",
             Field::Timeout => "timeout",
+            Field::Rate => "rate",
+            Field::PerKeyRate => "per_key_rate",
             Field::Payload => "payload",
             Field::Result => "result",
             Field::MaxAttempts => "max_attempts",

@@ -199,10 +199,13 @@ fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> V
     })
 }
 
-/// A queue's concurrency limits as JSON fields (`null`: none).
+/// A queue's concurrency and rate limits as JSON fields (`null`: none;
+/// a rate as `N/DUR`, as `queue limit set --rate` takes it).
 pub fn add_limits(v: &mut Value, limits: &crate::core::Limits) {
     v["concurrency"] = json!(limits.concurrency);
     v["per_key"] = json!(limits.per_key);
+    v["rate"] = json!(limits.rate.map(|r| r.to_string()));
+    v["per_key_rate"] = json!(limits.per_key_rate.map(|r| r.to_string()));
 }
 
 /// A queue's summary (`queue queues`, the dashboard's API): whether it

@@ -631,3 +631,44 @@ fn a_lost_lease_released_lets_its_client_take_the_key_again() {
     );
     assert!(waited.is_ok(), "{:?}", waited.err());
 }
+
+/// A worker held back by a queue's rate sleeps until the next allowance
+/// and starts the job then (F4), not at its idle poll: three jobs at one
+/// per 300 ms start about 300 ms apart under a one-minute poll.
+#[test]
+fn a_rate_limited_worker_wakes_at_the_next_allowance_not_its_poll() {
+    let client = Client::new(MemStore::new());
+    let q = client.queue("q").unwrap();
+    let rate = leasehold::Rate::new(1, 300);
+    assert!(q
+        .set_limits(leasehold::Limits::none().with_rate(Some(rate)))
+        .unwrap());
+    for i in 0..3u8 {
+        q.push(&JobSpec::new(vec![i])).unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    let opts = WorkOptions {
+        concurrency: 3,
+        drain: true,
+        idle_poll: Duration::from_secs(60),
+        ..WorkOptions::default()
+    };
+    let begun = Instant::now();
+    let starts = std::sync::Mutex::new(Vec::new());
+    let report = q
+        .work(&opts, &stop, |_| {
+            starts.lock().unwrap().push(begun.elapsed());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(report.completed, 3);
+    let starts = starts.into_inner().unwrap();
+    for pair in starts.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(gap >= Duration::from_millis(290), "too soon: {starts:?}");
+    }
+    assert!(
+        begun.elapsed() < Duration::from_secs(10),
+        "woke by its poll, not the allowance: {starts:?}"
+    );
+}

@@ -457,6 +457,10 @@ mod lacking {
                     running_count(queue: &str, key: Option<&str>) -> u64;
                     parked(queue: &str, key: Option<&str>, limit: usize) -> Vec<JobRecord>;
                     lock_queue(queue: &str, exclusive: bool) -> ();
+                    rate_log(queue: &str, key: &str) -> leasehold::core::RateLog;
+                    put_rate_log(queue: &str, key: &str, log: &leasehold::core::RateLog) -> ();
+                    rate_wakes(queue: &str, until_ms: u64, limit: usize)
+                        -> Vec<(std::sync::Arc<str>, u64)>;
                     schedules(queue: &str) -> Vec<ScheduleRecord>;
                     put_schedule(schedule: &ScheduleRecord) -> ();
                     delete_schedule(queue: &str, name: &str) -> bool;

@@ -135,7 +135,7 @@ fn a_version_1_schema_is_migrated_in_place() {
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
-         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -162,7 +162,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
     drop(PostgresStore::open(&schema.url()).unwrap());
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
-         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP TABLE \"{s}\".rates; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '3' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -172,7 +172,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("8", 8));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("9", 9));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -216,7 +216,9 @@ fn a_version_5_schema_gains_limits_in_place() {
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0;
-         ALTER TABLE \"{s}\".queues DROP COLUMN concurrency, DROP COLUMN per_key;
+         ALTER TABLE \"{s}\".queues DROP COLUMN concurrency, DROP COLUMN per_key, DROP COLUMN rate_count,
+           DROP COLUMN rate_ms, DROP COLUMN key_rate_count, DROP COLUMN key_rate_ms;
+         DROP TABLE \"{s}\".rates;
          UPDATE \"{s}\".leasehold_meta SET value = '5' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -718,7 +720,7 @@ fn a_version_2_schema_is_migrated_in_place() {
     drop(store);
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
-         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '2' WHERE name = 'schema_version'",
         s = schema.0
     ));

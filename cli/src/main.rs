@@ -165,6 +165,8 @@ fn flag_of(field: Field) -> &'static str {
         Field::ConcurrencyKey => "--key",
         Field::Concurrency => "--concurrency",
         Field::PerKey => "--per-key",
+        Field::Rate => "--rate",
+        Field::PerKeyRate => "--per-key-rate",
         Field::Timeout => "--timeout",
         Field::Holder => "--holder",
         Field::HolderLabel => "--label",

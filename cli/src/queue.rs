@@ -6,7 +6,7 @@ use crate::out::{self, emit, parse_duration, Times};
 use crate::{client_for, work, CliResult, Fail, PolicyArgs, EXIT_ERROR, EXIT_USAGE};
 use clap::Subcommand;
 use leasehold::core::SummaryOptions;
-use leasehold::{Error, JobId, JobSpec, JobState, Limits, QueuePolicy, Store, StoreExt};
+use leasehold::{Error, JobId, JobSpec, JobState, Limits, QueuePolicy, Rate, Store, StoreExt};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::sync::Arc;
@@ -50,7 +50,7 @@ pub enum QueueCmd {
     Pause { queue: String },
     /// Let workers start the queue's jobs again (idle workers are woken).
     Resume { queue: String },
-    /// Concurrency limits, fleet-wide: set, show or clear them.
+    /// Concurrency and rate limits, fleet-wide: set, show or clear them.
     #[command(subcommand)]
     Limit(LimitCmd),
     #[command(about = defaults::QUEUES_ABOUT.as_str())]
@@ -91,6 +91,12 @@ pub enum LimitCmd {
         /// At most N jobs of one concurrency key (`push --key`) run at once.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::core::job::MAX_LIMIT)))]
         per_key: Option<u32>,
+        /// At most N of the queue's jobs start per window, across every worker: N/DUR, e.g. 100/1m, 5/s (a sliding window of store time; N up to 1000).
+        #[arg(long, value_name = "N/DUR", value_parser = rate_arg(leasehold::Field::Rate))]
+        rate: Option<Rate>,
+        /// At most N jobs of one concurrency key start per window: N/DUR, e.g. 1/10s.
+        #[arg(long, value_name = "N/DUR", value_parser = rate_arg(leasehold::Field::PerKeyRate))]
+        per_key_rate: Option<Rate>,
     },
     /// The queue's limits (JSON; null: none).
     Show { queue: String },
@@ -238,11 +244,20 @@ fn limit(client: &leasehold::Client, cmd: LimitCmd) -> Result<Value, Fail> {
             queue,
             concurrency,
             per_key,
+            rate,
+            per_key_rate,
         } => {
-            if concurrency.is_none() && per_key.is_none() {
+            let given = Limits::none()
+                .with_concurrency(concurrency)
+                .with_per_key(per_key)
+                .with_rate(rate)
+                .with_per_key_rate(per_key_rate);
+            if !given.any() {
                 return Err(Fail::new(
                     EXIT_USAGE,
-                    "queue limit set: give --concurrency N, --per-key N or both".into(),
+                    "queue limit set: give at least one of --concurrency N, --per-key N, \
+                     --rate N/DUR, --per-key-rate N/DUR"
+                        .into(),
                 ));
             }
             // Read and write in one transaction: a concurrent change of the
@@ -251,7 +266,9 @@ fn limit(client: &leasehold::Client, cmd: LimitCmd) -> Result<Value, Fail> {
                 let old = leasehold::core::job::queue_config(tx, &queue)?.limits;
                 let limits = Limits::none()
                     .with_concurrency(concurrency.or(old.concurrency))
-                    .with_per_key(per_key.or(old.per_key));
+                    .with_per_key(per_key.or(old.per_key))
+                    .with_rate(rate.or(old.rate))
+                    .with_per_key_rate(per_key_rate.or(old.per_key_rate));
                 Ok((
                     leasehold::core::job::set_limits(tx, &queue, limits)?,
                     limits,
@@ -263,6 +280,11 @@ fn limit(client: &leasehold::Client, cmd: LimitCmd) -> Result<Value, Fail> {
     let mut v = json!({ "queue": queue, "changed": changed });
     leasehold::render::add_limits(&mut v, &limits);
     Ok(v)
+}
+
+/// Parse `N/DUR` as the library does, its error naming the flag's field.
+fn rate_arg(field: leasehold::Field) -> impl Fn(&str) -> Result<Rate, String> + Clone {
+    move |text| Rate::parse(field, text).map_err(|e| e.to_string())
 }
 
 /// Queue names read per transaction by `queue queues`.

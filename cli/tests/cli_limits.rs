@@ -2,8 +2,11 @@
 //! processes, each running several jobs at once, never run more than the
 //! queue's limit at once, nor more than the per-key limit of one key; a
 //! slot that frees is taken at once; `queue limit set/show/clear` answer
-//! in JSON (SQLite and PostgreSQL). And run-time limits (F3): a job past
-//! its `--timeout` has CMD's whole tree stopped and fails saying so.
+//! in JSON (SQLite and PostgreSQL). Rate limits (F4): the same processes
+//! start no more jobs per window than the queue's rate, nor per key than
+//! its per-key rate, and the backlog still drains at that pace. And
+//! run-time limits (F3): a job past its `--timeout` has CMD's whole tree
+//! stopped and fails saying so.
 //!
 //! Each job's CMD takes a slot by `mkdir` (atomic: it fails if the
 //! directory exists) and gives it back by `rmdir`. CMD runs inside its
@@ -58,6 +61,11 @@ fn worker(d: &Dir) -> Child {
         [ -n "$slot" ] && rmdir "$slot"
         exit 0
     "#;
+    work(d, script)
+}
+
+/// `queue work q --concurrency 4 -- sh -c SCRIPT`, quiet.
+fn work(d: &Dir, script: &str) -> Child {
     d.cmd()
         .args([
             "queue",
@@ -155,6 +163,108 @@ fn limits_hold(d: Dir) {
 }
 
 #[test]
+fn rates_hold_across_worker_processes() {
+    rates_hold(Dir::new("rates"));
+}
+
+#[test]
+fn postgres_rates_hold_across_worker_processes() {
+    if let Some(d) = Dir::new_pg("rates") {
+        rates_hold(d);
+    }
+}
+
+/// The most starts of `starts` (ms, sorted) within any window shorter
+/// than `window_ms`.
+fn most_within(starts: &[u64], window_ms: u64) -> usize {
+    (0..starts.len())
+        .map(|i| {
+            starts[i..]
+                .iter()
+                .take_while(|&&t| t < starts[i] + window_ms)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn rates_hold(d: Dir) {
+    let set = d.json(&[
+        "queue",
+        "limit",
+        "set",
+        "q",
+        "--rate",
+        "4/1s",
+        "--per-key-rate",
+        "1/2s",
+    ]);
+    assert_eq!(
+        (&set["rate"], &set["per_key_rate"], &set["changed"]),
+        (&"4/1s".into(), &"1/2s".into(), &true.into()),
+        "{set}"
+    );
+    let show = d.json(&["queue", "limit", "show", "q"]);
+    assert_eq!(
+        (&show["rate"], &show["concurrency"]),
+        (&"4/1s".into(), &serde_json::Value::Null)
+    );
+    for i in 0..11 {
+        let mut args = vec!["queue", "push", "q", "--payload", "x"];
+        if i < 3 {
+            args.extend(["--key", "k"]);
+        }
+        assert_eq!(d.json(&args)["created"], true);
+    }
+    // Each start logged with the wall clock in ms (one machine, one clock).
+    let script = r#"echo "$(date +%s%3N) ${LEASEHOLD_JOB_KEY:--}" >> starts.log; exit 0"#;
+    let workers: Vec<Child> = (0..3).map(|_| work(&d, script)).collect();
+    let done = within(Duration::from_secs(60), || d.stats("q")["done"] == 11);
+    let stats = d.stats("q");
+    for mut w in workers {
+        signal(w.id(), libc::SIGTERM);
+        let _ = w.wait();
+    }
+    assert!(done.is_some(), "every job done: {stats:?}");
+    let lines = lines_of(&d, "starts.log");
+    let parse = |keyed: bool| {
+        let mut v: Vec<u64> = lines
+            .iter()
+            .filter(|l| l.ends_with(" k") == keyed || !keyed)
+            .filter_map(|l| l.split(' ').next()?.parse().ok())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let (all, hot) = (parse(false), parse(true));
+    assert_eq!(
+        (all.len(), hot.len()),
+        (11, 3),
+        "each job ran once: {lines:?}"
+    );
+    // A CMD starts a little after its claim commits, and each start's lag
+    // differs: a window a quarter shorter than the rate's still holds no
+    // more than the rate allows (with no rate, all eleven start at once).
+    assert!(most_within(&all, 750) <= 4, "over 4 per second: {all:?}");
+    assert!(
+        most_within(&hot, 1_500) <= 1,
+        "key k over 1 per 2 s: {hot:?}"
+    );
+    // The backlog drains at the rate's pace, not at an idle poll's: eleven
+    // starts at 4 per second take two windows, the key's three take two of
+    // its own; the workers sleep until each allowance comes.
+    let span = |v: &[u64]| v[v.len() - 1] - v[0];
+    assert!(span(&all) >= 1_500, "{all:?}");
+    assert!(span(&hot) >= 3_000 && span(&hot) < 12_000, "{hot:?}");
+    let queues = d.lines(&["queue", "queues"]);
+    let line = queues.iter().find(|l| l["queue"] == "q").unwrap();
+    assert_eq!(
+        (&line["rate"], &line["per_key_rate"]),
+        (&"4/1s".into(), &"1/2s".into())
+    );
+}
+
+#[test]
 fn limit_commands_refuse_bad_input() {
     let d = Dir::new("limits-bad");
     for args in [
@@ -162,6 +272,11 @@ fn limit_commands_refuse_bad_input() {
         &["queue", "limit", "set", "q", "--concurrency", "0"],
         &["queue", "limit", "set", "q", "--per-key", "-1"],
         &["queue", "limit", "set", "q", "--per-key", "many"],
+        &["queue", "limit", "set", "q", "--rate", "0/1s"],
+        &["queue", "limit", "set", "q", "--rate", "1001/1s"],
+        &["queue", "limit", "set", "q", "--rate", "10"],
+        &["queue", "limit", "set", "q", "--per-key-rate", "1/0s"],
+        &["queue", "limit", "set", "q", "--per-key-rate", "1/1y"],
     ] {
         let out = d.run(args);
         assert_eq!(
@@ -183,10 +298,20 @@ fn limit_commands_refuse_bad_input() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let out = d.run(&["queue", "limit", "set", "q", "--per-key-rate", "1/8d"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--per-key-rate") && err.contains("one week"),
+        "{err}"
+    );
     let show = d.json(&["queue", "limit", "show", "q"]);
     assert_eq!(
-        show["concurrency"],
-        serde_json::Value::Null,
+        (&show["concurrency"], &show["rate"], &show["per_key_rate"]),
+        (
+            &serde_json::Value::Null,
+            &serde_json::Value::Null,
+            &serde_json::Value::Null
+        ),
         "nothing was set"
     );
 }

@@ -356,7 +356,10 @@ fn limits_and_concurrency_keys_are_shown() {
         "3",
         "--per-key",
         "1",
+        "--per-key-rate",
+        "1/10s",
     ]);
+    d.json(&["queue", "limit", "set", "plain", "--rate", "100/1m"]);
     let a = d.json(&[
         "queue",
         "push",
@@ -379,18 +382,26 @@ fn limits_and_concurrency_keys_are_shown() {
     let ui = Server::start(&d, &[]);
     let page = ui.get("/queues");
     assert!(
-        page.body.contains("at most 3 running, 1 per key"),
+        page.body
+            .contains("at most 3 running, 1 per key, 1/10s per key started"),
         "{}",
         page.body
     );
+    assert!(page.body.contains("100/1m started"), "{}", page.body);
     assert_eq!(
         page.body.matches("data-limits").count(),
-        1,
-        "only exports is limited"
+        2,
+        "exports and plain are limited"
     );
     let api = ui.get("/api/queues");
     assert!(api.body.contains("\"concurrency\":3"), "{}", api.body);
     assert!(api.body.contains("\"per_key\":1"), "{}", api.body);
+    assert!(
+        api.body.contains("\"per_key_rate\":\"1/10s\""),
+        "{}",
+        api.body
+    );
+    assert!(api.body.contains("\"rate\":\"100/1m\""), "{}", api.body);
     let job = ui.get(&format!("/jobs/{}", a["id"]));
     assert!(job.body.contains("Concurrency key"), "{}", job.body);
     assert!(job.body.contains("acme"), "{}", job.body);

@@ -25,6 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// A queue's limits as Python sees them (`Queue.limits`).
+type Limits4 = (Option<u32>, Option<u32>, Option<String>, Option<String>);
+
 /// The longest a blocking call holds on before looking for signals.
 const SIGNAL_SLICE: Duration = Duration::from_millis(100);
 
@@ -432,30 +435,44 @@ impl Queue {
             .map_err(|e| py_err(py, e))
     }
 
-    /// Replace the queue's concurrency limits (`None`: no limit), durably
-    /// and fleet-wide. Returns whether they changed.
-    #[pyo3(signature = (concurrency=None, per_key=None))]
+    /// Replace the queue's concurrency and rate limits (`None`: no limit;
+    /// a rate as `N/DUR`, as the CLI takes it), durably and fleet-wide.
+    /// Returns whether they changed.
+    #[pyo3(signature = (concurrency=None, per_key=None, rate=None, per_key_rate=None))]
     fn set_limits(
         &self,
         py: Python<'_>,
         concurrency: Option<u32>,
         per_key: Option<u32>,
+        rate: Option<&str>,
+        per_key_rate: Option<&str>,
     ) -> PyResult<bool> {
-        let limits = leasehold::Limits::none()
-            .with_concurrency(concurrency)
-            .with_per_key(per_key);
+        let parse =
+            |field, text: Option<&str>| text.map(|t| leasehold::Rate::parse(field, t)).transpose();
+        let limits = parse(leasehold::Field::Rate, rate).and_then(|rate| {
+            Ok(leasehold::Limits::none()
+                .with_concurrency(concurrency)
+                .with_per_key(per_key)
+                .with_rate(rate)
+                .with_per_key_rate(parse(leasehold::Field::PerKeyRate, per_key_rate)?))
+        });
+        let limits = limits.map_err(|e| py_err(py, e))?;
         let q = self.queue.clone();
         py.detach(move || q.set_limits(limits))
             .map_err(|e| py_err(py, e))
     }
 
-    /// The queue's concurrency limits: `(concurrency, per_key)`, `None`
-    /// where unlimited.
+    /// The queue's limits: `(concurrency, per_key, rate, per_key_rate)`,
+    /// `None` where unlimited, rates as `N/DUR`.
     #[getter]
-    fn limits(&self, py: Python<'_>) -> PyResult<(Option<u32>, Option<u32>)> {
+    fn limits(&self, py: Python<'_>) -> PyResult<Limits4> {
         let q = self.queue.clone();
+        let text = |r: Option<leasehold::Rate>| r.map(|r| r.to_string());
         py.detach(move || q.config())
-            .map(|c| (c.limits.concurrency, c.limits.per_key))
+            .map(|c| {
+                let l = c.limits;
+                (l.concurrency, l.per_key, text(l.rate), text(l.per_key_rate))
+            })
             .map_err(|e| py_err(py, e))
     }
 

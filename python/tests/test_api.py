@@ -222,11 +222,12 @@ def test_pause_holds_claims_and_resume_lets_them_go(store_url, name):
 def test_limits_hold_one_job_per_key_and_a_queue_wide_cap(store_url, name):
     store = leasehold.open(store_url)
     q = store.queue(name)
-    assert q.limits == {"concurrency": None, "per_key": None}
+    none = {"concurrency": None, "per_key": None, "rate": None, "per_key_rate": None}
+    assert q.limits == none
     assert q.set_limits(concurrency=2, per_key=1) is True
     assert q.set_limits(concurrency=2, per_key=1) is False
     other = leasehold.open(store_url).queue(name)
-    assert other.limits == {"concurrency": 2, "per_key": 1}
+    assert other.limits == {**none, "concurrency": 2, "per_key": 1}
     a1 = q.push(b"a1", key="customer-a")
     a2 = q.push(b"a2", key="customer-a")
     b1 = q.push(b"b1", key="customer-b")
@@ -241,12 +242,46 @@ def test_limits_hold_one_job_per_key_and_a_queue_wide_cap(store_url, name):
     third = other.claim(keep_alive=False)
     assert third.id == a2, "a1's slot goes to a2"
     assert q.set_limits() is True
-    assert q.limits == {"concurrency": None, "per_key": None}
+    assert q.limits == none
     assert other.claim(keep_alive=False).payload == b"free"
     with pytest.raises(leasehold.InvalidInput):
         q.set_limits(concurrency=0)
     with pytest.raises(leasehold.InvalidInput):
         q.push(b"x", key="")
+
+
+def test_rates_start_no_more_per_window_and_wake_the_worker(store_url, name):
+    import time
+
+    q = leasehold.open(store_url).queue(name)
+    assert q.set_limits(rate="2/1s", per_key_rate=(1, 0.5)) is True
+    assert q.limits["rate"] == "2/1s"
+    assert q.limits["per_key_rate"] == "1/500ms"
+    first = q.push(b"a1", key="a")
+    second = q.push(b"a2", key="a")
+    third = q.push(b"u")
+    held = [q.claim(keep_alive=False), q.claim(keep_alive=False)]
+    assert [j.id for j in held] == [first, third], "a is out of allowance"
+    assert q.claim(keep_alive=False) is None, "the queue's two this second"
+    for job in held:
+        job.complete()
+    started = []
+    begun = time.monotonic()
+
+    def handler(job):
+        started.append((job.id, time.monotonic() - begun))
+
+    report = q.work(handler, drain=True)
+    assert report["completed"] == 1
+    assert [i for i, _ in started] == [second]
+    assert started[0][1] < 5, "woke at the allowance, not at a poll"
+    for bad in ["0/1s", "5", "1/1y", (0, 1)]:
+        with pytest.raises(leasehold.InvalidInput):
+            q.set_limits(rate=bad)
+    with pytest.raises(leasehold.InvalidInput) as e:
+        q.set_limits(per_key_rate="1001/1s")
+    assert "per_key_rate" in str(e.value)
+    assert q.limits["rate"] == "2/1s", "a refused change changes nothing"
 
 
 def test_a_job_past_its_timeout_fails_saying_so(store_url, name):

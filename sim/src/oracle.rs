@@ -32,6 +32,9 @@
 //! - F2: no claim applied while the queue is paused starts a job.
 //! - F3: no claim of a job with a run-time limit is granted or renewed
 //!   past its claim instant plus the limit.
+//! - F4: under a rate of N per W, no window of length W holds more than N
+//!   starts of the queue (or of one concurrency key), counting the starts
+//!   since the rate was last set.
 //! - L4, Q3 liveness, E1 (a dead leader replaced within its lease plus the
 //!   campaign's retry) and P2 (every tick due before the heal phase fired
 //!   by the workers): checked by the simulator around the heal phase.
@@ -103,6 +106,9 @@ pub struct Oracle {
     paused: bool,
     /// F1: the queue's limits now (as the store applied them).
     queue_limits: leasehold::Limits,
+    /// F4: the jobs started since the queue's rates were last set: the
+    /// instant and the job's concurrency key.
+    starts: Vec<(u64, Option<String>)>,
     strict_l3: bool,
 }
 
@@ -156,6 +162,7 @@ impl Oracle {
             ticks: BTreeSet::new(),
             paused: false,
             queue_limits: leasehold::Limits::none(),
+            starts: Vec::new(),
             strict_l3,
         }
     }
@@ -474,9 +481,67 @@ impl Oracle {
         self.paused = paused;
     }
 
-    /// The store applied new concurrency limits to the queue.
+    /// The store applied new limits to the queue.
     pub fn queue_limited(&mut self, limits: leasehold::Limits) {
+        let old = self.queue_limits;
+        if (old.rate, old.per_key_rate) != (limits.rate, limits.per_key_rate) {
+            // F4 counts the windows of the rates in force.
+            self.starts.clear();
+        }
         self.queue_limits = limits;
+    }
+
+    /// F4, after the claims at `t` of `jobs`: the window ending at `t`
+    /// holds no more starts than the queue's rate allows, in all and per
+    /// concurrency key.
+    fn within_rates(&mut self, t: u64, owner: Owner, jobs: &[(u64, u64, u64)]) -> Check {
+        let limits = self.queue_limits;
+        if limits.rate.is_none() && limits.per_key_rate.is_none() {
+            return Ok(());
+        }
+        for &(id, ..) in jobs {
+            let key = self.model.job(id).and_then(|j| j.key.clone());
+            self.starts.push((t, key));
+        }
+        let in_window = |rate: leasehold::Rate, key: Option<&str>| {
+            (self.starts.iter())
+                .filter(|(s, k)| s + rate.window_ms > t && (key.is_none() || k.as_deref() == key))
+                .count() as u64
+        };
+        let ids: Vec<u64> = jobs.iter().map(|j| j.0).collect();
+        if let Some(rate) = limits.rate {
+            let n = in_window(rate, None);
+            if n > u64::from(rate.count) {
+                return violation(
+                    "F4",
+                    t,
+                    format!(
+                        "p{}.{} claimed jobs {ids:?}: {n} started within {} ms, over the queue's rate of {rate}",
+                        owner.0, owner.1, rate.window_ms
+                    ),
+                );
+            }
+        }
+        let Some(rate) = limits.per_key_rate else {
+            return Ok(());
+        };
+        for &(id, ..) in jobs {
+            let Some(key) = self.model.job(id).and_then(|j| j.key.clone()) else {
+                continue;
+            };
+            let n = in_window(rate, Some(&key));
+            if n > u64::from(rate.count) {
+                return violation(
+                    "F4",
+                    t,
+                    format!(
+                        "p{}.{} claimed job {id} of key {key:?}: {n} of that key started within {} ms, over the per-key rate of {rate}",
+                        owner.0, owner.1, rate.window_ms
+                    ),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// F1, after the claims at `t` of `jobs`: the claims live at `t`, in
@@ -565,7 +630,8 @@ impl Oracle {
                 },
             ));
         }
-        self.within_limits(t, owner, jobs)
+        self.within_limits(t, owner, jobs)?;
+        self.within_rates(t, owner, jobs)
     }
 
     fn current_claim(

@@ -132,6 +132,7 @@ fn every_canary_is_caught() {
             Canary::ClaimIgnoresPause => &["F2"],
             Canary::ClaimIgnoresKeyLimit => &["F1"],
             Canary::RenewsPastDeadline => &["F3"],
+            Canary::ClaimIgnoresRate => &["F4"],
         };
         assert!(
             expected.contains(&v.guarantee),

@@ -76,8 +76,8 @@ pub use backoff::Backoff;
 pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
     backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobCursor, JobId, JobPeek,
-    JobRecord, JobSpec, JobState, Limits, QueueConfig, QueuePolicy, QueueSummary, StateCounts,
-    SummaryOptions,
+    JobRecord, JobSpec, JobState, Limits, QueueConfig, QueuePolicy, QueueSummary, Rate, RateLog,
+    StateCounts, SummaryOptions,
 };
 pub use lease::{
     local_deadline_ms, DriftBound, Grant, LeaseInfo, LeasePage, LeaseRecord, LeaseSlot,

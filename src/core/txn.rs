@@ -11,11 +11,12 @@
 
 use super::event::Event;
 use super::{
-    JobCursor, JobId, JobPeek, JobRecord, JobState, LeaseRecord, QueueConfig, ScheduleRecord,
-    StateCounts,
+    JobCursor, JobId, JobPeek, JobRecord, JobState, LeaseRecord, QueueConfig, RateLog,
+    ScheduleRecord, StateCounts,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
+use std::sync::Arc;
 
 /// What a transaction caused, for after it commits: the wake-ups its
 /// store delivers to waiters, and the transitions it made ([`Event`]s,
@@ -247,6 +248,24 @@ pub trait JobTxn {
     /// store that locks rows locks these (skipping rows another
     /// transaction holds).
     fn parked(&mut self, queue: &str, key: Option<&str>, limit: usize) -> Result<Vec<JobRecord>>;
+
+    /// The rate bucket `key` of `queue` ([`crate::core::job::QUEUE_BUCKET`]:
+    /// the queue's own); empty if it has none.
+    fn rate_log(&mut self, queue: &str, key: &str) -> Result<RateLog>;
+
+    /// Store the rate bucket `key` of `queue` (replacing it; an empty one,
+    /// [`RateLog::is_empty`], is removed).
+    fn put_rate_log(&mut self, queue: &str, key: &str, log: &RateLog) -> Result<()>;
+
+    /// Up to `limit` buckets of `queue` with a wake-up instant at or
+    /// before `until_ms`, earliest first: `(key, wake_at_ms)`. Costs the
+    /// buckets returned.
+    fn rate_wakes(
+        &mut self,
+        queue: &str,
+        until_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, u64)>>;
 
     /// Serialize this transaction with the others that change what runs in
     /// a limited `queue`: `exclusive` for a claim or a change of limits

@@ -282,6 +282,30 @@ pub(crate) fn u64_of(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// A rate from its two database columns (count, window in ms); `None`
+/// where unset (or, never written, out of range).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn rate_of(count: Option<i64>, window_ms: Option<i64>) -> Option<crate::core::Rate> {
+    let count = u32::try_from(count?).ok()?;
+    Some(crate::core::Rate::new(
+        count,
+        u64::try_from(window_ms?).ok()?,
+    ))
+}
+
+/// A rate's two database columns (see [`rate_of`]); the window fits, as
+/// [`crate::core::Rate::check`] bounds it.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn rate_columns(rate: Option<crate::core::Rate>) -> (Option<i64>, Option<i64>) {
+    match rate {
+        Some(r) => (
+            Some(i64::from(r.count)),
+            Some(i64::try_from(r.window_ms).unwrap_or(i64::MAX)),
+        ),
+        None => (None, None),
+    }
+}
+
 /// A holder id as 16 big-endian bytes (a database blob).
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn holder_bytes(id: crate::core::HolderId) -> [u8; 16] {

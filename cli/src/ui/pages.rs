@@ -163,10 +163,14 @@ fn queue_row(h: &mut Html, ui: &Ui, name: &str, s: &QueueSummary) {
     } else {
         h.raw("active");
     }
-    // Its concurrency limits (F1), where set.
+    // Its concurrency and rate limits (F1, F4), where set.
     let limits = [
         s.limits.concurrency.map(|n| format!("at most {n} running")),
         s.limits.per_key.map(|n| format!("{n} per key")),
+        s.limits.rate.map(|r| format!("{r} started")),
+        s.limits
+            .per_key_rate
+            .map(|r| format!("{r} per key started")),
     ];
     let limits: Vec<String> = limits.into_iter().flatten().collect();
     if !limits.is_empty() {

@@ -217,20 +217,40 @@ class Queue:
         """Whether the queue is paused (read from the store)."""
         return self._native.paused
 
-    def set_limits(self, concurrency=None, per_key=None):
-        """Replace the queue's concurrency limits, durably and fleet-wide:
-        at most ``concurrency`` of its jobs run at once, and at most
-        ``per_key`` of those pushed with one ``key`` (``None``: no limit;
-        ``set_limits()`` clears both). Running jobs are never stopped.
-        Returns whether the limits changed."""
-        return self._native.set_limits(concurrency, per_key)
+    def set_limits(self, concurrency=None, per_key=None, rate=None, per_key_rate=None):
+        """Replace the queue's limits, durably and fleet-wide: at most
+        ``concurrency`` of its jobs run at once, and at most ``per_key`` of
+        those pushed with one ``key``; at most ``rate`` of its jobs start
+        per window, and at most ``per_key_rate`` of one key's. A rate is
+        ``"N/DUR"`` as the CLI takes it (``"100/1m"``, ``"1/10s"``) or a
+        pair ``(n, seconds)``; it is a sliding window of the store's time.
+        ``None``: no limit (``set_limits()`` clears them all). Running jobs
+        are never stopped. Returns whether the limits changed."""
+        return self._native.set_limits(
+            concurrency, per_key, _rate(rate), _rate(per_key_rate)
+        )
 
     @property
     def limits(self):
-        """The queue's limits, ``{"concurrency": n, "per_key": m}`` (``None``
-        where unlimited), read from the store."""
-        concurrency, per_key = self._native.limits
-        return {"concurrency": concurrency, "per_key": per_key}
+        """The queue's limits, ``{"concurrency": n, "per_key": m, "rate":
+        "N/DUR", "per_key_rate": "N/DUR"}`` (``None`` where unlimited),
+        read from the store."""
+        concurrency, per_key, rate, per_key_rate = self._native.limits
+        return {
+            "concurrency": concurrency,
+            "per_key": per_key,
+            "rate": rate,
+            "per_key_rate": per_key_rate,
+        }
+
+
+def _rate(rate):
+    """A rate as the native layer takes it: ``"N/DUR"`` (a pair ``(n,
+    seconds)`` becomes ``"n/<ms>ms"``)."""
+    if rate is None or isinstance(rate, str):
+        return rate
+    n, seconds = rate
+    return f"{int(n)}/{round(float(seconds) * 1000)}ms"
 
 
 class Store:

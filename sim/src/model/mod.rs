@@ -224,6 +224,9 @@ pub struct Model {
     pub paused: Vec<String>,
     /// Queues' concurrency limits, where set (F1).
     pub limits: Vec<(String, leasehold::Limits)>,
+    /// Rate buckets (F4): queue, concurrency key (`None`: the queue's
+    /// own), and the instants of the starts it remembers.
+    pub starts: Vec<(String, Option<String>, Vec<u64>)>,
 }
 
 fn ttl_check(field: leasehold::Field, now_ms: u64, ttl_ms: u64) -> Result<u64, Outcome> {
@@ -248,6 +251,7 @@ impl Model {
             last: Outcome::None,
             paused: Vec::new(),
             limits: Vec::new(),
+            starts: Vec::new(),
         }
     }
 

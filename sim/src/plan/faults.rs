@@ -86,6 +86,10 @@ pub enum Fault {
         concurrency: Option<u32>,
         /// Running jobs of one concurrency key at most.
         per_key: Option<u32>,
+        /// Jobs of the queue started per window at most (F4).
+        rate: Option<leasehold::Rate>,
+        /// Jobs of one concurrency key started per window at most.
+        per_key_rate: Option<leasehold::Rate>,
     },
 }
 
@@ -117,12 +121,19 @@ impl fmt::Display for Fault {
             Fault::SetLimits {
                 concurrency,
                 per_key,
-            } => write!(
-                f,
-                "limit the queue to {} running, {} per key",
-                concurrency.map_or("any".to_owned(), |n| n.to_string()),
-                per_key.map_or("any".to_owned(), |n| n.to_string())
-            ),
+                rate,
+                per_key_rate,
+            } => {
+                let any = |n: Option<String>| n.unwrap_or_else(|| "any".to_owned());
+                write!(
+                    f,
+                    "limit the queue to {} running, {} per key, {} started, {} per key",
+                    any(concurrency.map(|n| n.to_string())),
+                    any(per_key.map(|n| n.to_string())),
+                    any(rate.map(|r| r.to_string())),
+                    any(per_key_rate.map(|r| r.to_string())),
+                )
+            }
         }
     }
 }
@@ -244,9 +255,16 @@ impl Plan {
             return;
         }
         self.keyed = true;
+        let rate = |rng: &mut StdRng, p: f64, most: u32| {
+            chance(rng, p).then(|| {
+                leasehold::Rate::new(rng.random_range(1..=most), rng.random_range(50..=600))
+            })
+        };
         let draw = |rng: &mut StdRng| Fault::SetLimits {
             concurrency: chance(rng, 0.5).then(|| rng.random_range(1..=4)),
             per_key: chance(rng, 0.7).then(|| rng.random_range(1..=2)),
+            rate: rate(rng, 0.3, 6),
+            per_key_rate: rate(rng, 0.3, 3),
         };
         faults.push((0, draw(rng)));
         for _ in 0..rng.random_range(0..=most) {
@@ -358,6 +376,18 @@ impl Plan {
                 let limit = Fault::SetLimits {
                     concurrency: None,
                     per_key: Some(1),
+                    rate: None,
+                    per_key_rate: None,
+                };
+                faults.retain(|(_, f)| !matches!(f, Fault::SetLimits { .. }));
+                faults.push((0, limit));
+            }
+            Canary::ClaimIgnoresRate => {
+                let limit = Fault::SetLimits {
+                    concurrency: None,
+                    per_key: None,
+                    rate: Some(leasehold::Rate::new(2, 400)),
+                    per_key_rate: None,
                 };
                 faults.retain(|(_, f)| !matches!(f, Fault::SetLimits { .. }));
                 faults.push((0, limit));

@@ -106,11 +106,14 @@ pub enum Canary {
     /// The store forgets a claim's deadline: renewals extend it past the
     /// job's run-time limit (F3).
     RenewsPastDeadline,
+    /// The store forgets every start a rate bucket records: no window
+    /// ever looks full (F4).
+    ClaimIgnoresRate,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 13] = [
+    pub const ALL: [Canary; 14] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -124,6 +127,7 @@ impl Canary {
         Canary::ClaimIgnoresPause,
         Canary::ClaimIgnoresKeyLimit,
         Canary::RenewsPastDeadline,
+        Canary::ClaimIgnoresRate,
     ];
 
     /// Its command-line name.
@@ -142,6 +146,7 @@ impl Canary {
             Canary::ClaimIgnoresPause => "claim-ignores-pause",
             Canary::ClaimIgnoresKeyLimit => "claim-ignores-key-limit",
             Canary::RenewsPastDeadline => "renews-past-deadline",
+            Canary::ClaimIgnoresRate => "claim-ignores-rate",
         }
     }
 
@@ -161,7 +166,8 @@ impl Canary {
             | Canary::SettleKeyedByJob
             | Canary::ClaimIgnoresPause
             | Canary::ClaimIgnoresKeyLimit
-            | Canary::RenewsPastDeadline => Scenario::Queue,
+            | Canary::RenewsPastDeadline
+            | Canary::ClaimIgnoresRate => Scenario::Queue,
             Canary::LeaderIgnoresDeadline => Scenario::Election,
             Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }

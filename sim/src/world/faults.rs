@@ -56,10 +56,14 @@ impl Sim<'_> {
             Fault::SetLimits {
                 concurrency,
                 per_key,
+                rate,
+                per_key_rate,
             } => self.limit_queue(
                 leasehold::Limits::none()
                     .with_concurrency(concurrency)
-                    .with_per_key(per_key),
+                    .with_per_key(per_key)
+                    .with_rate(rate)
+                    .with_per_key_rate(per_key_rate),
             ),
         }
     }

@@ -1,7 +1,7 @@
 //! The stores a run can use (the real adapters, on the run's true clock),
 //! and the canaries' broken store.
 
-use leasehold::core::{JobQuery, JobTxn, Pending, QueueConfig, ScheduleRecord, Txn};
+use leasehold::core::{JobQuery, JobTxn, Pending, QueueConfig, RateLog, ScheduleRecord, Txn};
 use leasehold::{HolderId, JobId, JobRecord, JobState, ManualClock, MemStore, StateCounts, Store};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -100,6 +100,8 @@ pub(crate) struct Breakage {
     pub(crate) blind_to_keys: bool,
     /// A job is written without its claim's deadline (renewals pass it).
     pub(crate) forget_deadlines: bool,
+    /// A rate bucket's starts are never stored (every window looks empty).
+    pub(crate) forget_starts: bool,
     /// Every claim read looks like this holder's (fencing by holder is
     /// ignored; the world swaps in the current tokens).
     pub(crate) careless: Option<HolderId>,
@@ -258,6 +260,25 @@ impl JobTxn for Broken<'_> {
     }
     fn lock_queue(&mut self, queue: &str, exclusive: bool) -> leasehold::Result<()> {
         self.inner.lock_queue(queue, exclusive)
+    }
+    fn rate_log(&mut self, queue: &str, key: &str) -> leasehold::Result<RateLog> {
+        self.inner.rate_log(queue, key)
+    }
+    fn put_rate_log(&mut self, queue: &str, key: &str, log: &RateLog) -> leasehold::Result<()> {
+        let mut log = log.clone();
+        if self.breakage.forget_starts {
+            // Broken on purpose: no start is remembered.
+            log.starts.clear();
+        }
+        self.inner.put_rate_log(queue, key, &log)
+    }
+    fn rate_wakes(
+        &mut self,
+        queue: &str,
+        until_ms: u64,
+        limit: usize,
+    ) -> leasehold::Result<Vec<(Arc<str>, u64)>> {
+        self.inner.rate_wakes(queue, until_ms, limit)
     }
     fn scan(
         &mut self,

@@ -167,6 +167,7 @@ impl Sim<'_> {
             deaf_to_pause: canary == Some(Canary::ClaimIgnoresPause),
             blind_to_keys: canary == Some(Canary::ClaimIgnoresKeyLimit),
             forget_deadlines: canary == Some(Canary::RenewsPastDeadline),
+            forget_starts: canary == Some(Canary::ClaimIgnoresRate),
             careless: (canary == Some(Canary::IgnoresFencing)).then_some(self.procs[p].holder),
         };
         let store: Arc<dyn Store> = if breakage.any() {

@@ -12,12 +12,14 @@
 //! - **pause** sets `paused`; **resume** clears it and wakes idle workers
 //!   ([`Wake::JobReady`]), so they claim at once rather than at their next
 //!   poll. Both are idempotent and answer whether they changed anything.
-//! - **limit** ([`set_limits`]) replaces the [`Limits`] and unparks every
+//! - **limit** ([`set_limits`]) replaces the [`Limits`] (concurrency here;
+//!   rates, F4, in `rate`, whose claims follow the same path) and unparks every
 //!   parked job of the queue (the next claims park again what is still
 //!   blocked), so a raised or cleared limit never strands a job.
 //! - **claim under limits** ([`claim_limited`]) takes, in claim order, the
-//!   ready jobs that fit: no more than the queue's free slots, and a job
-//!   whose key is full is parked instead of taken. Parked jobs leave the
+//!   ready jobs that fit: no more than the queue's free slots (and its
+//!   rate's free starts), and a job whose key is full (or out of
+//!   allowance) is parked instead of taken. Parked jobs leave the
 //!   ready index, so a later claim never reads them again: one blocked key
 //!   with 10,000 ready jobs costs its claims nothing once they are parked.
 //!   A claim parks at most [`PARK_MAX`] jobs (its cost stays bounded); one
@@ -55,6 +57,7 @@
 //!   ([`super::next_change_in`] answers "nothing by time alone": the
 //!   worker sleeps until a wake-up or its idle poll).
 
+use super::rate::{Bucket, Rate, QUEUE_BUCKET};
 use super::rules::{put, start};
 use super::JobRecord;
 use crate::core::{check_key, HolderId, JobTxn, Txn, Wake};
@@ -72,7 +75,8 @@ const PARK_READ: usize = 128;
 /// The largest concurrency limit (a queue or a key), far above any fleet.
 pub const MAX_LIMIT: u32 = 1_000_000;
 
-/// A queue's concurrency limits ([`set_limits`]); `None` limits nothing.
+/// A queue's concurrency and rate limits ([`set_limits`]); `None` limits
+/// nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Limits {
@@ -81,6 +85,12 @@ pub struct Limits {
     /// At most this many jobs of one concurrency key ([`JobRecord::key`])
     /// run at once; jobs without a key are not limited by it.
     pub per_key: Option<u32>,
+    /// At most so many jobs of the queue start per window (F4; see
+    /// `rate`).
+    pub rate: Option<Rate>,
+    /// At most so many jobs of one concurrency key start per window;
+    /// jobs without a key are not limited by it.
+    pub per_key_rate: Option<Rate>,
 }
 
 impl Limits {
@@ -101,14 +111,41 @@ impl Limits {
         self
     }
 
+    /// These limits with a queue-wide rate (`None`: none).
+    pub fn with_rate(mut self, rate: Option<Rate>) -> Limits {
+        self.rate = rate;
+        self
+    }
+
+    /// These limits with a per-key rate (`None`: none).
+    pub fn with_per_key_rate(mut self, rate: Option<Rate>) -> Limits {
+        self.per_key_rate = rate;
+        self
+    }
+
     /// Whether any limit is set.
     pub fn any(&self) -> bool {
-        self.concurrency.is_some() || self.per_key.is_some()
+        self.concurrency.is_some()
+            || self.per_key.is_some()
+            || self.rate.is_some()
+            || self.per_key_rate.is_some()
+    }
+
+    /// Whether a job's key can hold it back (a per-key limit is set).
+    fn keyed(&self) -> bool {
+        self.per_key.is_some() || self.per_key_rate.is_some()
     }
 
     /// Refuse a limit outside 1..=[`MAX_LIMIT`] (0 would be a pause:
-    /// [`set_paused`] says so durably and visibly).
+    /// [`set_paused`] says so durably and visibly), or a rate outside its
+    /// bounds ([`Rate::check`]).
     pub fn check(&self) -> Result<()> {
+        for (field, rate) in [
+            (Field::Rate, self.rate),
+            (Field::PerKeyRate, self.per_key_rate),
+        ] {
+            rate.map_or(Ok(()), |r| r.check(field))?;
+        }
         for (field, n) in [
             (Field::Concurrency, self.concurrency),
             (Field::PerKey, self.per_key),
@@ -194,8 +231,8 @@ pub fn set_limits(tx: &mut dyn Txn, queue: &str, limits: Limits) -> Result<bool>
 
 /// Claim for `holder` up to `max` of `candidates` (the head of the ready
 /// index, in claim order) and of the ready jobs after them, within the
-/// queue's `limits` (F1; see the module docs), each under a lease until
-/// `lease_until_ms`.
+/// queue's `limits` (F1, F4; see the module docs and `rate`), each under a
+/// lease until `lease_until_ms`.
 pub(super) fn claim_limited(
     tx: &mut dyn JobTxn,
     queue: &str,
@@ -206,14 +243,21 @@ pub(super) fn claim_limited(
     lease_until_ms: u64,
 ) -> Result<Vec<JobRecord>> {
     tx.lock_queue(queue, true)?;
+    let now_ms = tx.now_ms();
     let mut room = max;
     if let Some(n) = limits.concurrency {
         let running = tx.running_count(queue, None)?;
         room = room.min(usize::try_from(u64::from(n).saturating_sub(running)).unwrap_or(0));
     }
+    let mut own = None;
+    if let Some(rate) = limits.rate {
+        let bucket = Bucket::read(tx, queue, Arc::from(QUEUE_BUCKET))?;
+        room = room.min(bucket.free(rate, now_ms));
+        own = Some(bucket);
+    }
     let mut taken = Vec::new();
-    // Running jobs per key met so far, counting this claim's own.
-    let mut running: Vec<(Arc<str>, u64)> = Vec::new();
+    // The keys met so far, counting this claim's own starts.
+    let mut keys: Vec<KeyRoom> = Vec::new();
     let mut parked = 0;
     while taken.len() < room {
         let mut parked_now = 0;
@@ -221,22 +265,20 @@ pub(super) fn claim_limited(
             if taken.len() >= room {
                 break;
             }
-            if let (Some(m), Some(key)) = (limits.per_key, job.key.clone()) {
-                let at = match running.iter().position(|(k, _)| *k == key) {
+            if let (true, Some(key)) = (limits.keyed(), job.key.clone()) {
+                let at = match keys.iter().position(|k| k.key == key) {
                     Some(at) => at,
                     None => {
-                        let n = tx.running_count(queue, Some(&key))?;
-                        running.push((key, n));
-                        running.len() - 1
+                        keys.push(KeyRoom::read(tx, queue, key, &limits)?);
+                        keys.len() - 1
                     }
                 };
-                if running[at].1 >= u64::from(m) {
+                if !keys[at].admit(&limits, now_ms) {
                     job.parked = true;
                     tx.put_job(&job)?;
                     parked_now += 1;
                     continue;
                 }
-                running[at].1 += 1;
             }
             start(tx, &mut job, holder, lease_until_ms)?;
             taken.push(job);
@@ -251,14 +293,70 @@ pub(super) fn claim_limited(
             tx.journal().wake(Wake::JobReady);
             break;
         }
-        let now_ms = tx.now_ms();
         let want = (room - taken.len()).max(PARK_READ);
         candidates = tx.pending(queue, now_ms, 0, want)?.ready;
         if candidates.is_empty() {
             break;
         }
     }
+    if let Some(rate) = limits.per_key_rate {
+        for bucket in keys.into_iter().filter_map(|k| k.bucket) {
+            bucket.write(tx, queue, rate)?;
+        }
+    }
+    if let (Some(rate), Some(mut bucket)) = (limits.rate, own) {
+        bucket.started = taken.len();
+        bucket.write(tx, queue, rate)?;
+    }
     Ok(taken)
+}
+
+/// What one key may still start in a claim: its running jobs (under a
+/// per-key concurrency limit) and its rate bucket (under a per-key rate),
+/// each counting the claim's own starts.
+struct KeyRoom {
+    key: Arc<str>,
+    running: u64,
+    bucket: Option<Bucket>,
+}
+
+impl KeyRoom {
+    fn read(tx: &mut dyn JobTxn, queue: &str, key: Arc<str>, limits: &Limits) -> Result<KeyRoom> {
+        let running = match limits.per_key {
+            Some(_) => tx.running_count(queue, Some(&key))?,
+            None => 0,
+        };
+        let bucket = match limits.per_key_rate {
+            Some(_) => Some(Bucket::read(tx, queue, key.clone())?),
+            None => None,
+        };
+        Ok(KeyRoom {
+            key,
+            running,
+            bucket,
+        })
+    }
+
+    /// Whether one more job of the key may start now; counts it if so. A
+    /// key out of allowance records when its parked jobs wake.
+    fn admit(&mut self, limits: &Limits, now_ms: u64) -> bool {
+        let full = limits.per_key.is_some_and(|m| self.running >= u64::from(m));
+        let mut spent = false;
+        if let (Some(rate), Some(bucket)) = (limits.per_key_rate, &mut self.bucket) {
+            spent = bucket.free(rate, now_ms) == 0;
+            if spent {
+                bucket.blocked(rate, now_ms);
+            }
+        }
+        if full || spent {
+            return false;
+        }
+        self.running += 1;
+        if let Some(bucket) = &mut self.bucket {
+            bucket.started += 1;
+        }
+        true
+    }
 }
 
 /// `job` of a queue with `config` left running (or, unparked and ready,
@@ -274,7 +372,8 @@ pub(super) fn slot_freed(
     for_claim: bool,
 ) -> Result<Option<JobRecord>> {
     let limits = config.limits;
-    if !limits.any() {
+    if limits.concurrency.is_none() && limits.per_key.is_none() {
+        // Rates free by time alone (`rate::unpark_due`).
         return Ok(None);
     }
     tx.lock_queue(&job.queue, for_claim)?;

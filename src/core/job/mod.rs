@@ -1,7 +1,8 @@
 //! Jobs: the records ([`JobRecord`], [`JobState`], [`Claim`]), what to
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
 //! a queue's stored settings (`flow`: [`QueueConfig`], pause and resume,
-//! concurrency limits), and the rules over them (Q1-Q5, F1, F2; `rules`: enqueue, claim, heartbeat,
+//! concurrency limits; `rate`: rate limits), and the rules over them
+//! (Q1-Q5, F1-F4; `rules`: enqueue, claim, heartbeat,
 //! expire, cancel, retry, purge, stats, list; `settle`: complete, fail,
 //! abandon, one at a time or a worker's batch), and what people look at
 //! (`view`: queues, pages of jobs, summaries).
@@ -11,11 +12,13 @@
 //! error changes nothing.
 
 mod flow;
+mod rate;
 mod rules;
 mod settle;
 mod view;
 
 pub use flow::*;
+pub use rate::{Rate, RateLog, MAX_RATE, MAX_WINDOW_MS, QUEUE_BUCKET};
 pub use rules::*;
 pub use settle::*;
 pub(crate) use view::check_after_key;

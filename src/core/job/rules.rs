@@ -3,6 +3,7 @@
 //! is decided before anything is written.
 
 use super::flow::{claim_limited, slot_freed};
+use super::rate::{unpark_due, QUEUE_BUCKET};
 use super::{
     backoff_ms, Claim, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec, JobState,
     QueueConfig, QueuePolicy, StateCounts,
@@ -324,11 +325,13 @@ pub fn claim(
     check_count(Field::Batch, max)?;
     let now_ms = tx.now_ms();
     let lease_until_ms = expiry_ms(Field::Lease, now_ms, lease_ms)?;
-    let (jobs, config) = refresh(tx, queue, policy, max)?;
+    let (mut jobs, config) = refresh(tx, queue, policy, max)?;
+    if let (Some(rate), false) = (config.limits.per_key_rate, config.paused) {
+        unpark_due(tx, queue, rate, &mut jobs, max)?;
+    }
     if config.limits.any() && !jobs.is_empty() {
         return claim_limited(tx, queue, config.limits, max, jobs, holder, lease_until_ms);
     }
-    let mut jobs = jobs;
     for job in &mut jobs {
         start(tx, job, holder, lease_until_ms)?;
     }
@@ -524,20 +527,34 @@ pub fn purge(
 }
 
 /// How long (store ms from now) until `queue` changes by time alone: the
-/// earliest scheduled job falls due, or the earliest running claim runs
-/// out; `None` if nothing is scheduled or running, or the queue is paused
-/// (F2). An idle worker claims again by then at the latest (a wake-up may
-/// come first), so a retry
-/// waiting out its backoff, a delayed job or a dead worker's job starts
-/// when it can, without the worker polling for it. Three reads.
+/// earliest scheduled job falls due, the earliest running claim runs
+/// out, or a rate limit allows a start again (F4); `None` if none of
+/// these comes, or the queue is paused (F2). An idle worker claims again
+/// by then at the latest (a wake-up may come first), so a retry waiting
+/// out its backoff, a delayed job, a dead worker's job or a job held back
+/// by a rate starts when it can, without the worker polling for it. Three
+/// reads, and one per rate set.
 pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
     check_queue(queue)?;
     let tx = tx.jobs()?;
-    if tx.queue_config(queue)?.paused {
+    let limits = match tx.queue_config(queue)? {
         // Nothing starts by time alone: resuming wakes the workers.
-        return Ok(None);
-    }
+        c if c.paused => return Ok(None),
+        c => c.limits,
+    };
     let now_ms = tx.now_ms();
+    // A rate's next allowance (F4): the queue's own, and the earliest
+    // instant a key's parked jobs wake.
+    let mut allowed = None;
+    if let Some(rate) = limits.rate {
+        allowed = tx
+            .rate_log(queue, QUEUE_BUCKET)?
+            .next_allowance(rate, now_ms);
+    }
+    if limits.per_key_rate.is_some() {
+        let wake = tx.rate_wakes(queue, u64::MAX, 1)?.first().map(|w| w.1);
+        allowed = allowed.into_iter().chain(wake).min();
+    }
     let first = |tx: &mut dyn JobTxn, state| tx.page(queue, state, None, 1, 0);
     let due = first(tx, JobState::Scheduled)?
         .first()
@@ -545,7 +562,7 @@ pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
     let runs_out = first(tx, JobState::Running)?
         .first()
         .and_then(|p| p.job.claim.map(|c| c.lease_until_ms));
-    let at = due.into_iter().chain(runs_out).min();
+    let at = due.into_iter().chain(runs_out).chain(allowed).min();
     Ok(at.map(|at| at.saturating_sub(now_ms)))
 }
 

@@ -12,7 +12,7 @@
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{
     ClaimRank, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal,
-    LeaseRecord, Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
+    LeaseRecord, Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Result;
 use crate::store::{Store, Wake};
@@ -35,9 +35,10 @@ struct UndoLog {
     last_job_id: Option<u64>,
     schedules: Vec<(ScheduleKey, Option<ScheduleRecord>)>,
     configs: Vec<(Arc<str>, Option<QueueConfig>)>,
+    rates: Vec<(ScheduleKey, Option<RateLog>)>,
 }
 
-/// A schedule's queue and name.
+/// A schedule's queue and name (or a rate bucket's queue and key).
 type ScheduleKey = (Arc<str>, Arc<str>);
 
 #[derive(Debug, Default)]
@@ -53,6 +54,8 @@ struct MemState {
     schedules: BTreeMap<ScheduleKey, ScheduleRecord>,
     /// Queues' settings, where set.
     configs: HashMap<Arc<str>, QueueConfig>,
+    /// Rate buckets by queue, then key.
+    rates: BTreeMap<ScheduleKey, RateLog>,
     /// One counter per [`Wake`] event.
     epochs: [u64; 2],
     /// Threads blocked in `wait_epoch` (a notify is a system call;
@@ -117,6 +120,12 @@ impl MemState {
                 None => self.configs.remove(&queue),
             };
         }
+        while let Some((key, old)) = self.undo.rates.pop() {
+            match old {
+                Some(log) => self.rates.insert(key, log),
+                None => self.rates.remove(&key),
+            };
+        }
     }
 
     /// Forget the undo log of a committed transaction, keeping the lease
@@ -132,6 +141,7 @@ impl MemState {
         self.undo.last_job_id = None;
         self.undo.schedules.clear();
         self.undo.configs.clear();
+        self.undo.rates.clear();
     }
 }
 
@@ -402,6 +412,40 @@ impl JobTxn for MemTxn<'_> {
         let old = self.st.configs.insert(queue.clone(), config.clone());
         self.st.undo.configs.push((queue, old));
         Ok(())
+    }
+
+    fn rate_log(&mut self, queue: &str, key: &str) -> Result<RateLog> {
+        let at: ScheduleKey = (Arc::from(queue), Arc::from(key));
+        Ok(self.st.rates.get(&at).cloned().unwrap_or_default())
+    }
+
+    fn put_rate_log(&mut self, queue: &str, key: &str, log: &RateLog) -> Result<()> {
+        let at: ScheduleKey = (Arc::from(queue), Arc::from(key));
+        let old = match log.is_empty() {
+            true => self.st.rates.remove(&at),
+            false => self.st.rates.insert(at.clone(), log.clone()),
+        };
+        self.st.undo.rates.push((at, old));
+        Ok(())
+    }
+
+    fn rate_wakes(
+        &mut self,
+        queue: &str,
+        until_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, u64)>> {
+        // A scan of the queue's buckets: the memory store serves tests and
+        // one process, where buckets are few.
+        let from: ScheduleKey = (Arc::from(queue), Arc::from(""));
+        let mut due: Vec<(Arc<str>, u64)> = (self.st.rates.range(from..))
+            .take_while(|((q, _), _)| **q == *queue)
+            .filter_map(|((_, k), log)| log.wake_at_ms.map(|w| (k.clone(), w)))
+            .filter(|(_, w)| *w <= until_ms)
+            .collect();
+        due.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        due.truncate(limit);
+        Ok(due)
     }
 
     fn put_schedule(&mut self, schedule: &ScheduleRecord) -> Result<()> {

@@ -15,7 +15,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 8] = [
+const MIGRATIONS: [&str; 9] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -72,7 +72,20 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     "DROP INDEX IF EXISTS {s}.jobs_claim;
      DROP INDEX IF EXISTS {s}.jobs_ready;
      CREATE INDEX jobs_ready ON {s}.jobs (queue, parked, priority DESC, run_at, id) WHERE state = 0;",
+    V9_RATES,
 ];
+
+/// v9: rate limits. A queue's rates (NULL: none) and one row per rate
+/// bucket: the queue's own (key `''`) or a concurrency key's, with the
+/// instants of its newest starts (8 little-endian bytes each) and when
+/// its parked jobs wake (`rates_wake` finds the due ones).
+const V9_RATES: &str = "
+ALTER TABLE {s}.queues ADD COLUMN rate_count int4, ADD COLUMN rate_ms int8,
+    ADD COLUMN key_rate_count int4, ADD COLUMN key_rate_ms int8;
+CREATE TABLE {s}.rates (queue text NOT NULL, key text NOT NULL, starts bytea NOT NULL,
+    wake_at int8, PRIMARY KEY (queue, key));
+CREATE INDEX rates_wake ON {s}.rates (queue, wake_at) WHERE wake_at IS NOT NULL;
+";
 
 /// v6: concurrency limits. A job's concurrency key and whether a claim
 /// parked it (its key was full); a queue's limits (NULL: none). A freed

@@ -27,6 +27,10 @@ pub(super) struct Statements {
     pub parked_any: Statement,
     pub lock_queue: Statement,
     pub lock_queue_shared: Statement,
+    pub rate_get: Statement,
+    pub rate_put: Statement,
+    pub rate_delete: Statement,
+    pub rate_wakes: Statement,
 }
 
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
@@ -48,7 +52,8 @@ pub(super) const JOB_COLUMN_COUNT: usize = {
 
 /// The columns of a queue's settings row, in the order [`queue_config`]
 /// decodes them from `at`, each prefixed with `c.` (the join's alias).
-pub(super) const QUEUE_COLUMNS: &str = "c.paused, c.concurrency, c.per_key";
+pub(super) const QUEUE_COLUMNS: &str =
+    "c.paused, c.concurrency, c.per_key, c.rate_count, c.rate_ms, c.key_rate_count, c.key_rate_ms";
 
 /// The queue settings in `row` from column `at` (NULL: the default).
 pub(super) fn queue_config(
@@ -60,11 +65,18 @@ pub(super) fn queue_config(
             .try_get::<_, Option<i32>>(at + i)?
             .and_then(|v| u32::try_from(v).ok()))
     };
+    let rate = |i: usize| -> std::result::Result<Option<crate::core::Rate>, postgres::Error> {
+        let count = row.try_get::<_, Option<i32>>(at + i)?;
+        let window_ms = row.try_get::<_, Option<i64>>(at + i + 1)?;
+        Ok(crate::store::rate_of(count.map(i64::from), window_ms))
+    };
     Ok(crate::core::QueueConfig {
         paused: row.try_get::<_, Option<bool>>(at)?.unwrap_or(false),
         limits: crate::core::Limits::none()
             .with_concurrency(limit(1)?)
-            .with_per_key(limit(2)?),
+            .with_per_key(limit(2)?)
+            .with_rate(rate(3)?)
+            .with_per_key_rate(rate(5)?),
     })
 }
 
@@ -164,9 +176,13 @@ impl Statements {
             schedule_delete: p("DELETE FROM {s}.schedules WHERE queue = $1 AND name = $2".into())?,
             queue_get: p(format!("SELECT {QUEUE_COLUMNS} FROM {{s}}.queues c WHERE queue = $1"))?,
             queue_put: p(
-                "INSERT INTO {s}.queues (queue, paused, concurrency, per_key) VALUES ($1, $2, $3, $4)
+                "INSERT INTO {s}.queues (queue, paused, concurrency, per_key, rate_count, rate_ms,
+                   key_rate_count, key_rate_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                  ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused,
-                   concurrency = excluded.concurrency, per_key = excluded.per_key".into(),
+                   concurrency = excluded.concurrency, per_key = excluded.per_key,
+                   rate_count = excluded.rate_count, rate_ms = excluded.rate_ms,
+                   key_rate_count = excluded.key_rate_count, key_rate_ms = excluded.key_rate_ms"
+                    .into(),
             )?,
             running_count: p(
                 "SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 2
@@ -184,6 +200,17 @@ impl Statements {
             // (every limited queue has one); the ends of attempts share it.
             lock_queue: p("SELECT 1 FROM {s}.queues WHERE queue = $1 FOR UPDATE".into())?,
             lock_queue_shared: p("SELECT 1 FROM {s}.queues WHERE queue = $1 FOR SHARE".into())?,
+            rate_get: p("SELECT starts, wake_at FROM {s}.rates WHERE queue = $1 AND key = $2".into())?,
+            rate_put: p(
+                "INSERT INTO {s}.rates (queue, key, starts, wake_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (queue, key) DO UPDATE SET starts = excluded.starts,
+                   wake_at = excluded.wake_at"
+                    .into(),
+            )?,
+            rate_delete: p("DELETE FROM {s}.rates WHERE queue = $1 AND key = $2".into())?,
+            rate_wakes: p("SELECT key, wake_at FROM {s}.rates WHERE queue = $1 AND wake_at <= $2
+                 ORDER BY wake_at, key LIMIT $3"
+                .into())?,
         })
     }
 }

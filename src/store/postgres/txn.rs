@@ -9,11 +9,11 @@ use super::sql::{render_job_writes, JobWrite, Sql};
 use super::statements::{queue_config, Statements, JOB_COLUMN_COUNT};
 use crate::core::{
     Claim, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
+    Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
-use crate::store::{holder_from, i64_of, schedule_of_row, u64_of, LeaseCache, Wake};
+use crate::store::{holder_from, i64_of, rate_columns, schedule_of_row, u64_of, LeaseCache, Wake};
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use std::collections::HashMap;
@@ -514,10 +514,23 @@ impl JobTxn for PgTxn<'_> {
             limit(config.limits.concurrency),
             limit(config.limits.per_key),
         );
+        let (rate_count, rate_ms) = rate_columns(config.limits.rate);
+        let (key_rate_count, key_rate_ms) = rate_columns(config.limits.per_key_rate);
+        let count = |n: Option<i64>| n.map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+        let (rate_count, key_rate_count) = (count(rate_count), count(key_rate_count));
         self.query(
             &what,
             |st| &st.queue_put,
-            &[&queue, &config.paused, &concurrency, &per_key],
+            &[
+                &queue,
+                &config.paused,
+                &concurrency,
+                &per_key,
+                &rate_count,
+                &rate_ms,
+                &key_rate_count,
+                &key_rate_ms,
+            ],
         )?;
         self.configs.insert(Arc::from(queue), config.clone());
         Ok(())
@@ -543,6 +556,46 @@ impl JobTxn for PgTxn<'_> {
         Ok(ids
             .iter()
             .filter_map(|id| self.jobs.get(id).map(|c| c.record.clone()))
+            .collect())
+    }
+
+    fn rate_log(&mut self, queue: &str, key: &str) -> Result<RateLog> {
+        let what = format!("reading a rate of queue {queue:?}");
+        let rows = self.query(&what, |st| &st.rate_get, &[&queue, &key])?;
+        Ok(rows.first().map_or_else(RateLog::default, |r| {
+            let wake: Option<i64> = r.get(1);
+            RateLog::decode_starts(r.get(0), wake.map(u64_of))
+        }))
+    }
+
+    fn put_rate_log(&mut self, queue: &str, key: &str, log: &RateLog) -> Result<()> {
+        let what = format!("writing a rate of queue {queue:?}");
+        if log.is_empty() {
+            self.query(&what, |st| &st.rate_delete, &[&queue, &key])?;
+            return Ok(());
+        }
+        let wake = log
+            .wake_at_ms
+            .map(|w| i64_of(Field::RunAt, w))
+            .transpose()?;
+        let starts = log.encode_starts();
+        self.query(&what, |st| &st.rate_put, &[&queue, &key, &starts, &wake])?;
+        Ok(())
+    }
+
+    fn rate_wakes(
+        &mut self,
+        queue: &str,
+        until_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, u64)>> {
+        let what = format!("reading the rate wake-ups of queue {queue:?}");
+        let until = i64::try_from(until_ms).unwrap_or(i64::MAX);
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.query(&what, |st| &st.rate_wakes, &[&queue, &until, &n])?;
+        Ok(rows
+            .iter()
+            .map(|r| (Arc::from(r.get::<_, &str>(0)), u64_of(r.get(1))))
             .collect())
     }
 

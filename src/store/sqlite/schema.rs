@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 8] = [
+const MIGRATIONS: [&str; 9] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -71,7 +71,22 @@ const MIGRATIONS: [&str; 8] = [
     "ALTER TABLE jobs ADD COLUMN timeout_ms INTEGER;
      ALTER TABLE jobs ADD COLUMN claim_deadline INTEGER;",
     V8_ONE_READY_INDEX,
+    V9_RATES,
 ];
+
+/// v9: rate limits. A queue's rates (NULL: none) and one row per rate
+/// bucket: the queue's own (key `''`) or a concurrency key's, with the
+/// instants of its newest starts (8 little-endian bytes each) and when
+/// its parked jobs wake (`rates_wake` finds the due ones).
+const V9_RATES: &str = "
+ALTER TABLE queues ADD COLUMN rate_count INTEGER;
+ALTER TABLE queues ADD COLUMN rate_ms INTEGER;
+ALTER TABLE queues ADD COLUMN key_rate_count INTEGER;
+ALTER TABLE queues ADD COLUMN key_rate_ms INTEGER;
+CREATE TABLE rates (queue TEXT NOT NULL, key TEXT NOT NULL, starts BLOB NOT NULL,
+  wake_at INTEGER, PRIMARY KEY (queue, key)) WITHOUT ROWID;
+CREATE INDEX rates_wake ON rates (queue, wake_at) WHERE wake_at IS NOT NULL;
+";
 
 /// v8: one index of ready jobs again, parked or not second in its key:
 /// a claim reads the unparked ones in claim order (`parked = 0`), counts

@@ -7,7 +7,7 @@ use super::rows::{
 };
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    LeaseSlot, Pending, QueueConfig, ScheduleRecord, StateCounts, Txn,
+    LeaseSlot, Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, Txn,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
@@ -482,6 +482,23 @@ impl JobTxn for SqlTxn<'_> {
 
     fn put_queue_config(&mut self, queue: &str, config: &QueueConfig) -> Result<()> {
         super::schedules::put_config(self.conn, queue, config)
+    }
+
+    fn rate_log(&mut self, queue: &str, key: &str) -> Result<RateLog> {
+        super::schedules::rate_log(self.conn, queue, key)
+    }
+
+    fn put_rate_log(&mut self, queue: &str, key: &str, log: &RateLog) -> Result<()> {
+        super::schedules::put_rate_log(self.conn, queue, key, log)
+    }
+
+    fn rate_wakes(
+        &mut self,
+        queue: &str,
+        until_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(Arc<str>, u64)>> {
+        super::schedules::rate_wakes(self.conn, queue, until_ms, limit)
     }
 
     fn running_count(&mut self, queue: &str, key: Option<&str>) -> Result<u64> {

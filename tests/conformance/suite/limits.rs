@@ -6,18 +6,18 @@
 use super::*;
 use leasehold::core::{Limits, Wake};
 
-fn set_limits(w: &World, queue: &str, limits: Limits) -> bool {
+pub(super) fn set_limits(w: &World, queue: &str, limits: Limits) -> bool {
     w.tx(|tx| core::job::set_limits(tx, queue, limits)).unwrap()
 }
 
-fn keyed(key: &str, payload: &str) -> JobSpec {
+pub(super) fn keyed(key: &str, payload: &str) -> JobSpec {
     JobSpec {
         key: Some(key.into()),
         ..JobSpec::new(payload)
     }
 }
 
-fn ids(jobs: &[JobRecord]) -> Vec<JobId> {
+pub(super) fn ids(jobs: &[JobRecord]) -> Vec<JobId> {
     jobs.iter().map(|j| j.id).collect()
 }
 

@@ -169,6 +169,7 @@ mod jobs;
 mod leases;
 mod limits;
 mod listing;
+mod rates;
 mod schedules;
 pub use batches::*;
 pub use flow::*;
@@ -176,6 +177,7 @@ pub use jobs::*;
 pub use leases::*;
 pub use limits::*;
 pub use listing::*;
+pub use rates::*;
 pub use schedules::*;
 
 /// Generates one `#[test]` per lease case for a store factory. With
@@ -222,7 +224,9 @@ macro_rules! conformance_cases {
             queue_concurrency_limit_holds_across_holders, queue_per_key_limit_runs_one_per_key,
             queue_per_key_slot_frees_on_expiry_and_cancel, queue_per_key_slot_frees_in_a_settle_batch,
             queue_limits_raised_or_cleared_free_waiting_jobs, queue_blocked_key_backlog_is_set_aside,
-            queue_limits_check_their_input_and_roll_back, job_timeout_caps_the_claim_and_its_renewals
+            queue_limits_check_their_input_and_roll_back, job_timeout_caps_the_claim_and_its_renewals,
+            queue_rate_holds_per_sliding_window, queue_per_key_rate_parks_and_wakes_a_key,
+            queue_rates_and_concurrency_hold_together, queue_rates_check_their_input_and_roll_back
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
