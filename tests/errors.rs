@@ -461,6 +461,7 @@ mod lacking {
                     put_rate_log(queue: &str, key: &str, log: &leasehold::core::RateLog) -> ();
                     rate_wakes(queue: &str, until_ms: u64, limit: usize)
                         -> Vec<(std::sync::Arc<str>, u64)>;
+                    forget_idle_rates(queue: &str, before_ms: u64, limit: usize) -> usize;
                     schedules(queue: &str) -> Vec<ScheduleRecord>;
                     put_schedule(schedule: &ScheduleRecord) -> ();
                     delete_schedule(queue: &str, name: &str) -> bool;

@@ -450,7 +450,7 @@ fn a_version_3_database_gains_schedules_in_place() {
     let v: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!((v, SCHEMA_VERSION), (8, 8));
+    assert_eq!((v, SCHEMA_VERSION), (10, 10));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),

@@ -267,6 +267,11 @@ pub trait JobTxn {
         limit: usize,
     ) -> Result<Vec<(Arc<str>, u64)>>;
 
+    /// Remove up to `limit` rate buckets of `queue` whose newest start is
+    /// at or before `before_ms` and that wake nobody; how many went.
+    /// Costs the buckets removed.
+    fn forget_idle_rates(&mut self, queue: &str, before_ms: u64, limit: usize) -> Result<usize>;
+
     /// Serialize this transaction with the others that change what runs in
     /// a limited `queue`: `exclusive` for a claim or a change of limits
     /// (one at a time), shared for the end of an attempt (many at once,

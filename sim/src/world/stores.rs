@@ -272,6 +272,14 @@ impl JobTxn for Broken<'_> {
         }
         self.inner.put_rate_log(queue, key, &log)
     }
+    fn forget_idle_rates(
+        &mut self,
+        queue: &str,
+        before_ms: u64,
+        limit: usize,
+    ) -> leasehold::Result<usize> {
+        self.inner.forget_idle_rates(queue, before_ms, limit)
+    }
     fn rate_wakes(
         &mut self,
         queue: &str,

@@ -30,6 +30,10 @@
 //! - **a key's allowance comes** ([`unpark_due`], in each claim): the
 //!   best parked jobs of the key, as many as it may start, are unparked;
 //!   an idle worker sleeps until then ([`super::next_change_in`]).
+//! - **purge** ([`super::purge`]) removes the buckets whose newest start
+//!   is older than the longest window ([`MAX_WINDOW_MS`]) and that wake
+//!   nobody: no window can count them, so keys that came and went leave
+//!   nothing behind, and removing them changes no claim.
 //!
 //! # Invariants
 //! - **F4** No window of store time of length W holds more than N starts

@@ -3,7 +3,7 @@
 //! is decided before anything is written.
 
 use super::flow::{claim_limited, slot_freed};
-use super::rate::{unpark_due, QUEUE_BUCKET};
+use super::rate::{unpark_due, MAX_WINDOW_MS, QUEUE_BUCKET};
 use super::{
     backoff_ms, Claim, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec, JobState,
     QueueConfig, QueuePolicy, StateCounts,
@@ -505,7 +505,8 @@ pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
 }
 
 /// Delete up to `limit` terminal jobs of `queue` that finished at least
-/// `older_than_ms` ago. Returns how many were deleted.
+/// `older_than_ms` ago, and up to `limit` rate buckets idle for longer
+/// than any window. Returns how many jobs were deleted.
 pub fn purge(
     tx: &mut dyn Txn,
     queue: &str,
@@ -523,6 +524,10 @@ pub fn purge(
     for &id in &ids {
         tx.delete_job(id)?;
     }
+    // Rate buckets no window can count any more (F4's windows are at most
+    // a week): the keys that came and went leave nothing behind.
+    let idle_ms = tx.now_ms().saturating_sub(MAX_WINDOW_MS);
+    tx.forget_idle_rates(queue, idle_ms, limit)?;
     Ok(ids.len())
 }
 

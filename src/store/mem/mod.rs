@@ -429,6 +429,23 @@ impl JobTxn for MemTxn<'_> {
         Ok(())
     }
 
+    fn forget_idle_rates(&mut self, queue: &str, before_ms: u64, limit: usize) -> Result<usize> {
+        let from: ScheduleKey = (Arc::from(queue), Arc::from(""));
+        let idle: Vec<ScheduleKey> = (self.st.rates.range(from..))
+            .take_while(|((q, _), _)| **q == *queue)
+            .filter(|(_, log)| {
+                log.wake_at_ms.is_none() && log.starts.last().is_none_or(|&t| t <= before_ms)
+            })
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for at in &idle {
+            let old = self.st.rates.remove(at);
+            self.st.undo.rates.push((at.clone(), old));
+        }
+        Ok(idle.len())
+    }
+
     fn rate_wakes(
         &mut self,
         queue: &str,

@@ -15,7 +15,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 9] = [
+const MIGRATIONS: [&str; 10] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -73,6 +73,10 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
      DROP INDEX IF EXISTS {s}.jobs_ready;
      CREATE INDEX jobs_ready ON {s}.jobs (queue, parked, priority DESC, run_at, id) WHERE state = 0;",
     V9_RATES,
+    // v10: each rate bucket's newest start, so that `purge` finds the
+    // buckets no window counts any more.
+    "ALTER TABLE {s}.rates ADD COLUMN newest int8 NOT NULL DEFAULT 0;
+     CREATE INDEX rates_idle ON {s}.rates (queue, newest) WHERE wake_at IS NULL;",
 ];
 
 /// v9: rate limits. A queue's rates (NULL: none) and one row per rate

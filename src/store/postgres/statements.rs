@@ -31,6 +31,7 @@ pub(super) struct Statements {
     pub rate_put: Statement,
     pub rate_delete: Statement,
     pub rate_wakes: Statement,
+    pub rate_forget: Statement,
 }
 
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
@@ -202,12 +203,15 @@ impl Statements {
             lock_queue_shared: p("SELECT 1 FROM {s}.queues WHERE queue = $1 FOR SHARE".into())?,
             rate_get: p("SELECT starts, wake_at FROM {s}.rates WHERE queue = $1 AND key = $2".into())?,
             rate_put: p(
-                "INSERT INTO {s}.rates (queue, key, starts, wake_at) VALUES ($1, $2, $3, $4)
+                "INSERT INTO {s}.rates (queue, key, starts, wake_at, newest) VALUES ($1, $2, $3, $4, $5)
                  ON CONFLICT (queue, key) DO UPDATE SET starts = excluded.starts,
-                   wake_at = excluded.wake_at"
+                   wake_at = excluded.wake_at, newest = excluded.newest"
                     .into(),
             )?,
             rate_delete: p("DELETE FROM {s}.rates WHERE queue = $1 AND key = $2".into())?,
+            rate_forget: p("DELETE FROM {s}.rates WHERE queue = $1 AND key IN (SELECT key FROM {s}.rates
+                   WHERE queue = $1 AND wake_at IS NULL AND newest <= $2 LIMIT $3)"
+                .into())?,
             rate_wakes: p("SELECT key, wake_at FROM {s}.rates WHERE queue = $1 AND wake_at <= $2
                  ORDER BY wake_at, key LIMIT $3"
                 .into())?,

@@ -579,8 +579,21 @@ impl JobTxn for PgTxn<'_> {
             .map(|w| i64_of(Field::RunAt, w))
             .transpose()?;
         let starts = log.encode_starts();
-        self.query(&what, |st| &st.rate_put, &[&queue, &key, &starts, &wake])?;
+        let newest = i64_of(Field::RunAt, log.starts.last().copied().unwrap_or(0))?;
+        let row: [&(dyn ToSql + Sync); 5] = [&queue, &key, &starts, &wake, &newest];
+        self.query(&what, |st| &st.rate_put, &row)?;
         Ok(())
+    }
+
+    fn forget_idle_rates(&mut self, queue: &str, before_ms: u64, limit: usize) -> Result<usize> {
+        let what = format!("forgetting idle rates of queue {queue:?}");
+        let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        let Conn { client, st } = &mut *self.conn;
+        let gone = client
+            .execute(&st.rate_forget, &[&queue, &before, &n])
+            .map_err(|e| pg_err(what, e, Stage::Work))?;
+        Ok(usize::try_from(gone).unwrap_or(usize::MAX))
     }
 
     fn rate_wakes(

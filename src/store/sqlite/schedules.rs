@@ -161,14 +161,32 @@ pub(super) fn put_rate_log(conn: &Connection, queue: &str, key: &str, log: &Rate
         .wake_at_ms
         .map(|w| i64_of(Field::RunAt, w))
         .transpose()?;
+    let newest = i64_of(Field::RunAt, log.starts.last().copied().unwrap_or(0))?;
     conn.prepare_cached(
-        "INSERT INTO rates (queue, key, starts, wake_at) VALUES (?1, ?2, ?3, ?4)
+        "INSERT INTO rates (queue, key, starts, wake_at, newest) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT(queue, key) DO UPDATE SET starts = excluded.starts,
-           wake_at = excluded.wake_at",
+           wake_at = excluded.wake_at, newest = excluded.newest",
     )
-    .and_then(|mut s| s.execute(params![queue, key, log.encode_starts(), wake]))
+    .and_then(|mut s| s.execute(params![queue, key, log.encode_starts(), wake, newest]))
     .map(drop)
     .map_err(fail)
+}
+
+/// Remove up to `limit` buckets of `queue` idle since `before_ms`.
+pub(super) fn forget_idle_rates(
+    conn: &Connection,
+    queue: &str,
+    before_ms: u64,
+    limit: usize,
+) -> Result<usize> {
+    let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    conn.prepare_cached(
+        "DELETE FROM rates WHERE queue = ?1 AND key IN (SELECT key FROM rates INDEXED BY rates_idle
+           WHERE queue = ?1 AND wake_at IS NULL AND newest <= ?2 LIMIT ?3)",
+    )
+    .and_then(|mut s| s.execute(params![queue, before, limit]))
+    .map_err(|e| sql_err(|| format!("forgetting idle rates of queue {queue:?}"), e))
 }
 
 /// Up to `limit` buckets of `queue` waking at or before `until_ms`.

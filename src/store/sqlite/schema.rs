@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 9] = [
+const MIGRATIONS: [&str; 10] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -72,6 +72,10 @@ const MIGRATIONS: [&str; 9] = [
      ALTER TABLE jobs ADD COLUMN claim_deadline INTEGER;",
     V8_ONE_READY_INDEX,
     V9_RATES,
+    // v10: each rate bucket's newest start, so that `purge` finds the
+    // buckets no window counts any more.
+    "ALTER TABLE rates ADD COLUMN newest INTEGER NOT NULL DEFAULT 0;
+     CREATE INDEX rates_idle ON rates (queue, newest) WHERE wake_at IS NULL;",
 ];
 
 /// v9: rate limits. A queue's rates (NULL: none) and one row per rate

@@ -492,6 +492,10 @@ impl JobTxn for SqlTxn<'_> {
         super::schedules::put_rate_log(self.conn, queue, key, log)
     }
 
+    fn forget_idle_rates(&mut self, queue: &str, before_ms: u64, limit: usize) -> Result<usize> {
+        super::schedules::forget_idle_rates(self.conn, queue, before_ms, limit)
+    }
+
     fn rate_wakes(
         &mut self,
         queue: &str,

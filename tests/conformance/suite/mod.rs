@@ -226,7 +226,8 @@ macro_rules! conformance_cases {
             queue_limits_raised_or_cleared_free_waiting_jobs, queue_blocked_key_backlog_is_set_aside,
             queue_limits_check_their_input_and_roll_back, job_timeout_caps_the_claim_and_its_renewals,
             queue_rate_holds_per_sliding_window, queue_per_key_rate_parks_and_wakes_a_key,
-            queue_rates_and_concurrency_hold_together, queue_rates_check_their_input_and_roll_back
+            queue_rates_and_concurrency_hold_together, queue_rates_check_their_input_and_roll_back,
+            queue_idle_rate_buckets_are_purged
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,

@@ -201,3 +201,37 @@ pub fn queue_rates_check_their_input_and_roll_back(make: &Make) {
     let limits = w.tx(|tx| core::job::queue_config(tx, "q")).unwrap().limits;
     assert!(!limits.any(), "the failed transaction's rate is gone");
 }
+
+/// `purge` forgets the rate buckets no window can count any more (idle
+/// for longer than the longest window) and keeps the others: keys that
+/// came and went leave nothing behind.
+pub fn queue_idle_rate_buckets_are_purged(make: &Make) {
+    let w = World::new(make);
+    let limits = Limits::none()
+        .with_rate(Some(Rate::new(5, 1_000)))
+        .with_per_key_rate(Some(Rate::new(1, 1_000)));
+    assert!(set_limits(&w, "q", limits));
+    w.push("q", keyed("old", "o"));
+    for job in w.claim("q", 1, 60_000, 10) {
+        w.complete(&job, 1).unwrap();
+    }
+    let week = core::job::MAX_WINDOW_MS;
+    w.at(T0 + week);
+    w.push("q", keyed("new", "n"));
+    for job in w.claim("q", 1, 60_000, 10) {
+        w.complete(&job, 1).unwrap();
+    }
+    let log = |w: &World, key: &str| {
+        w.tx(|tx| tx.jobs()?.rate_log("q", key))
+            .unwrap()
+            .starts
+            .len()
+    };
+    assert_eq!((log(&w, "old"), log(&w, "new")), (1, 1));
+    w.at(T0 + week + 1);
+    w.tx(|tx| core::job::purge(tx, "q", 0, 100, &QueuePolicy::default()))
+        .unwrap();
+    assert_eq!(log(&w, "old"), 0, "idle for longer than any window");
+    assert_eq!(log(&w, "new"), 1, "still counts");
+    assert_eq!(log(&w, core::job::QUEUE_BUCKET), 1, "the queue's own");
+}
