@@ -133,6 +133,10 @@ pub enum Field {
     Reason,
     /// A job's unique key.
     UniqueKey,
+    /// How long a job's unique key blocks a second push.
+    UniqueFor,
+    /// The states in which a job's unique key blocks a second push.
+    UniqueStates,
     /// A job's concurrency key (what a queue's per-key limit counts).
     ConcurrencyKey,
     /// A queue's limit on running jobs.
@@ -231,6 +235,8 @@ impl Field {
             Field::Limit => "limit",
             Field::Reason => "reason",
             Field::UniqueKey => "unique_key",
+            Field::UniqueFor => "unique_for",
+            Field::UniqueStates => "unique_states",
             Field::ConcurrencyKey => "key",
             Field::Concurrency => "concurrency",
             Field::PerKey => "per_key",

@@ -90,7 +90,7 @@ pub use client::{
 pub use clock::{BootClock, Clock, ManualClock, MonotonicClock, SystemClock};
 pub use core::{
     DriftBound, EnqueueOutcome, Holder, HolderId, HolderInfo, JobId, JobRecord, JobSpec, JobState,
-    Limits, QueueConfig, QueuePolicy, Rate, StateCounts,
+    Limits, QueueConfig, QueuePolicy, Rate, StateCounts, StateSet,
 };
 pub use error::{Cause, Error, Field, LostReason, Result, StoreFailure, Target};
 pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt, Wake};

@@ -446,7 +446,8 @@ mod lacking {
                     jobs_by_id(ids: &[JobId]) -> Vec<JobRecord>;
                     put_job(job: &JobRecord) -> ();
                     delete_job(id: JobId) -> ();
-                    live_unique(queue: &str, key: &str) -> Option<JobId>;
+                    unique_jobs(queue: &str, key: &str, states: leasehold::StateSet, since_ms: u64,
+                        limit: usize) -> Vec<JobId>;
                     pending(queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Pending;
                     scan(queue: &str, query: JobQuery, limit: usize, out: &mut Vec<JobId>) -> ();
                     counts(queue: &str) -> StateCounts;

@@ -135,7 +135,7 @@ fn a_version_1_schema_is_migrated_in_place() {
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
-         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+         ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -162,7 +162,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
     drop(PostgresStore::open(&schema.url()).unwrap());
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
-         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP TABLE \"{s}\".rates; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '3' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -172,7 +172,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("10", 10));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("11", 11));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -218,7 +218,7 @@ fn a_version_5_schema_gains_limits_in_place() {
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0;
          ALTER TABLE \"{s}\".queues DROP COLUMN concurrency, DROP COLUMN per_key, DROP COLUMN rate_count,
            DROP COLUMN rate_ms, DROP COLUMN key_rate_count, DROP COLUMN key_rate_ms;
-         DROP TABLE \"{s}\".rates;
+         DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all;
          UPDATE \"{s}\".leasehold_meta SET value = '5' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -720,7 +720,7 @@ fn a_version_2_schema_is_migrated_in_place() {
     drop(store);
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
-         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '2' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -742,4 +742,50 @@ fn a_version_2_schema_is_migrated_in_place() {
         .unwrap();
     let job = store.txn(|tx| core::job::get(tx, id, &policy)).unwrap();
     assert_eq!(job.result.as_deref(), Some(&b"42"[..]));
+}
+
+/// U1 on a store whose transactions run side by side: threads pushing one
+/// unique key at the same moment create exactly one job (the key's
+/// advisory lock replaced the unique index when several live jobs could
+/// share a key), with the default states and with a period; 100 keys,
+/// each raced by 4 threads released together.
+#[test]
+fn concurrent_pushes_of_one_unique_key_create_one_job() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("unique_race");
+    let store: Arc<dyn Store> = Arc::new(PostgresStore::open(&schema.url()).unwrap());
+    const KEYS: usize = 100;
+    let created: Vec<std::sync::atomic::AtomicUsize> =
+        (0..KEYS).map(|_| Default::default()).collect();
+    let barrier = Barrier::new(4);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for (i, count) in created.iter().enumerate() {
+                    let spec = JobSpec {
+                        unique_key: Some(format!("k{i}")),
+                        unique_for: (i % 2 == 1).then_some(Duration::from_secs(3600)),
+                        ..JobSpec::new("x")
+                    };
+                    barrier.wait();
+                    let out = store
+                        .txn(|tx| core::job::enqueue(tx, "q", &spec, &QueuePolicy::default()))
+                        .unwrap();
+                    if out.created {
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    let counts: Vec<usize> = created
+        .iter()
+        .map(|c| c.load(std::sync::atomic::Ordering::SeqCst))
+        .collect();
+    assert!(
+        counts.iter().all(|&n| n == 1),
+        "jobs created per key: {counts:?}"
+    );
 }

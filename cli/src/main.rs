@@ -162,6 +162,8 @@ fn flag_of(field: Field) -> &'static str {
         Field::Delay => "--delay",
         Field::RunAt => "--at",
         Field::UniqueKey => "--unique",
+        Field::UniqueFor => "--unique-for",
+        Field::UniqueStates => "--unique-states",
         Field::ConcurrencyKey => "--key",
         Field::Concurrency => "--concurrency",
         Field::PerKey => "--per-key",

@@ -29,9 +29,15 @@ pub enum QueueCmd {
         at: Option<SystemTime>,
         #[arg(long, default_value_t = defaults::max_attempts(), value_parser = clap::value_parser!(u32).range(defaults::attempts_range()))]
         max_attempts: u32,
-        /// Deduplicate: return the live job with this key instead.
+        /// Deduplicate: if a job with this key blocks it (by default a live one: ready, scheduled or running), print that job's id as "duplicate_of" and create nothing.
         #[arg(long)]
         unique: Option<String>,
+        /// With --unique: a job with the key pushed within this period blocks, whatever its state (e.g. 1h).
+        #[arg(long, value_parser = parse_duration, requires = "unique")]
+        unique_for: Option<Duration>,
+        /// With --unique: the states in which a job with the key blocks, comma-separated (e.g. ready,scheduled).
+        #[arg(long, value_name = "STATES", value_parser = states_arg, requires = "unique")]
+        unique_states: Option<leasehold::StateSet>,
         /// Concurrency key: the queue's per-key limit counts the running jobs sharing it.
         #[arg(long)]
         key: Option<String>,
@@ -143,6 +149,8 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
             at,
             max_attempts,
             unique,
+            unique_for,
+            unique_states,
             key,
             timeout,
         } => {
@@ -154,11 +162,18 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
                 run_at,
                 max_attempts,
                 unique_key: unique,
+                unique_for,
+                unique_states,
                 key,
                 timeout,
             };
             let pushed = client.queue(&queue)?.push(&spec)?;
-            vec![json!({"id": pushed.id.0, "created": pushed.created})]
+            let mut v = json!({"id": pushed.id.0, "created": pushed.created});
+            if !pushed.created {
+                // The job whose unique key blocked the push.
+                v["duplicate_of"] = json!(pushed.id.0);
+            }
+            vec![v]
         }
         QueueCmd::Queues => return queues(client.store().as_ref(), client.policy()),
         QueueCmd::Stats { queue } => {
@@ -280,6 +295,11 @@ fn limit(client: &leasehold::Client, cmd: LimitCmd) -> Result<Value, Fail> {
     let mut v = json!({ "queue": queue, "changed": changed });
     leasehold::render::add_limits(&mut v, &limits);
     Ok(v)
+}
+
+/// Parse `ready,scheduled` as the library does.
+fn states_arg(text: &str) -> Result<leasehold::StateSet, String> {
+    leasehold::StateSet::parse(leasehold::Field::UniqueStates, text).map_err(|e| e.to_string())
 }
 
 /// Parse `N/DUR` as the library does, its error naming the flag's field.

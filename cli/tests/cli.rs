@@ -118,6 +118,8 @@ fn queue_contract_push_work_retry_cancel_purge() {
     let dup2 = d.json(&["queue", "push", "q", "--payload", "x", "--unique", "u1"]);
     assert_eq!(dup1["id"], dup2["id"]);
     assert_eq!(dup2["created"].as_bool(), Some(false));
+    assert_eq!(dup2["duplicate_of"], dup1["id"], "{dup2}");
+    assert!(dup1.get("duplicate_of").is_none(), "{dup1}");
     let mut stdin_push = d
         .cmd()
         .args(["queue", "push", "q", "--max-attempts", "1"])
@@ -195,6 +197,70 @@ fn queue_contract_push_work_retry_cancel_purge() {
         2,
         "a usage error"
     );
+}
+
+/// `--unique-for` blocks a second push of the key within the period
+/// whatever became of the first, `--unique-states` says which states
+/// block; a blocked push exits 0 naming the job it hit; bad options exit 2
+/// naming the flag.
+#[test]
+fn unique_pushes_by_period_and_state() {
+    let d = Dir::new("unique");
+    let push = |extra: &[&str]| {
+        let mut args = vec!["queue", "push", "q", "--payload", "x"];
+        args.extend_from_slice(extra);
+        d.json(&args)
+    };
+    let first = push(&["--unique", "daily", "--unique-for", "1h"]);
+    assert_eq!(first["created"], true);
+    let out = d.run(&["queue", "work", "q", "--drain", "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let id = first["id"].to_string();
+    assert_eq!(d.json(&["queue", "get", &id])["state"], "done");
+    let again = push(&["--unique", "daily", "--unique-for", "1h"]);
+    assert_eq!(
+        (&again["created"], &again["duplicate_of"]),
+        (&false.into(), &first["id"]),
+        "done within the hour still blocks: {again}"
+    );
+    assert_eq!(
+        push(&["--unique", "daily"])["created"],
+        true,
+        "by default only live jobs block"
+    );
+    let waiting = push(&["--unique", "sync", "--unique-states", "ready,scheduled"]);
+    assert_eq!(
+        push(&["--unique", "sync", "--unique-states", "ready"])["duplicate_of"],
+        waiting["id"]
+    );
+    for bad in [
+        &["--unique-for", "1h"][..],
+        &["--unique", "k", "--unique-for", "soon"],
+        &["--unique", "k", "--unique-states", "ready,finished"],
+    ] {
+        let mut args = vec!["queue", "push", "q", "--payload", "x"];
+        args.extend_from_slice(bad);
+        let out = d.run(&args);
+        assert_eq!(
+            code(&out),
+            2,
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = d.run(&[
+        "queue",
+        "push",
+        "q",
+        "--payload",
+        "x",
+        "--unique",
+        "k",
+        "--unique-for",
+        "0s",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(code(&out) != 0 && err.contains("--unique-for"), "{err}");
 }
 
 fn shell(d: &Dir) -> Command {

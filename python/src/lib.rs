@@ -348,7 +348,7 @@ impl Queue {
     /// live job that already has `unique` as its key). `key` is its
     /// concurrency key (what a per-key limit counts); `timeout` its
     /// run-time limit in seconds.
-    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None, key=None, timeout=None))]
+    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None, key=None, timeout=None, unique_for=None, unique_states=None))]
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
@@ -360,7 +360,9 @@ impl Queue {
         unique: Option<String>,
         key: Option<String>,
         timeout: Option<f64>,
-    ) -> PyResult<u64> {
+        unique_for: Option<f64>,
+        unique_states: Option<&str>,
+    ) -> PyResult<(u64, bool)> {
         let mut spec = JobSpec::new(payload);
         spec.priority = priority;
         if let Some(d) = delay {
@@ -374,9 +376,16 @@ impl Queue {
         if let Some(t) = timeout {
             spec.timeout = Some(seconds(py, "timeout", t)?);
         }
+        if let Some(p) = unique_for {
+            spec.unique_for = Some(seconds(py, "unique_for", p)?);
+        }
+        if let Some(text) = unique_states {
+            let states = leasehold::StateSet::parse(leasehold::Field::UniqueStates, text);
+            spec.unique_states = Some(states.map_err(|e| py_err(py, e))?);
+        }
         let q = self.queue.clone();
         py.detach(move || q.push(&spec))
-            .map(|o| o.id.0)
+            .map(|o| (o.id.0, o.created))
             .map_err(|e| py_err(py, e))
     }
 

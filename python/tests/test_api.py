@@ -284,6 +284,24 @@ def test_rates_start_no_more_per_window_and_wake_the_worker(store_url, name):
     assert q.limits["rate"] == "2/1s", "a refused change changes nothing"
 
 
+def test_unique_pushes_by_period_and_state(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    first, created = q.push_unique(b"x", unique="daily", unique_for=3600)
+    assert created is True
+    job = q.claim(keep_alive=False)
+    assert job.id == first
+    job.complete()
+    assert q.push_unique(b"x", unique="daily", unique_for=3600) == (first, False)
+    assert q.push(b"x", unique="daily") != first, "by default a done job blocks nothing"
+    waiting = q.push(b"w", unique="sync", unique_states=["ready", "scheduled"])
+    assert q.push_unique(b"w", unique="sync", unique_states="ready") == (waiting, False)
+    with pytest.raises(leasehold.InvalidInput) as e:
+        q.push(b"x", unique="k", unique_states="ready,finished")
+    assert "unique_states" in str(e.value)
+    with pytest.raises(leasehold.InvalidInput):
+        q.push(b"x", unique_for=60)
+
+
 def test_a_job_past_its_timeout_fails_saying_so(store_url, name):
     import time
 

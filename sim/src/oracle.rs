@@ -32,6 +32,10 @@
 //! - F2: no claim applied while the queue is paused starts a job.
 //! - F3: no claim of a job with a run-time limit is granted or renewed
 //!   past its claim instant plus the limit.
+//! - U1: a push with a unique key creates a job exactly when no job of
+//!   the queue with the key blocks it (in a blocking state and, with a
+//!   period, pushed within it): the reference model's answer, from the
+//!   rule's statement.
 //! - F4: under a rate of N per W, no window of length W holds more than N
 //!   starts of the queue (or of one concurrency key), counting the starts
 //!   since the rate was last set.
@@ -285,14 +289,19 @@ impl Oracle {
     /// Compare the store's outcome of an operation with the model's.
     pub fn compare(&self, t: u64, what: &str, expect: &Outcome, got: &Outcome) -> Check {
         if expect.accepts(got) {
-            Ok(())
-        } else {
-            violation(
-                "model (Q3-Q5/S1)",
-                t,
-                format!("{what}: store answered {got:?}, reference model {expect:?}"),
-            )
+            return Ok(());
         }
+        // A push created a job where the model found one with its unique
+        // key that blocks it, or answered one where none does: U1.
+        let unique = matches!(
+            (expect, got),
+            (Outcome::Enqueued { created: a, .. }, Outcome::Enqueued { created: b, .. }) if a != b
+        );
+        violation(
+            if unique { "U1" } else { "model (Q3-Q5/S1)" },
+            t,
+            format!("{what}: store answered {got:?}, reference model {expect:?}"),
+        )
     }
 
     fn owner_of(&self, key: usize, token: u64) -> Option<Owner> {

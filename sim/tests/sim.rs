@@ -133,6 +133,7 @@ fn every_canary_is_caught() {
             Canary::ClaimIgnoresKeyLimit => &["F1"],
             Canary::RenewsPastDeadline => &["F3"],
             Canary::ClaimIgnoresRate => &["F4"],
+            Canary::UniqueForgetsFinished => &["U1"],
         };
         assert!(
             expected.contains(&v.guarantee),

@@ -77,7 +77,7 @@ pub use event::{Event, JobChange, LeaseChange};
 pub use job::{
     backoff_ms, Claim, ClaimRank, EnqueueOutcome, HeartbeatReply, JobCursor, JobId, JobPeek,
     JobRecord, JobSpec, JobState, Limits, QueueConfig, QueuePolicy, QueueSummary, Rate, RateLog,
-    StateCounts, SummaryOptions,
+    StateCounts, StateSet, SummaryOptions,
 };
 pub use lease::{
     local_deadline_ms, DriftBound, Grant, LeaseInfo, LeasePage, LeaseRecord, LeaseSlot,

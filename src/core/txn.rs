@@ -12,7 +12,7 @@
 use super::event::Event;
 use super::{
     JobCursor, JobId, JobPeek, JobRecord, JobState, LeaseRecord, QueueConfig, RateLog,
-    ScheduleRecord, StateCounts,
+    ScheduleRecord, StateCounts, StateSet,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
@@ -199,8 +199,27 @@ pub trait JobTxn {
     /// Remove a job's record and its index entries.
     fn delete_job(&mut self, id: JobId) -> Result<()>;
 
-    /// The non-terminal job of `queue` carrying `unique_key`, if any.
-    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>>;
+    /// Up to `limit` jobs of `queue` carrying `unique_key` whose stored
+    /// state is in `states` and that were created at or after `since_ms`,
+    /// newest first. Reads an index of the key (of its live jobs when
+    /// `states` holds live states only and `since_ms` is 0).
+    fn unique_jobs(
+        &mut self,
+        queue: &str,
+        unique_key: &str,
+        states: StateSet,
+        since_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<JobId>>;
+
+    /// Serialize this transaction with the others that push or revive a
+    /// job with `unique_key` in `queue` (held until it ends), so that two
+    /// never both miss each other's job (U1). A store whose transactions
+    /// never run side by side does nothing (the default).
+    fn lock_unique(&mut self, queue: &str, unique_key: &str) -> Result<()> {
+        let _ = (queue, unique_key);
+        Ok(())
+    }
 
     /// In one read: up to `chunk` expired and up to `chunk` due jobs of
     /// `queue` as of `now_ms`, and, when `ready > 0`, up to `ready` ready

@@ -155,16 +155,43 @@ class Queue:
         return self._native.name
 
     def push(
-        self, payload, priority=0, delay=None, max_attempts=None, unique=None, key=None, timeout=None
+        self,
+        payload,
+        priority=0,
+        delay=None,
+        max_attempts=None,
+        unique=None,
+        key=None,
+        timeout=None,
+        unique_for=None,
+        unique_states=None,
     ):
         """Enqueue ``payload`` (bytes, str, or anything JSON takes); returns
-        the job's id (the live job's, when ``unique`` names one). ``key`` is
-        its concurrency key: what the queue's ``per_key`` limit counts.
-        ``timeout`` (seconds) limits each attempt's run time, counted from
-        its claim: past it the handler is told to stop, the attempt fails,
-        and the store renews its claim no further."""
+        the job's id. With ``unique``, a job with that key that blocks the
+        push (by default a live one: ready, scheduled or running) is
+        returned instead and nothing is created (:meth:`push_unique` says
+        which happened); ``unique_for`` (seconds) blocks on any job with
+        the key pushed within that period, ``unique_states`` (names, a list
+        or ``"ready,scheduled"``) says in which states a job blocks.
+        ``key`` is its concurrency key: what the queue's ``per_key`` limit
+        counts. ``timeout`` (seconds) limits each attempt's run time,
+        counted from its claim: past it the handler is told to stop, the
+        attempt fails, and the store renews its claim no further."""
+        return self.push_unique(
+            payload, priority, delay, max_attempts, unique, key, timeout, unique_for,
+            unique_states,
+        )[0]
+
+    def push_unique(self, payload, priority=0, delay=None, max_attempts=None, unique=None,
+                    key=None, timeout=None, unique_for=None, unique_states=None):
+        """:meth:`push`, answering ``(id, created)``: ``created`` is false
+        when a job with the unique key blocked the push (``id`` is that
+        job's, the CLI's ``duplicate_of``)."""
+        if unique_states is not None and not isinstance(unique_states, str):
+            unique_states = ",".join(unique_states)
         return self._native.push(
-            _payload(payload), priority, delay, max_attempts, unique, key, timeout
+            _payload(payload), priority, delay, max_attempts, unique, key, timeout,
+            unique_for, unique_states,
         )
 
     def claim(self, lease=30, keep_alive=True):

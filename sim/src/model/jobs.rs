@@ -61,12 +61,28 @@ impl Model {
     }
 
     fn unique_holder(&self, queue: &str, key: &str) -> Option<u64> {
+        self.blocking(queue, key, leasehold::StateSet::LIVE, None)
+    }
+
+    /// U1, from the rule's statement: the newest job of `queue` with
+    /// unique key `key` in one of `states` and, with a period, pushed
+    /// within it before now.
+    fn blocking(
+        &self,
+        queue: &str,
+        key: &str,
+        states: leasehold::StateSet,
+        period_ms: Option<u64>,
+    ) -> Option<u64> {
+        let now = self.now_ms;
         self.jobs
             .iter()
+            .rev()
             .find(|j| {
                 !j.purged
                     && j.queue == queue
-                    && !j.state.is_terminal()
+                    && states.contains(j.state)
+                    && period_ms.is_none_or(|p| j.created_at_ms + p > now)
                     && j.unique_key.as_deref() == Some(key)
             })
             .map(|j| j.id)
@@ -91,6 +107,16 @@ impl Model {
                     return Outcome::Invalid(leasehold::Field::UniqueKey);
                 }
             }
+            let period_ms = spec.unique_for.map(|p| p.as_millis() as u64);
+            if spec.unique_key.is_none() && (period_ms.is_some() || spec.unique_states.is_some()) {
+                return Outcome::Invalid(leasehold::Field::UniqueKey);
+            }
+            if period_ms.is_some_and(|p| p == 0 || p > MAX_TTL_MS) {
+                return Outcome::Invalid(leasehold::Field::UniqueFor);
+            }
+            if spec.unique_states.is_some_and(|s| s.is_empty()) {
+                return Outcome::Invalid(leasehold::Field::UniqueStates);
+            }
             if spec.key.as_deref().is_some_and(|k| !key_ok(k)) {
                 return Outcome::Invalid(leasehold::Field::ConcurrencyKey);
             }
@@ -110,7 +136,11 @@ impl Model {
                 },
             };
             if let Some(k) = &spec.unique_key {
-                if let Some(id) = self.unique_holder(queue, k) {
+                let states = spec.unique_states.unwrap_or(match period_ms {
+                    Some(_) => leasehold::StateSet::ALL,
+                    None => leasehold::StateSet::LIVE,
+                });
+                if let Some(id) = self.blocking(queue, k, states, period_ms) {
                     return Outcome::Enqueued { id, created: false };
                 }
             }

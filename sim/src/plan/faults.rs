@@ -392,6 +392,9 @@ impl Plan {
                 faults.retain(|(_, f)| !matches!(f, Fault::SetLimits { .. }));
                 faults.push((0, limit));
             }
+            // Most pushes unique, so that finished jobs within a period
+            // are met often.
+            Canary::UniqueForgetsFinished => self.unique_share = 0.8,
             Canary::RenewsPastDeadline => {
                 // Limits shorter than a lease: every renewal would pass them.
                 self.timeouts = Some((1, self.lease_ms / 2 + 1));

@@ -109,11 +109,14 @@ pub enum Canary {
     /// The store forgets every start a rate bucket records: no window
     /// ever looks full (F4).
     ClaimIgnoresRate,
+    /// A unique key's lookup sees live jobs only: a finished job pushed
+    /// within the period blocks nothing (U1).
+    UniqueForgetsFinished,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 14] = [
+    pub const ALL: [Canary; 15] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -128,6 +131,7 @@ impl Canary {
         Canary::ClaimIgnoresKeyLimit,
         Canary::RenewsPastDeadline,
         Canary::ClaimIgnoresRate,
+        Canary::UniqueForgetsFinished,
     ];
 
     /// Its command-line name.
@@ -147,6 +151,7 @@ impl Canary {
             Canary::ClaimIgnoresKeyLimit => "claim-ignores-key-limit",
             Canary::RenewsPastDeadline => "renews-past-deadline",
             Canary::ClaimIgnoresRate => "claim-ignores-rate",
+            Canary::UniqueForgetsFinished => "unique-forgets-finished",
         }
     }
 
@@ -167,7 +172,8 @@ impl Canary {
             | Canary::ClaimIgnoresPause
             | Canary::ClaimIgnoresKeyLimit
             | Canary::RenewsPastDeadline
-            | Canary::ClaimIgnoresRate => Scenario::Queue,
+            | Canary::ClaimIgnoresRate
+            | Canary::UniqueForgetsFinished => Scenario::Queue,
             Canary::LeaderIgnoresDeadline => Scenario::Election,
             Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }
@@ -256,6 +262,8 @@ pub struct Plan {
     pub keyed: bool,
     /// Jobs carry run-time limits in this range (ms), when set.
     pub timeouts: Option<(u64, u64)>,
+    /// The share of pushes that carry a unique key (U1).
+    pub unique_share: f64,
 }
 
 fn chance(rng: &mut StdRng, p: f64) -> bool {
@@ -380,6 +388,7 @@ impl Plan {
             strict_l3: !chaos,
             keyed: false,
             timeouts: None,
+            unique_share: 0.1,
         };
         let actors: Vec<usize> = plan
             .procs

@@ -12,8 +12,9 @@ use crate::plan::Canary;
 use leasehold::client::machine::{WorkerReply, WorkerRequest};
 use leasehold::client::sim::Exec;
 use leasehold::core::{self, job::Settle};
-use leasehold::{Holder, HolderId, JobId, StoreExt};
+use leasehold::{Holder, HolderId, JobId, Store, StoreExt};
 use rand::Rng;
+use std::sync::Arc;
 
 /// The model's normalized view of an answer (what the oracle compares and
 /// the trace shows).
@@ -131,9 +132,18 @@ impl Sim<'_> {
             Req::Release { key, token } => self.apply_release(owner, holder, *key, *token),
             Req::Push(spec) => {
                 let policy = self.policy;
-                let r = self
-                    .store
-                    .txn(|tx| core::job::enqueue(tx, QUEUE, spec, &policy));
+                let store: Arc<dyn Store> =
+                    match self.plan.canary == Some(Canary::UniqueForgetsFinished) {
+                        true => Arc::new(super::stores::BrokenStore {
+                            inner: self.store.clone(),
+                            breakage: super::stores::Breakage {
+                                unique_live_only: true,
+                                ..Default::default()
+                            },
+                        }),
+                        false => self.store.clone(),
+                    };
+                let r = store.txn(|tx| core::job::enqueue(tx, QUEUE, spec, &policy));
                 let expect = self.oracle.model.enqueue(QUEUE, spec);
                 (Answer::Enqueued(r), expect, "push".to_owned())
             }

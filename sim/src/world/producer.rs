@@ -48,6 +48,9 @@ impl Sim<'_> {
             rng.random_bool(0.5)
                 .then(|| std::time::Duration::from_millis(rng.random_range(low..=high)))
         });
+        let unique = rng
+            .random_bool(self.plan.unique_share)
+            .then(|| format!("u{}", rng.random_range(0..3)));
         JobSpec {
             key,
             timeout,
@@ -58,9 +61,17 @@ impl Sim<'_> {
                 0
             },
             max_attempts: self.plan.max_attempts,
-            unique_key: rng
-                .random_bool(0.1)
-                .then(|| format!("u{}", rng.random_range(0..3))),
+            unique_key: unique.clone(),
+            // U1: a period of up to a few leases, and states drawn from
+            // all six, on some of the unique pushes.
+            unique_for: (unique.is_some() && rng.random_bool(0.4))
+                .then(|| std::time::Duration::from_millis(rng.random_range(1..=600))),
+            unique_states: (unique.is_some() && rng.random_bool(0.4)).then(|| {
+                let states: Vec<leasehold::JobState> = (leasehold::JobState::ALL.into_iter())
+                    .filter(|_| rng.random_bool(0.5))
+                    .collect();
+                leasehold::StateSet::of(&states).with(leasehold::JobState::Ready)
+            }),
             ..JobSpec::new(vec![rng.random::<u8>()])
         }
     }

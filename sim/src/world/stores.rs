@@ -102,6 +102,9 @@ pub(crate) struct Breakage {
     pub(crate) forget_deadlines: bool,
     /// A rate bucket's starts are never stored (every window looks empty).
     pub(crate) forget_starts: bool,
+    /// A unique key's lookup sees only live jobs, whatever the period and
+    /// states asked (the behaviour before U1's periods).
+    pub(crate) unique_live_only: bool,
     /// Every claim read looks like this holder's (fencing by holder is
     /// ignored; the world swaps in the current tokens).
     pub(crate) careless: Option<HolderId>,
@@ -211,8 +214,26 @@ impl JobTxn for Broken<'_> {
     fn delete_job(&mut self, id: JobId) -> leasehold::Result<()> {
         self.inner.delete_job(id)
     }
-    fn live_unique(&mut self, queue: &str, key: &str) -> leasehold::Result<Option<JobId>> {
-        self.inner.live_unique(queue, key)
+    fn unique_jobs(
+        &mut self,
+        queue: &str,
+        key: &str,
+        states: leasehold::StateSet,
+        since_ms: u64,
+        limit: usize,
+    ) -> leasehold::Result<Vec<JobId>> {
+        if self.breakage.unique_live_only {
+            // Broken on purpose: done, dead and cancelled jobs never block.
+            let live: Vec<JobState> = (JobState::ALL.into_iter())
+                .filter(|s| states.contains(*s) && !s.is_terminal())
+                .collect();
+            let states = leasehold::StateSet::of(&live);
+            return self.inner.unique_jobs(queue, key, states, since_ms, limit);
+        }
+        self.inner.unique_jobs(queue, key, states, since_ms, limit)
+    }
+    fn lock_unique(&mut self, queue: &str, key: &str) -> leasehold::Result<()> {
+        self.inner.lock_unique(queue, key)
     }
     fn pending(
         &mut self,

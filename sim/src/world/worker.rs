@@ -168,6 +168,7 @@ impl Sim<'_> {
             blind_to_keys: canary == Some(Canary::ClaimIgnoresKeyLimit),
             forget_deadlines: canary == Some(Canary::RenewsPastDeadline),
             forget_starts: canary == Some(Canary::ClaimIgnoresRate),
+            unique_live_only: false,
             careless: (canary == Some(Canary::IgnoresFencing)).then_some(self.procs[p].holder),
         };
         let store: Arc<dyn Store> = if breakage.any() {

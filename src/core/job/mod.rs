@@ -15,12 +15,14 @@ mod flow;
 mod rate;
 mod rules;
 mod settle;
+mod unique;
 mod view;
 
 pub use flow::*;
 pub use rate::{Rate, RateLog, MAX_RATE, MAX_WINDOW_MS, QUEUE_BUCKET};
 pub use rules::*;
 pub use settle::*;
+pub use unique::{StateSet, UNIQUE_READ};
 pub(crate) use view::check_after_key;
 pub use view::{
     page, queues, summary, JobCursor, JobPeek, QueueSummary, SummaryOptions, BUCKETS_MAX,
@@ -281,8 +283,17 @@ pub struct JobSpec {
     /// Attempts allowed (1..=[`MAX_ATTEMPTS`](super::MAX_ATTEMPTS)).
     pub max_attempts: u32,
     /// A second enqueue with the key of a live (non-terminal) job returns
-    /// that job instead of creating one.
+    /// that job instead of creating one (which jobs block it:
+    /// `unique_for` and `unique_states`).
     pub unique_key: Option<String>,
+    /// With a unique key: a job with the key pushed within this period
+    /// before now blocks the push, whatever its state (unless
+    /// `unique_states` says which). At most a year.
+    pub unique_for: Option<std::time::Duration>,
+    /// With a unique key: the states in which a job with the key blocks
+    /// the push (default: ready, scheduled and running; with
+    /// `unique_for`, every state).
+    pub unique_states: Option<StateSet>,
     /// Its concurrency key: a queue's per-key limit ([`Limits::per_key`])
     /// counts the running jobs that share it (a customer, a tenant, a
     /// repository), so at most that many of them run at once.
@@ -304,6 +315,8 @@ impl Default for JobSpec {
             run_at: None,
             max_attempts: 3,
             unique_key: None,
+            unique_for: None,
+            unique_states: None,
             key: None,
             timeout: None,
         }

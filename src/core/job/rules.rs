@@ -4,6 +4,7 @@
 
 use super::flow::{claim_limited, slot_freed};
 use super::rate::{unpark_due, MAX_WINDOW_MS, QUEUE_BUCKET};
+use super::unique;
 use super::{
     backoff_ms, Claim, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec, JobState,
     QueueConfig, QueuePolicy, StateCounts,
@@ -71,7 +72,11 @@ pub(super) fn note_end(tx: &mut dyn JobTxn, job: &JobRecord, quarantined: bool) 
 
 /// Load a job as of the store's clock: if its claim expired or its
 /// `run_at_ms` passed, its queue is brought up to date first.
-fn load_fresh(tx: &mut dyn JobTxn, id: JobId, policy: &QueuePolicy) -> Result<JobRecord> {
+pub(super) fn load_fresh(
+    tx: &mut dyn JobTxn,
+    id: JobId,
+    policy: &QueuePolicy,
+) -> Result<JobRecord> {
     let job = load(tx, id)?;
     let now_ms = tx.now_ms();
     let stale = match (job.state, job.claim) {
@@ -111,19 +116,8 @@ pub fn enqueue(
         None if spec.delay_ms == 0 => now_ms,
         None => expiry_ms(Field::Delay, now_ms, spec.delay_ms)?,
     };
-    if let Some(key) = &spec.unique_key {
-        if let Some(id) = tx.live_unique(queue, key)? {
-            // The holder of the key may have just expired into a terminal
-            // state, or (in a store whose lookup does not lock) finished and
-            // been purged since the lookup.
-            match load_fresh(tx, id, policy) {
-                Ok(job) if !job.state.is_terminal() => {
-                    return Ok(EnqueueOutcome { id, created: false });
-                }
-                Ok(_) | Err(Error::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
+    if let Some(existing) = unique::blocking(tx, queue, spec, policy)? {
+        return Ok(existing);
     }
     let id = tx.next_job_id()?;
     let mut job = JobRecord {
@@ -177,6 +171,7 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
             return Err(Error::invalid(Field::UniqueKey, "must not be empty"));
         }
     }
+    unique::check(spec)?;
     if let Some(key) = &spec.key {
         check_key(Field::ConcurrencyKey, key)?;
     }
@@ -482,12 +477,8 @@ pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
             action: "retry (only dead or cancelled jobs can be retried)",
         });
     }
-    if let Some(key) = &job.unique_key {
-        let holder = match tx.live_unique(&job.queue, key)? {
-            Some(other) if !load_fresh(tx, other, policy)?.state.is_terminal() => Some(other),
-            _ => None,
-        };
-        if let Some(other) = holder {
+    if let Some(key) = job.unique_key.clone() {
+        if let Some(other) = unique::live_holder(tx, &job.queue, &key, id, policy)? {
             return Err(Error::invalid(
                 Field::UniqueKey,
                 format!("job {other} already holds unique key {key:?}"),

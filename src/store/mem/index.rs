@@ -24,7 +24,7 @@ pub(super) struct QueueIndex {
     pub(super) scheduled: BTreeSet<(u64, JobId)>,
     pub(super) running: BTreeSet<(u64, JobId)>,
     pub(super) finished: BTreeSet<(u64, JobId)>,
-    pub(super) unique: HashMap<Arc<str>, JobId>,
+    pub(super) unique: HashMap<Arc<str>, BTreeSet<JobId>>,
     pub(super) ids: BTreeSet<JobId>,
     pub(super) counts: StateCounts,
 }
@@ -53,8 +53,8 @@ impl QueueIndex {
                 self.finished.insert((job.finished_at_ms.unwrap_or(0), id));
             }
         }
-        if let (Some(key), false) = (&job.unique_key, job.state.is_terminal()) {
-            self.unique.insert(key.clone(), id);
+        if let Some(key) = &job.unique_key {
+            self.unique.entry(key.clone()).or_default().insert(id);
         }
         self.ids.insert(id);
         self.counts.add(job.state, 1);
@@ -84,8 +84,11 @@ impl QueueIndex {
             }
         }
         if let Some(key) = &job.unique_key {
-            if self.unique.get(key) == Some(&id) {
-                self.unique.remove(key);
+            if let Some(ids) = self.unique.get_mut(key) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    self.unique.remove(key);
+                }
             }
         }
         self.ids.remove(&id);

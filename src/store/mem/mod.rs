@@ -12,7 +12,7 @@
 use crate::clock::{Clock, MonotonicClock};
 use crate::core::{
     ClaimRank, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal,
-    LeaseRecord, Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, Txn,
+    LeaseRecord, Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet, Txn,
 };
 use crate::error::Result;
 use crate::store::{Store, Wake};
@@ -282,12 +282,30 @@ impl JobTxn for MemTxn<'_> {
         Ok(())
     }
 
-    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>> {
-        Ok(self
+    fn unique_jobs(
+        &mut self,
+        queue: &str,
+        unique_key: &str,
+        states: StateSet,
+        since_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<JobId>> {
+        let Some(ids) = self
             .st
             .queues
             .get(queue)
-            .and_then(|q| q.unique.get(unique_key).copied()))
+            .and_then(|q| q.unique.get(unique_key))
+        else {
+            return Ok(Vec::new());
+        };
+        let jobs = &self.st.jobs;
+        let mut found: Vec<(u64, JobId)> = (ids.iter())
+            .filter_map(|id| jobs.get(id))
+            .filter(|j| states.contains(j.state) && j.created_at_ms >= since_ms)
+            .map(|j| (j.created_at_ms, j.id))
+            .collect();
+        found.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(found.into_iter().take(limit).map(|(_, id)| id).collect())
     }
 
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {

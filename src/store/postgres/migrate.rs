@@ -15,7 +15,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 10] = [
+const MIGRATIONS: [&str; 11] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -77,6 +77,13 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // buckets no window counts any more.
     "ALTER TABLE {s}.rates ADD COLUMN newest int8 NOT NULL DEFAULT 0;
      CREATE INDEX rates_idle ON {s}.rates (queue, newest) WHERE wake_at IS NULL;",
+    // v11: uniqueness by period and states. Several live jobs may share a
+    // key now (a spec may block on fewer states), so the live jobs' index
+    // is no longer unique (pushes take an advisory lock on the key
+    // instead), and every job with a key is indexed by when it was pushed.
+    "DROP INDEX {s}.jobs_unique;
+     CREATE INDEX jobs_unique ON {s}.jobs (queue, unique_key) WHERE state <= 2 AND unique_key IS NOT NULL;
+     CREATE INDEX jobs_unique_all ON {s}.jobs (queue, unique_key, created_at) WHERE unique_key IS NOT NULL;",
 ];
 
 /// v9: rate limits. A queue's rates (NULL: none) and one row per rate

@@ -10,7 +10,9 @@ pub(super) struct Statements {
     pub job_get: Statement,
     pub jobs_get: Statement,
     pub next_id: Statement,
-    pub live_unique: Statement,
+    pub unique_live: Statement,
+    pub unique_since: Statement,
+    pub lock_unique: Statement,
     pub scan_maintenance: Statement,
     pub scan_maintenance_ready: Statement,
     pub scan_finished: Statement,
@@ -130,7 +132,16 @@ impl Statements {
                  WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE OF j"
             ))?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
-            live_unique: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2 LIMIT 1".into())?,
+            unique_live: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2
+                 AND ((1 << state) & $3::int4) != 0 ORDER BY id DESC LIMIT $4"
+                .into())?,
+            unique_since: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND created_at >= $3
+                 AND ((1 << state) & $4::int4) != 0 ORDER BY created_at DESC, id DESC LIMIT $5"
+                .into())?,
+            // One key's pushes and retries take turns (U1): the schema and
+            // queue, and the key, hashed, name the lock (a collision only
+            // makes two keys take turns).
+            lock_unique: p("SELECT pg_advisory_xact_lock(hashtext('{s}.' || $1), hashtext($2))".into())?,
             scan_maintenance: p(format!(
                 "WITH e AS ({expired}), d AS ({due}) SELECT * FROM e UNION ALL SELECT * FROM d"
             ))?,

@@ -9,7 +9,7 @@ use super::sql::{render_job_writes, JobWrite, Sql};
 use super::statements::{queue_config, Statements, JOB_COLUMN_COUNT};
 use crate::core::{
     Claim, JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, Txn,
+    Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet, Txn,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
@@ -382,14 +382,33 @@ impl JobTxn for PgTxn<'_> {
         Ok(())
     }
 
-    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>> {
+    fn unique_jobs(
+        &mut self,
+        queue: &str,
+        unique_key: &str,
+        states: StateSet,
+        since_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<JobId>> {
         self.flush_jobs()?;
-        let rows = self.query(
-            &format!("looking up unique key {unique_key:?} in queue {queue:?}"),
-            |st| &st.live_unique,
-            &[&queue, &unique_key],
-        )?;
-        Ok(rows.first().map(|r| JobId(u64_of(r.get(0)))))
+        let what = format!("looking up unique key {unique_key:?} in queue {queue:?}");
+        let bits = i32::from(states.bits());
+        let n = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = if states.is_live() && since_ms == 0 {
+            let args: [&(dyn ToSql + Sync); 4] = [&queue, &unique_key, &bits, &n];
+            self.query(&what, |st| &st.unique_live, &args)?
+        } else {
+            let since = i64::try_from(since_ms).unwrap_or(i64::MAX);
+            let args: [&(dyn ToSql + Sync); 5] = [&queue, &unique_key, &since, &bits, &n];
+            self.query(&what, |st| &st.unique_since, &args)?
+        };
+        Ok(rows.iter().map(|r| JobId(u64_of(r.get(0)))).collect())
+    }
+
+    fn lock_unique(&mut self, queue: &str, unique_key: &str) -> Result<()> {
+        let what = format!("locking unique key {unique_key:?} of queue {queue:?}");
+        self.query(&what, |st| &st.lock_unique, &[&queue, &unique_key])?;
+        Ok(())
     }
 
     /// One round trip: the expired, due and (when asked) ready scans of

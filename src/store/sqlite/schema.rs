@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 10] = [
+const MIGRATIONS: [&str; 11] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -76,6 +76,9 @@ const MIGRATIONS: [&str; 10] = [
     // buckets no window counts any more.
     "ALTER TABLE rates ADD COLUMN newest INTEGER NOT NULL DEFAULT 0;
      CREATE INDEX rates_idle ON rates (queue, newest) WHERE wake_at IS NULL;",
+    // v11: every job with a unique key by when it was pushed, whatever its
+    // state, for a uniqueness period (`JobSpec::unique_for`).
+    "CREATE INDEX jobs_unique_all ON jobs (queue, unique_key, created_at) WHERE unique_key IS NOT NULL;",
 ];
 
 /// v9: rate limits. A queue's rates (NULL: none) and one row per rate

@@ -7,7 +7,7 @@ use super::rows::{
 };
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    LeaseSlot, Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, Txn,
+    LeaseSlot, Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet, Txn,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
@@ -445,14 +445,45 @@ impl JobTxn for SqlTxn<'_> {
             .map_err(|e| sql_err(|| format!("deleting job {id}"), e))
     }
 
-    fn live_unique(&mut self, queue: &str, unique_key: &str) -> Result<Option<JobId>> {
-        self.conn
-            .prepare_cached(
-                "SELECT id FROM jobs WHERE queue = ?1 AND unique_key = ?2 AND state <= 2 AND unique_key IS NOT NULL LIMIT 1",
+    fn unique_jobs(
+        &mut self,
+        queue: &str,
+        unique_key: &str,
+        states: StateSet,
+        since_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<JobId>> {
+        // Live states alone and no period: the live jobs' index.
+        let sql = if states.is_live() && since_ms == 0 {
+            "SELECT id FROM jobs INDEXED BY jobs_unique
+             WHERE queue = ?1 AND unique_key = ?2 AND state <= 2 AND unique_key IS NOT NULL
+               AND ((1 << state) & ?3) != 0 AND created_at >= ?4 ORDER BY id DESC LIMIT ?5"
+        } else {
+            "SELECT id FROM jobs INDEXED BY jobs_unique_all
+             WHERE queue = ?1 AND unique_key = ?2 AND unique_key IS NOT NULL
+               AND created_at >= ?4 AND ((1 << state) & ?3) != 0
+             ORDER BY created_at DESC, id DESC LIMIT ?5"
+        };
+        let fail = |e| {
+            sql_err(
+                || format!("looking up unique key {unique_key:?} in queue {queue:?}"),
+                e,
             )
-            .and_then(|mut s| s.query_row(params![queue, unique_key], |r| r.get::<_, i64>(0)).optional())
-            .map(|id| id.map(|i| JobId(u64_of(i))))
-            .map_err(|e| sql_err(|| format!("looking up unique key {unique_key:?} in queue {queue:?}"), e))
+        };
+        let since = i64::try_from(since_ms).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
+        let rows = stmt
+            .query_map(
+                params![queue, unique_key, states.bits(), since, limit],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(fail)?;
+        let mut out = Vec::new();
+        for id in rows {
+            out.push(JobId(u64_of(id.map_err(fail)?)));
+        }
+        Ok(out)
     }
 
     fn scan(

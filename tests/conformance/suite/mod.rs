@@ -171,6 +171,7 @@ mod limits;
 mod listing;
 mod rates;
 mod schedules;
+mod unique;
 pub use batches::*;
 pub use flow::*;
 pub use jobs::*;
@@ -179,6 +180,7 @@ pub use limits::*;
 pub use listing::*;
 pub use rates::*;
 pub use schedules::*;
+pub use unique::*;
 
 /// Generates one `#[test]` per lease case for a store factory. With
 /// `@guard GUARD;` first, each case runs only when `GUARD()` is true (a
@@ -227,7 +229,9 @@ macro_rules! conformance_cases {
             queue_limits_check_their_input_and_roll_back, job_timeout_caps_the_claim_and_its_renewals,
             queue_rate_holds_per_sliding_window, queue_per_key_rate_parks_and_wakes_a_key,
             queue_rates_and_concurrency_hold_together, queue_rates_check_their_input_and_roll_back,
-            queue_idle_rate_buckets_are_purged
+            queue_idle_rate_buckets_are_purged,
+            job_unique_for_blocks_within_the_period_whatever_the_state,
+            job_unique_states_say_which_states_block, job_unique_options_check_their_input
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
