@@ -343,6 +343,22 @@ mod tests {
             "1/10s"
         );
         assert_eq!(Rate::new(3, 1_500).to_string(), "3/1500ms");
+        for (text, window_ms) in [
+            ("250/500ms", 500),
+            ("1/2m", 120_000),
+            ("1/1h", 3_600_000),
+            ("1/1d", 86_400_000),
+            ("1/7d", 604_800_000),
+            ("1/168h", 604_800_000),
+        ] {
+            let r = Rate::parse(Field::Rate, text).unwrap();
+            assert_eq!(r.window_ms, window_ms, "{text}");
+            assert_eq!(Rate::parse(Field::Rate, &r.to_string()).unwrap(), r);
+        }
+        assert!(
+            Rate::parse(Field::Rate, "1/169h").is_err(),
+            "a week at most"
+        );
         for bad in [
             "", "10", "x/1s", "10/", "10/1y", "0/1s", "1001/1s", "1/0s", "1/8d", "-1/1s",
         ] {
@@ -398,6 +414,10 @@ mod tests {
         log.record(rate, 500, 1);
         assert_eq!(log.starts, vec![500, 900, 900]);
         assert_eq!(log.free(rate, 500), 0);
+        let mut stepped = RateLog::default();
+        stepped.record(rate, 900, 1);
+        stepped.record(rate, 500, 1);
+        assert_eq!(stepped.starts, vec![500, 900], "kept ascending");
         let back = RateLog::decode_starts(&log.encode_starts(), Some(7));
         assert_eq!(back.starts, log.starts);
         assert_eq!(back.wake_at_ms, Some(7));

@@ -104,6 +104,29 @@ pub fn queue_per_key_rate_parks_and_wakes_a_key(make: &Make) {
     w.at(T0 + 2_000);
     assert_eq!(ids(&w.claim("q", 3, 60_000, 10)), [a[4]]);
     assert_eq!(w.stats("q").get(JobState::Ready), 0);
+    // A key held back by a claim that starts none of its jobs still
+    // wakes when its window has room.
+    let c: Vec<JobId> = (0..2)
+        .map(|i| w.push("q", keyed("c", &format!("c{i}"))))
+        .collect();
+    assert_eq!(ids(&w.claim("q", 4, 60_000, 10)), c);
+    let c2 = w.push("q", keyed("c", "c2"));
+    assert!(w.claim("q", 4, 60_000, 10).is_empty());
+    w.at(T0 + 3_000);
+    assert_eq!(ids(&w.claim("q", 4, 60_000, 10)), [c2]);
+    // Exactly as many set aside as the window allows: all come back, and
+    // nothing is left to wake for.
+    let d: Vec<JobId> = (0..4)
+        .map(|i| w.push("q", keyed("d", &format!("d{i}"))))
+        .collect();
+    assert_eq!(ids(&w.claim("q", 5, 60_000, 10)), d[..2]);
+    w.at(T0 + 4_000);
+    assert_eq!(ids(&w.claim("q", 5, 60_000, 10)), d[2..]);
+    for job in w.list("q", Some(JobState::Running)) {
+        let h = job.claim.unwrap().holder.0;
+        w.complete(&job, h).unwrap();
+    }
+    assert_eq!(next_change(&w, "q"), None, "no key waits for its window");
 }
 
 /// A per-key rate, a per-key concurrency limit and a queue's rate hold
