@@ -1,13 +1,15 @@
-//! Concurrency limits (F1) at the API users call (`Queue::claim`, then
-//! `complete`, then a push that keeps the queue's depth): the claim of an
-//! unlimited queue, the same queue under a queue-wide limit that does not
-//! bind (what counting the running jobs and the claim's lock cost), the
-//! same under a rate that does not bind (what reading and writing the
-//! queue's start log costs: 1,000 starts per ms, so the log holds every
-//! start of the last ms, up to 1,000 instants), and a
-//! queue whose one hot key is full with 10,000 of its jobs waiting, where
-//! each claim must find a free job behind them (F1's "skips blocked keys
-//! without scanning every blocked job").
+//! Concurrency and rate limits (F1, F4) at the API users call
+//! (`Queue::claim`, then `complete`, then a push that keeps the queue's
+//! depth): the claim of an unlimited queue; the same queue under a
+//! queue-wide limit that does not bind (what counting the running jobs and
+//! the claim's lock cost); under a rate that does not bind (what reading
+//! and writing the queue's start log costs: 1,000 starts per ms, so the
+//! log holds every start of the last ms, up to 1,000 instants); a queue
+//! whose one hot key is full with 10,000 of its jobs waiting, where each
+//! claim must find a free job behind them (F1's "skips blocked keys
+//! without scanning every blocked job"); and the same hot key out of
+//! allowance under a per-key rate instead (its backlog set aside until the
+//! key's window has room).
 //!
 //! Run: `cargo bench --bench limits` (PostgreSQL too with
 //! `LEASEHOLD_TEST_PG=postgres://...`; results: BENCHMARKS.md).
@@ -123,6 +125,26 @@ fn limits(c: &mut Criterion) {
             b.iter(|| cycle(&q, &plain))
         });
         drop(running);
+        // One hot key out of allowance under a per-key rate (one start an
+        // hour): its 10,000 waiting jobs, set aside until the hour is up,
+        // stand before the free ones.
+        let q = client.queue("hot_rate").unwrap();
+        q.set_limits(Limits::none().with_per_key_rate(Some(Rate::new(1, 3_600_000))))
+            .unwrap();
+        fill(store.as_ref(), "hot_rate", Some("hot"), DEPTH + 1);
+        fill(store.as_ref(), "hot_rate", None, 100);
+        let started = q.claim(LEASE).unwrap().expect("the hot key's first job");
+        started.complete().unwrap();
+        while q
+            .claim(LEASE)
+            .unwrap()
+            .map(|j| j.complete().unwrap())
+            .is_none()
+        {}
+        q.push(&plain).unwrap();
+        g.bench_function(format!("claim_complete/rate_blocked_key/{name}"), |b| {
+            b.iter(|| cycle(&q, &plain))
+        });
     }
     g.finish();
 }

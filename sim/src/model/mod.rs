@@ -10,6 +10,7 @@
 //! The model shares only *formulas* with the core (`backoff_ms`, the limits,
 //! the local deadline): never a state rule.
 
+mod flow;
 mod jobs;
 
 use leasehold::core::{self, MAX_ATTEMPTS, MAX_BATCH, MAX_LEASE_LIMIT, MAX_TTL_MS};

@@ -65,6 +65,7 @@
 //!   other tables and no leasehold marker, is refused and left untouched.
 
 mod error;
+mod jobs;
 mod listen;
 mod listing;
 mod migrate;
