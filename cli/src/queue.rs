@@ -33,7 +33,7 @@ pub enum QueueCmd {
         #[arg(long)]
         unique: Option<String>,
         /// With --unique: a job with the key pushed within this period blocks, whatever its state (e.g. 1h).
-        #[arg(long, value_parser = parse_duration, requires = "unique")]
+        #[arg(long, value_name = "DUR", value_parser = parse_duration, requires = "unique")]
         unique_for: Option<Duration>,
         /// With --unique: the states in which a job with the key blocks, comma-separated (e.g. ready,scheduled).
         #[arg(long, value_name = "STATES", value_parser = states_arg, requires = "unique")]

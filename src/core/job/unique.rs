@@ -197,5 +197,25 @@ mod tests {
         let e = StateSet::parse(Field::UniqueStates, "ready,finished").unwrap_err();
         assert!(e.to_string().contains("unique_states"), "{e}");
         assert!(StateSet::parse(Field::UniqueStates, "").is_err());
+        let twice = StateSet::of(&[JobState::Ready, JobState::Ready]);
+        assert_eq!(
+            twice,
+            StateSet::of(&[JobState::Ready]),
+            "a state named twice"
+        );
+    }
+
+    #[test]
+    fn a_period_of_one_year_is_a_period() {
+        let year = std::time::Duration::from_millis(crate::core::MAX_TTL_MS);
+        let spec = |p| JobSpec {
+            unique_key: Some("k".into()),
+            unique_for: Some(p),
+            ..JobSpec::new("x")
+        };
+        assert!(check(&spec(year)).is_ok());
+        let over = year + std::time::Duration::from_millis(1);
+        assert!(check(&spec(over)).is_err());
+        assert!(check(&spec(std::time::Duration::from_millis(1))).is_ok());
     }
 }
