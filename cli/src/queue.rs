@@ -88,21 +88,21 @@ pub enum QueueCmd {
 
 #[derive(Subcommand)]
 pub enum LimitCmd {
-    /// Set the limits given (the others stay as they are).
+    /// Set the limits given (the others stay as they are); `none` clears one.
     Set {
         queue: String,
-        /// At most N of the queue's jobs run at once, across every worker.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::core::job::MAX_LIMIT)))]
-        concurrency: Option<u32>,
-        /// At most N jobs of one concurrency key (`push --key`) run at once.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::core::job::MAX_LIMIT)))]
-        per_key: Option<u32>,
-        /// At most N of the queue's jobs start per window, across every worker: N/DUR, e.g. 100/1m, 5/s (a sliding window of store time; N up to 1000).
+        /// At most N of the queue's jobs run at once, across every worker (none: no limit).
+        #[arg(long, value_name = "N", value_parser = count_arg(leasehold::Field::Concurrency))]
+        concurrency: Option<Setting<u32>>,
+        /// At most N jobs of one concurrency key (`push --key`) run at once (none: no limit).
+        #[arg(long, value_name = "N", value_parser = count_arg(leasehold::Field::PerKey))]
+        per_key: Option<Setting<u32>>,
+        /// At most N of the queue's jobs start per window, across every worker: N/DUR, e.g. 100/1m, 5/s (a sliding window of store time; N up to 1000; none: no limit).
         #[arg(long, value_name = "N/DUR", value_parser = rate_arg(leasehold::Field::Rate))]
-        rate: Option<Rate>,
-        /// At most N jobs of one concurrency key start per window: N/DUR, e.g. 1/10s.
+        rate: Option<Setting<Rate>>,
+        /// At most N jobs of one concurrency key start per window: N/DUR, e.g. 1/10s (none: no limit).
         #[arg(long, value_name = "N/DUR", value_parser = rate_arg(leasehold::Field::PerKeyRate))]
-        per_key_rate: Option<Rate>,
+        per_key_rate: Option<Setting<Rate>>,
     },
     /// The queue's limits (JSON; null: none).
     Show { queue: String },
@@ -262,12 +262,11 @@ fn limit(client: &leasehold::Client, cmd: LimitCmd) -> Result<Value, Fail> {
             rate,
             per_key_rate,
         } => {
-            let given = Limits::none()
-                .with_concurrency(concurrency)
-                .with_per_key(per_key)
-                .with_rate(rate)
-                .with_per_key_rate(per_key_rate);
-            if !given.any() {
+            if concurrency.is_none()
+                && per_key.is_none()
+                && rate.is_none()
+                && per_key_rate.is_none()
+            {
                 return Err(Fail::new(
                     EXIT_USAGE,
                     "queue limit set: give at least one of --concurrency N, --per-key N, \
@@ -280,10 +279,10 @@ fn limit(client: &leasehold::Client, cmd: LimitCmd) -> Result<Value, Fail> {
             let (changed, limits) = client.store().txn_as("set_limits", |tx| {
                 let old = leasehold::core::job::queue_config(tx, &queue)?.limits;
                 let limits = Limits::none()
-                    .with_concurrency(concurrency.or(old.concurrency))
-                    .with_per_key(per_key.or(old.per_key))
-                    .with_rate(rate.or(old.rate))
-                    .with_per_key_rate(per_key_rate.or(old.per_key_rate));
+                    .with_concurrency(concurrency.map_or(old.concurrency, |s| s.0))
+                    .with_per_key(per_key.map_or(old.per_key, |s| s.0))
+                    .with_rate(rate.map_or(old.rate, |s| s.0))
+                    .with_per_key_rate(per_key_rate.map_or(old.per_key_rate, |s| s.0));
                 Ok((
                     leasehold::core::job::set_limits(tx, &queue, limits)?,
                     limits,
@@ -302,9 +301,39 @@ fn states_arg(text: &str) -> Result<leasehold::StateSet, String> {
     leasehold::StateSet::parse(leasehold::Field::UniqueStates, text).map_err(|e| e.to_string())
 }
 
-/// Parse `N/DUR` as the library does, its error naming the flag's field.
-fn rate_arg(field: leasehold::Field) -> impl Fn(&str) -> Result<Rate, String> + Clone {
-    move |text| Rate::parse(field, text).map_err(|e| e.to_string())
+/// A limit as `queue limit set` takes it: a value, or `none` (cleared).
+#[derive(Debug, Clone, Copy)]
+pub struct Setting<T>(Option<T>);
+
+/// `none`, or what `parse` makes of the text.
+fn setting<T>(text: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Setting<T>, String> {
+    match text.trim() {
+        "none" => Ok(Setting(None)),
+        t => parse(t).map(|v| Setting(Some(v))),
+    }
+}
+
+/// A concurrency limit (1..=the largest), or `none`, checked as the library
+/// checks it.
+fn count_arg(field: leasehold::Field) -> impl Fn(&str) -> Result<Setting<u32>, String> + Clone {
+    move |text| {
+        setting(text, |t| {
+            let n: u32 = t
+                .parse()
+                .map_err(|_| format!("{t:?} is not a whole number or none"))?;
+            let limits = match field {
+                leasehold::Field::PerKey => Limits::none().with_per_key(Some(n)),
+                _ => Limits::none().with_concurrency(Some(n)),
+            };
+            limits.check().map(|()| n).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// `N/DUR` as the library parses it (its error naming the flag's field),
+/// or `none`.
+fn rate_arg(field: leasehold::Field) -> impl Fn(&str) -> Result<Setting<Rate>, String> + Clone {
+    move |text| setting(text, |t| Rate::parse(field, t).map_err(|e| e.to_string()))
 }
 
 /// Queue names read per transaction by `queue queues`.

@@ -262,6 +262,17 @@ fn rates_hold(d: Dir) {
         (&line["rate"], &line["per_key_rate"]),
         (&"4/1s".into(), &"1/2s".into())
     );
+    // `none` clears one limit and keeps the others.
+    let cleared = d.json(&["queue", "limit", "set", "q", "--rate", "none"]);
+    assert_eq!(
+        (
+            &cleared["rate"],
+            &cleared["per_key_rate"],
+            &cleared["changed"]
+        ),
+        (&serde_json::Value::Null, &"1/2s".into(), &true.into()),
+        "{cleared}"
+    );
 }
 
 #[test]
