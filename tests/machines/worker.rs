@@ -1147,7 +1147,9 @@ fn draining_asks_at_once_when_the_last_outcome_settles_after_an_empty_claim() {
 /// stopped when the limit passes on the worker's clock (its claim's send
 /// time plus the limit, less the drift allowance), whatever the renewals
 /// say, and fails saying so; its handler's late outcome changes nothing.
-/// A queued one whose limit passes is given back unstarted.
+/// A queued one whose limit passes fails too (given back for free, a job
+/// whose limit is shorter than a claim takes to start would go round for
+/// ever: simulator seed 8489 of the mixed scenario).
 #[test]
 fn a_job_past_its_run_time_limit_is_stopped_and_fails_saying_so() {
     let mut m = WorkerMachine::new(worker(1, 1, 64), LocalMs(0));
@@ -1194,9 +1196,9 @@ fn a_job_past_its_run_time_limit_is_stopped_and_fails_saying_so() {
         "{sent:?}"
     );
     assert!(
-        sent.iter()
-            .any(|(id, _, s)| *id == JobId(2) && *s == Settle::Abandon { started: false }),
-        "the queued one is given back: {sent:?}"
+        sent.iter().any(|(id, _, s)| *id == JobId(2)
+            && matches!(s, Settle::Fail(r) if r.contains("timed out before it started"))),
+        "the queued one fails too, its attempt counted: {sent:?}"
     );
     // The handler, stopped, reports late: nothing more is sent for it.
     m.handler_done(LocalMs(limit + 5), c(1, 1), Ok(()));

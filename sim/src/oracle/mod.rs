@@ -19,7 +19,9 @@
 //! - B1 (the worker loop's completer): every outcome a handler reports is
 //!   sent to the store in a settle batch (again after a transient error),
 //!   unless its process dies first; every outcome sent is one a handler
-//!   reported, with the same verdict.
+//!   reported, with the same verdict (a give-back, and the loop's failure
+//!   of a job whose run-time limit passed before it started, are the
+//!   loop's own).
 //! - B2 (the worker loop's reports, what `observe` and the CLI's log
 //!   see): each claim's outcome is reported once, and only once the loop
 //!   is done with that claim: nothing is sent for a claim (no renewal, no

@@ -318,6 +318,9 @@ impl Sim<'_> {
             }
             self.wake_in(p, 0);
         }
+        // Rates in force slow the drain (F4): the liveness check waits for
+        // what they allow, no longer.
+        self.heal_deadline = self.heal_deadline.max(self.now + self.job_bound());
         self.heal_wall = self.slowest_worker_wall();
         if self.plan.scenario == crate::plan::Scenario::Election {
             self.heal_election();

@@ -431,8 +431,26 @@ impl<'a> Sim<'a> {
         let finished = counts[3] + counts[4] + counts[5];
         if finished > self.finished {
             self.finished = finished;
-            self.heal_deadline = self.heal_deadline.max(self.now + self.heal_bound);
+            self.heal_deadline = self.heal_deadline.max(self.now + self.job_bound());
         }
+    }
+
+    /// The worst case for one job to finish from now: `heal_bound`, and
+    /// under a rate (F4) the wait for every start the unfinished jobs may
+    /// still make ahead of it (each attempt of each, at the slowest pace a
+    /// rate in force allows).
+    pub(super) fn job_bound(&self) -> u64 {
+        let limits = self.oracle.model.limits_of(QUEUE);
+        let pace = [limits.rate, limits.per_key_rate]
+            .into_iter()
+            .flatten()
+            .map(|r| r.window_ms.div_ceil(u64::from(r.count)))
+            .max()
+            .unwrap_or(0);
+        let counts = self.oracle.model.counts(QUEUE);
+        let unfinished = counts[0] + counts[1] + counts[2];
+        let starts = unfinished * u64::from(self.plan.max_attempts + 1);
+        self.heal_bound + pace * starts
     }
 
     fn dispatch(&mut self, ev: Ev) {

@@ -25,6 +25,9 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How the worker loop's failure of a job never started begins (F3).
+const NEVER_STARTED: &str = "timed out before it started";
+
 /// A process's clocks as its client reads them, set by the world to the
 /// process's simulated readings before anything of it runs. They outlive
 /// its incarnations: a request still in the network when it was killed
@@ -359,6 +362,10 @@ impl Sim<'_> {
                     .map(|(id, token, settle)| {
                         let verdict = match settle {
                             Settle::Complete | Settle::CompleteWith(_) => Some(true),
+                            // The loop's own verdict on a job whose run-time
+                            // limit passed before a handler took it: no
+                            // handler ran, so none reported (B1 spares it).
+                            Settle::Fail(r) if r.starts_with(NEVER_STARTED) => None,
                             Settle::Fail(_) => Some(false),
                             Settle::Abandon { .. } => None,
                         };

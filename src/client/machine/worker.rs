@@ -499,7 +499,9 @@ impl WorkerMachine {
     /// The run-time limit of `id` passed (F3): its handler is told to stop
     /// and the attempt fails saying so, sent while its claim still holds
     /// (the store's deadline is later by the drift allowance). One never
-    /// started is given back instead, costing no attempt.
+    /// started fails too, saying so: its limit counts from the claim, and
+    /// given back for free it would be claimed and given back again for
+    /// ever when the limit is shorter than a claim takes to start (Q3).
     fn time_out(&mut self, id: JobId, now: LocalMs) {
         let Some(h) = self.jobs.get(&id) else {
             return;
@@ -508,7 +510,9 @@ impl WorkerMachine {
         let limit_ms = h.record.timeout_ms.unwrap_or(0);
         if !running {
             self.queued.retain(|q| *q != id);
-            return self.report(id, Settle::Abandon { started: false }, now);
+            let reason =
+                format!("timed out before it started: the job's {limit_ms} ms limit passed first");
+            return self.report(id, Settle::Fail(reason), now);
         }
         self.running -= 1;
         self.out.push_back(WorkerAction::Stop {
