@@ -76,6 +76,25 @@ fn cycle(q: &leasehold::Queue, spec: &JobSpec) {
     q.push(spec).unwrap();
 }
 
+/// Under `limits`, fill `q` with the hot key's 10,001 jobs and 100 free
+/// ones, claim the hot key's first job (returned: it holds its key), and
+/// set the rest of its backlog aside once, as the first claims after a
+/// burst do; one more free job keeps the depth.
+fn set_aside(store: &dyn Store, q: &leasehold::Queue, limits: Limits) -> leasehold::ClaimedJob {
+    q.set_limits(limits).unwrap();
+    fill(store, q.name(), Some("hot"), DEPTH + 1);
+    fill(store, q.name(), None, 100);
+    let first = q.claim(LEASE).unwrap().expect("the hot key's first job");
+    while q
+        .claim(LEASE)
+        .unwrap()
+        .map(|j| j.complete().unwrap())
+        .is_none()
+    {}
+    q.push(&JobSpec::new(&b"payload-bytes"[..])).unwrap();
+    first
+}
+
 fn limits(c: &mut Criterion) {
     let mut g = c.benchmark_group("limits");
     g.throughput(Throughput::Elements(1));
@@ -109,18 +128,7 @@ fn limits(c: &mut Criterion) {
         // One hot key, full: its 10,000 waiting jobs stand before the free
         // ones in claim order (enqueued first, same priority).
         let q = client.queue("hot").unwrap();
-        q.set_limits(Limits::none().with_per_key(Some(1))).unwrap();
-        fill(store.as_ref(), "hot", Some("hot"), DEPTH + 1);
-        fill(store.as_ref(), "hot", None, 100);
-        let running = q.claim(LEASE).unwrap().expect("the hot key's first job");
-        // Set the backlog aside once, as the first claims after a burst do.
-        while q
-            .claim(LEASE)
-            .unwrap()
-            .map(|j| j.complete().unwrap())
-            .is_none()
-        {}
-        q.push(&plain).unwrap();
+        let running = set_aside(store.as_ref(), &q, Limits::none().with_per_key(Some(1)));
         g.bench_function(format!("claim_complete/blocked_key/{name}"), |b| {
             b.iter(|| cycle(&q, &plain))
         });
@@ -129,19 +137,8 @@ fn limits(c: &mut Criterion) {
         // hour): its 10,000 waiting jobs, set aside until the hour is up,
         // stand before the free ones.
         let q = client.queue("hot_rate").unwrap();
-        q.set_limits(Limits::none().with_per_key_rate(Some(Rate::new(1, 3_600_000))))
-            .unwrap();
-        fill(store.as_ref(), "hot_rate", Some("hot"), DEPTH + 1);
-        fill(store.as_ref(), "hot_rate", None, 100);
-        let started = q.claim(LEASE).unwrap().expect("the hot key's first job");
-        started.complete().unwrap();
-        while q
-            .claim(LEASE)
-            .unwrap()
-            .map(|j| j.complete().unwrap())
-            .is_none()
-        {}
-        q.push(&plain).unwrap();
+        let rate = Limits::none().with_per_key_rate(Some(Rate::new(1, 3_600_000)));
+        set_aside(store.as_ref(), &q, rate).complete().unwrap();
         g.bench_function(format!("claim_complete/rate_blocked_key/{name}"), |b| {
             b.iter(|| cycle(&q, &plain))
         });

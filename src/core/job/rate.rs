@@ -190,6 +190,14 @@ impl RateLog {
         )
     }
 
+    /// The first instant after `now_ms` at which a start is allowed were
+    /// `n` more started now (`None`: one would still be allowed now).
+    pub fn allowance_after(&self, rate: Rate, now_ms: u64, n: usize) -> Option<u64> {
+        let mut spent = self.clone();
+        spent.record(rate, now_ms, n);
+        spent.next_allowance(rate, now_ms)
+    }
+
     /// Record `n` starts at `now_ms`, then keep what `rate` (the rate in
     /// force) can still count: the starts inside its window, at most its
     /// count. Nothing is dropped without a start (the retention is part of
@@ -259,10 +267,8 @@ pub(super) fn unpark_due(
         let mut parked = tx.parked(queue, Some(&key), free.saturating_add(1))?;
         let more = parked.len() > free;
         parked.truncate(free);
-        let mut spent = log.clone();
-        spent.record(per_key_rate, now_ms, parked.len());
         log.wake_at_ms = more
-            .then(|| spent.next_allowance(per_key_rate, now_ms))
+            .then(|| log.allowance_after(per_key_rate, now_ms, parked.len()))
             .flatten();
         tx.put_rate_log(queue, &key, &log)?;
         for mut job in parked {
@@ -305,9 +311,7 @@ impl Bucket {
     /// A job of the bucket could not start: its parked jobs wake when the
     /// next allowance comes.
     pub(super) fn blocked(&mut self, rate: Rate, now_ms: u64) {
-        let mut log = self.log.clone();
-        log.record(rate, now_ms, self.started);
-        let at = log.next_allowance(rate, now_ms);
+        let at = self.log.allowance_after(rate, now_ms, self.started);
         if at.is_some() && self.log.wake_at_ms != at {
             self.log.wake_at_ms = at;
             self.dirty = true;
