@@ -162,7 +162,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
     drop(PostgresStore::open(&schema.url()).unwrap());
     admin_batch(&format!(
         "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline;
-         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
+         CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues; DROP FUNCTION \"{s}\".push;
          UPDATE \"{s}\".leasehold_meta SET value = '3' WHERE name = 'schema_version'",
         s = schema.0
     ));
@@ -172,7 +172,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("11", 11));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("12", 12));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -192,6 +192,9 @@ fn a_version_3_schema_gains_schedules_in_place() {
             .unwrap()
             .paused
     );
+    // And v12's `push` function.
+    let rows = admin(&format!("SELECT created FROM \"{}\".push('q')", schema.0));
+    assert!(rows[0].get::<_, bool>(0));
 }
 
 /// A schema at version 5 (before concurrency limits) gains the key and

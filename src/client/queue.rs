@@ -39,6 +39,55 @@ impl Queue {
         })
     }
 
+    /// Enqueue a job inside the caller's own PostgreSQL transaction: the
+    /// job exists when `tx` commits and never if it rolls back (or a
+    /// savepoint it was pushed in does); idle workers wake at the commit.
+    /// `tx` must be on the database of this client's store, which must be
+    /// a [`PostgresStore`](crate::PostgresStore) (else
+    /// [`Error::Invalid`] naming the store). Unique keys behave as in
+    /// [`Queue::push`] (the key's lock waits only for other pushes of the
+    /// key, until `tx` ends); a unique push refuses REPEATABLE READ. It
+    /// calls the schema's SQL function `push` (see the README,
+    /// "Transactional enqueue"), which other languages can call too.
+    ///
+    /// ```no_run
+    /// # fn main() -> leasehold::Result<()> {
+    /// # let url = "postgres://app@db/app";
+    /// let store = leasehold::PostgresStore::open(url)?;
+    /// let queue = leasehold::Client::new(store).queue("emails")?;
+    /// let mut db = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    /// let mut tx = db.transaction().unwrap();
+    /// tx.execute("INSERT INTO orders (id) VALUES (42)", &[]).unwrap();
+    /// queue.push_in(&mut tx, &leasehold::JobSpec::new(r#"{"order":42}"#))?;
+    /// tx.commit().unwrap(); // the order and its email job, or neither
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(all(feature = "postgres", not(loom)))]
+    pub fn push_in(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        spec: &JobSpec,
+    ) -> Result<EnqueueOutcome> {
+        crate::store::postgres::push_in(tx, self.postgres_schema()?, &self.name, spec)
+    }
+
+    /// The schema [`Queue::push_in`] writes into.
+    #[cfg(all(feature = "postgres", not(loom)))]
+    pub(crate) fn postgres_schema(&self) -> Result<&str> {
+        self.client.inner.fork.check()?;
+        let store = self.client.store();
+        store.postgres_schema().ok_or_else(|| {
+            Error::invalid(
+                crate::error::Field::Store,
+                format!(
+                    "push_in needs a PostgreSQL store; this client's store is {}",
+                    store.describe()
+                ),
+            )
+        })
+    }
+
     /// Claim the next ready job, if any, under a lease of `lease`.
     pub fn claim(&self, lease: Duration) -> Result<Option<ClaimedJob>> {
         Ok(self.claim_batch(1, lease)?.into_iter().next())

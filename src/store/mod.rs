@@ -65,6 +65,13 @@ pub trait Store: Send + Sync {
         crate::sync::sleep(timeout);
         false
     }
+
+    /// The quoted PostgreSQL schema holding this store's tables, when it is
+    /// a PostgreSQL store (what [`crate::Queue::push_in`] writes into).
+    #[doc(hidden)]
+    fn postgres_schema(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Split `rest?a=b&c=d` into the path and its parameters.
@@ -481,6 +488,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
         (**self).wait_epoch(wake, epoch, timeout)
+    }
+
+    fn postgres_schema(&self) -> Option<&str> {
+        (**self).postgres_schema()
     }
 }
 

@@ -44,6 +44,18 @@ impl Queue {
         self.call(move |q| q.push(&spec)).await
     }
 
+    /// [`crate::Queue::push_in`] on a `tokio-postgres` transaction: the
+    /// job exists when `tx` commits and never if it rolls back.
+    #[cfg(all(feature = "postgres", not(loom)))]
+    pub async fn push_in(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        spec: &JobSpec,
+    ) -> Result<EnqueueOutcome> {
+        let schema = self.sync.postgres_schema()?;
+        crate::store::postgres::push_in_async(tx, schema, self.name(), spec).await
+    }
+
     /// Claim the next ready job, if any, under a lease of `lease`.
     pub async fn claim(&self, lease: Duration) -> Result<Option<ClaimedJob>> {
         Ok(self.claim_batch(1, lease).await?.into_iter().next())

@@ -4,6 +4,7 @@
 //! no leasehold marker, is refused and left untouched.
 
 use super::error::{pg_err, Stage};
+use super::push_in::push_function;
 use crate::error::{Error, Result};
 use postgres::{Client, Transaction};
 
@@ -15,7 +16,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 11] = [
+const MIGRATIONS: [&str; 12] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -84,7 +85,13 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     "DROP INDEX {s}.jobs_unique;
      CREATE INDEX jobs_unique ON {s}.jobs (queue, unique_key) WHERE state <= 2 AND unique_key IS NOT NULL;
      CREATE INDEX jobs_unique_all ON {s}.jobs (queue, unique_key, created_at) WHERE unique_key IS NOT NULL;",
+    // v12: `push`, the enqueue rule as a function any transaction may call
+    // (`push_in.rs`).
+    PUSH_FUNCTION,
 ];
+
+/// Stands for the text of [`push_function`] in [`MIGRATIONS`].
+const PUSH_FUNCTION: &str = "{push_function}";
 
 /// v9: rate limits. A queue's rates (NULL: none) and one row per rate
 /// bucket: the queue's own (key `''`) or a concurrency key's, with the
@@ -125,6 +132,11 @@ CREATE TABLE {s}.schedules (
     PRIMARY KEY (queue, name)
 );
 ";
+
+/// The notification channel of the schema `name` (unquoted).
+pub(super) fn channel(name: &str) -> String {
+    format!("leasehold_{name}")
+}
 
 /// The schema being migrated, for the statements and the messages.
 pub(super) struct Target<'a> {
@@ -175,8 +187,11 @@ pub(super) fn migrate(client: &mut Client, to: &Target<'_>) -> Result<()> {
         .enumerate()
         .skip(usize::try_from(version).unwrap_or(0))
     {
-        tx.batch_execute(&sql.replace("{s}", to.quoted))
-            .map_err(|e| to.fail(e))?;
+        let sql = match *sql {
+            PUSH_FUNCTION => push_function(to.quoted, &channel(to.name)),
+            sql => sql.replace("{s}", to.quoted),
+        };
+        tx.batch_execute(&sql).map_err(|e| to.fail(e))?;
         tx.execute(
             &format!(
                 "UPDATE {}.leasehold_meta SET value = $1 WHERE name = 'schema_version'",

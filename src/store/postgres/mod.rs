@@ -70,12 +70,16 @@ mod listen;
 mod listing;
 mod migrate;
 mod pool;
+mod push_in;
 mod sql;
 mod statements;
 mod tls;
 mod txn;
 
 pub use migrate::SCHEMA_VERSION;
+pub(crate) use push_in::push_in;
+#[cfg(feature = "tokio")]
+pub(crate) use push_in::push_in_async;
 
 use crate::clock::Clock;
 use crate::core::Txn;
@@ -326,7 +330,7 @@ impl PostgresStore {
             wait: opts.pool_wait,
         });
         let store = PostgresStore {
-            channel: format!("leasehold_{}", opts.schema),
+            channel: migrate::channel(&opts.schema),
             pool,
             opts,
             fork: ForkGuard::new(),
@@ -465,6 +469,10 @@ impl Store for PostgresStore {
 
     fn epoch(&self, wake: Wake) -> u64 {
         self.listener.epoch(wake)
+    }
+
+    fn postgres_schema(&self) -> Option<&str> {
+        Some(&self.pool.cfg.schema)
     }
 
     /// The listener (and its connection) starts with the first wait, so a
