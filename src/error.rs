@@ -145,6 +145,8 @@ pub enum Field {
     PerKey,
     /// A job's run-time limit.
     Timeout,
+    /// A running job's progress report.
+    Progress,
     /// A queue's limit on jobs started per window.
     Rate,
     /// A queue's limit on jobs of one concurrency key started per window.
@@ -241,6 +243,7 @@ impl Field {
             Field::Concurrency => "concurrency",
             Field::PerKey => "per_key",
             Field::Timeout => "timeout",
+            Field::Progress => "progress",
             Field::Rate => "rate",
             Field::PerKeyRate => "per_key_rate",
             Field::Payload => "payload",

@@ -193,6 +193,10 @@ fn job_fields(j: &JobRecord, t: &Times, payload_bytes: u64, encoding: &str) -> V
         "key": j.key.as_deref(),
         "parked": j.parked,
         "timeout_ms": j.timeout_ms,
+        "progress": j.progress.as_ref().map(|p| json!({
+            "fraction": p.fraction(),
+            "message": &*p.message,
+        })),
         "claim": claim,
         "payload_bytes": payload_bytes,
         "payload_encoding": encoding,

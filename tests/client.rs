@@ -672,3 +672,85 @@ fn a_rate_limited_worker_wakes_at_the_next_allowance_not_its_poll() {
         "woke by its poll, not the allowance: {starts:?}"
     );
 }
+
+/// A worker loop's handler reports progress: it is written by the loop's
+/// renewal round while the job runs (none without a round), the last
+/// report rides on the settle, and it stays with the job once done.
+#[test]
+fn a_handlers_progress_rides_on_the_renewal_round_and_the_settle() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let client = Client::new(store);
+    let q = client.queue("q").unwrap();
+    for (heartbeat_ms, seen_while_running) in [(50, true), (60_000, false)] {
+        let id = q.push(&JobSpec::new("x")).unwrap().id;
+        let stop = AtomicBool::new(false);
+        let opts = WorkOptions {
+            drain: true,
+            lease: Duration::from_secs(30),
+            heartbeat: Some(Duration::from_millis(heartbeat_ms)),
+            ..WorkOptions::default()
+        };
+        let seen = std::sync::Mutex::new(None);
+        let report = q
+            .work(&opts, &stop, |job| {
+                job.progress(0.25, "a quarter").unwrap();
+                std::thread::sleep(Duration::from_millis(400));
+                *seen.lock().unwrap() = q.get(job.id()).unwrap().progress;
+                assert!(job.progress(1.5, "too far").is_err(), "checked by name");
+                job.progress(1.0, "all tiles").unwrap();
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(report.completed, 1);
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(
+            seen.is_some(),
+            seen_while_running,
+            "heartbeat {heartbeat_ms} ms: seen while running: {seen:?}"
+        );
+        if let Some(p) = seen {
+            assert_eq!((p.permyriad, &*p.message), (2_500, "a quarter"));
+        }
+        let job = q.get(id).unwrap();
+        let kept = job.progress.expect("kept with the job");
+        assert_eq!(
+            (job.state, kept.to_string()),
+            (JobState::Done, "100% all tiles".into())
+        );
+    }
+}
+
+/// By hand: a report waits for the claim's next transaction (a heartbeat,
+/// the settle), and a lost claim's report is refused.
+#[test]
+fn a_hand_claimed_jobs_progress_goes_with_its_heartbeat_and_is_fenced() {
+    let (store_clock, local, store) = manual_pair();
+    let client = Client::builder_shared(store)
+        .clock(Arc::new(local.clone()))
+        .build();
+    let q = client.queue("q").unwrap();
+    let id = q.push(&JobSpec::new("x")).unwrap().id;
+    let job = q.claim(Duration::from_secs(10)).unwrap().unwrap();
+    job.progress(0.5, "half").unwrap();
+    assert_eq!(
+        q.get(id).unwrap().progress,
+        None,
+        "no transaction of its own"
+    );
+    job.heartbeat().unwrap();
+    assert_eq!(q.get(id).unwrap().progress.unwrap().to_string(), "50% half");
+    job.progress(0.75, "three quarters").unwrap();
+    job.complete().unwrap();
+    assert_eq!(
+        q.get(id).unwrap().progress.unwrap().to_string(),
+        "75% three quarters",
+        "the settle carried it"
+    );
+    // A claim whose lease ran out: its report is refused here.
+    let id = q.push(&JobSpec::new("y")).unwrap().id;
+    let job = q.claim(Duration::from_secs(10)).unwrap().unwrap();
+    store_clock.advance(20_000);
+    local.advance(20_000);
+    assert!(matches!(job.progress(0.1, "late"), Err(Error::Lost { .. })));
+    assert_eq!(q.get(id).unwrap().progress, None);
+}

@@ -46,6 +46,11 @@ pub enum QueueCmd {
         timeout: Option<Duration>,
     },
     /// Claim jobs and run CMD for each (payload on stdin); fire the queue's schedules.
+    ///
+    /// CMD gets LEASEHOLD_JOB_ID, LEASEHOLD_ATTEMPT, LEASEHOLD_TOKEN,
+    /// LEASEHOLD_QUEUE (and LEASEHOLD_JOB_KEY) in its environment, and may
+    /// report progress as lines `PERCENT [MESSAGE]` on file descriptor 3
+    /// (LEASEHOLD_PROGRESS_FD), e.g. `echo "40 tiles 400/1000" >&3`.
     Work(work::WorkArgs),
     /// Periodic jobs: add, list or remove a queue's schedules.
     #[command(subcommand)]

@@ -207,6 +207,7 @@ pub fn start(
         ],
         stdin: Stdio::inherit(),
         stdout: Stdio::inherit(),
+        inherit: Vec::new(),
         grace,
         mode,
     });

@@ -14,13 +14,14 @@ use crate::out::{self, emit, parse_duration, Level};
 use crate::run::{install_signal_handlers, poke_signal_pipe, sleep_until_signal, SIGNAL};
 use crate::{CliResult, Fail};
 use clap::Args;
+use leasehold::core::job::Progress;
 use leasehold::{ClaimedJob, Client, JobOutcome, JobRecord, JobState, WorkOptions};
 use serde_json::json;
 use std::io::{IsTerminal, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -106,6 +107,61 @@ fn captured_stdout() -> Result<(Stdio, std::thread::JoinHandle<Vec<u8>>), String
     Ok((Stdio::from(writer), thread))
 }
 
+/// The descriptor CMD writes its progress lines to (`LEASEHOLD_PROGRESS_FD`).
+const PROGRESS_FD: i32 = 3;
+
+/// A progress line CMD wrote on `LEASEHOLD_PROGRESS_FD`: `PERCENT
+/// [MESSAGE]`, optionally after the word `LEASEHOLD_PROGRESS` (so that a
+/// line written to stderr by mistake still reads the same), e.g.
+/// `40 tiles 400/1000` or `LEASEHOLD_PROGRESS 12.5`.
+fn progress_line(line: &str) -> Result<(f64, &str), String> {
+    let line = line.trim_end_matches(['\r', '\n']);
+    let line = line.strip_prefix("LEASEHOLD_PROGRESS ").unwrap_or(line);
+    let (percent, message) = line.split_once(' ').unwrap_or((line, ""));
+    let percent: f64 = percent
+        .parse()
+        .map_err(|_| format!("{percent:?} is not a percentage"))?;
+    Ok((percent / 100.0, message.trim_start()))
+}
+
+/// A pipe whose write end CMD inherits (its number in
+/// `LEASEHOLD_PROGRESS_FD`), and the progress reports read from it, each
+/// line by a thread of its own until every writer is gone. Bad lines are
+/// said on stderr and skipped.
+fn progress_pipe(id: leasehold::JobId) -> Result<(OwnedFd, mpsc::Receiver<Progress>), String> {
+    let (reader, writer) =
+        contain::pipe().map_err(|e| format!("creating the progress pipe: {e}"))?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("leasehold-progress".to_owned())
+        .spawn(move || {
+            let lines = std::io::BufReader::new(std::fs::File::from(reader));
+            for line in std::io::BufRead::lines(lines) {
+                let Ok(line) = line else { break };
+                let parsed = progress_line(&line)
+                    .and_then(|(f, m)| Progress::new(f, m).map_err(|e| e.to_string()));
+                match parsed {
+                    Ok(p) => {
+                        if tx.send(p).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => eprintln!("leasehold: job {id}: progress line {line:?} skipped: {e}"),
+                }
+            }
+        })
+        .map_err(|e| format!("starting the progress reader: {e}"))?;
+    Ok((writer, rx))
+}
+
+/// Pass the newest report read so far to the job (sent with its next
+/// renewal round or its settle).
+fn forward_progress(job: &ClaimedJob, reports: &mpsc::Receiver<Progress>) {
+    if let Some(p) = reports.try_iter().last() {
+        let _ = job.progress(p.fraction(), &p.message);
+    }
+}
+
 /// Run CMD for one job: `Ok` on exit 0 (with its stdout as the job's
 /// result under `--keep-stdout`), else the reason it failed.
 fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
@@ -125,14 +181,18 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
     if let Some(key) = &job.record().key {
         env.push(("LEASEHOLD_JOB_KEY", key.to_string()));
     }
+    let (progress_w, reports) = progress_pipe(job.id())?;
+    env.push(("LEASEHOLD_PROGRESS_FD", PROGRESS_FD.to_string()));
     let spawned = contain::spawn(Spec {
         cmd: &args.cmd,
         env,
         stdin,
         stdout,
+        inherit: vec![(progress_w.as_raw_fd(), PROGRESS_FD)],
         grace: args.grace,
         mode: args.contain,
     });
+    drop(progress_w);
     let mut child = match spawned {
         Ok(c) => c,
         Err(StartError::Exec { message, .. } | StartError::Other(message)) => return Err(message),
@@ -160,10 +220,20 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
             };
             child.stop(sig, args.grace);
         }
-        // Woken at once by CMD's exit; loss, cancel and shutdown are
-        // looked at every 20 ms.
+        forward_progress(job, &reports);
+        // Woken at once by CMD's exit; loss, cancel, shutdown and progress
+        // are looked at every 20 ms.
         child.sleep_until_exit(Duration::from_millis(20), None);
     };
+    // CMD's tree is gone: the reader sees the end of the pipe soon after
+    // its last lines, the newest of which goes with the settle.
+    let mut last = None;
+    while let Ok(p) = reports.recv_timeout(Duration::from_millis(200)) {
+        last = Some(p);
+    }
+    if let Some(p) = last {
+        let _ = job.progress(p.fraction(), &p.message);
+    }
     let output = captured.map(|t| t.join().unwrap_or_default());
     match code {
         0 => match output {

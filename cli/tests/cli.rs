@@ -263,6 +263,50 @@ fn unique_pushes_by_period_and_state() {
     assert!(code(&out) != 0 && err.contains("--unique-for"), "{err}");
 }
 
+/// CMD reports progress on `LEASEHOLD_PROGRESS_FD`: `queue get` shows it
+/// while the job runs (sent with the renewal round) and keeps the last one
+/// once it is done; a bad line is skipped and said on stderr.
+#[test]
+fn queue_work_takes_progress_lines_from_its_command() {
+    let d = Dir::new("progress");
+    let id = d.json(&["queue", "push", "q", "--payload", "x"])["id"].to_string();
+    let script = r#"echo "40 tiles 400/1000" >&"$LEASEHOLD_PROGRESS_FD"
+        sleep 2
+        echo "not a number" >&"$LEASEHOLD_PROGRESS_FD"
+        echo "LEASEHOLD_PROGRESS 100 all tiles" >&"$LEASEHOLD_PROGRESS_FD""#;
+    let worker = d
+        .cmd()
+        .args(["queue", "work", "q", "--drain", "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let running = loop {
+        let job = d.json(&["queue", "get", &id]);
+        if !job["progress"].is_null() || start.elapsed() > Duration::from_secs(10) {
+            break job;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(running["state"], "running", "{running}");
+    assert_eq!(running["progress"]["fraction"], 0.4, "{running}");
+    assert_eq!(running["progress"]["message"], "tiles 400/1000");
+    let out = worker.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("progress line \"not a number\" skipped"),
+        "{stderr}"
+    );
+    let done = d.json(&["queue", "get", &id]);
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["progress"]["fraction"], 1.0, "{done}");
+    assert_eq!(done["progress"]["message"], "all tiles");
+    let listed = d.lines(&["queue", "list", "q"]);
+    assert_eq!(listed[0]["progress"]["message"], "all tiles", "{listed:?}");
+}
+
 fn shell(d: &Dir) -> Command {
     let mut c = Command::new("sh");
     c.env("LEASEHOLD_STORE", d.store()).current_dir(&d.0);

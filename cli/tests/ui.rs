@@ -167,8 +167,12 @@ fn seed(d: &Dir) -> (JobId, JobId) {
     store
         .txn(|tx| core::job::fail(tx, dead, me, token(dead), HOSTILE, &policy))
         .unwrap();
+    let progress = core::job::Progress::new(0.5, HOSTILE).unwrap();
     store
-        .txn(|tx| core::job::complete(tx, done, me, token(done)))
+        .txn(|tx| {
+            core::job::record_progress(tx.jobs()?, me, &[(done, token(done), progress.clone())])?;
+            core::job::complete(tx, done, me, token(done))
+        })
         .unwrap();
     d.json(&[
         "lock", "acquire", HOSTILE, "--ttl", "10m", "--label", HOSTILE,
@@ -180,12 +184,13 @@ fn seed(d: &Dir) -> (JobId, JobId) {
 #[test]
 fn hostile_text_is_escaped_everywhere() {
     let d = Dir::new("ui-escape");
-    let (dead, _) = seed(&d);
+    let (dead, done) = seed(&d);
     let ui = Server::start(&d, &[]);
     let q =
         "%3Cscript%3Ealert(%22x%22)%3C%2Fscript%3E%3Cimg%20src%3Dx%20onerror%3D%27y%27%3E%26amp%3B";
     let pages = [
         "/queues".to_owned(),
+        format!("/jobs/{}", done.0),
         format!("/jobs?queue={q}&state=ready"),
         format!("/jobs?queue={q}&state=dead"),
         format!("/jobs/{}", dead.0),
@@ -209,6 +214,13 @@ fn hostile_text_is_escaped_everywhere() {
             page.body
         );
     }
+    let page = ui.get(&format!("/jobs/{}", done.0)).body;
+    assert!(
+        page.contains(
+            "<dd data-progress><progress max=\"10000\" value=\"5000\"></progress> 50% &lt;script"
+        ),
+        "the job page shows its progress: {page}"
+    );
     let csp = ui.get("/queues");
     let csp = csp.header("content-security-policy").unwrap();
     assert!(
@@ -255,6 +267,14 @@ fn the_api_answers_what_the_store_holds() {
     assert_eq!(
         (job["state"].as_str(), job["payload_preview"].as_str()),
         (Some("done"), Some(HOSTILE))
+    );
+    assert_eq!(
+        (
+            job["progress"]["fraction"].as_f64(),
+            job["progress"]["message"].as_str()
+        ),
+        (Some(0.5), Some(HOSTILE)),
+        "kept with the job once done"
     );
     let leases = ui.get("/api/leases").json();
     let cli_leases = d.lines(&["lock", "list"]);

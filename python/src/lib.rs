@@ -809,6 +809,21 @@ impl Job {
         self.with(ClaimedJob::cancel_requested).unwrap_or(false)
     }
 
+    /// Report how far this attempt got: `fraction` done (0.0 to 1.0) and
+    /// a short message. Sent with the claim's next renewal or its settle
+    /// (no transaction of its own); refused once the claim is lost.
+    #[pyo3(signature = (fraction, message=""))]
+    fn progress(&self, py: Python<'_>, fraction: f64, message: &str) -> PyResult<()> {
+        let Some(result) = self.with(|job| job.progress(fraction, message)) else {
+            let e = Error::invalid(
+                leasehold::Field::Progress,
+                "the handler this job was given to has returned",
+            );
+            return Err(py_err(py, e));
+        };
+        result.map_err(|e| py_err(py, e))
+    }
+
     /// Mark the job done, keeping `result` (bytes) with it if given.
     #[pyo3(signature = (result=None))]
     fn complete(&self, py: Python<'_>, result: Option<Vec<u8>>) -> PyResult<()> {

@@ -375,6 +375,30 @@ def test_a_work_handler_settles_by_returning_not_by_hand(store_url, name):
     assert not kept[0].valid()
 
 
+def test_a_handlers_progress_is_kept_with_its_job(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    jid = q.push(b"x")
+    kept = []
+
+    def handler(job):
+        job.progress(0.25, "a quarter")
+        with pytest.raises(leasehold.InvalidInput):
+            job.progress(2, "more than all")
+        job.progress(1.0, "all tiles")
+        kept.append(job)
+
+    assert q.work(handler, concurrency=1, lease=10, drain=True)["completed"] == 1
+    assert q.get(jid)["progress"] == {"fraction": 1.0, "message": "all tiles"}
+    with pytest.raises(leasehold.InvalidInput):
+        kept[0].progress(0.5)  # its handler returned
+    # By hand: sent with the settle.
+    jid = q.push(b"y")
+    job = q.claim()
+    job.progress(0.5, "half")
+    job.complete()
+    assert q.get(jid)["progress"]["message"] == "half"
+
+
 def test_releasing_a_lost_lease_says_so(store_url, name):
     store = leasehold.open(store_url)
     lease = store.lock(name, ttl=0.3, keep_alive=False)

@@ -8,13 +8,15 @@ use super::lifeline::{Lifeline, RenewFn};
 use super::loom_canary;
 use super::machine::{renew_every, run_limit, Lifetime};
 use super::Client;
+use crate::core::job::Progress;
 #[cfg(loom)]
 use crate::core::QueuePolicy;
-use crate::core::{self, JobId, JobRecord, JobState};
+use crate::core::{self, HolderId, JobId, JobRecord, JobState};
 use crate::error::Field;
 use crate::error::{Error, LostReason, Result, Target};
 use crate::sync::{lock, Mutex};
 use crate::time::LocalMs;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A claimed job. Valid while [`ClaimedJob::is_valid`]; heartbeat to keep
@@ -31,6 +33,50 @@ pub struct ClaimedJob {
     /// The result a worker loop's handler set, kept with the job if the
     /// handler succeeds.
     result: Mutex<Option<Arc<[u8]>>>,
+    /// Where [`ClaimedJob::progress`] leaves its report for the claim's
+    /// next transaction (its own, or its worker loop's).
+    board: ProgressBoard,
+}
+
+/// Progress reports waiting for the next transaction of their claim (a
+/// renewal or a settle), newest per claim. A worker loop shares one among
+/// its jobs; a job claimed by hand has its own.
+#[derive(Clone, Default)]
+pub(crate) struct ProgressBoard(Arc<Mutex<HashMap<(JobId, u64), Progress>>>);
+
+impl ProgressBoard {
+    fn post(&self, id: JobId, token: u64, progress: Progress) {
+        lock(&self.0).insert((id, token), progress);
+    }
+
+    /// The reports of the claims `claims` names, taken off the board.
+    pub(crate) fn take(
+        &self,
+        claims: impl IntoIterator<Item = (JobId, u64)>,
+    ) -> Vec<(JobId, u64, Progress)> {
+        let mut board = lock(&self.0);
+        if board.is_empty() {
+            return Vec::new();
+        }
+        claims
+            .into_iter()
+            .filter_map(|(id, token)| board.remove(&(id, token)).map(|p| (id, token, p)))
+            .collect()
+    }
+}
+
+/// Record `reports` (of `holder`'s claims) in `tx`, ahead of the renewal or
+/// settle that carries them: a stale claim's report is refused there (the
+/// renewal or settle then says the claim is lost).
+pub(crate) fn record_reports(
+    tx: &mut dyn core::Txn,
+    holder: HolderId,
+    reports: &[(JobId, u64, Progress)],
+) -> Result<()> {
+    if !reports.is_empty() {
+        core::job::record_progress(tx.jobs()?, holder, reports)?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for ClaimedJob {
@@ -54,17 +100,27 @@ impl ClaimedJob {
         let limit = run_limit(sent_at, job.timeout_ms, drift);
         let life =
             Lifetime::granted(sent_at, lease_ms, drift, renew_every(lease_ms), seed).capped(limit);
-        Self::with_life(client, job, lease_ms, life, false)
+        Self::with_life(client, job, lease_ms, life, ProgressBoard::default())
     }
 
-    /// A job run by a worker loop, valid until the loop says otherwise.
+    /// A job run by a worker loop, valid until the loop says otherwise;
+    /// its progress reports go on the loop's `board`.
     pub(crate) fn managed(
         client: Client,
         job: JobRecord,
         lease_ms: u64,
         deadline: LocalMs,
+        board: &ProgressBoard,
     ) -> Self {
-        Self::with_life(client, job, lease_ms, Lifetime::until(deadline), true)
+        let mut job = Self::with_life(
+            client,
+            job,
+            lease_ms,
+            Lifetime::until(deadline),
+            board.clone(),
+        );
+        job.managed = true;
+        job
     }
 
     fn with_life(
@@ -72,7 +128,7 @@ impl ClaimedJob {
         job: JobRecord,
         lease_ms: u64,
         life: Lifetime,
-        managed: bool,
+        board: ProgressBoard,
     ) -> Self {
         let token = job.claim.map_or(0, |c| c.token);
         let target = Target::Job { id: job.id, token };
@@ -82,9 +138,10 @@ impl ClaimedJob {
             job,
             token,
             lease_ms,
-            managed,
+            managed: false,
             life: Lifeline::new(target, life, fork),
             result: Mutex::new(None),
+            board,
         }
     }
 
@@ -145,6 +202,7 @@ impl ClaimedJob {
 
     pub(crate) fn renew_fn(&self) -> RenewFn {
         let client = self.client.clone();
+        let board = self.board.clone();
         let (id, token, lease_ms) = (self.job.id, self.token, self.lease_ms);
         #[cfg(loom)]
         let naive = loom_canary::naive();
@@ -161,8 +219,10 @@ impl ClaimedJob {
                 client.run("put", |tx| tx.jobs()?.put_job(&job))?;
                 return Ok(false);
             }
+            let reports = board.take([(id, token)]);
             client
                 .run_until("heartbeat", Some(deadline), |tx| {
+                    record_reports(tx, holder, &reports)?;
                     core::job::heartbeat(tx, id, holder, token, lease_ms)
                 })
                 .map(|reply| reply.cancel_requested)
@@ -218,6 +278,42 @@ impl ClaimedJob {
         Ok(())
     }
 
+    /// Report how far the attempt got: `fraction` done (0.0 to 1.0) and a
+    /// short message (at most [`core::job::MAX_PROGRESS_MESSAGE`] bytes),
+    /// shown by `queue get`, `queue list`, `/api` and the dashboard, and
+    /// kept with the job once it ends. Reports ride on the claim's next
+    /// renewal or its settle (a worker loop's renewal round, a background
+    /// or explicit [`ClaimedJob::heartbeat`], `complete`/`fail`): no
+    /// transaction of their own, the newest replacing any not sent yet.
+    /// They are fenced by the claim's token: once the claim is lost, this
+    /// answers the loss, and a report still on its way is refused by the
+    /// store. A new attempt starts without progress.
+    pub fn progress(&self, fraction: f64, message: &str) -> Result<()> {
+        let progress = Progress::new(fraction, message)?;
+        self.life.check_usable(false)?;
+        if !self.is_valid() {
+            // Past the claim's local deadline: the store would refuse it.
+            return Err(self.life.lost_error(LostReason::Expired));
+        }
+        self.board.post(self.job.id, self.token, progress);
+        Ok(())
+    }
+
+    /// Run `f` in the claim's transaction `op`, with its reports not yet
+    /// sent recorded first.
+    fn settle_txn<R>(
+        &self,
+        op: &'static str,
+        mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
+    ) -> Result<R> {
+        let holder = self.client.inner.holder.id;
+        let reports = self.board.take([(self.job.id, self.token)]);
+        self.client.run(op, |tx| {
+            record_reports(tx, holder, &reports)?;
+            f(tx)
+        })
+    }
+
     /// The result set with [`ClaimedJob::set_result`], taken.
     pub(crate) fn take_result(&self) -> Option<Arc<[u8]>> {
         lock(&self.result).take()
@@ -237,7 +333,7 @@ impl ClaimedJob {
     pub(crate) fn complete_with_txn(&self, result: &[u8]) -> Result<()> {
         let holder = self.client.inner.holder.id;
         let (id, token) = (self.job.id, self.token);
-        self.client.run("complete", |tx| {
+        self.settle_txn("complete", |tx| {
             core::job::complete_with(tx, id, holder, token, result)
         })
     }
@@ -274,8 +370,7 @@ impl ClaimedJob {
     pub(crate) fn complete_txn(&self) -> Result<()> {
         let holder = self.client.inner.holder.id;
         let (id, token) = (self.job.id, self.token);
-        self.client
-            .run("complete", |tx| core::job::complete(tx, id, holder, token))
+        self.settle_txn("complete", |tx| core::job::complete(tx, id, holder, token))
     }
 
     /// The transaction of [`ClaimedJob::fail`], once settling began.
@@ -283,7 +378,7 @@ impl ClaimedJob {
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
         let (id, token) = (self.job.id, self.token);
-        self.client.run("fail", |tx| {
+        self.settle_txn("fail", |tx| {
             core::job::fail(tx, id, holder, token, reason, &policy)
         })
     }
@@ -292,7 +387,7 @@ impl ClaimedJob {
     pub(crate) fn abandon_txn(&self) -> Result<JobState> {
         let holder = self.client.inner.holder.id;
         let (id, token) = (self.job.id, self.token);
-        self.client.run("abandon", |tx| {
+        self.settle_txn("abandon", |tx| {
             core::job::abandon(tx, id, holder, token, true)
         })
     }

@@ -110,7 +110,7 @@ impl Lifeline {
         self.fork.is_origin() && lock(&self.state).cancel_requested
     }
 
-    fn lost_error(&self, reason: LostReason) -> Error {
+    pub(crate) fn lost_error(&self, reason: LostReason) -> Error {
         Error::Lost {
             target: self.target.clone(),
             reason,

@@ -19,7 +19,7 @@
 //! not settled yet; renewals, stops and the settled outcome reach the
 //! handle and record of their own claim, never another claim of the job.
 
-use super::job::ClaimedJob;
+use super::job::{record_reports, ClaimedJob, ProgressBoard};
 use super::machine::FireReport;
 use super::machine::{
     ClaimId, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply,
@@ -47,6 +47,9 @@ pub struct Exec {
     policy: QueuePolicy,
     lease_ms: u64,
     wall: Arc<dyn Clock>,
+    /// The progress reports of the loop's jobs, sent with their renewal
+    /// round or settle.
+    board: ProgressBoard,
 }
 
 impl std::fmt::Debug for Exec {
@@ -69,6 +72,7 @@ impl Exec {
             policy: client.inner.policy,
             lease_ms,
             wall: client.wall_clock().clone(),
+            board: ProgressBoard::default(),
         }
     }
 
@@ -97,12 +101,16 @@ impl Exec {
                 }
             }
             WorkerRequest::Heartbeat { claims } => {
+                let reports = self.board.take(claims.iter().copied());
                 WorkerReply::Heartbeated(store.txn_as("heartbeat", |tx| {
+                    record_reports(tx, holder, &reports)?;
                     core::job::heartbeat_many(tx, holder, &claims, lease_ms)
                 }))
             }
             WorkerRequest::Settle { settles } => {
+                let reports = self.board.take(settles.iter().map(|s| (s.0, s.1)));
                 WorkerReply::Settled(store.txn_as("settle", |tx| {
+                    record_reports(tx, holder, &reports)?;
                     core::job::settle_many(tx, holder, &settles, policy)
                 }))
             }
@@ -222,6 +230,7 @@ impl Session {
     /// `client` (the child's), shared with nothing of the parent's.
     #[cfg(feature = "canaries")]
     pub fn forked(&self, client: &Client) -> Session {
+        let exec = Exec::new(client, &self.exec.queue, self.lease_ms);
         let handles = self
             .handles
             .iter()
@@ -232,6 +241,7 @@ impl Session {
                     job.record().clone(),
                     self.lease_ms,
                     deadline,
+                    &exec.board,
                 );
                 (*claim, Arc::new(copy))
             })
@@ -240,7 +250,7 @@ impl Session {
             machine: self.machine.clone(),
             client: client.clone(),
             lease_ms: self.lease_ms,
-            exec: Exec::new(client, &self.exec.queue, self.lease_ms),
+            exec,
             records: self.records.clone(),
             handles,
             report: self.report,
@@ -342,6 +352,7 @@ impl Session {
             record,
             self.lease_ms,
             deadline,
+            &self.exec.board,
         ));
         self.handles.insert(claim, job.clone());
         job

@@ -282,6 +282,17 @@ pub(crate) fn i64_of(field: Field, v: u64) -> Result<i64> {
         .map_err(|_| crate::error::Error::invalid(field, format!("{v} does not fit the database")))
 }
 
+/// A job's progress from its two columns (permyriad, message); none when
+/// either is missing or out of range (never written so).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn progress_of(
+    permyriad: Option<i64>,
+    message: Option<String>,
+) -> Option<crate::core::job::Progress> {
+    let permyriad = u16::try_from(permyriad?).ok()?;
+    crate::core::job::Progress::of_permyriad(permyriad, &message?).ok()
+}
+
 /// A database integer as an unsigned value (negative values, never
 /// written, read as 0).
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]

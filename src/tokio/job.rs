@@ -51,6 +51,13 @@ impl ClaimedJob {
         self.job.set_result(result)
     }
 
+    /// Report how far the attempt got (see [`crate::ClaimedJob::progress`]:
+    /// sent with the claim's next renewal or its settle, fenced by its
+    /// token).
+    pub fn progress(&self, fraction: f64, message: &str) -> Result<()> {
+        self.job.progress(fraction, message)
+    }
+
     /// Mark the job done, keeping `result` with it (a job claimed by hand).
     pub async fn complete_with(&self, result: &[u8]) -> Result<()> {
         core::job::check_result(result)?;

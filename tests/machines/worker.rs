@@ -55,6 +55,7 @@ pub(crate) fn job(id: u64, token: u64) -> JobRecord {
         key: None,
         parked: false,
         timeout_ms: None,
+        progress: None,
     }
 }
 

@@ -100,6 +100,10 @@ pub struct Spec<'a> {
     /// CMD's stdin and stdout (stderr is inherited).
     pub stdin: Stdio,
     pub stdout: Stdio,
+    /// More descriptors CMD inherits: (ours, its number in CMD), the
+    /// number below [`FIRST_PRIVATE_FD`] (e.g. 3, which any shell can
+    /// write to).
+    pub inherit: Vec<(RawFd, RawFd)>,
     /// How long leftovers get between SIGTERM and SIGKILL after CMD exits.
     pub grace: Duration,
     pub mode: Mode,
@@ -125,6 +129,21 @@ pub struct Contained {
     /// waiter sleeps until the exit instead of polling; `None` on a kernel
     /// without `pidfd_open` (before Linux 5.3), where waiting polls.
     exited: Option<OwnedFd>,
+}
+
+/// The supervisor's own descriptors are moved to this number or above, so
+/// that the numbers below it are free for [`Spec::inherit`].
+pub const FIRST_PRIVATE_FD: RawFd = 10;
+
+/// `fd` moved to a number at or above [`FIRST_PRIVATE_FD`] (close-on-exec).
+fn above_private(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor we then own.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, FIRST_PRIVATE_FD) };
+    if moved < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just created and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
 
 /// A pipe (read end, write end), both close-on-exec.
@@ -162,6 +181,8 @@ pub fn spawn(spec: Spec<'_>) -> Result<Contained, StartError> {
     let other = |what: &str, e: std::io::Error| StartError::Other(format!("{what}: {e}"));
     let (ctl_r, ctl_w) = pipe().map_err(|e| other("creating the control pipe", e))?;
     let (rep_r, rep_w) = pipe().map_err(|e| other("creating the report pipe", e))?;
+    let moved = above_private(ctl_r).and_then(|c| Ok((c, above_private(rep_w)?)));
+    let (ctl_r, rep_w) = moved.map_err(|e| other("placing the supervisor's pipes", e))?;
     let (ctl_fd, rep_fd) = (ctl_r.as_raw_fd(), rep_w.as_raw_fd());
     let mut c = Command::new("/proc/self/exe");
     c.arg0("leasehold-supervisor")
@@ -175,12 +196,25 @@ pub fn spawn(spec: Spec<'_>) -> Result<Contained, StartError> {
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(spec.stdin)
         .stdout(spec.stdout);
-    // SAFETY: fcntl is async-signal-safe; it only clears close-on-exec on
-    // the two descriptors the supervisor inherits, in the child.
+    let inherit = spec.inherit.clone();
+    // SAFETY: fcntl and dup2 are async-signal-safe; in the child, they
+    // clear close-on-exec on the two descriptors the supervisor inherits
+    // and give CMD's inherited descriptors their numbers, all below the
+    // two pipes' (no clash).
     unsafe {
         c.pre_exec(move || {
             for fd in [ctl_fd, rep_fd] {
                 if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for &(ours, theirs) in &inherit {
+                let ok = if ours == theirs {
+                    libc::fcntl(ours, libc::F_SETFD, 0) == 0
+                } else {
+                    libc::dup2(ours, theirs) == theirs
+                };
+                if !ok {
                     return Err(std::io::Error::last_os_error());
                 }
             }

@@ -314,7 +314,12 @@ fn jobs_table(h: &mut Html, view: &JobsView) {
     h.raw("<table class=\"jobs\"><thead><tr><th>Job</th><th class=\"num\">Priority</th>")
         .raw("<th class=\"num\">Attempts</th><th>")
         .text(when)
-        .raw("</th><th>Payload</th><th>Last error</th></tr></thead><tbody>");
+        .raw("</th><th>Payload</th><th>")
+        .text(match view.state {
+            JobState::Running => "Progress / last error",
+            _ => "Last error",
+        })
+        .raw("</th></tr></thead><tbody>");
     let t = Times::new(view.now_ms);
     for peek in &view.jobs {
         let j = &peek.job;
@@ -335,11 +340,18 @@ fn jobs_table(h: &mut Html, view: &JobsView) {
         h.raw("</td><td>");
         payload(h, peek, false);
         h.raw("</td>");
-        h.cell(
-            "<td class=\"err\">",
-            "</td>",
-            j.last_error.as_deref().unwrap_or(""),
-        );
+        match (&j.progress, view.state) {
+            (Some(p), JobState::Running) => {
+                h.cell("<td data-progress>", "</td>", &p.to_string());
+            }
+            _ => {
+                h.cell(
+                    "<td class=\"err\">",
+                    "</td>",
+                    j.last_error.as_deref().unwrap_or(""),
+                );
+            }
+        }
         h.raw("</tr>");
     }
     h.raw("</tbody></table>");
@@ -450,6 +462,13 @@ pub fn job(h: &mut Html, ui: &Ui, view: &JobView, done: Option<&str>) {
             }
         }
         h.raw("</dd>");
+    }
+    if let Some(p) = &j.progress {
+        h.raw("<dt>Progress</dt><dd data-progress><progress max=\"10000\" value=\"")
+            .text(&p.permyriad.to_string())
+            .raw("\"></progress> ")
+            .text(&p.to_string())
+            .raw("</dd>");
     }
     if j.cancel_requested {
         h.raw("<dt>Cancel</dt><dd>requested: the worker stops at its next heartbeat</dd>");

@@ -125,6 +125,12 @@ class Job:
         """Whether the claim may still be acted on."""
         return self._native.valid()
 
+    def progress(self, fraction, message=""):
+        """Report how far this attempt got: ``fraction`` (0.0 to 1.0) and a
+        short message, shown by ``Queue.get`` and the dashboard and kept
+        with the job. Sent with the claim's next renewal or its settle."""
+        self._native.progress(float(fraction), str(message))
+
     def complete(self, result=None):
         """Mark it done, keeping ``result`` (bytes, str, or JSON) with it."""
         self._native.complete(None if result is None else _payload(result))

@@ -160,6 +160,7 @@ mod tests {
             key: None,
             parked: false,
             timeout_ms: None,
+            progress: None,
         }
     }
 

@@ -12,6 +12,7 @@
 //! error changes nothing.
 
 mod flow;
+mod progress;
 mod rate;
 mod rules;
 mod settle;
@@ -19,6 +20,7 @@ mod unique;
 mod view;
 
 pub use flow::*;
+pub use progress::{record_progress, Progress, MAX_PROGRESS_MESSAGE};
 pub use rate::{Rate, RateLog, MAX_RATE, MAX_WINDOW_MS, QUEUE_BUCKET};
 pub use rules::*;
 pub use settle::*;
@@ -202,6 +204,9 @@ pub struct JobRecord {
     /// per-key limit: out of claim order until a job of its key leaves
     /// running (see `flow`). Only ever set on a ready job.
     pub parked: bool,
+    /// What its current (or last) attempt's handler last reported
+    /// ([`record_progress`]); a new claim starts without.
+    pub progress: Option<Progress>,
 }
 
 /// The sort key of claim order (Q5): priority descending, then earlier

@@ -141,6 +141,7 @@ pub fn enqueue(
         key: spec.key.as_deref().map(Arc::from),
         timeout_ms: timeout_ms(spec),
         parked: false,
+        progress: None,
     };
     job.reschedule(run_at_ms, now_ms);
     put(tx, &job)?;
@@ -353,6 +354,7 @@ pub(super) fn start(
     job.last_token = token;
     job.attempts = job.attempts.saturating_add(1);
     job.state = JobState::Running;
+    job.progress = None;
     job.claim = Some(Claim {
         holder,
         token,

@@ -16,7 +16,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 12] = [
+const MIGRATIONS: [&str; 13] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -88,6 +88,9 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // v12: `push`, the enqueue rule as a function any transaction may call
     // (`push_in.rs`).
     PUSH_FUNCTION,
+    // v13: what a running job's handler last reported (ten-thousandths
+    // done, a message).
+    "ALTER TABLE {s}.jobs ADD COLUMN progress int4, ADD COLUMN progress_msg text;",
 ];
 
 /// Stands for the text of [`push_function`] in [`MIGRATIONS`].

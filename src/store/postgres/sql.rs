@@ -114,7 +114,12 @@ impl Sql {
             .raw(if job.parked { ", true, " } else { ", false, " })
             .opt_int(Field::Timeout, job.timeout_ms)?
             .raw(", ")
-            .opt_int(Field::Timeout, claim.and_then(|c| c.deadline_ms))?;
+            .opt_int(Field::Timeout, claim.and_then(|c| c.deadline_ms))?
+            .raw(", ");
+        let progress = job.progress.as_ref();
+        self.opt_int(Field::Progress, progress.map(|p| u64::from(p.permyriad)))?
+            .raw(", ")
+            .opt_text(Field::Progress, progress.map(|p| &*p.message))?;
         Ok(self.raw(")"))
     }
 
@@ -149,7 +154,7 @@ impl Sql {
                 }
             }
         };
-        let columns: [Each<'_>; 17] = [
+        let columns: [Each<'_>; 19] = [
             &|o, j| int(o, Field::Id, Some(j.id.0)),
             &|o, j| write!(o, "{}", j.priority).map_err(fmt_err),
             &|o, j| int(o, Field::RunAt, Some(j.run_at_ms)),
@@ -185,6 +190,14 @@ impl Sql {
                 Ok(())
             },
             &|o, j| int(o, Field::Timeout, j.claim.and_then(|c| c.deadline_ms)),
+            &|o, j| {
+                let permyriad = j.progress.as_ref().map(|p| u64::from(p.permyriad));
+                int(o, Field::Progress, permyriad)
+            },
+            &|o, j| {
+                let message = j.progress.as_ref().map(|p| &*p.message);
+                array_text(o, Field::Progress, message)
+            },
         ];
         for (i, each) in columns.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " }).array(jobs, each)?;
@@ -220,22 +233,23 @@ impl Sql {
 
 /// The columns of a job that can change after it is created (the id first,
 /// to find the row), in the order of the prepared UPDATE's parameters.
-const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result, parked, claim_deadline";
+const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result, parked, claim_deadline, progress, progress_msg";
 
 /// The assignments of an UPDATE from a row source `u` of [`UPDATE_FIELDS`].
-const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked, claim_deadline = u.claim_deadline";
+const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked, claim_deadline = u.claim_deadline, progress = u.progress, progress_msg = u.progress_msg";
 
 /// The types of [`UPDATE_FIELDS`], as arrays.
-const UPDATE_ARRAY_TYPES: [&str; 17] = [
+const UPDATE_ARRAY_TYPES: [&str; 19] = [
     "int8[]", "int4[]", "int8[]", "int8[]", "int8[]", "int8[]", "int8[]", "int2[]", "bytea[]",
-    "int8[]", "int8[]", "bool[]", "text[]", "int8[]", "bytea[]", "bool[]", "int8[]",
+    "int8[]", "int8[]", "bool[]", "text[]", "int8[]", "bytea[]", "bool[]", "int8[]", "int4[]",
+    "text[]",
 ];
 
 /// The name of the UPDATE each session prepares (SQL-level `PREPARE`).
 const PREPARED_UPDATE: &str = "leasehold_jobs_update";
 
 /// The `PREPARE` of [`PREPARED_UPDATE`] for the quoted `schema`: one
-/// UPDATE joining the rows of 17 parallel arrays to the jobs by id.
+/// UPDATE joining the rows of 19 parallel arrays to the jobs by id.
 ///
 /// Measured against the literal `UPDATE ... FROM (VALUES ...)` it replaced,
 /// literal arrays, and a protocol-level prepared statement with binary
@@ -392,6 +406,7 @@ mod tests {
             key: None,
             parked: false,
             timeout_ms: None,
+            progress: None,
         }
     }
 

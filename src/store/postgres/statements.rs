@@ -37,7 +37,7 @@ pub(super) struct Statements {
 }
 
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
-pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline";
+pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline, progress, progress_msg";
 
 /// How many [`COLUMNS`] there are (where a claim's read puts the queue's
 /// settings).

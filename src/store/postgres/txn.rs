@@ -14,7 +14,7 @@ use crate::core::{
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
-use crate::store::{holder_from, u64_of, LeaseCache, Wake};
+use crate::store::{holder_from, progress_of, u64_of, LeaseCache, Wake};
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use std::collections::HashMap;
@@ -101,6 +101,10 @@ fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error>
         key: r.try_get::<_, Option<&str>>(19)?.map(Arc::from),
         parked: r.try_get(20)?,
         timeout_ms: r.try_get::<_, Option<i64>>(21)?.map(u64_of),
+        progress: progress_of(
+            r.try_get::<_, Option<i32>>(23)?.map(i64::from),
+            r.try_get(24)?,
+        ),
     };
     Ok((job, state_code))
 }

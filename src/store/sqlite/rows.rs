@@ -3,7 +3,7 @@
 use crate::core::{Claim, JobId, JobRecord, JobState};
 use crate::error::Field;
 use crate::error::Result;
-use crate::store::{holder_bytes, holder_from, i64_of, u64_of};
+use crate::store::{holder_bytes, holder_from, i64_of, progress_of, u64_of};
 use rusqlite::Row;
 use std::sync::Arc;
 
@@ -14,7 +14,7 @@ pub fn sql_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline";
+pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline, progress, progress_msg";
 
 /// A stored state code; an unknown one is an error naming the row.
 pub(super) fn state_of(id: i64, code: i64) -> rusqlite::Result<JobState> {
@@ -77,6 +77,7 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
             .map(|s| Arc::from(s.as_str())),
         parked: r.get::<_, i64>(c(20))? != 0,
         timeout_ms: r.get::<_, Option<i64>>(c(21))?.map(u64_of),
+        progress: progress_of(r.get(c(23))?, r.get(c(24))?),
     })
 }
 

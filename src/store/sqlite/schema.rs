@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 11] = [
+const MIGRATIONS: [&str; 12] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -79,6 +79,10 @@ const MIGRATIONS: [&str; 11] = [
     // v11: every job with a unique key by when it was pushed, whatever its
     // state, for a uniqueness period (`JobSpec::unique_for`).
     "CREATE INDEX jobs_unique_all ON jobs (queue, unique_key, created_at) WHERE unique_key IS NOT NULL;",
+    // v12: what a running job's handler last reported (ten-thousandths
+    // done, a message).
+    "ALTER TABLE jobs ADD COLUMN progress INTEGER;
+     ALTER TABLE jobs ADD COLUMN progress_msg TEXT;",
 ];
 
 /// v9: rate limits. A queue's rates (NULL: none) and one row per rate

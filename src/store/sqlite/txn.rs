@@ -190,7 +190,7 @@ impl SqlTxn<'_> {
                    expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
                    claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
                    last_error = ?13, finished_at = ?14, result = ?15, parked = ?16,
-                   claim_deadline = ?17
+                   claim_deadline = ?17, progress = ?18, progress_msg = ?19
                  WHERE id = ?1",
             )
             .and_then(|mut s| {
@@ -212,6 +212,8 @@ impl SqlTxn<'_> {
                     job.result.as_deref(),
                     job.parked,
                     deadline,
+                    job.progress.as_ref().map(|p| p.permyriad),
+                    job.progress.as_ref().map(|p| &*p.message),
                 ])
             })
             .map(|_| ())
@@ -378,7 +380,7 @@ impl JobTxn for SqlTxn<'_> {
             return self.update_job(job);
         }
         let sql = format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)
+            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)
              ON CONFLICT(id) DO UPDATE SET
                queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
                run_at = excluded.run_at, created_at = excluded.created_at,
@@ -389,7 +391,8 @@ impl JobTxn for SqlTxn<'_> {
                last_error = excluded.last_error, unique_key = excluded.unique_key,
                finished_at = excluded.finished_at, result = excluded.result,
                conc_key = excluded.conc_key, parked = excluded.parked,
-               timeout_ms = excluded.timeout_ms, claim_deadline = excluded.claim_deadline"
+               timeout_ms = excluded.timeout_ms, claim_deadline = excluded.claim_deadline,
+               progress = excluded.progress, progress_msg = excluded.progress_msg"
         );
         let JobRow {
             id,
@@ -430,6 +433,8 @@ impl JobTxn for SqlTxn<'_> {
                     job.parked,
                     timeout,
                     deadline,
+                    job.progress.as_ref().map(|p| p.permyriad),
+                    job.progress.as_ref().map(|p| &*p.message),
                 ])
             })
             .map(|_| ())

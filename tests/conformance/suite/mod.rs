@@ -169,6 +169,7 @@ mod jobs;
 mod leases;
 mod limits;
 mod listing;
+mod progress;
 mod rates;
 mod schedules;
 mod unique;
@@ -178,6 +179,7 @@ pub use jobs::*;
 pub use leases::*;
 pub use limits::*;
 pub use listing::*;
+pub use progress::*;
 pub use rates::*;
 pub use schedules::*;
 pub use unique::*;
@@ -231,7 +233,8 @@ macro_rules! conformance_cases {
             queue_rates_and_concurrency_hold_together, queue_rates_check_their_input_and_roll_back,
             queue_idle_rate_buckets_are_purged,
             job_unique_for_blocks_within_the_period_whatever_the_state,
-            job_unique_states_say_which_states_block, job_unique_options_check_their_input
+            job_unique_states_say_which_states_block, job_unique_options_check_their_input,
+            job_progress_is_fenced_kept_and_cleared_by_a_new_claim
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
