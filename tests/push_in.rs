@@ -461,11 +461,14 @@ fn bad_input_is_refused_by_name_and_writes_nothing() {
             format!("{s}.push('q', unique_for_ms => 10)"),
             "invalid unique_key",
         ),
-        (format!("{s}.push('q', delay_ms => -1)"), "invalid delay"),
-        (format!("{s}.push('q', timeout_ms => 0)"), "invalid timeout"),
+        (format!("{s}.push('q', delay_ms => -1)"), "invalid delay_ms"),
+        (
+            format!("{s}.push('q', timeout_ms => 0)"),
+            "invalid timeout_ms",
+        ),
         (
             format!("{s}.push('q', concurrency_key => '')"),
-            "invalid key",
+            "invalid concurrency_key",
         ),
     ] {
         let e = db
@@ -499,19 +502,26 @@ fn bad_input_is_refused_by_name_and_writes_nothing() {
         other => panic!("{other:?}"),
     }
     drop(tx);
-    // A unique push under REPEATABLE READ is refused (its snapshot
-    // predates the key's lock).
-    let mut tx = db
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .unwrap();
+    // A unique push outside READ COMMITTED is refused (its snapshot would
+    // predate the key's lock); a plain one is fine.
     let unique = JobSpec {
         unique_key: Some("k".into()),
         ..JobSpec::new("x")
     };
-    let e = queue.push_in(&mut tx, &unique).unwrap_err();
-    assert!(e.to_string().contains("REPEATABLE READ"), "{e}");
+    for (level, name) in [
+        (postgres::IsolationLevel::RepeatableRead, "REPEATABLE READ"),
+        (postgres::IsolationLevel::Serializable, "SERIALIZABLE"),
+    ] {
+        let mut tx = db
+            .build_transaction()
+            .isolation_level(level)
+            .start()
+            .unwrap();
+        queue.push_in(&mut tx, &JobSpec::new("plain")).unwrap();
+        let e = queue.push_in(&mut tx, &unique).unwrap_err();
+        assert!(e.to_string().contains(name), "{e}");
+    }
+    assert_eq!(total(&queue), 0, "rolled back");
 }
 
 #[test]

@@ -124,10 +124,15 @@ fn progress_line(line: &str) -> Result<(f64, &str), String> {
     Ok((percent / 100.0, message.trim_start()))
 }
 
-/// A pipe whose write end CMD inherits (its number in
-/// `LEASEHOLD_PROGRESS_FD`), and the progress reports read from it, each
-/// line by a thread of its own until every writer is gone. Bad lines are
-/// said on stderr and skipped.
+/// The longest progress line kept (the rest of a longer one is read and
+/// dropped, and the line skipped).
+const PROGRESS_LINE_MAX: u64 = 4096;
+
+/// A pipe whose write end CMD inherits (as `LEASEHOLD_PROGRESS_FD`), and
+/// the progress reports read from it by a thread of its own, to the end of
+/// the pipe whatever comes: a line that is too long, not UTF-8 or does not
+/// parse is said on stderr and skipped, and reading goes on after the
+/// handler stopped listening, so CMD never writes into a closed pipe.
 fn progress_pipe(id: leasehold::JobId) -> Result<(OwnedFd, mpsc::Receiver<Progress>), String> {
     let (reader, writer) =
         contain::pipe().map_err(|e| format!("creating the progress pipe: {e}"))?;
@@ -135,18 +140,36 @@ fn progress_pipe(id: leasehold::JobId) -> Result<(OwnedFd, mpsc::Receiver<Progre
     std::thread::Builder::new()
         .name("leasehold-progress".to_owned())
         .spawn(move || {
-            let lines = std::io::BufReader::new(std::fs::File::from(reader));
-            for line in std::io::BufRead::lines(lines) {
-                let Ok(line) = line else { break };
-                let parsed = progress_line(&line)
-                    .and_then(|(f, m)| Progress::new(f, m).map_err(|e| e.to_string()));
+            use std::io::{BufRead, Read};
+            let mut pipe = std::io::BufReader::new(std::fs::File::from(reader));
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match (&mut pipe)
+                    .take(PROGRESS_LINE_MAX)
+                    .read_until(b'\n', &mut line)
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let overlong = !line.ends_with(b"\n") && line.len() as u64 >= PROGRESS_LINE_MAX;
+                if overlong {
+                    // Drop the rest of the line.
+                    let _ = pipe.skip_until(b'\n');
+                }
+                let text = String::from_utf8_lossy(&line);
+                let parsed = match overlong {
+                    true => Err(format!("longer than {PROGRESS_LINE_MAX} bytes")),
+                    false => progress_line(&text)
+                        .and_then(|(f, m)| Progress::new(f, m).map_err(|e| e.to_string())),
+                };
                 match parsed {
-                    Ok(p) => {
-                        if tx.send(p).is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) => eprintln!("leasehold: job {id}: progress line {line:?} skipped: {e}"),
+                    // A handler gone (its job ended) just stops listening.
+                    Ok(p) => drop(tx.send(p)),
+                    Err(e) => eprintln!(
+                        "leasehold: job {id}: progress line {:?} skipped: {e}",
+                        text.trim_end()
+                    ),
                 }
             }
         })
@@ -226,9 +249,11 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
         child.sleep_until_exit(Duration::from_millis(20), None);
     };
     // CMD's tree is gone: the reader sees the end of the pipe soon after
-    // its last lines, the newest of which goes with the settle.
+    // its last lines, the newest of which goes with the settle (within
+    // 200 ms: a process that escaped containment may hold the pipe open).
     let mut last = None;
-    while let Ok(p) = reports.recv_timeout(Duration::from_millis(200)) {
+    let until = Instant::now() + Duration::from_millis(200);
+    while let Ok(p) = reports.recv_timeout(until.saturating_duration_since(Instant::now())) {
         last = Some(p);
     }
     if let Some(p) = last {

@@ -273,6 +273,8 @@ fn queue_work_takes_progress_lines_from_its_command() {
     let script = r#"echo "40 tiles 400/1000" >&"$LEASEHOLD_PROGRESS_FD"
         sleep 2
         echo "not a number" >&"$LEASEHOLD_PROGRESS_FD"
+        printf '\377\376 bytes\n' >&3
+        head -c 10000 /dev/zero | tr '\0' 7 >&3; echo >&3
         echo "LEASEHOLD_PROGRESS 100 all tiles" >&"$LEASEHOLD_PROGRESS_FD""#;
     let worker = d
         .cmd()
@@ -299,6 +301,7 @@ fn queue_work_takes_progress_lines_from_its_command() {
         stderr.contains("progress line \"not a number\" skipped"),
         "{stderr}"
     );
+    assert!(stderr.contains("longer than 4096 bytes"), "{stderr}");
     let done = d.json(&["queue", "get", &id]);
     assert_eq!(done["state"], "done");
     assert_eq!(done["progress"]["fraction"], 1.0, "{done}");

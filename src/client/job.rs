@@ -49,6 +49,24 @@ impl ProgressBoard {
         lock(&self.0).insert((id, token), progress);
     }
 
+    /// Put back `reports` a transaction could not send (unless a newer
+    /// report of the same claim arrived meanwhile).
+    pub(crate) fn put_back(&self, reports: Vec<(JobId, u64, Progress)>) {
+        if reports.is_empty() {
+            return;
+        }
+        let mut board = lock(&self.0);
+        for (id, token, p) in reports {
+            board.entry((id, token)).or_insert(p);
+        }
+    }
+
+    /// Drop the reports of `claims` (lost or ended: nothing will send
+    /// them).
+    pub(crate) fn forget(&self, claims: impl IntoIterator<Item = (JobId, u64)>) {
+        drop(self.take(claims));
+    }
+
     /// The reports of the claims `claims` names, taken off the board.
     pub(crate) fn take(
         &self,
@@ -220,12 +238,14 @@ impl ClaimedJob {
                 return Ok(false);
             }
             let reports = board.take([(id, token)]);
-            client
-                .run_until("heartbeat", Some(deadline), |tx| {
-                    record_reports(tx, holder, &reports)?;
-                    core::job::heartbeat(tx, id, holder, token, lease_ms)
-                })
-                .map(|reply| reply.cancel_requested)
+            let renewed = client.run_until("heartbeat", Some(deadline), |tx| {
+                record_reports(tx, holder, &reports)?;
+                core::job::heartbeat(tx, id, holder, token, lease_ms)
+            });
+            if renewed.is_err() {
+                board.put_back(reports);
+            }
+            renewed.map(|reply| reply.cancel_requested)
         })
     }
 
@@ -308,10 +328,14 @@ impl ClaimedJob {
     ) -> Result<R> {
         let holder = self.client.inner.holder.id;
         let reports = self.board.take([(self.job.id, self.token)]);
-        self.client.run(op, |tx| {
+        let settled = self.client.run(op, |tx| {
             record_reports(tx, holder, &reports)?;
             f(tx)
-        })
+        });
+        if settled.is_err() {
+            self.board.put_back(reports);
+        }
+        settled
     }
 
     /// The result set with [`ClaimedJob::set_result`], taken.

@@ -46,7 +46,10 @@ impl Queue {
     /// a [`PostgresStore`](crate::PostgresStore) (else
     /// [`Error::Invalid`] naming the store). Unique keys behave as in
     /// [`Queue::push`] (the key's lock waits only for other pushes of the
-    /// key, until `tx` ends); a unique push refuses REPEATABLE READ. It
+    /// key, until `tx` ends), with two differences: a unique push needs
+    /// `tx` in READ COMMITTED (the default), and a candidate job retried
+    /// after its claim ran out blocks when either ready or scheduled does
+    /// (its backoff's jitter is the client's that brings it up to date). It
     /// calls the schema's SQL function `push` (see the README,
     /// "Transactional enqueue"), which other languages can call too.
     ///
@@ -69,7 +72,8 @@ impl Queue {
         tx: &mut postgres::Transaction<'_>,
         spec: &JobSpec,
     ) -> Result<EnqueueOutcome> {
-        crate::store::postgres::push_in(tx, self.postgres_schema()?, &self.name, spec)
+        let policy = self.client.policy();
+        crate::store::postgres::push_in(tx, self.postgres_schema()?, &self.name, spec, policy)
     }
 
     /// The schema [`Queue::push_in`] writes into.

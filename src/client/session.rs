@@ -102,17 +102,36 @@ impl Exec {
             }
             WorkerRequest::Heartbeat { claims } => {
                 let reports = self.board.take(claims.iter().copied());
-                WorkerReply::Heartbeated(store.txn_as("heartbeat", |tx| {
+                let renewed = store.txn_as("heartbeat", |tx| {
                     record_reports(tx, holder, &reports)?;
                     core::job::heartbeat_many(tx, holder, &claims, lease_ms)
-                }))
+                });
+                match &renewed {
+                    // A lost claim's reports will never be sent.
+                    Ok(replies) => self.board.forget(
+                        claims
+                            .iter()
+                            .zip(replies)
+                            .filter(|(_, r)| r.is_err())
+                            .map(|(c, _)| *c),
+                    ),
+                    Err(_) => self.board.put_back(reports),
+                }
+                WorkerReply::Heartbeated(renewed)
             }
             WorkerRequest::Settle { settles } => {
-                let reports = self.board.take(settles.iter().map(|s| (s.0, s.1)));
-                WorkerReply::Settled(store.txn_as("settle", |tx| {
+                let ids = settles.iter().map(|s| (s.0, s.1));
+                let reports = self.board.take(ids.clone());
+                let settled = store.txn_as("settle", |tx| {
                     record_reports(tx, holder, &reports)?;
                     core::job::settle_many(tx, holder, &settles, policy)
-                }))
+                });
+                match &settled {
+                    // Settled or lost: whatever came since goes nowhere.
+                    Ok(_) => self.board.forget(ids),
+                    Err(_) => self.board.put_back(reports),
+                }
+                WorkerReply::Settled(settled)
             }
             WorkerRequest::DrainCheck => WorkerReply::Drained(
                 store.txn_as("drain_check", |tx| core::job::drained(tx, queue, policy)),

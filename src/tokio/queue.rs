@@ -53,7 +53,8 @@ impl Queue {
         spec: &JobSpec,
     ) -> Result<EnqueueOutcome> {
         let schema = self.sync.postgres_schema()?;
-        crate::store::postgres::push_in_async(tx, schema, self.name(), spec).await
+        let policy = self.client.sync().policy();
+        crate::store::postgres::push_in_async(tx, schema, self.name(), spec, policy).await
     }
 
     /// Claim the next ready job, if any, under a lease of `lease`.

@@ -10,7 +10,6 @@
 //! the attempt's settle), never in one of their own. A new claim starts
 //! without progress; the last report stays with the job once it ends.
 
-use super::rules::load;
 use super::{JobId, JobRecord};
 use crate::core::{check_text, HolderId, JobTxn};
 use crate::error::{Error, Field, Result};
@@ -98,35 +97,46 @@ impl fmt::Display for Progress {
 }
 
 /// Record progress reports of `holder`'s claims (job, token, report), in
-/// the caller's transaction: each only under its own unexpired claim
-/// (else the loss, as a heartbeat would say; nothing written).
+/// the caller's transaction. A report is written under its own unexpired
+/// claim, or on the job that claim ended (no claim made since: its
+/// attempt's last word, sent with a renewal that lost the race to its
+/// settle); else it is refused with the loss a heartbeat would answer,
+/// and nothing is written. The jobs are read at once.
 pub fn record_progress(
     tx: &mut dyn JobTxn,
     holder: HolderId,
     reports: &[(JobId, u64, Progress)],
 ) -> Result<Vec<Result<()>>> {
     let now_ms = tx.now_ms();
+    let ids: Vec<JobId> = reports.iter().map(|r| r.0).collect();
+    let mut jobs = tx.jobs_by_id(&ids)?;
     let mut out = Vec::with_capacity(reports.len());
     for (id, token, progress) in reports {
-        let mut job: JobRecord = match load(tx, *id) {
-            Ok(job) => job,
-            Err(Error::NotFound(id)) => {
-                out.push(Err(Error::NotFound(id)));
-                continue;
-            }
-            Err(e) => return Err(e),
+        let Some(job) = jobs.iter_mut().find(|j| j.id == *id) else {
+            out.push(Err(Error::NotFound(*id)));
+            continue;
         };
-        match job.check_claim(holder, *token, now_ms) {
-            Ok(_) if job.progress.as_ref() == Some(progress) => out.push(Ok(())),
-            Ok(_) => {
+        let fenced = match job.check_claim(holder, *token, now_ms) {
+            Err(_) if ended_under(job, *token) => Ok(()),
+            other => other.map(drop),
+        };
+        match fenced {
+            Ok(()) if job.progress.as_ref() == Some(progress) => out.push(Ok(())),
+            Ok(()) => {
                 job.progress = Some(progress.clone());
-                tx.put_job(&job)?;
+                tx.put_job(job)?;
                 out.push(Ok(()));
             }
             Err(e) => out.push(Err(e)),
         }
     }
     Ok(out)
+}
+
+/// Whether `job` ended under the claim with `token` (terminal, and no
+/// claim made since).
+fn ended_under(job: &JobRecord, token: u64) -> bool {
+    job.state.is_terminal() && job.last_token == token && token > 0
 }
 
 #[cfg(test)]
@@ -143,6 +153,8 @@ mod tests {
         assert_eq!(Progress::new(0.40255, "").unwrap().to_string(), "40.26%");
         assert_eq!(Progress::new(1.0, "").unwrap().permyriad, 10_000);
         assert_eq!(Progress::new(0.0, "x").unwrap().fraction(), 0.0);
+        assert_eq!(p.fraction(), 0.4);
+        assert_eq!(Progress::of_permyriad(2_500, "").unwrap().fraction(), 0.25);
         for bad in [-0.01, 1.01, f64::NAN, f64::INFINITY] {
             let e = Progress::new(bad, "").unwrap_err();
             assert!(e.to_string().contains("progress"), "{bad}: {e}");

@@ -26,9 +26,18 @@
 //!   crash-loop quarantine takes it, else ready or scheduled (a retry).
 //!   `tests/push_in.rs` pushes the same specs through both and compares
 //!   the rows.
-//! - **Isolation**: a unique push needs READ COMMITTED (the default) or
-//!   SERIALIZABLE; under REPEATABLE READ the snapshot predates the key's
-//!   lock, so the function refuses a unique key there.
+//! - **Isolation**: a unique push needs READ COMMITTED (the default): each
+//!   statement of the function reads a fresh snapshot, so the lookup after
+//!   the key's lock sees a push that committed while it waited. Under
+//!   REPEATABLE READ or SERIALIZABLE the snapshot predates the lock (and
+//!   the library's own pushes run in READ COMMITTED, out of reach of
+//!   SERIALIZABLE's checks), so the function refuses a unique key there.
+//! - **Time and policy**: the function reads `clock_timestamp()` (a store
+//!   opened with a replacement clock is not consulted), and judges stale
+//!   candidates with the crash-loop quarantine its caller passes
+//!   (`quarantine_expiries`, the client's policy; default the library's).
+//!   Its limits are the build's that created it (schema migration 12); a
+//!   build that changes them replaces the function in a migration.
 
 use super::error::{pg_err, Stage};
 use crate::core::job::UNIQUE_READ;
@@ -55,6 +64,7 @@ CREATE OR REPLACE FUNCTION {s}.push(
     concurrency_key text DEFAULT NULL,
     timeout_ms int8 DEFAULT NULL,
     run_at_ms int8 DEFAULT NULL,
+    quarantine_expiries int4 DEFAULT {quarantine},
     OUT id int8,
     OUT created bool)
 LANGUAGE plpgsql VOLATILE
@@ -97,7 +107,7 @@ BEGIN
         RAISE EXCEPTION 'invalid unique_key: a uniqueness period or states need a unique key' USING ERRCODE = '22023';
     END IF;
     IF push.unique_for_ms IS NOT NULL AND (push.unique_for_ms < 1 OR push.unique_for_ms > {max_ttl}) THEN
-        RAISE EXCEPTION 'invalid unique_for: % ms is outside 1 ms..=one year', push.unique_for_ms USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid unique_for_ms: % is outside 1..={max_ttl} (one year)', push.unique_for_ms USING ERRCODE = '22023';
     END IF;
     IF push.unique_states IS NOT NULL THEN
         FOREACH name IN ARRAY string_to_array(push.unique_states, ',') LOOP
@@ -118,24 +128,24 @@ BEGIN
         states := 7;
     END IF;
 {check_concurrency_key}    IF push.timeout_ms IS NOT NULL AND (push.timeout_ms < 1 OR push.timeout_ms > {max_ttl}) THEN
-        RAISE EXCEPTION 'invalid timeout: % ms is outside 1 ms..=one year', push.timeout_ms USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid timeout_ms: % is outside 1..={max_ttl} (one year)', push.timeout_ms USING ERRCODE = '22023';
     END IF;
     IF push.run_at_ms IS NOT NULL THEN
         IF push.run_at_ms > now_ms + {max_ttl} THEN
-            RAISE EXCEPTION 'invalid run_at: % ms is more than a year after now (% ms)', push.run_at_ms, now_ms USING ERRCODE = '22023';
+            RAISE EXCEPTION 'invalid run_at_ms: % is more than a year after now (% ms)', push.run_at_ms, now_ms USING ERRCODE = '22023';
         END IF;
         at_ms := greatest(push.run_at_ms, now_ms);
     ELSIF coalesce(push.delay_ms, 0) = 0 THEN
         at_ms := now_ms;
     ELSIF push.delay_ms < 0 OR push.delay_ms > {max_ttl} THEN
-        RAISE EXCEPTION 'invalid delay: % ms is outside 0..={max_ttl} ms (one year)', push.delay_ms USING ERRCODE = '22023';
+        RAISE EXCEPTION 'invalid delay_ms: % is outside 0..={max_ttl} (one year)', push.delay_ms USING ERRCODE = '22023';
     ELSE
         at_ms := now_ms + push.delay_ms;
     END IF;
 
     IF push.unique_key IS NOT NULL THEN
-        IF current_setting('transaction_isolation') = 'repeatable read' THEN
-            RAISE EXCEPTION 'a unique push needs READ COMMITTED or SERIALIZABLE: under REPEATABLE READ the snapshot predates the key''s lock' USING ERRCODE = '25001';
+        IF current_setting('transaction_isolation') != 'read committed' THEN
+            RAISE EXCEPTION 'a unique push needs READ COMMITTED, not %: the snapshot would predate the key''s lock', upper(current_setting('transaction_isolation')) USING ERRCODE = '25001';
         END IF;
         PERFORM pg_advisory_xact_lock(hashtext('{s}.' || push.queue), hashtext(push.unique_key));
         IF push.unique_for_ms IS NOT NULL THEN
@@ -158,7 +168,7 @@ BEGIN
                 IF cand.cancel_requested THEN
                     fresh := 5;
                 ELSIF cand.attempts >= cand.max_attempts
-                      OR ({quarantine} > 0 AND cand.expiries + 1 >= {quarantine}) THEN
+                      OR (push.quarantine_expiries > 0 AND cand.expiries + 1 >= push.quarantine_expiries) THEN
                     fresh := 4;
                 ELSE
                     fresh := -1; -- retried: ready or scheduled
@@ -191,8 +201,8 @@ $push$;
 COMMENT ON FUNCTION {s}.push IS 'leasehold: enqueue a job in the calling transaction (see the README, Transactional enqueue)';
 ";
 
-/// The checks of `check_key` on the argument `arg`, named `field` (a NULL
-/// passes).
+/// The checks of `check_key` on the argument `{arg}`, named `{field}` (a
+/// NULL passes).
 const CHECK_KEY: &str = r"
     IF {arg} = '' THEN
         RAISE EXCEPTION 'invalid {field}: must not be empty' USING ERRCODE = '22023';
@@ -209,17 +219,14 @@ const CHECK_KEY: &str = r"
 pub(super) fn push_function(quoted: &str, channel: &str) -> String {
     let state = |s: JobState| 1u32 << s.code();
     debug_assert_eq!(state(JobState::Cancelled), 32, "state bits of the function");
-    let check_key = |field: Field, arg: &str| {
+    let check_key = |arg: &str| {
         CHECK_KEY
-            .replace("{arg}", arg)
-            .replace("{field}", &field.to_string())
+            .replace("{arg}", &format!("push.{arg}"))
+            .replace("{field}", arg)
     };
     PUSH_FUNCTION
-        .replace("{check_queue}", &check_key(Field::Queue, "push.queue"))
-        .replace(
-            "{check_concurrency_key}",
-            &check_key(Field::ConcurrencyKey, "push.concurrency_key"),
-        )
+        .replace("{check_queue}", &check_key("queue"))
+        .replace("{check_concurrency_key}", &check_key("concurrency_key"))
         .replace("{s}", quoted)
         .replace("{channel}", channel)
         .replace("{job_ready}", &(Wake::JobReady as u8).to_string())
@@ -243,7 +250,7 @@ pub(super) fn push_function(quoted: &str, channel: &str) -> String {
 fn call_sql(quoted: &str) -> String {
     format!(
         "SELECT id, created FROM {quoted}.push($1::text, $2::bytea, $3::int4, $4::int8, $5::int4, \
-         $6::text, $7::int8, $8::text, $9::text, $10::int8, $11::int8)"
+         $6::text, $7::int8, $8::text, $9::text, $10::int8, $11::int8, $12::int4)"
     )
 }
 
@@ -261,10 +268,11 @@ struct Args<'a> {
     key: Option<&'a str>,
     timeout_ms: Option<i64>,
     run_at_ms: Option<i64>,
+    quarantine: i32,
 }
 
 impl<'a> Args<'a> {
-    fn of(queue: &'a str, spec: &'a JobSpec) -> Result<Self> {
+    fn of(queue: &'a str, spec: &'a JobSpec, policy: &QueuePolicy) -> Result<Self> {
         crate::core::check_key(Field::Queue, queue)?;
         crate::core::job::check_spec(spec)?;
         let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
@@ -285,10 +293,11 @@ impl<'a> Args<'a> {
             run_at_ms: spec
                 .run_at
                 .map(|at| i64::try_from(at.ms()).unwrap_or(i64::MAX)),
+            quarantine: i32::try_from(policy.quarantine_expiries).unwrap_or(i32::MAX),
         })
     }
 
-    fn refs(&self) -> [&(dyn ToSql + Sync); 11] {
+    fn refs(&self) -> [&(dyn ToSql + Sync); 12] {
         [
             &self.queue,
             &self.payload,
@@ -301,6 +310,7 @@ impl<'a> Args<'a> {
             &self.key,
             &self.timeout_ms,
             &self.run_at_ms,
+            &self.quarantine,
         ]
     }
 }
@@ -316,14 +326,16 @@ fn what(queue: &str) -> String {
     format!("pushing into queue {queue:?} in the caller's transaction")
 }
 
-/// Push `spec` into `queue` of the schema `quoted`, in `tx`.
+/// Push `spec` into `queue` of the schema `quoted`, in `tx`; stale
+/// candidates of a unique key are judged by `policy`.
 pub(crate) fn push_in(
     tx: &mut postgres::Transaction<'_>,
     quoted: &str,
     queue: &str,
     spec: &JobSpec,
+    policy: &QueuePolicy,
 ) -> Result<EnqueueOutcome> {
-    let args = Args::of(queue, spec)?;
+    let args = Args::of(queue, spec, policy)?;
     let row = tx
         .query_one(&call_sql(quoted), &args.refs())
         .map_err(|e| pg_err(what(queue), e, Stage::Work))?;
@@ -337,10 +349,11 @@ pub(crate) async fn push_in_async(
     quoted: &str,
     queue: &str,
     spec: &JobSpec,
+    policy: &QueuePolicy,
 ) -> Result<EnqueueOutcome> {
     let sql = call_sql(quoted);
     let row = {
-        let args = Args::of(queue, spec)?;
+        let args = Args::of(queue, spec, policy)?;
         tx.query_one(&sql, &args.refs()).await
     }
     .map_err(|e| pg_err(what(queue), e, Stage::Work))?;

@@ -58,6 +58,20 @@ pub fn job_progress_is_fenced_kept_and_cleared_by_a_new_claim(make: &Make) {
     w.complete(&second, 2).unwrap();
     let job = w.get(id);
     assert_eq!((job.state, job.progress), (JobState::Done, Some(done)));
+    // The claim that completed it may still send its last word (a renewal
+    // that lost the race to its settle); a stale claim may not.
+    let last = Progress::new(1.0, "the last word").unwrap();
+    assert!(report(&w, 2, &second, &last).unwrap()[0].is_ok());
+    assert_eq!(w.get(id).progress, Some(last.clone()));
+    assert_eq!(
+        lost_reason(report(&w, 1, &first, &p).unwrap().remove(0)),
+        LostReason::StaleToken
+    );
+    assert_eq!(
+        w.get(id).progress,
+        Some(last),
+        "a stale report wrote nothing"
+    );
     // An unknown job is named.
     let gone = JobRecord {
         id: JobId(9_999_999),
