@@ -173,7 +173,8 @@ pub enum Field {
     Tz,
     /// What a schedule does with missed ticks.
     Missed,
-    /// A listing's cursor (start after this one).
+    /// A listing's cursor (start after this one), or the jobs a job runs
+    /// after ([`crate::JobSpec::after`]).
     After,
     /// A summary's bucket width.
     Bucket,

@@ -109,6 +109,7 @@ fn job(queue: &Arc<str>, job_id: u64, token: u64, attempt: u32, change: JobChang
         JobChange::Quarantined => ev!(warn, "job quarantined (crash loop)"),
         JobChange::Cancelled => ev!(info, "job cancelled"),
         JobChange::Abandoned => ev!(info, "job abandoned by its worker"),
+        JobChange::Released => ev!(debug, "job released: the jobs it waited for ended"),
     }
     metrics::counter!(
         "leasehold_job_transitions_total",

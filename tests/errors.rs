@@ -446,6 +446,9 @@ mod lacking {
                     jobs_by_id(ids: &[JobId]) -> Vec<JobRecord>;
                     put_job(job: &JobRecord) -> ();
                     delete_job(id: JobId) -> ();
+                    link(parent: JobId, child: JobId) -> ();
+                    children(parent: JobId, out: &mut Vec<JobId>) -> ();
+                    unlink(parent: JobId) -> ();
                     unique_jobs(queue: &str, key: &str, states: leasehold::StateSet, since_ms: u64,
                         limit: usize) -> Vec<JobId>;
                     pending(queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Pending;

@@ -253,6 +253,7 @@ fn transition_labels_are_the_ones_the_readme_documents() {
         JobChange::Quarantined,
         JobChange::Cancelled,
         JobChange::Abandoned,
+        JobChange::Released,
     ];
     for c in job {
         match c {
@@ -266,7 +267,8 @@ fn transition_labels_are_the_ones_the_readme_documents() {
             | JobChange::Dead
             | JobChange::Quarantined
             | JobChange::Cancelled
-            | JobChange::Abandoned => {}
+            | JobChange::Abandoned
+            | JobChange::Released => {}
         }
     }
     let job: Vec<&str> = job.iter().map(|c| c.name()).collect();

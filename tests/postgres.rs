@@ -133,7 +133,7 @@ fn a_version_1_schema_is_migrated_in_place() {
         .unwrap();
     drop(store);
     admin_batch(&format!(
-        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg, DROP COLUMN after_ids, DROP COLUMN after_any, DROP COLUMN waiting_on, DROP COLUMN has_children; DROP TABLE \"{s}\".job_deps; DROP INDEX \"{s}\".jobs_waiting;
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX \"{s}\".jobs_retrying; ALTER TABLE \"{s}\".leases DROP COLUMN lease_limit;
          ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '1' WHERE name = 'schema_version'",
@@ -161,7 +161,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
     let schema = Schema::new("v3");
     drop(PostgresStore::open(&schema.url()).unwrap());
     admin_batch(&format!(
-        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg, DROP COLUMN after_ids, DROP COLUMN after_any, DROP COLUMN waiting_on, DROP COLUMN has_children; DROP TABLE \"{s}\".job_deps; DROP INDEX \"{s}\".jobs_waiting;
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues; DROP FUNCTION \"{s}\".push;
          UPDATE \"{s}\".leasehold_meta SET value = '3' WHERE name = 'schema_version'",
         s = schema.0
@@ -172,7 +172,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("13", 13));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("14", 14));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -217,7 +217,7 @@ fn a_version_5_schema_gains_limits_in_place() {
             .unwrap();
     }
     admin_batch(&format!(
-        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg, DROP COLUMN after_ids, DROP COLUMN after_any, DROP COLUMN waiting_on, DROP COLUMN has_children; DROP TABLE \"{s}\".job_deps; DROP INDEX \"{s}\".jobs_waiting;
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0;
          ALTER TABLE \"{s}\".queues DROP COLUMN concurrency, DROP COLUMN per_key, DROP COLUMN rate_count,
            DROP COLUMN rate_ms, DROP COLUMN key_rate_count, DROP COLUMN key_rate_ms;
@@ -722,7 +722,7 @@ fn a_version_2_schema_is_migrated_in_place() {
         .unwrap();
     drop(store);
     admin_batch(&format!(
-        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg;
+        "ALTER TABLE \"{s}\".jobs DROP COLUMN conc_key, DROP COLUMN parked, DROP COLUMN timeout_ms, DROP COLUMN claim_deadline, DROP COLUMN progress, DROP COLUMN progress_msg, DROP COLUMN after_ids, DROP COLUMN after_any, DROP COLUMN waiting_on, DROP COLUMN has_children; DROP TABLE \"{s}\".job_deps; DROP INDEX \"{s}\".jobs_waiting;
          CREATE INDEX jobs_ready ON \"{s}\".jobs (queue, priority DESC, run_at, id) WHERE state = 0; ALTER TABLE \"{s}\".jobs DROP COLUMN result; DROP TABLE \"{s}\".rates; DROP INDEX \"{s}\".jobs_unique_all; DROP TABLE \"{s}\".schedules; DROP TABLE \"{s}\".queues;
          UPDATE \"{s}\".leasehold_meta SET value = '2' WHERE name = 'schema_version'",
         s = schema.0

@@ -329,6 +329,19 @@ fn the_sql_function_follows_the_enqueue_rule() {
         push(&keyed("k"));
     };
     same_through_both(&client, &mut db, "live-dup", &push_one, &keyed("k"));
+    // A waiting job with the key is live too.
+    let waiting = |q: &Queue, _: &mut Push<'_>| {
+        let parent = q.push(&JobSpec::new("parent")).unwrap().id;
+        let spec = JobSpec {
+            after: vec![parent],
+            ..keyed("k")
+        };
+        assert_eq!(
+            q.get(q.push(&spec).unwrap().id).unwrap().state,
+            JobState::Waiting
+        );
+    };
+    same_through_both(&client, &mut db, "waiting-dup", &waiting, &keyed("k"));
     let finished = |q: &Queue, push: &mut Push<'_>| {
         push(&keyed("k"));
         q.claim(Duration::from_secs(30))
@@ -488,6 +501,15 @@ fn bad_input_is_refused_by_name_and_writes_nothing() {
     };
     match queue.push_in(&mut tx, &bad) {
         Err(Error::Invalid { field, .. }) => assert_eq!(field.to_string(), "max_attempts"),
+        other => panic!("{other:?}"),
+    }
+    // Dependencies are not taken (yet) in the caller's transaction.
+    let after = JobSpec {
+        after: vec![JobId(1)],
+        ..JobSpec::new("x")
+    };
+    match queue.push_in(&mut tx, &after) {
+        Err(Error::Invalid { field, .. }) => assert_eq!(field.to_string(), "after"),
         other => panic!("{other:?}"),
     }
     // The transaction is still usable: the check ran before any SQL.

@@ -392,7 +392,7 @@ fn a_version_1_database_is_upgraded_in_place() {
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
-        "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
+        "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
          ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -442,7 +442,7 @@ fn a_version_3_database_gains_schedules_in_place() {
             .unwrap();
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch("DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;")
+    conn.execute_batch("DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;")
         .unwrap();
     drop(conn);
     let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
@@ -450,7 +450,7 @@ fn a_version_3_database_gains_schedules_in_place() {
     let v: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!((v, SCHEMA_VERSION), (12, 12));
+    assert_eq!((v, SCHEMA_VERSION), (13, 13));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -487,7 +487,7 @@ fn a_version_5_database_gains_limits_in_place() {
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
         "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key;
-         ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE queues DROP COLUMN concurrency;
+         ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; ALTER TABLE queues DROP COLUMN concurrency;
          ALTER TABLE queues DROP COLUMN per_key; DROP TABLE rates; DROP INDEX jobs_unique_all; ALTER TABLE queues DROP COLUMN rate_count;
          ALTER TABLE queues DROP COLUMN rate_ms; ALTER TABLE queues DROP COLUMN key_rate_count;
          ALTER TABLE queues DROP COLUMN key_rate_ms; PRAGMA user_version = 5;",
@@ -676,7 +676,7 @@ fn a_version_2_database_is_upgraded_in_place() {
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
     conn.execute_batch(
-        "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;",
+        "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;",
     )
     .unwrap();
     drop(conn);

@@ -29,7 +29,7 @@ pub enum QueueCmd {
         at: Option<SystemTime>,
         #[arg(long, default_value_t = defaults::max_attempts(), value_parser = clap::value_parser!(u32).range(defaults::attempts_range()))]
         max_attempts: u32,
-        /// Deduplicate: if a job with this key blocks it (by default a live one: ready, scheduled or running), print that job's id as "duplicate_of" and create nothing.
+        /// Deduplicate: if a job with this key blocks it (by default a live one: ready, scheduled, running or waiting), print that job's id as "duplicate_of" and create nothing.
         #[arg(long)]
         unique: Option<String>,
         /// With --unique: a job with the key pushed within this period blocks, whatever its state (e.g. 1h).
@@ -44,6 +44,12 @@ pub enum QueueCmd {
         /// Run-time limit of each attempt, counted from its claim: past it CMD's tree is stopped and the attempt fails.
         #[arg(long, value_parser = parse_duration)]
         timeout: Option<Duration>,
+        /// Wait for these jobs (ids, comma-separated): "waiting" until all are done, then ready; cancelled if one ends dead or cancelled.
+        #[arg(long, value_name = "ID,...", value_delimiter = ',')]
+        after: Vec<u64>,
+        /// With --after: run once they all ended, however they ended.
+        #[arg(long, requires = "after")]
+        after_any: bool,
     },
     /// Claim jobs and run CMD for each (payload on stdin); fire the queue's schedules.
     ///
@@ -158,6 +164,8 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
             unique_states,
             key,
             timeout,
+            after,
+            after_any,
         } => {
             let run_at = at.map(|at| client.store_time(at)).transpose()?;
             let spec = JobSpec {
@@ -171,6 +179,8 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
                 unique_states,
                 key,
                 timeout,
+                after: after.into_iter().map(leasehold::JobId).collect(),
+                after_any,
             };
             let pushed = client.queue(&queue)?.push(&spec)?;
             let mut v = json!({"id": pushed.id.0, "created": pushed.created});

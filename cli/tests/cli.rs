@@ -263,6 +263,91 @@ fn unique_pushes_by_period_and_state() {
     assert!(code(&out) != 0 && err.contains("--unique-for"), "{err}");
 }
 
+/// `--after`: a job waits ("waiting") until the jobs it names are done,
+/// runs after them, and is cancelled when one ends dead; an unknown id is
+/// refused by name.
+#[test]
+fn queue_push_after_waits_for_its_jobs() {
+    let d = Dir::new("after");
+    let push = |extra: &[&str]| {
+        let mut args = vec![
+            "queue",
+            "push",
+            "q",
+            "--payload",
+            "x",
+            "--max-attempts",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        d.json(&args)["id"].to_string()
+    };
+    let a = push(&[]);
+    let b = push(&[]);
+    let c = push(&["--after", &format!("{a},{b}")]);
+    let stats = d.stats("q");
+    assert_eq!((stats["waiting"], stats["ready"]), (1, 2), "{stats:?}");
+    let job = d.json(&["queue", "get", &c]);
+    assert_eq!(job["state"], "waiting");
+    assert_eq!(
+        job["after"],
+        serde_json::json!([a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()])
+    );
+    // The worker runs a and b, then c (logging the order), and drains.
+    let log = d.0.join("order.log");
+    let script = format!("echo $LEASEHOLD_JOB_ID >> {}", log.display());
+    let out = d.run(&[
+        "queue",
+        "work",
+        "q",
+        "--drain",
+        "--concurrency",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let order = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(order.lines().last(), Some(c.as_str()), "{order}");
+    assert_eq!(d.json(&["queue", "get", &c])["state"], "done");
+    // A parent that ends dead cancels its waiter, naming it.
+    let dead = push(&[]);
+    let waiter = push(&["--after", &dead]);
+    let anyway = push(&["--after", &dead, "--after-any"]);
+    let out = d.run(&[
+        "queue",
+        "work",
+        "q",
+        "--drain",
+        "--",
+        "sh",
+        "-c",
+        "[ \"$LEASEHOLD_JOB_ID\" != DEAD ]"
+            .replace("DEAD", &dead)
+            .as_str(),
+    ]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let w = d.json(&["queue", "get", &waiter]);
+    assert_eq!(w["state"], "cancelled", "{w}");
+    assert_eq!(
+        w["last_error"],
+        format!("job {dead} it ran after ended dead")
+    );
+    assert_eq!(d.json(&["queue", "get", &anyway])["state"], "done");
+    // Unknown ids are refused by name; nothing is pushed.
+    let before = d.stats("q");
+    let out = d.run(&["queue", "push", "q", "--payload", "x", "--after", "999999"]);
+    assert_ne!(code(&out), 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("after") && stderr.contains("999999"),
+        "{stderr}"
+    );
+    assert_eq!(d.stats("q"), before);
+}
+
 /// CMD reports progress on `LEASEHOLD_PROGRESS_FD`: `queue get` shows it
 /// while the job runs (sent with the renewal round) and keeps the last one
 /// once it is done; a bad line is skipped and said on stderr.

@@ -348,7 +348,7 @@ impl Queue {
     /// live job that already has `unique` as its key). `key` is its
     /// concurrency key (what a per-key limit counts); `timeout` its
     /// run-time limit in seconds.
-    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None, key=None, timeout=None, unique_for=None, unique_states=None))]
+    #[pyo3(signature = (payload, priority=0, delay=None, max_attempts=None, unique=None, key=None, timeout=None, unique_for=None, unique_states=None, after=None, after_any=false))]
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
@@ -362,6 +362,8 @@ impl Queue {
         timeout: Option<f64>,
         unique_for: Option<f64>,
         unique_states: Option<&str>,
+        after: Option<Vec<u64>>,
+        after_any: bool,
     ) -> PyResult<(u64, bool)> {
         let mut spec = JobSpec::new(payload);
         spec.priority = priority;
@@ -383,6 +385,8 @@ impl Queue {
             let states = leasehold::StateSet::parse(leasehold::Field::UniqueStates, text);
             spec.unique_states = Some(states.map_err(|e| py_err(py, e))?);
         }
+        spec.after = after.unwrap_or_default().into_iter().map(JobId).collect();
+        spec.after_any = after_any;
         let q = self.queue.clone();
         py.detach(move || q.push(&spec))
             .map(|o| (o.id.0, o.created))

@@ -153,7 +153,7 @@ def test_push_claim_complete_and_get(store_url, name):
     b = q.push("text")
     c = q.push({"json": 1}, priority=5)
     assert a < b < c
-    assert q.stats() == {"ready": 3, "scheduled": 0, "running": 0, "done": 0, "dead": 0, "cancelled": 0}
+    assert q.stats() == {"ready": 3, "scheduled": 0, "running": 0, "done": 0, "dead": 0, "cancelled": 0, "waiting": 0}
     job = q.claim(lease=30)
     assert (job.id, job.attempt) == (c, 1)  # the highest priority first
     assert job.json() == {"json": 1}
@@ -397,6 +397,20 @@ def test_a_handlers_progress_is_kept_with_its_job(store_url, name):
     job.progress(0.5, "half")
     job.complete()
     assert q.get(jid)["progress"]["message"] == "half"
+
+
+def test_a_job_pushed_after_others_waits_for_them(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    a = q.push(b"a")
+    b = q.push(b"b")
+    c = q.push(b"c", after=[a, b])
+    assert q.get(c)["state"] == "waiting" and q.get(c)["after"] == [a, b]
+    assert q.stats()["waiting"] == 1
+    for _ in range(2):
+        q.claim().complete()
+    assert q.get(c)["state"] == "ready"
+    with pytest.raises(leasehold.InvalidInput):
+        q.push(b"x", after=[987654321])
 
 
 def test_releasing_a_lost_lease_says_so(store_url, name):

@@ -465,6 +465,12 @@ fn as_model_job(r: &JobRecord) -> Job {
         key: r.key.as_deref().map(str::to_owned),
         timeout_ms: r.timeout_ms,
         deadline_ms: r.claim.and_then(|c| c.deadline_ms),
+        after: r
+            .after
+            .iter()
+            .flat_map(|a| a.iter().map(|id| id.0))
+            .collect(),
+        after_any: r.after_any,
     }
 }
 

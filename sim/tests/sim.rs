@@ -134,6 +134,8 @@ fn every_canary_is_caught() {
             Canary::RenewsPastDeadline => &["F3"],
             Canary::ClaimIgnoresRate => &["F4"],
             Canary::UniqueForgetsFinished => &["U1"],
+            Canary::DependentsLeftWaiting => &["D2"],
+            Canary::DependentReadyTooSoon => &["D1"],
         };
         assert!(
             expected.contains(&v.guarantee),

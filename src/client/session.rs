@@ -312,7 +312,7 @@ impl Session {
         while let Some(action) = self.machine.poll_action() {
             match action {
                 WorkerAction::Send(request) => return Some(Next::Send(request)),
-                WorkerAction::Start(record) => return Some(Next::Start(self.start(record))),
+                WorkerAction::Start(record) => return Some(Next::Start(self.start(*record))),
                 WorkerAction::Stop { claim, why } => {
                     if let Some(job) = self.handles.get(&claim) {
                         match why {

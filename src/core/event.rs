@@ -100,6 +100,8 @@ pub enum JobChange {
     Cancelled,
     /// Given back by its worker without an outcome.
     Abandoned,
+    /// Every job it waited for ended: ready (or scheduled) now.
+    Released,
 }
 
 impl LeaseChange {
@@ -129,6 +131,7 @@ impl JobChange {
             JobChange::Quarantined => "quarantined",
             JobChange::Cancelled => "cancelled",
             JobChange::Abandoned => "abandoned",
+            JobChange::Released => "released",
         }
     }
 }

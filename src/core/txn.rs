@@ -199,6 +199,16 @@ pub trait JobTxn {
     /// Remove a job's record and its index entries.
     fn delete_job(&mut self, id: JobId) -> Result<()>;
 
+    /// Record that `child` waits for `parent` (`deps`).
+    fn link(&mut self, parent: JobId, child: JobId) -> Result<()>;
+
+    /// The jobs waiting for `parent` (linked to it and not unlinked),
+    /// appended to `out` in id order.
+    fn children(&mut self, parent: JobId, out: &mut Vec<JobId>) -> Result<()>;
+
+    /// Forget every job linked to `parent` (it ended and decided them).
+    fn unlink(&mut self, parent: JobId) -> Result<()>;
+
     /// Up to `limit` jobs of `queue` carrying `unique_key` whose stored
     /// state is in `states` and that were created at or after `since_ms`,
     /// newest first. Reads an index of the key (of its live jobs when

@@ -282,6 +282,25 @@ pub(crate) fn i64_of(field: Field, v: u64) -> Result<i64> {
         .map_err(|_| crate::error::Error::invalid(field, format!("{v} does not fit the database")))
 }
 
+/// The jobs a job runs after, as stores keep them (`12,13`).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn after_text(after: &[crate::core::JobId]) -> String {
+    let ids: Vec<String> = after.iter().map(|id| id.0.to_string()).collect();
+    ids.join(",")
+}
+
+/// [`after_text`] read back; none when the column is empty (a part that
+/// does not parse is skipped: never written so).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn after_of(text: Option<&str>) -> Option<std::sync::Arc<[crate::core::JobId]>> {
+    let text = text.filter(|t| !t.is_empty())?;
+    let ids: Vec<crate::core::JobId> = text
+        .split(',')
+        .filter_map(|p| p.parse().ok().map(crate::core::JobId))
+        .collect();
+    Some(std::sync::Arc::from(ids))
+}
+
 /// A job's progress from its two columns (permyriad, message); none when
 /// either is missing or out of range (never written so).
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]

@@ -56,6 +56,10 @@ pub(crate) fn job(id: u64, token: u64) -> JobRecord {
         parked: false,
         timeout_ms: None,
         progress: None,
+        after: None,
+        after_any: false,
+        waiting_on: 0,
+        has_children: false,
     }
 }
 

@@ -463,6 +463,26 @@ pub fn job(h: &mut Html, ui: &Ui, view: &JobView, done: Option<&str>) {
         }
         h.raw("</dd>");
     }
+    if let Some(after) = &j.after {
+        h.raw("<dt>Runs after</dt><dd data-after>");
+        for (i, id) in after.iter().enumerate() {
+            if i > 0 {
+                h.raw(", ");
+            }
+            h.link(&Href::path("/jobs/", *id, ""), &id.to_string());
+        }
+        let how = match j.after_any {
+            true => " (once they all ended, however)",
+            false => " (once they are all done)",
+        };
+        h.text(how);
+        if j.state == JobState::Waiting {
+            h.raw(" <span class=\"waiting\">waiting for ")
+                .text(&j.waiting_on.to_string())
+                .raw("</span>");
+        }
+        h.raw("</dd>");
+    }
     if let Some(p) = &j.progress {
         h.raw("<dt>Progress</dt><dd data-progress><progress max=\"10000\" value=\"")
             .text(&p.permyriad.to_string())

@@ -171,10 +171,12 @@ class Queue:
         timeout=None,
         unique_for=None,
         unique_states=None,
+        after=None,
+        after_any=False,
     ):
         """Enqueue ``payload`` (bytes, str, or anything JSON takes); returns
         the job's id. With ``unique``, a job with that key that blocks the
-        push (by default a live one: ready, scheduled or running) is
+        push (by default a live one: ready, scheduled, running or waiting) is
         returned instead and nothing is created (:meth:`push_unique` says
         which happened); ``unique_for`` (seconds) blocks on any job with
         the key pushed within that period, ``unique_states`` (names, a list
@@ -182,14 +184,18 @@ class Queue:
         ``key`` is its concurrency key: what the queue's ``per_key`` limit
         counts. ``timeout`` (seconds) limits each attempt's run time,
         counted from its claim: past it the handler is told to stop, the
-        attempt fails, and the store renews its claim no further."""
+        attempt fails, and the store renews its claim no further.
+        ``after`` (job ids) makes it wait ("waiting") until they are all
+        done, and end cancelled if one ends dead or cancelled; with
+        ``after_any`` it runs once they all ended, however."""
         return self.push_unique(
             payload, priority, delay, max_attempts, unique, key, timeout, unique_for,
-            unique_states,
+            unique_states, after, after_any,
         )[0]
 
     def push_unique(self, payload, priority=0, delay=None, max_attempts=None, unique=None,
-                    key=None, timeout=None, unique_for=None, unique_states=None):
+                    key=None, timeout=None, unique_for=None, unique_states=None, after=None,
+                    after_any=False):
         """:meth:`push`, answering ``(id, created)``: ``created`` is false
         when a job with the unique key blocked the push (``id`` is that
         job's, the CLI's ``duplicate_of``)."""
@@ -197,7 +203,8 @@ class Queue:
             unique_states = ",".join(unique_states)
         return self._native.push(
             _payload(payload), priority, delay, max_attempts, unique, key, timeout,
-            unique_for, unique_states,
+            unique_for, unique_states, None if after is None else [int(i) for i in after],
+            bool(after_any),
         )
 
     def claim(self, lease=30, keep_alive=True):
@@ -223,7 +230,7 @@ class Queue:
         )
 
     def stats(self):
-        """Jobs per state: ready, scheduled, running, done, dead, cancelled."""
+        """Jobs per state: ready, scheduled, running, done, dead, cancelled, waiting."""
         return self._native.stats()
 
     def get(self, job_id):

@@ -48,6 +48,54 @@ impl Model {
                 job.state = JobState::Ready;
             }
         }
+        self.decide_waiting();
+    }
+
+    /// D1, D2 from their statement: a waiting job one of whose jobs ended
+    /// dead or cancelled ends cancelled when that job ended (unless it
+    /// runs after any ending); one whose jobs all ended runs (ready, or
+    /// scheduled until its own run_at). Repeated until nothing changes, so
+    /// that a cancelled job's own waiters follow.
+    fn decide_waiting(&mut self) {
+        let now = self.now_ms;
+        loop {
+            let mut changed = false;
+            for i in 0..self.jobs.len() {
+                let j = &self.jobs[i];
+                if j.purged || j.state != JobState::Waiting {
+                    continue;
+                }
+                let parents: Vec<(JobState, Option<u64>)> = j
+                    .after
+                    .iter()
+                    .filter_map(|&p| self.job(p).map(|p| (p.state, p.finished_at_ms)))
+                    .collect();
+                let failed = parents
+                    .iter()
+                    .filter(|(s, _)| matches!(s, JobState::Dead | JobState::Cancelled))
+                    .filter_map(|(_, at)| *at)
+                    .min();
+                let job = &mut self.jobs[i];
+                match failed {
+                    Some(at) if !job.after_any => {
+                        job.state = JobState::Cancelled;
+                        job.finished_at_ms = Some(at);
+                    }
+                    _ if parents.iter().all(|(s, _)| s.is_terminal()) => {
+                        job.state = match job.run_at_ms <= now {
+                            true => JobState::Ready,
+                            false => JobState::Scheduled,
+                        };
+                    }
+                    _ => continue,
+                }
+                self.released.push(job.id);
+                changed = true;
+            }
+            if !changed {
+                return;
+            }
+        }
     }
 
     fn live_job_mut(&mut self, id: u64) -> Option<&mut Job> {
@@ -118,6 +166,11 @@ impl Model {
             if spec.unique_states.is_some_and(|s| s.is_empty()) {
                 return Outcome::Invalid(leasehold::Field::UniqueStates);
             }
+            if spec.after.len() > leasehold::core::job::MAX_AFTER
+                || (spec.after_any && spec.after.is_empty())
+            {
+                return Outcome::Invalid(leasehold::Field::After);
+            }
             if spec.key.as_deref().is_some_and(|k| !key_ok(k)) {
                 return Outcome::Invalid(leasehold::Field::ConcurrencyKey);
             }
@@ -145,6 +198,29 @@ impl Model {
                     return Outcome::Enqueued { id, created: false };
                 }
             }
+            let mut after: Vec<u64> = spec.after.iter().map(|a| a.0).collect();
+            after.sort_unstable();
+            after.dedup();
+            let mut state = if run_at <= now {
+                JobState::Ready
+            } else {
+                JobState::Scheduled
+            };
+            let mut finished_at_ms = None;
+            for &p in &after {
+                match self.job(p).map(|p| p.state) {
+                    None => return Outcome::Invalid(leasehold::Field::After),
+                    Some(JobState::Done) => {}
+                    Some(JobState::Dead | JobState::Cancelled) if !spec.after_any => {
+                        finished_at_ms = Some(now);
+                    }
+                    Some(s) if s.is_terminal() => {}
+                    Some(_) => state = JobState::Waiting,
+                }
+            }
+            if finished_at_ms.is_some() {
+                state = JobState::Cancelled;
+            }
             let id = self.jobs.len() as u64 + 1;
             self.jobs.push(Job {
                 id,
@@ -157,21 +233,19 @@ impl Model {
                 attempts: 0,
                 expiries: 0,
                 last_token: 0,
-                state: if run_at <= now {
-                    JobState::Ready
-                } else {
-                    JobState::Scheduled
-                },
+                state,
                 claim: None,
                 cancel_requested: false,
                 last_error: None,
                 unique_key: spec.unique_key.clone(),
-                finished_at_ms: None,
+                finished_at_ms,
                 result: None,
                 purged: false,
                 key: spec.key.clone(),
                 timeout_ms,
                 deadline_ms: None,
+                after,
+                after_any: spec.after_any,
             });
             Outcome::Enqueued { id, created: true }
         })();
@@ -268,6 +342,7 @@ impl Model {
             }
             Err(o) => o,
         };
+        self.decide_waiting();
         self.last.clone()
     }
 
@@ -304,6 +379,7 @@ impl Model {
             }
             Err(o) => o,
         };
+        self.decide_waiting();
         self.last.clone()
     }
 
@@ -360,6 +436,7 @@ impl Model {
             }
             Outcome::State(job.state)
         })();
+        self.decide_waiting();
         self.last.clone()
     }
 
@@ -370,7 +447,7 @@ impl Model {
         self.last = match self.live_job_mut(id) {
             None => Outcome::NotFound,
             Some(job) => match job.state {
-                JobState::Ready | JobState::Scheduled => {
+                JobState::Ready | JobState::Scheduled | JobState::Waiting => {
                     job.state = JobState::Cancelled;
                     job.finished_at_ms = Some(now);
                     Outcome::State(JobState::Cancelled)
@@ -382,6 +459,7 @@ impl Model {
                 s => Outcome::InvalidState(s),
             },
         };
+        self.decide_waiting();
         self.last.clone()
     }
 
@@ -447,8 +525,8 @@ impl Model {
     }
 
     /// Jobs of a queue per state, in [`JobState::ALL`] order.
-    pub fn counts(&self, queue: &str) -> [u64; 6] {
-        let mut c = [0u64; 6];
+    pub fn counts(&self, queue: &str) -> [u64; 7] {
+        let mut c = [0u64; 7];
         for j in self.jobs.iter().filter(|j| !j.purged && j.queue == queue) {
             let i = JobState::ALL
                 .iter()

@@ -206,6 +206,10 @@ pub struct Job {
     pub timeout_ms: Option<u64>,
     /// The running claim's deadline: its claim instant plus the limit.
     pub deadline_ms: Option<u64>,
+    /// The jobs it runs after (distinct, as pushed).
+    pub after: Vec<u64>,
+    /// It runs once they all ended, however.
+    pub after_any: bool,
 }
 
 /// The whole reference state.
@@ -228,6 +232,9 @@ pub struct Model {
     /// Rate buckets (F4): queue, concurrency key (`None`: the queue's
     /// own), and the instants of the starts it remembers.
     pub starts: Vec<(String, Option<String>, Vec<u64>)>,
+    /// The waiting jobs decided (run or cancelled) since the world last
+    /// looked: the store must not show any of them waiting (D2).
+    pub released: Vec<u64>,
 }
 
 fn ttl_check(field: leasehold::Field, now_ms: u64, ttl_ms: u64) -> Result<u64, Outcome> {
@@ -253,6 +260,7 @@ impl Model {
             paused: Vec::new(),
             limits: Vec::new(),
             starts: Vec::new(),
+            released: Vec::new(),
         }
     }
 

@@ -38,6 +38,10 @@
 //!   the queue with the key blocks it (in a blocking state and, with a
 //!   period, pushed within it): the reference model's answer, from the
 //!   rule's statement.
+//! - D1: no job is claimed before every job it names ended (done, unless
+//!   it runs after any ending). D2: no job the model decided (every job
+//!   it names ended, or one failed) is still waiting in the store, read
+//!   after each operation and at the end.
 //! - F4: under a rate of N per W, no window of length W holds more than N
 //!   starts of the queue (or of one concurrency key), counting the starts
 //!   since the rate was last set.
@@ -481,6 +485,7 @@ impl Oracle {
             );
         }
         for &(id, token, until) in jobs {
+            self.after_ended(t, id)?;
             let timeout = self.model.job(id).and_then(|j| j.timeout_ms);
             within_deadline(t, id, t, timeout, until, "claimed")?;
             let history = self.claims.entry(id).or_default();
@@ -504,6 +509,27 @@ impl Oracle {
         }
         self.within_limits(t, owner, jobs)?;
         self.within_rates(t, owner, jobs)
+    }
+
+    /// D1: a job starts only once every job it names ended (done, unless
+    /// it runs after any ending), as the model knows them.
+    fn after_ended(&self, t: u64, id: u64) -> Check {
+        let Some(job) = self.model.job(id) else {
+            return Ok(());
+        };
+        for &p in &job.after {
+            let state = self.model.job(p).map(|p| p.state);
+            let ended = match state {
+                Some(s) if job.after_any => s.is_terminal(),
+                Some(s) => s == leasehold::JobState::Done,
+                None => true,
+            };
+            if !ended {
+                let detail = format!("job {id} claimed while job {p} it runs after is {state:?}");
+                return violation("D1", t, detail);
+            }
+        }
+        Ok(())
     }
 
     fn current_claim(

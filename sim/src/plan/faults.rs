@@ -395,6 +395,14 @@ impl Plan {
             // Most pushes unique, so that finished jobs within a period
             // are met often.
             Canary::UniqueForgetsFinished => self.unique_share = 0.8,
+            // Most pushes after others, so that waiting jobs are many.
+            Canary::DependentsLeftWaiting => self.after_share = 0.7,
+            // And none unique: what a push's uniqueness reads is not
+            // what this canary breaks.
+            Canary::DependentReadyTooSoon => {
+                self.after_share = 0.7;
+                self.unique_share = 0.0;
+            }
             Canary::RenewsPastDeadline => {
                 // Limits shorter than a lease: every renewal would pass them.
                 self.timeouts = Some((1, self.lease_ms / 2 + 1));

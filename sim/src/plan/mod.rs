@@ -112,11 +112,17 @@ pub enum Canary {
     /// A unique key's lookup sees live jobs only: a finished job pushed
     /// within the period blocks nothing (U1).
     UniqueForgetsFinished,
+    /// The store never finds the jobs waiting for a job that ended: they
+    /// stay waiting for ever (D2).
+    DependentsLeftWaiting,
+    /// A push sees every job it names as done: the new job is ready at
+    /// once, before its parents ended (D1).
+    DependentReadyTooSoon,
 }
 
 impl Canary {
     /// Every canary.
-    pub const ALL: [Canary; 15] = [
+    pub const ALL: [Canary; 17] = [
         Canary::IgnoresFencing,
         Canary::TrustsPastDeadline,
         Canary::ForkReusesHandle,
@@ -132,6 +138,8 @@ impl Canary {
         Canary::RenewsPastDeadline,
         Canary::ClaimIgnoresRate,
         Canary::UniqueForgetsFinished,
+        Canary::DependentsLeftWaiting,
+        Canary::DependentReadyTooSoon,
     ];
 
     /// Its command-line name.
@@ -152,6 +160,8 @@ impl Canary {
             Canary::RenewsPastDeadline => "renews-past-deadline",
             Canary::ClaimIgnoresRate => "claim-ignores-rate",
             Canary::UniqueForgetsFinished => "unique-forgets-finished",
+            Canary::DependentsLeftWaiting => "dependents-left-waiting",
+            Canary::DependentReadyTooSoon => "dependent-ready-too-soon",
         }
     }
 
@@ -173,7 +183,9 @@ impl Canary {
             | Canary::ClaimIgnoresKeyLimit
             | Canary::RenewsPastDeadline
             | Canary::ClaimIgnoresRate
-            | Canary::UniqueForgetsFinished => Scenario::Queue,
+            | Canary::UniqueForgetsFinished
+            | Canary::DependentsLeftWaiting
+            | Canary::DependentReadyTooSoon => Scenario::Queue,
             Canary::LeaderIgnoresDeadline => Scenario::Election,
             Canary::SchedulerForgetsTicks => Scenario::Schedules,
         }
@@ -264,6 +276,8 @@ pub struct Plan {
     pub timeouts: Option<(u64, u64)>,
     /// The share of pushes that carry a unique key (U1).
     pub unique_share: f64,
+    /// The share of pushes that name jobs to run after (D1, D2).
+    pub after_share: f64,
 }
 
 fn chance(rng: &mut StdRng, p: f64) -> bool {
@@ -389,6 +403,7 @@ impl Plan {
             keyed: false,
             timeouts: None,
             unique_share: 0.1,
+            after_share: 0.15,
         };
         let actors: Vec<usize> = plan
             .procs

@@ -132,17 +132,18 @@ impl Sim<'_> {
             Req::Release { key, token } => self.apply_release(owner, holder, *key, *token),
             Req::Push(spec) => {
                 let policy = self.policy;
-                let store: Arc<dyn Store> =
-                    match self.plan.canary == Some(Canary::UniqueForgetsFinished) {
-                        true => Arc::new(super::stores::BrokenStore {
-                            inner: self.store.clone(),
-                            breakage: super::stores::Breakage {
-                                unique_live_only: true,
-                                ..Default::default()
-                            },
-                        }),
-                        false => self.store.clone(),
-                    };
+                let breakage = super::stores::Breakage {
+                    unique_live_only: self.plan.canary == Some(Canary::UniqueForgetsFinished),
+                    parents_look_done: self.plan.canary == Some(Canary::DependentReadyTooSoon),
+                    ..Default::default()
+                };
+                let store: Arc<dyn Store> = match breakage.any() {
+                    true => Arc::new(super::stores::BrokenStore {
+                        inner: self.store.clone(),
+                        breakage,
+                    }),
+                    false => self.store.clone(),
+                };
                 let r = store.txn(|tx| core::job::enqueue(tx, QUEUE, spec, &policy));
                 let expect = self.oracle.model.enqueue(QUEUE, spec);
                 (Answer::Enqueued(r), expect, "push".to_owned())
@@ -153,7 +154,36 @@ impl Sim<'_> {
             let c = self.oracle.compare(t, &what, &expect, &outcome_of(&answer));
             self.check(c);
         }
+        if self.violation.is_none() {
+            let c = self.released_in_store(t);
+            self.check(c);
+        }
         answer
+    }
+
+    /// D2: the jobs the model just decided are not waiting in the store
+    /// (read fresh, as any reader would see them).
+    fn released_in_store(&mut self, t: u64) -> Result<(), crate::oracle::Violation> {
+        let policy = self.policy;
+        for id in std::mem::take(&mut self.oracle.model.released) {
+            let got = self
+                .store
+                .txn(|tx| core::job::get(tx, leasehold::JobId(id), &policy));
+            if let Ok(job) = got {
+                if job.state == leasehold::JobState::Waiting {
+                    let expect = self.oracle.model.job(id).map(|j| j.state);
+                    return Err(crate::oracle::Violation {
+                        guarantee: "D2",
+                        detail: format!(
+                            "job {id} is still waiting after {:?} it runs after ended (the model says {expect:?})",
+                            job.after
+                        ),
+                        at_ms: t,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Under the fencing canary the store swaps in the current holder and

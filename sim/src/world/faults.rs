@@ -393,7 +393,8 @@ impl Sim<'_> {
         }
         let unfinished = counts.get(JobState::Ready)
             + counts.get(JobState::Scheduled)
-            + counts.get(JobState::Running);
+            + counts.get(JobState::Running)
+            + counts.get(JobState::Waiting);
         if unfinished > 0 {
             let detail = format!(
                 "{unfinished} jobs not done, dead or cancelled after the heal phase ({counts:?})"

@@ -51,7 +51,23 @@ impl Sim<'_> {
         let unique = rng
             .random_bool(self.plan.unique_share)
             .then(|| format!("u{}", rng.random_range(0..3)));
+        // D1, D2: a few of the jobs pushed so far (an id never pushed now
+        // and then, which the push must refuse), after any ending at times.
+        let pushed = self.oracle.model.jobs.len() as u64;
+        let after: Vec<leasehold::JobId> = match rng.random_bool(self.plan.after_share) {
+            true => (0..rng.random_range(1..=3))
+                .map(|_| match rng.random_bool(0.02) {
+                    true => pushed + 1_000,
+                    false => rng.random_range(1..=pushed.max(1)),
+                })
+                .map(leasehold::JobId)
+                .collect(),
+            false => Vec::new(),
+        };
+        let after_any = !after.is_empty() && rng.random_bool(0.3);
         JobSpec {
+            after,
+            after_any,
             key,
             timeout,
             priority: rng.random_range(-1..=2),
@@ -86,8 +102,8 @@ impl Sim<'_> {
             .txn(|tx| leasehold::core::job::stats(tx, super::QUEUE, &policy))
         {
             Ok(c) => {
-                use leasehold::JobState::{Ready, Running, Scheduled};
-                c.get(Ready) + c.get(Scheduled) + c.get(Running) == 0
+                use leasehold::JobState::{Ready, Running, Scheduled, Waiting};
+                c.get(Ready) + c.get(Scheduled) + c.get(Running) + c.get(Waiting) == 0
             }
             Err(_) => false,
         }

@@ -105,6 +105,10 @@ pub(crate) struct Breakage {
     /// A unique key's lookup sees only live jobs, whatever the period and
     /// states asked (the behaviour before U1's periods).
     pub(crate) unique_live_only: bool,
+    /// The jobs waiting for a job are never found when it ends (D2).
+    pub(crate) forget_children: bool,
+    /// Every job reads as done (what a push's dependencies see: D1).
+    pub(crate) parents_look_done: bool,
     /// Every claim read looks like this holder's (fencing by holder is
     /// ignored; the world swaps in the current tokens).
     pub(crate) careless: Option<HolderId>,
@@ -154,6 +158,10 @@ pub(crate) struct Broken<'a> {
 
 impl Broken<'_> {
     fn show(&mut self, mut job: JobRecord) -> JobRecord {
+        if self.breakage.parents_look_done && !job.state.is_terminal() {
+            job.state = JobState::Done;
+            job.claim = None;
+        }
         if let (Some(me), Some(c)) = (self.breakage.careless, job.claim.as_mut()) {
             self.holders.insert(job.id, c.holder);
             c.holder = me;
@@ -213,6 +221,19 @@ impl JobTxn for Broken<'_> {
     }
     fn delete_job(&mut self, id: JobId) -> leasehold::Result<()> {
         self.inner.delete_job(id)
+    }
+    fn link(&mut self, parent: JobId, child: JobId) -> leasehold::Result<()> {
+        self.inner.link(parent, child)
+    }
+    fn children(&mut self, parent: JobId, out: &mut Vec<JobId>) -> leasehold::Result<()> {
+        if self.breakage.forget_children {
+            // Broken on purpose: nobody waits for anything.
+            return Ok(());
+        }
+        self.inner.children(parent, out)
+    }
+    fn unlink(&mut self, parent: JobId) -> leasehold::Result<()> {
+        self.inner.unlink(parent)
     }
     fn unique_jobs(
         &mut self,

@@ -172,6 +172,8 @@ impl Sim<'_> {
             forget_deadlines: canary == Some(Canary::RenewsPastDeadline),
             forget_starts: canary == Some(Canary::ClaimIgnoresRate),
             unique_live_only: false,
+            forget_children: canary == Some(Canary::DependentsLeftWaiting),
+            parents_look_done: false,
             careless: (canary == Some(Canary::IgnoresFencing)).then_some(self.procs[p].holder),
         };
         let store: Arc<dyn Store> = if breakage.any() {

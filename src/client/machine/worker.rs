@@ -592,7 +592,8 @@ impl WorkerMachine {
             }
             h.running = true;
             self.running += 1;
-            self.out.push_back(WorkerAction::Start(h.record.clone()));
+            self.out
+                .push_back(WorkerAction::Start(Box::new(h.record.clone())));
         }
     }
 

@@ -161,6 +161,10 @@ mod tests {
             parked: false,
             timeout_ms: None,
             progress: None,
+            after: None,
+            after_any: false,
+            waiting_on: 0,
+            has_children: false,
         }
     }
 

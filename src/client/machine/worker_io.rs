@@ -207,7 +207,7 @@ pub enum WorkerAction {
     /// Send this request to the store, then feed its answer back.
     Send(WorkerRequest),
     /// Run the handler for this job (a handler slot is now taken).
-    Start(JobRecord),
+    Start(Box<JobRecord>),
     /// Tell the handler of this claim to stop.
     Stop {
         /// The claim.

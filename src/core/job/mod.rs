@@ -11,6 +11,7 @@
 //! operation reads what it needs, decides, and only then writes, so a rule
 //! error changes nothing.
 
+mod deps;
 mod flow;
 mod progress;
 mod rate;
@@ -19,6 +20,7 @@ mod settle;
 mod unique;
 mod view;
 
+pub use deps::MAX_AFTER;
 pub use flow::*;
 pub use progress::{record_progress, Progress, MAX_PROGRESS_MESSAGE};
 pub use rate::{Rate, RateLog, MAX_RATE, MAX_WINDOW_MS, QUEUE_BUCKET};
@@ -65,17 +67,21 @@ pub enum JobState {
     Dead = 4,
     /// Cancelled (terminal).
     Cancelled = 5,
+    /// Waiting for the jobs it named ([`JobSpec::after`]) to end: ready
+    /// (or scheduled) once they all did (see `deps`).
+    Waiting = 6,
 }
 
 impl JobState {
-    /// All states, in the order of [`StateCounts`].
-    pub const ALL: [JobState; 6] = [
+    /// All states, in the order of [`StateCounts`] (their codes').
+    pub const ALL: [JobState; 7] = [
         JobState::Ready,
         JobState::Scheduled,
         JobState::Running,
         JobState::Done,
         JobState::Dead,
         JobState::Cancelled,
+        JobState::Waiting,
     ];
 
     /// Done, dead or cancelled.
@@ -98,6 +104,7 @@ impl JobState {
             JobState::Done => "done",
             JobState::Dead => "dead",
             JobState::Cancelled => "cancelled",
+            JobState::Waiting => "waiting",
         }
     }
 
@@ -117,7 +124,8 @@ impl JobState {
     }
 
     /// The state's code in stores: 0 ready, 1 scheduled, 2 running, 3 done,
-    /// 4 dead, 5 cancelled (the order of [`StateCounts`]). Every store
+    /// 4 dead, 5 cancelled, 6 waiting (the order of [`StateCounts`]): the
+    /// terminal states are 3 to 5, the live ones 0 to 2 and 6. Every store
     /// writes and reads these, and indexes by them.
     #[doc(hidden)]
     pub fn code(self) -> u8 {
@@ -204,6 +212,14 @@ pub struct JobRecord {
     /// per-key limit: out of claim order until a job of its key leaves
     /// running (see `flow`). Only ever set on a ready job.
     pub parked: bool,
+    /// The jobs it was pushed after ([`JobSpec::after`]), if any.
+    pub after: Option<Arc<[JobId]>>,
+    /// It runs once they all ended, however ([`JobSpec::after_any`]).
+    pub after_any: bool,
+    /// How many of them it still waits for (set while waiting).
+    pub waiting_on: u32,
+    /// Some job waits for it: its end is looked up for them.
+    pub has_children: bool,
     /// What its current (or last) attempt's handler last reported
     /// ([`record_progress`]); a new claim starts without.
     pub progress: Option<Progress>,
@@ -303,6 +319,13 @@ pub struct JobSpec {
     /// counts the running jobs that share it (a customer, a tenant, a
     /// repository), so at most that many of them run at once.
     pub key: Option<String>,
+    /// Jobs it runs after (`--after`): it waits until all of them are done,
+    /// and ends cancelled if one ends dead or cancelled (unless
+    /// `after_any`). Only jobs that exist can be named (at most
+    /// [`MAX_AFTER`]).
+    pub after: Vec<JobId>,
+    /// With `after`: run once they all ended, whatever the ending.
+    pub after_any: bool,
     /// Its run-time limit, distinct from the claim's lease: an attempt
     /// still running this long after its claim is stopped by its worker and
     /// fails saying so, and the store renews no claim past it, so a stuck
@@ -323,6 +346,8 @@ impl Default for JobSpec {
             unique_for: None,
             unique_states: None,
             key: None,
+            after: Vec::new(),
+            after_any: false,
             timeout: None,
         }
     }
@@ -394,7 +419,7 @@ pub struct HeartbeatReply {
 
 /// Jobs per state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StateCounts(pub [u64; 6]);
+pub struct StateCounts(pub [u64; 7]);
 
 impl StateCounts {
     /// The count of one state.

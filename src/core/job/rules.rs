@@ -4,11 +4,11 @@
 
 use super::flow::{claim_limited, slot_freed};
 use super::rate::{unpark_due, MAX_WINDOW_MS, QUEUE_BUCKET};
-use super::unique;
 use super::{
     backoff_ms, Claim, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec, JobState,
     QueueConfig, QueuePolicy, StateCounts,
 };
+use super::{deps, unique};
 use crate::core::{
     check_count, check_key, check_text, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn,
     Txn, Wake, MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
@@ -29,13 +29,25 @@ pub(super) fn load(tx: &mut dyn JobTxn, id: JobId) -> Result<JobRecord> {
     tx.job(id)?.ok_or(Error::NotFound(id))
 }
 
-/// Write a job back; a job that is ready now wakes idle workers.
+/// Write a job back; a job that is ready now wakes idle workers, and a
+/// job that ended decides the jobs waiting for it (`deps`).
 pub(super) fn put(tx: &mut dyn JobTxn, job: &JobRecord) -> Result<()> {
-    tx.put_job(job)?;
+    put_released(tx, job).map(drop)
+}
+
+/// [`put`], returning the jobs that its ending made ready (`deps`).
+fn put_released(tx: &mut dyn JobTxn, job: &JobRecord) -> Result<Vec<JobRecord>> {
+    let mut released = Vec::new();
+    if job.has_children && job.state.is_terminal() {
+        let written = deps::release(tx, job, &mut released)?;
+        tx.put_job(&written)?;
+    } else {
+        tx.put_job(job)?;
+    }
     if job.state == JobState::Ready {
         tx.journal().wake(Wake::JobReady);
     }
-    Ok(())
+    Ok(released)
 }
 
 /// Record that `job` made the transition `change` (see [`Event`]).
@@ -65,7 +77,7 @@ pub(super) fn note_end(tx: &mut dyn JobTxn, job: &JobRecord, quarantined: bool) 
         JobState::Dead if quarantined => JobChange::Quarantined,
         JobState::Dead => JobChange::Dead,
         JobState::Cancelled => JobChange::Cancelled,
-        JobState::Running | JobState::Done => return,
+        JobState::Running | JobState::Done | JobState::Waiting => return,
     };
     note(tx, job, change);
 }
@@ -82,6 +94,18 @@ pub(super) fn load_fresh(
     let stale = match (job.state, job.claim) {
         (JobState::Running, Some(c)) => c.lease_until_ms <= now_ms,
         (JobState::Scheduled, _) => job.run_at_ms <= now_ms,
+        // A waiting job is as fresh as the jobs it waits for: one of
+        // them may have ended by time alone (its claim ran out), which
+        // decides it once written.
+        (JobState::Waiting, _) => {
+            for &parent in job.after.iter().flat_map(|a| a.iter()) {
+                match load_fresh(tx, parent, policy) {
+                    Ok(_) | Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return load(tx, id);
+        }
         _ => false,
     };
     if !stale {
@@ -142,10 +166,18 @@ pub fn enqueue(
         timeout_ms: timeout_ms(spec),
         parked: false,
         progress: None,
+        after: None,
+        after_any: false,
+        waiting_on: 0,
+        has_children: false,
     };
     job.reschedule(run_at_ms, now_ms);
+    deps::link(tx, &mut job, spec, policy)?;
     put(tx, &job)?;
     note(tx, &job, JobChange::Enqueued);
+    if job.state == JobState::Cancelled {
+        note(tx, &job, JobChange::Cancelled);
+    }
     Ok(EnqueueOutcome { id, created: true })
 }
 
@@ -173,6 +205,7 @@ pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
         }
     }
     unique::check(spec)?;
+    deps::check(spec)?;
     if let Some(key) = &spec.key {
         check_key(Field::ConcurrencyKey, key)?;
     }
@@ -232,7 +265,9 @@ fn refresh(
         }
         for mut job in read.expired {
             let quarantined = expire(&mut job, now_ms, policy);
-            put(tx, &job)?;
+            // Jobs its ending released may be claimable now too.
+            let released = put_released(tx, &job)?;
+            ready.extend(released.into_iter().filter(|r| *r.queue == *queue));
             note(tx, &job, JobChange::Expired);
             note_end(tx, &job, quarantined);
             // A job its slot unparked is claimable too.
@@ -445,7 +480,9 @@ pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobSt
     let mut job = load_fresh(tx, id, policy)?;
     let held_a_slot = job.state == JobState::Ready && !job.parked && job.key.is_some();
     match job.state {
-        JobState::Ready | JobState::Scheduled => job.finish(JobState::Cancelled, now_ms),
+        JobState::Ready | JobState::Scheduled | JobState::Waiting => {
+            job.finish(JobState::Cancelled, now_ms);
+        }
         JobState::Running => job.cancel_requested = true,
         state => {
             return Err(Error::InvalidState {
@@ -455,7 +492,7 @@ pub fn cancel(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<JobSt
             })
         }
     }
-    tx.put_job(&job)?;
+    put(tx, &job)?;
     if job.state == JobState::Cancelled {
         note(tx, &job, JobChange::Cancelled);
     }

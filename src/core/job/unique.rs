@@ -6,7 +6,7 @@
 //! is one of the spec's [`JobSpec::unique_states`] and, with a period
 //! ([`JobSpec::unique_for`]), it was pushed within the period before now
 //! (`created_at > now - period`). Without states, a spec blocks on the
-//! live states (ready, scheduled, running: the default since the first
+//! live states (ready, scheduled, running, and waiting since dependencies: the default since the first
 //! version) or, with a period, on every state: "no second job with this
 //! key pushed within the hour, whatever became of the first". A blocked
 //! push creates nothing and answers the blocking job's id
@@ -37,11 +37,11 @@ pub const UNIQUE_READ: usize = 256;
 pub struct StateSet(u8);
 
 impl StateSet {
-    /// Ready, scheduled and running: what a unique key blocks on by
-    /// default.
-    pub const LIVE: StateSet = StateSet(0b000_111);
+    /// Ready, scheduled, running and waiting: what a unique key blocks on
+    /// by default.
+    pub const LIVE: StateSet = StateSet(0b1_000_111);
     /// Every state.
-    pub const ALL: StateSet = StateSet(0b111_111);
+    pub const ALL: StateSet = StateSet(0b1_111_111);
 
     /// The set of `states`.
     pub fn of(states: &[JobState]) -> StateSet {
@@ -193,7 +193,10 @@ mod tests {
         assert_eq!(set.to_string(), "ready,scheduled");
         assert!(set.is_live() && !set.contains(JobState::Running));
         assert!(!StateSet::ALL.is_live());
-        assert_eq!(StateSet::LIVE.to_string(), "ready,scheduled,running");
+        assert_eq!(
+            StateSet::LIVE.to_string(),
+            "ready,scheduled,running,waiting"
+        );
         let e = StateSet::parse(Field::UniqueStates, "ready,finished").unwrap_err();
         assert!(e.to_string().contains("unique_states"), "{e}");
         assert!(StateSet::parse(Field::UniqueStates, "").is_err());

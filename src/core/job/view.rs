@@ -53,6 +53,7 @@ impl JobCursor {
             JobState::Done | JobState::Dead | JobState::Cancelled => {
                 job.finished_at_ms.unwrap_or(0)
             }
+            JobState::Waiting => 0,
         };
         JobCursor {
             priority: job.priority,
@@ -66,7 +67,9 @@ impl JobCursor {
     pub fn sort_key(&self, state: JobState) -> (i64, u64, u64) {
         match state {
             JobState::Ready => (-i64::from(self.priority), self.at_ms, self.id.0),
-            JobState::Scheduled | JobState::Running => (0, self.at_ms, self.id.0),
+            JobState::Scheduled | JobState::Running | JobState::Waiting => {
+                (0, self.at_ms, self.id.0)
+            }
             JobState::Done | JobState::Dead | JobState::Cancelled => (0, !self.at_ms, !self.id.0),
         }
     }

@@ -24,6 +24,8 @@ pub(super) struct QueueIndex {
     pub(super) scheduled: BTreeSet<(u64, JobId)>,
     pub(super) running: BTreeSet<(u64, JobId)>,
     pub(super) finished: BTreeSet<(u64, JobId)>,
+    /// Waiting jobs (`deps`), listed by id (at 0: their cursor's instant).
+    pub(super) waiting: BTreeSet<(u64, JobId)>,
     pub(super) unique: HashMap<Arc<str>, BTreeSet<JobId>>,
     pub(super) ids: BTreeSet<JobId>,
     pub(super) counts: StateCounts,
@@ -51,6 +53,9 @@ impl QueueIndex {
             }
             JobState::Done | JobState::Dead | JobState::Cancelled => {
                 self.finished.insert((job.finished_at_ms.unwrap_or(0), id));
+            }
+            JobState::Waiting => {
+                self.waiting.insert((0, id));
             }
         }
         if let Some(key) = &job.unique_key {
@@ -81,6 +86,9 @@ impl QueueIndex {
             }
             JobState::Done | JobState::Dead | JobState::Cancelled => {
                 self.finished.remove(&(job.finished_at_ms.unwrap_or(0), id));
+            }
+            JobState::Waiting => {
+                self.waiting.remove(&(0, id));
             }
         }
         if let Some(key) = &job.unique_key {

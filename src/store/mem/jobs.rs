@@ -50,6 +50,29 @@ impl JobTxn for MemTxn<'_> {
         Ok(())
     }
 
+    fn link(&mut self, parent: JobId, child: JobId) -> Result<()> {
+        let old = self.st.deps.get(&parent).cloned();
+        self.st.undo.deps.push((parent, old));
+        let children = self.st.deps.entry(parent).or_default();
+        if let Err(at) = children.binary_search(&child) {
+            children.insert(at, child);
+        }
+        Ok(())
+    }
+
+    fn children(&mut self, parent: JobId, out: &mut Vec<JobId>) -> Result<()> {
+        out.extend(self.st.deps.get(&parent).into_iter().flatten());
+        Ok(())
+    }
+
+    fn unlink(&mut self, parent: JobId) -> Result<()> {
+        let old = self.st.deps.remove(&parent);
+        if old.is_some() {
+            self.st.undo.deps.push((parent, old));
+        }
+        Ok(())
+    }
+
     fn unique_jobs(
         &mut self,
         queue: &str,

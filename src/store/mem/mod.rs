@@ -37,6 +37,7 @@ struct UndoLog {
     schedules: Vec<(ScheduleKey, Option<ScheduleRecord>)>,
     configs: Vec<(Arc<str>, Option<QueueConfig>)>,
     rates: Vec<(ScheduleKey, Option<RateLog>)>,
+    deps: Vec<(JobId, Option<Vec<JobId>>)>,
 }
 
 /// A schedule's queue and name (or a rate bucket's queue and key).
@@ -57,6 +58,8 @@ struct MemState {
     configs: HashMap<Arc<str>, QueueConfig>,
     /// Rate buckets by queue, then key.
     rates: BTreeMap<ScheduleKey, RateLog>,
+    /// The jobs waiting for each job (`deps`), in id order.
+    deps: HashMap<JobId, Vec<JobId>>,
     /// One counter per [`Wake`] event.
     epochs: [u64; 2],
     /// Threads blocked in `wait_epoch` (a notify is a system call;
@@ -127,6 +130,12 @@ impl MemState {
                 None => self.rates.remove(&key),
             };
         }
+        while let Some((parent, old)) = self.undo.deps.pop() {
+            match old {
+                Some(children) => self.deps.insert(parent, children),
+                None => self.deps.remove(&parent),
+            };
+        }
     }
 
     /// Forget the undo log of a committed transaction, keeping the lease
@@ -143,6 +152,7 @@ impl MemState {
         self.undo.schedules.clear();
         self.undo.configs.clear();
         self.undo.rates.clear();
+        self.undo.deps.clear();
     }
 }
 
@@ -279,6 +289,7 @@ impl MemTxn<'_> {
             }
             JobState::Scheduled => q.scheduled.range((from(after), Unbounded)),
             JobState::Running => q.running.range((from(after), Unbounded)),
+            JobState::Waiting => q.waiting.range((from(after), Unbounded)),
             JobState::Done | JobState::Dead | JobState::Cancelled => {
                 let jobs = &self.st.jobs;
                 return q

@@ -92,6 +92,26 @@ impl JobTxn for PgTxn<'_> {
         Ok(())
     }
 
+    fn link(&mut self, parent: JobId, child: JobId) -> Result<()> {
+        let (p, c) = (i64_of(Field::Id, parent.0)?, i64_of(Field::Id, child.0)?);
+        let what = format!("linking job {child} to job {parent}");
+        self.query(&what, |st| &st.link, &[&p, &c]).map(drop)
+    }
+
+    fn children(&mut self, parent: JobId, out: &mut Vec<JobId>) -> Result<()> {
+        let p = i64_of(Field::Id, parent.0)?;
+        let what = format!("reading the jobs waiting for job {parent}");
+        let rows = self.query(&what, |st| &st.children, &[&p])?;
+        out.extend(rows.iter().map(|r| JobId(u64_of(r.get(0)))));
+        Ok(())
+    }
+
+    fn unlink(&mut self, parent: JobId) -> Result<()> {
+        let p = i64_of(Field::Id, parent.0)?;
+        let what = format!("unlinking the jobs waiting for job {parent}");
+        self.query(&what, |st| &st.unlink, &[&p]).map(drop)
+    }
+
     fn delete_job(&mut self, id: JobId) -> Result<()> {
         self.pending.retain(|&p| p != id);
         match self.jobs.remove(&id) {

@@ -131,7 +131,8 @@ const NEXT_QUEUE: &str = "(SELECT min(n) FROM (
     (SELECT queue AS n FROM {s}.jobs WHERE state = 0 AND queue > {x} ORDER BY queue LIMIT 1)
     UNION ALL (SELECT queue FROM {s}.jobs WHERE state = 1 AND queue > {x} ORDER BY queue LIMIT 1)
     UNION ALL (SELECT queue FROM {s}.jobs WHERE state = 2 AND queue > {x} ORDER BY queue LIMIT 1)
-    UNION ALL (SELECT queue FROM {s}.jobs WHERE state >= 3 AND queue > {x} ORDER BY queue LIMIT 1)
+    UNION ALL (SELECT queue FROM {s}.jobs WHERE state >= 3 AND state <= 5 AND queue > {x} ORDER BY queue LIMIT 1)
+    UNION ALL (SELECT queue FROM {s}.jobs WHERE state = 6 AND queue > {x} ORDER BY queue LIMIT 1)
 ) m)";
 
 /// The queue names statement: a loose index scan as a recursive query,
@@ -176,7 +177,7 @@ fn sat(v: u64) -> i64 {
 /// band, then the lower bands), once for the claimable ones and once for
 /// the parked ones (the last parameter), merged; terminal jobs newest
 /// first.
-pub(super) const PAGE_SQL: [&str; 7] = [
+pub(super) const PAGE_SQL: [&str; 8] = [
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 0 AND parked = $7 AND priority = $4::int8 AND (run_at, id) > ($5, $6) ORDER BY run_at, id LIMIT $3",
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 0 AND parked = $5 AND priority < $4::int8 ORDER BY priority DESC, run_at, id LIMIT $3",
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 1 AND (run_at, id) > ($4, $5) ORDER BY run_at, id LIMIT $3",
@@ -184,6 +185,7 @@ pub(super) const PAGE_SQL: [&str; 7] = [
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 3 AND (finished_at, id) < ($4, $5) ORDER BY finished_at DESC, id DESC LIMIT $3",
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 4 AND (finished_at, id) < ($4, $5) ORDER BY finished_at DESC, id DESC LIMIT $3",
     "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 5 AND (finished_at, id) < ($4, $5) ORDER BY finished_at DESC, id DESC LIMIT $3",
+    "SELECT {cols} FROM {s}.jobs WHERE queue = $1 AND state = 6 AND id > $5 AND $4::int8 IS NOT NULL ORDER BY id LIMIT $3",
 ];
 
 /// A page statement for `schema`, ready to run.
@@ -201,6 +203,10 @@ fn page_plan(state: JobState, after: Option<JobCursor>) -> Vec<(usize, Vec<i64>)
     match (state, c) {
         (JobState::Ready, Some((p, at, id))) => vec![(0, vec![p, at, id]), (1, vec![p])],
         (JobState::Ready, None) => vec![(1, vec![i64::MAX])],
+        (JobState::Waiting, c) => {
+            let (_, at, id) = c.unwrap_or((0, 0, -1));
+            vec![(7, vec![at, id])]
+        }
         (JobState::Scheduled | JobState::Running, c) => {
             let (_, at, id) = c.unwrap_or((0, -1, -1));
             let step = if state == JobState::Scheduled { 2 } else { 3 };
@@ -275,7 +281,8 @@ pub(super) const COUNTS_CAPPED: &str = "SELECT
     (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = $1 AND state = 2 LIMIT $2) c),
     (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = $1 AND state = 3 LIMIT $2) c),
     (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = $1 AND state = 4 LIMIT $2) c),
-    (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = $1 AND state = 5 LIMIT $2) c)";
+    (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = $1 AND state = 5 LIMIT $2) c),
+    (SELECT count(*) FROM (SELECT 1 FROM {s}.jobs WHERE queue = $1 AND state = 6 LIMIT $2) c)";
 
 /// Jobs of `queue` per state, each counted up to `cap`.
 pub(super) fn counts_capped(
@@ -297,7 +304,7 @@ pub(super) fn counts_capped(
 /// Terminal jobs per interval and state, read from `jobs_finished` in
 /// its order: `$2` the start, `$3` the interval, `$4` the end.
 pub(super) const HISTOGRAM: &str = "SELECT (finished_at - $2) / $3, state, count(*) FROM {s}.jobs
-    WHERE queue = $1 AND state >= 3 AND finished_at >= $2 AND finished_at < $4 GROUP BY 1, 2";
+    WHERE queue = $1 AND state >= 3 AND state <= 5 AND finished_at >= $2 AND finished_at < $4 GROUP BY 1, 2";
 
 /// See [`crate::core::JobTxn::finished_histogram`].
 pub(super) fn finished_histogram(

@@ -16,7 +16,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 13] = [
+const MIGRATIONS: [&str; 14] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -91,7 +91,24 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // v13: what a running job's handler last reported (ten-thousandths
     // done, a message).
     "ALTER TABLE {s}.jobs ADD COLUMN progress int4, ADD COLUMN progress_msg text;",
+    V14_DEPENDENCIES,
 ];
+
+/// v14: dependencies. A job's named jobs (`after_ids`, comma-separated),
+/// whether it runs after any ending, how many it still waits for, and
+/// whether any job waits for it; the edges by parent; the waiting state
+/// (6), which the terminal jobs' index (3 to 5) leaves out and the live
+/// unique keys' index takes in.
+const V14_DEPENDENCIES: &str = "
+ALTER TABLE {s}.jobs ADD COLUMN after_ids text, ADD COLUMN after_any bool NOT NULL DEFAULT false,
+    ADD COLUMN waiting_on int4 NOT NULL DEFAULT 0, ADD COLUMN has_children bool NOT NULL DEFAULT false;
+CREATE TABLE {s}.job_deps (parent int8 NOT NULL, child int8 NOT NULL, PRIMARY KEY (parent, child));
+DROP INDEX {s}.jobs_finished;
+CREATE INDEX jobs_finished ON {s}.jobs (queue, finished_at, id, state) WHERE state >= 3 AND state <= 5;
+DROP INDEX {s}.jobs_unique;
+CREATE INDEX jobs_unique ON {s}.jobs (queue, unique_key) WHERE (state <= 2 OR state = 6) AND unique_key IS NOT NULL;
+CREATE INDEX jobs_waiting ON {s}.jobs (queue, id) WHERE state = 6;
+";
 
 /// Stands for the text of [`push_function`] in [`MIGRATIONS`].
 const PUSH_FUNCTION: &str = "{push_function}";

@@ -40,7 +40,7 @@
 //!   build that changes them replaces the function in a migration.
 
 use super::error::{pg_err, Stage};
-use crate::core::job::UNIQUE_READ;
+use crate::core::job::{StateSet, UNIQUE_READ};
 use crate::core::{
     EnqueueOutcome, JobId, JobSpec, JobState, QueuePolicy, Wake, MAX_ATTEMPTS, MAX_KEY_BYTES,
     MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES, MAX_TTL_MS,
@@ -114,18 +114,18 @@ BEGIN
             states := states | CASE btrim(name)
                 WHEN 'ready' THEN 1 WHEN 'scheduled' THEN 2 WHEN 'running' THEN 4
                 WHEN 'done' THEN 8 WHEN 'dead' THEN 16 WHEN 'cancelled' THEN 32
-                ELSE NULL END;
+                WHEN 'waiting' THEN 64 ELSE NULL END;
             IF states IS NULL THEN
-                RAISE EXCEPTION 'invalid unique_states: % is not a job state (ready, scheduled, running, done, dead, cancelled)', quote_literal(btrim(name)) USING ERRCODE = '22023';
+                RAISE EXCEPTION 'invalid unique_states: % is not a job state (ready, scheduled, running, done, dead, cancelled, waiting)', quote_literal(btrim(name)) USING ERRCODE = '22023';
             END IF;
         END LOOP;
         IF states = 0 THEN
             RAISE EXCEPTION 'invalid unique_states: names no state' USING ERRCODE = '22023';
         END IF;
     ELSIF push.unique_for_ms IS NOT NULL THEN
-        states := 63;
+        states := {all_states};
     ELSE
-        states := 7;
+        states := {live_states};
     END IF;
 {check_concurrency_key}    IF push.timeout_ms IS NOT NULL AND (push.timeout_ms < 1 OR push.timeout_ms > {max_ttl}) THEN
         RAISE EXCEPTION 'invalid timeout_ms: % is outside 1..={max_ttl} (one year)', push.timeout_ms USING ERRCODE = '22023';
@@ -218,7 +218,7 @@ const CHECK_KEY: &str = r"
 /// The function's text for the schema `quoted` whose channel is `channel`.
 pub(super) fn push_function(quoted: &str, channel: &str) -> String {
     let state = |s: JobState| 1u32 << s.code();
-    debug_assert_eq!(state(JobState::Cancelled), 32, "state bits of the function");
+    debug_assert_eq!(state(JobState::Waiting), 64, "state bits of the function");
     let check_key = |arg: &str| {
         CHECK_KEY
             .replace("{arg}", &format!("push.{arg}"))
@@ -240,6 +240,8 @@ pub(super) fn push_function(quoted: &str, channel: &str) -> String {
         .replace("{max_attempts}", &MAX_ATTEMPTS.to_string())
         .replace("{max_ttl}", &MAX_TTL_MS.to_string())
         .replace("{unique_read}", &UNIQUE_READ.to_string())
+        .replace("{all_states}", &StateSet::ALL.bits().to_string())
+        .replace("{live_states}", &StateSet::LIVE.bits().to_string())
         .replace(
             "{quarantine}",
             &QueuePolicy::default().quarantine_expiries.to_string(),
@@ -275,6 +277,12 @@ impl<'a> Args<'a> {
     fn of(queue: &'a str, spec: &'a JobSpec, policy: &QueuePolicy) -> Result<Self> {
         crate::core::check_key(Field::Queue, queue)?;
         crate::core::job::check_spec(spec)?;
+        if !spec.after.is_empty() {
+            return Err(crate::Error::invalid(
+                Field::After,
+                "a push in the caller's transaction takes no dependencies (yet): push the job with Queue::push",
+            ));
+        }
         let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         let delay_ms = i64::try_from(spec.delay_ms).map_err(|_| {
             crate::Error::invalid(Field::Delay, format!("{} ms is too long", spec.delay_ms))

@@ -5,7 +5,7 @@ use super::statements::COLUMNS;
 use crate::core::{JobId, JobRecord, JobState, LeaseRecord};
 use crate::error::Field;
 use crate::error::{Error, Result};
-use crate::store::{holder_bytes, i64_of};
+use crate::store::{after_text, holder_bytes, i64_of};
 
 /// SQL text with literal values, for the writes of a flush: all of them,
 /// and the COMMIT, travel in one simple-query round trip. Sessions run with
@@ -119,7 +119,16 @@ impl Sql {
         let progress = job.progress.as_ref();
         self.opt_int(Field::Progress, progress.map(|p| u64::from(p.permyriad)))?
             .raw(", ")
-            .opt_text(Field::Progress, progress.map(|p| &*p.message))?;
+            .opt_text(Field::Progress, progress.map(|p| &*p.message))?
+            .raw(", ")
+            .opt_text(
+                Field::After,
+                job.after.as_deref().map(after_text).as_deref(),
+            )?
+            .raw(&format!(
+                ", {}, {}, {}",
+                job.after_any, job.waiting_on, job.has_children
+            ));
         Ok(self.raw(")"))
     }
 
@@ -154,7 +163,7 @@ impl Sql {
                 }
             }
         };
-        let columns: [Each<'_>; 19] = [
+        let columns: [Each<'_>; 21] = [
             &|o, j| int(o, Field::Id, Some(j.id.0)),
             &|o, j| write!(o, "{}", j.priority).map_err(fmt_err),
             &|o, j| int(o, Field::RunAt, Some(j.run_at_ms)),
@@ -198,6 +207,11 @@ impl Sql {
                 let message = j.progress.as_ref().map(|p| &*p.message);
                 array_text(o, Field::Progress, message)
             },
+            &|o, j| write!(o, "{}", j.waiting_on).map_err(fmt_err),
+            &|o, j| {
+                o.push(if j.has_children { 't' } else { 'f' });
+                Ok(())
+            },
         ];
         for (i, each) in columns.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " }).array(jobs, each)?;
@@ -233,23 +247,23 @@ impl Sql {
 
 /// The columns of a job that can change after it is created (the id first,
 /// to find the row), in the order of the prepared UPDATE's parameters.
-const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result, parked, claim_deadline, progress, progress_msg";
+const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result, parked, claim_deadline, progress, progress_msg, waiting_on, has_children";
 
 /// The assignments of an UPDATE from a row source `u` of [`UPDATE_FIELDS`].
-const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked, claim_deadline = u.claim_deadline, progress = u.progress, progress_msg = u.progress_msg";
+const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked, claim_deadline = u.claim_deadline, progress = u.progress, progress_msg = u.progress_msg, waiting_on = u.waiting_on, has_children = u.has_children";
 
 /// The types of [`UPDATE_FIELDS`], as arrays.
-const UPDATE_ARRAY_TYPES: [&str; 19] = [
+const UPDATE_ARRAY_TYPES: [&str; 21] = [
     "int8[]", "int4[]", "int8[]", "int8[]", "int8[]", "int8[]", "int8[]", "int2[]", "bytea[]",
     "int8[]", "int8[]", "bool[]", "text[]", "int8[]", "bytea[]", "bool[]", "int8[]", "int4[]",
-    "text[]",
+    "text[]", "int4[]", "bool[]",
 ];
 
 /// The name of the UPDATE each session prepares (SQL-level `PREPARE`).
 const PREPARED_UPDATE: &str = "leasehold_jobs_update";
 
 /// The `PREPARE` of [`PREPARED_UPDATE`] for the quoted `schema`: one
-/// UPDATE joining the rows of 19 parallel arrays to the jobs by id.
+/// UPDATE joining the rows of 21 parallel arrays to the jobs by id.
 ///
 /// Measured against the literal `UPDATE ... FROM (VALUES ...)` it replaced,
 /// literal arrays, and a protocol-level prepared statement with binary
@@ -407,6 +421,10 @@ mod tests {
             parked: false,
             timeout_ms: None,
             progress: None,
+            after: None,
+            after_any: false,
+            waiting_on: 0,
+            has_children: false,
         }
     }
 

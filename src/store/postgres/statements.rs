@@ -34,10 +34,13 @@ pub(super) struct Statements {
     pub rate_delete: Statement,
     pub rate_wakes: Statement,
     pub rate_forget: Statement,
+    pub link: Statement,
+    pub children: Statement,
+    pub unlink: Statement,
 }
 
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
-pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline, progress, progress_msg";
+pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline, progress, progress_msg, after_ids, after_any, waiting_on, has_children";
 
 /// How many [`COLUMNS`] there are (where a claim's read puts the queue's
 /// settings).
@@ -132,7 +135,7 @@ impl Statements {
                  WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE OF j"
             ))?,
             next_id: p("SELECT nextval('{s}.job_ids')".into())?,
-            unique_live: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND state <= 2
+            unique_live: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND (state <= 2 OR state = 6)
                  AND ((1 << state) & $3::int4) != 0 ORDER BY id DESC LIMIT $4"
                 .into())?,
             unique_since: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND created_at >= $3
@@ -156,7 +159,7 @@ impl Statements {
                 ready("$4")
             ))?,
             scan_finished: p(
-                "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND finished_at <= $2
+                "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND state <= 5 AND finished_at <= $2
                  ORDER BY finished_at, id LIMIT $3 FOR UPDATE SKIP LOCKED".into(),
             )?,
             scan_retrying: p(
@@ -169,7 +172,8 @@ impl Statements {
                  (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 2),
                  (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 3),
                  (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 4),
-                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 5)".into())?,
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 5),
+                 (SELECT count(*) FROM {s}.jobs WHERE queue = $1 AND state = 6)".into())?,
             list: p(format!(
                 "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND id > $2 AND ($3::int2 < 0 OR state = $3::int2)
                  ORDER BY id LIMIT $4"
@@ -226,6 +230,9 @@ impl Statements {
             rate_wakes: p("SELECT key, wake_at FROM {s}.rates WHERE queue = $1 AND wake_at <= $2
                  ORDER BY wake_at, key LIMIT $3"
                 .into())?,
+            link: p("INSERT INTO {s}.job_deps (parent, child) VALUES ($1, $2) ON CONFLICT DO NOTHING".into())?,
+            children: p("SELECT child FROM {s}.job_deps WHERE parent = $1 ORDER BY child".into())?,
+            unlink: p("DELETE FROM {s}.job_deps WHERE parent = $1".into())?,
         })
     }
 }

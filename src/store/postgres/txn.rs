@@ -14,7 +14,7 @@ use crate::core::{
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
-use crate::store::{holder_from, progress_of, u64_of, LeaseCache, Wake};
+use crate::store::{after_of, holder_from, progress_of, u64_of, LeaseCache, Wake};
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use std::collections::HashMap;
@@ -105,6 +105,10 @@ fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error>
             r.try_get::<_, Option<i32>>(23)?.map(i64::from),
             r.try_get(24)?,
         ),
+        after: after_of(r.try_get::<_, Option<&str>>(25)?),
+        after_any: r.try_get(26)?,
+        waiting_on: u32_of(r.try_get::<_, i32>(27)?.into()),
+        has_children: r.try_get(28)?,
     };
     Ok((job, state_code))
 }

@@ -45,15 +45,16 @@ pub(super) fn lease_keys(conn: &Connection, after: &str, limit: usize) -> Result
 }
 
 /// The first queue name after `?1` in each state's index: every job is in
-/// exactly one of them, so the least of the four is the next queue.
-pub(super) const NEXT_QUEUE: [&str; 4] = [
+/// exactly one of them, so the least of the five is the next queue.
+pub(super) const NEXT_QUEUE: [&str; 5] = [
     "SELECT queue FROM jobs WHERE state = 0 AND queue > ?1 ORDER BY queue LIMIT 1",
     "SELECT queue FROM jobs WHERE state = 1 AND queue > ?1 ORDER BY queue LIMIT 1",
     "SELECT queue FROM jobs WHERE state = 2 AND queue > ?1 ORDER BY queue LIMIT 1",
-    "SELECT queue FROM jobs WHERE state >= 3 AND queue > ?1 ORDER BY queue LIMIT 1",
+    "SELECT queue FROM jobs WHERE state >= 3 AND state <= 5 AND queue > ?1 ORDER BY queue LIMIT 1",
+    "SELECT queue FROM jobs WHERE state = 6 AND queue > ?1 ORDER BY queue LIMIT 1",
 ];
 
-/// Up to `limit` queue names after `after`: four index probes per name
+/// Up to `limit` queue names after `after`: five index probes per name
 /// (a loose index scan), however many jobs each queue has.
 pub(super) fn queue_names(
     conn: &Connection,
@@ -87,14 +88,15 @@ pub(super) fn queue_names(
 /// of the cursor's priority band, then the lower bands), once for the
 /// claimable ones and once for the parked ones (`?7`), merged; every other
 /// state in one; terminal jobs newest first.
-pub(super) const PAGE_SQL: [&str; 7] = [
+pub(super) const PAGE_SQL: [&str; 8] = [
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND parked = ?7 AND priority = ?2 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND parked = ?7 AND priority < ?2 ORDER BY priority DESC, run_at, id LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 1 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 2 AND (lease_until, id) > (?3, ?4) ORDER BY lease_until, id LIMIT ?5",
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state >= 3 AND state = 3 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state >= 3 AND state <= 5 AND state = 3 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 4 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 5 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 6 AND id > ?4 ORDER BY id LIMIT ?5",
 ];
 
 /// A database integer for a cursor's field (past `i64::MAX`: the largest,
@@ -114,6 +116,7 @@ fn page_plan(state: JobState, after: Option<JobCursor>) -> (&'static [usize], i6
         (JobState::Done, _) => &[4],
         (JobState::Dead, _) => &[5],
         (JobState::Cancelled, _) => &[6],
+        (JobState::Waiting, _) => &[7],
     };
     // Without a cursor: before every row in the state's order.
     let (p, at, id) = match after {
@@ -190,15 +193,16 @@ pub(super) const COUNTS_CAPPED: &str = "SELECT
     (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 0 LIMIT ?2)),
     (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 1 LIMIT ?2)),
     (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 2 LIMIT ?2)),
-    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state >= 3 AND state = 3 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state >= 3 AND state <= 5 AND state = 3 LIMIT ?2)),
     (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 4 LIMIT ?2)),
-    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 5 LIMIT ?2))";
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 5 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 6 LIMIT ?2))";
 
 /// Jobs of `queue` per state, each counted up to `cap`.
 pub(super) fn counts_capped(conn: &Connection, queue: &str, cap: u64) -> Result<StateCounts> {
     let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
     let mut stmt = conn.prepare_cached(COUNTS_CAPPED).map_err(fail)?;
-    let row: [i64; 6] = stmt
+    let row: [i64; 7] = stmt
         .query_row(params![queue, sat(cap)], |r| {
             Ok([
                 r.get(0)?,
@@ -207,6 +211,7 @@ pub(super) fn counts_capped(conn: &Connection, queue: &str, cap: u64) -> Result<
                 r.get(3)?,
                 r.get(4)?,
                 r.get(5)?,
+                r.get(6)?,
             ])
         })
         .map_err(fail)?;
@@ -218,7 +223,7 @@ pub(super) fn counts_capped(conn: &Connection, queue: &str, cap: u64) -> Result<
 /// `count(*)` over an index range (no grouping, no column read) is about
 /// five times faster here than one grouped scan of the window.
 pub(super) const HISTOGRAM: [&str; 3] = [
-    "SELECT count(*) FROM jobs WHERE queue = ?1 AND state >= 3 AND finished_at >= ?2 AND finished_at < ?3",
+    "SELECT count(*) FROM jobs WHERE queue = ?1 AND state >= 3 AND state <= 5 AND finished_at >= ?2 AND finished_at < ?3",
     "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 4 AND finished_at >= ?2 AND finished_at < ?3",
     "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 5 AND finished_at >= ?2 AND finished_at < ?3",
 ];

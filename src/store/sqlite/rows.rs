@@ -3,7 +3,7 @@
 use crate::core::{Claim, JobId, JobRecord, JobState};
 use crate::error::Field;
 use crate::error::Result;
-use crate::store::{holder_bytes, holder_from, i64_of, progress_of, u64_of};
+use crate::store::{after_of, holder_bytes, holder_from, i64_of, progress_of, u64_of};
 use rusqlite::Row;
 use std::sync::Arc;
 
@@ -14,7 +14,7 @@ pub fn sql_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline, progress, progress_msg";
+pub(super) const JOB_COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline, progress, progress_msg, after_ids, after_any, waiting_on, has_children";
 
 /// A stored state code; an unknown one is an error naming the row.
 pub(super) fn state_of(id: i64, code: i64) -> rusqlite::Result<JobState> {
@@ -78,6 +78,10 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
         parked: r.get::<_, i64>(c(20))? != 0,
         timeout_ms: r.get::<_, Option<i64>>(c(21))?.map(u64_of),
         progress: progress_of(r.get(c(23))?, r.get(c(24))?),
+        after: after_of(r.get::<_, Option<String>>(c(25))?.as_deref()),
+        after_any: r.get::<_, i64>(c(26))? != 0,
+        waiting_on: r.get(c(27))?,
+        has_children: r.get::<_, i64>(c(28))? != 0,
     })
 }
 
@@ -97,7 +101,7 @@ pub const SCAN_SQL: [&str; 7] = [
     "SELECT lease_until, {cols} FROM jobs WHERE queue = {queue} AND state = 2 ORDER BY lease_until, id LIMIT {limit}",
     "SELECT run_at, {cols} FROM jobs WHERE queue = {queue} AND state = 1 ORDER BY run_at, id LIMIT {limit}",
     "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 AND parked = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
-    "SELECT finished_at, id FROM jobs WHERE queue = {queue} AND state >= 3 ORDER BY finished_at, id LIMIT {limit}",
+    "SELECT finished_at, id FROM jobs WHERE queue = {queue} AND state >= 3 AND state <= 5 ORDER BY finished_at, id LIMIT {limit}",
     "SELECT 0, id FROM jobs WHERE queue = {queue} AND state = 1 AND attempts > 0 ORDER BY run_at, id LIMIT {limit}",
     // Parked jobs: one key's in claim order; any key's by key, then so.
     "SELECT 0, {cols} FROM jobs INDEXED BY jobs_parked WHERE queue = {queue} AND state = 0 AND parked = 1 AND conc_key = ?1 ORDER BY priority DESC, run_at, id LIMIT {limit}",

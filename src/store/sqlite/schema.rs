@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 12] = [
+const MIGRATIONS: [&str; 13] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -83,7 +83,26 @@ const MIGRATIONS: [&str; 12] = [
     // done, a message).
     "ALTER TABLE jobs ADD COLUMN progress INTEGER;
      ALTER TABLE jobs ADD COLUMN progress_msg TEXT;",
+    V13_DEPENDENCIES,
 ];
+
+/// v13: dependencies. A job's named jobs (`after_ids`, comma-separated),
+/// whether it runs after any ending, how many it still waits for, and
+/// whether any job waits for it; the edges by parent; the waiting state
+/// (6), which the terminal jobs' index (3 to 5) leaves out and the live
+/// unique keys' index takes in.
+const V13_DEPENDENCIES: &str = "
+ALTER TABLE jobs ADD COLUMN after_ids TEXT;
+ALTER TABLE jobs ADD COLUMN after_any INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN waiting_on INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN has_children INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE job_deps (parent INTEGER NOT NULL, child INTEGER NOT NULL, PRIMARY KEY (parent, child)) WITHOUT ROWID;
+DROP INDEX jobs_finished;
+CREATE INDEX jobs_finished ON jobs (queue, finished_at, id, state) WHERE state >= 3 AND state <= 5;
+DROP INDEX jobs_unique;
+CREATE INDEX jobs_unique ON jobs (queue, unique_key) WHERE (state <= 2 OR state = 6) AND unique_key IS NOT NULL;
+CREATE INDEX jobs_waiting ON jobs (queue, id) WHERE state = 6;
+";
 
 /// v9: rate limits. A queue's rates (NULL: none) and one row per rate
 /// bucket: the queue's own (key `''`) or a concurrency key's, with the

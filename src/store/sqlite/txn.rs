@@ -11,7 +11,7 @@ use crate::core::{
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
-use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
+use crate::store::{after_text, holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
 use crate::Holder;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::sync::Arc;
@@ -190,7 +190,8 @@ impl SqlTxn<'_> {
                    expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
                    claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
                    last_error = ?13, finished_at = ?14, result = ?15, parked = ?16,
-                   claim_deadline = ?17, progress = ?18, progress_msg = ?19
+                   claim_deadline = ?17, progress = ?18, progress_msg = ?19,
+                   waiting_on = ?20, has_children = ?21
                  WHERE id = ?1",
             )
             .and_then(|mut s| {
@@ -214,6 +215,8 @@ impl SqlTxn<'_> {
                     deadline,
                     job.progress.as_ref().map(|p| p.permyriad),
                     job.progress.as_ref().map(|p| &*p.message),
+                    job.waiting_on,
+                    job.has_children,
                 ])
             })
             .map(|_| ())
@@ -380,7 +383,7 @@ impl JobTxn for SqlTxn<'_> {
             return self.update_job(job);
         }
         let sql = format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)
+            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)
              ON CONFLICT(id) DO UPDATE SET
                queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
                run_at = excluded.run_at, created_at = excluded.created_at,
@@ -392,7 +395,9 @@ impl JobTxn for SqlTxn<'_> {
                finished_at = excluded.finished_at, result = excluded.result,
                conc_key = excluded.conc_key, parked = excluded.parked,
                timeout_ms = excluded.timeout_ms, claim_deadline = excluded.claim_deadline,
-               progress = excluded.progress, progress_msg = excluded.progress_msg"
+               progress = excluded.progress, progress_msg = excluded.progress_msg,
+               after_ids = excluded.after_ids, after_any = excluded.after_any,
+               waiting_on = excluded.waiting_on, has_children = excluded.has_children"
         );
         let JobRow {
             id,
@@ -435,10 +440,46 @@ impl JobTxn for SqlTxn<'_> {
                     deadline,
                     job.progress.as_ref().map(|p| p.permyriad),
                     job.progress.as_ref().map(|p| &*p.message),
+                    job.after.as_deref().map(after_text),
+                    job.after_any,
+                    job.waiting_on,
+                    job.has_children,
                 ])
             })
             .map(|_| ())
             .map_err(|e| sql_err(|| format!("writing job {}", job.id), e))
+    }
+
+    fn link(&mut self, parent: JobId, child: JobId) -> Result<()> {
+        let (p, c) = (i64_of(Field::Id, parent.0)?, i64_of(Field::Id, child.0)?);
+        self.conn
+            .prepare_cached("INSERT OR IGNORE INTO job_deps (parent, child) VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute(params![p, c]))
+            .map(drop)
+            .map_err(|e| sql_err(|| format!("linking job {child} to job {parent}"), e))
+    }
+
+    fn children(&mut self, parent: JobId, out: &mut Vec<JobId>) -> Result<()> {
+        let p = i64_of(Field::Id, parent.0)?;
+        let fail = |e| sql_err(|| format!("reading the jobs waiting for job {parent}"), e);
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT child FROM job_deps WHERE parent = ?1 ORDER BY child")
+            .map_err(fail)?;
+        let rows = stmt.query_map([p], |r| r.get::<_, i64>(0)).map_err(fail)?;
+        for row in rows {
+            out.push(JobId(u64_of(row.map_err(fail)?)));
+        }
+        Ok(())
+    }
+
+    fn unlink(&mut self, parent: JobId) -> Result<()> {
+        let p = i64_of(Field::Id, parent.0)?;
+        self.conn
+            .prepare_cached("DELETE FROM job_deps WHERE parent = ?1")
+            .and_then(|mut s| s.execute([p]))
+            .map(drop)
+            .map_err(|e| sql_err(|| format!("unlinking the jobs waiting for job {parent}"), e))
     }
 
     fn delete_job(&mut self, id: JobId) -> Result<()> {
@@ -461,7 +502,7 @@ impl JobTxn for SqlTxn<'_> {
         // Live states alone and no period: the live jobs' index.
         let sql = if states.is_live() && since_ms == 0 {
             "SELECT id FROM jobs INDEXED BY jobs_unique
-             WHERE queue = ?1 AND unique_key = ?2 AND state <= 2 AND unique_key IS NOT NULL
+             WHERE queue = ?1 AND unique_key = ?2 AND (state <= 2 OR state = 6) AND unique_key IS NOT NULL
                AND ((1 << state) & ?3) != 0 AND created_at >= ?4 ORDER BY id DESC LIMIT ?5"
         } else {
             "SELECT id FROM jobs INDEXED BY jobs_unique_all
@@ -575,14 +616,27 @@ impl JobTxn for SqlTxn<'_> {
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {
         // Each count reads one partial index (no index is kept just for
         // counting: every state change would have to update it).
-        const LIVE: [&str; 3] = [
-            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 0",
-            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 1",
-            "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 2",
+        const LIVE: [(JobState, &str); 4] = [
+            (
+                JobState::Ready,
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 0",
+            ),
+            (
+                JobState::Scheduled,
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 1",
+            ),
+            (
+                JobState::Running,
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 2",
+            ),
+            (
+                JobState::Waiting,
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 6",
+            ),
         ];
         let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
         let mut counts = StateCounts::default();
-        for (state, sql) in JobState::ALL.into_iter().zip(LIVE) {
+        for (state, sql) in LIVE {
             let n: i64 = self
                 .conn
                 .prepare_cached(sql)
@@ -594,7 +648,7 @@ impl JobTxn for SqlTxn<'_> {
             .conn
             .prepare_cached(
                 "SELECT state, count(*) FROM jobs INDEXED BY jobs_finished
-                 WHERE queue = ?1 AND state >= 3 GROUP BY state",
+                 WHERE queue = ?1 AND state >= 3 AND state <= 5 GROUP BY state",
             )
             .map_err(fail)?;
         let rows = stmt

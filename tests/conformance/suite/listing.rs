@@ -249,6 +249,17 @@ pub fn job_pages_follow_each_states_index_order(make: &Make) {
         let c = w.push("q", spec_cancel(round));
         w.cancel(c);
     }
+    // Waiting jobs, behind a running one (listed by id).
+    let running = w.list("q", Some(JobState::Running))[0].id;
+    for i in 0..3 {
+        w.push(
+            "q",
+            JobSpec {
+                after: vec![running],
+                ..JobSpec::new(format!("waiting-{i}"))
+            },
+        );
+    }
     // The claims took the higher priorities: leave ready jobs of several
     // priorities (and ties) too, so the ready order's priority is tested.
     for (i, p) in [3, -1, 7, 3].into_iter().enumerate() {

@@ -160,10 +160,11 @@ fn counts(
     dead: u64,
     cancelled: u64,
 ) -> StateCounts {
-    StateCounts([ready, scheduled, running, done, dead, cancelled])
+    StateCounts([ready, scheduled, running, done, dead, cancelled, 0])
 }
 
 mod batches;
+mod deps;
 mod flow;
 mod jobs;
 mod leases;
@@ -174,6 +175,7 @@ mod rates;
 mod schedules;
 mod unique;
 pub use batches::*;
+pub use deps::*;
 pub use flow::*;
 pub use jobs::*;
 pub use leases::*;
@@ -234,7 +236,10 @@ macro_rules! conformance_cases {
             queue_idle_rate_buckets_are_purged,
             job_unique_for_blocks_within_the_period_whatever_the_state,
             job_unique_states_say_which_states_block, job_unique_options_check_their_input,
-            job_progress_is_fenced_kept_and_cleared_by_a_new_claim
+            job_progress_is_fenced_kept_and_cleared_by_a_new_claim,
+            job_after_waits_until_every_named_job_is_done,
+            job_after_a_failed_parent_cancels_its_waiters,
+            job_after_checks_its_input_and_blocks_its_unique_key
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
