@@ -792,3 +792,30 @@ fn concurrent_pushes_of_one_unique_key_create_one_job() {
         "jobs created per key: {counts:?}"
     );
 }
+
+/// A schema upgraded past version 12 gets this build's SQL `push` again
+/// (its rules: limits, state codes), not only a schema created new.
+#[test]
+fn an_upgraded_schema_gets_this_builds_push_function() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("v13");
+    drop(PostgresStore::open(&schema.url()).unwrap());
+    admin_batch(&format!(
+        "DROP FUNCTION \"{s}\".push;
+         ALTER TABLE \"{s}\".jobs DROP COLUMN after_ids, DROP COLUMN after_any, DROP COLUMN waiting_on, DROP COLUMN has_children;
+         DROP TABLE \"{s}\".job_deps; DROP INDEX \"{s}\".jobs_waiting;
+         UPDATE \"{s}\".leasehold_meta SET value = '13' WHERE name = 'schema_version'",
+        s = schema.0
+    ));
+    drop(PostgresStore::open(&schema.url()).unwrap());
+    let rows = admin(&format!(
+        "SELECT created FROM \"{}\".push('q', unique_key => 'k', unique_states => 'waiting')",
+        schema.0
+    ));
+    assert!(
+        rows[0].get::<_, bool>(0),
+        "the function knows the waiting state"
+    );
+}

@@ -283,7 +283,8 @@ fn progress(client: &Client, queue: &str) -> Option<indicatif::ProgressBar> {
         return None;
     }
     let counts = client.queue(queue).ok()?.stats().ok()?;
-    let todo = counts.get(JobState::Ready) + counts.get(JobState::Running);
+    let todo =
+        counts.get(JobState::Ready) + counts.get(JobState::Running) + counts.get(JobState::Waiting);
     let bar = indicatif::ProgressBar::new(todo);
     let style =
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} jobs  {per_sec}  ETA {eta}")

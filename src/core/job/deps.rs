@@ -2,7 +2,7 @@
 //! end (design: `docs/dependencies.md`).
 //!
 //! # State and transitions
-//! - A push naming jobs in [`JobSpec::after`] reads each: a done one
+//! - A push naming jobs in [`JobSpec::after`](super::JobSpec::after) reads each: a done one
 //!   counts nothing; a dead or cancelled one cancels the new job at once
 //!   (unless [`JobSpec::after_any`]); a live one (ready, scheduled,
 //!   running, waiting) gets an edge to the new job in the store
@@ -25,18 +25,18 @@
 //!   last ending decides it, in its own transaction (no poller).
 //! - Only existing jobs can be named, so no cycle can be made.
 
-use super::rules::{load, load_fresh, note};
-use super::{JobId, JobRecord, JobSpec, JobState, QueuePolicy};
+use super::rules::{load, load_fresh_as, note};
+use super::{JobId, JobRecord, JobState, QueuePolicy};
 use crate::core::{JobChange, JobTxn, Wake};
 use crate::error::{Error, Field, Result};
 use std::sync::Arc;
 
-/// The most jobs one job may name in [`JobSpec::after`].
+/// The most jobs one job may name in [`JobSpec::after`](super::JobSpec::after).
 pub const MAX_AFTER: usize = 1_000;
 
 /// Check a spec's dependencies (how many; no id twice is fine, they are
 /// deduplicated).
-pub(super) fn check(spec: &JobSpec) -> Result<()> {
+pub(super) fn check(spec: &super::JobSpec) -> Result<()> {
     if spec.after.len() > MAX_AFTER {
         return Err(Error::invalid(
             Field::After,
@@ -52,26 +52,37 @@ pub(super) fn check(spec: &JobSpec) -> Result<()> {
     Ok(())
 }
 
-/// Link the new `job` (not yet written) to the jobs `spec` names: it
-/// waits for the live ones, or ends cancelled at once if one ended dead
-/// or cancelled (without `after_any`). An unknown job is an error naming
-/// it, before anything is written.
+/// What a job names: the jobs it runs after, and whether any ending will
+/// do.
+pub(super) struct After<'a> {
+    pub ids: &'a [JobId],
+    pub any: bool,
+    /// A named job that no longer exists counts as ended (a retry, whose
+    /// jobs may have been purged since), instead of refusing the push.
+    pub gone_ended: bool,
+}
+
+/// Link `job` (not yet written: a push, or a retry) to the jobs `after`
+/// names: it waits for the live ones, or ends cancelled at once if one
+/// ended dead or cancelled (without `any`). An unknown job is an error
+/// naming it, before anything is written.
 pub(super) fn link(
     tx: &mut dyn JobTxn,
     job: &mut JobRecord,
-    spec: &JobSpec,
+    after: After<'_>,
     policy: &QueuePolicy,
 ) -> Result<()> {
-    if spec.after.is_empty() {
+    if after.ids.is_empty() {
         return Ok(());
     }
-    let mut after = spec.after.clone();
-    after.sort_unstable();
-    after.dedup();
+    let mut ids = after.ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
     let mut live = Vec::new();
     let mut failed = None;
-    for &id in &after {
-        let parent = match load_fresh(tx, id, policy) {
+    for &id in &ids {
+        let parent = match load_fresh_as(tx, id, policy, false) {
+            Err(Error::NotFound(_)) if after.gone_ended => continue,
             Err(Error::NotFound(_)) => {
                 return Err(Error::invalid(
                     Field::After,
@@ -83,15 +94,16 @@ pub(super) fn link(
         match parent.state {
             JobState::Done => {}
             JobState::Dead | JobState::Cancelled => {
-                if !spec.after_any && failed.is_none() {
+                if !after.any && failed.is_none() {
                     failed = Some(ended(parent.id, parent.state));
                 }
             }
-            _ => live.push(parent),
+            _ => live.push(parent.id),
         }
     }
-    job.after = Some(Arc::from(after));
-    job.after_any = spec.after_any;
+    job.after = Some(Arc::from(ids));
+    job.after_any = after.any;
+    job.waiting_on = 0;
     let now_ms = tx.now_ms();
     if let Some(reason) = failed {
         job.last_error = Some(Arc::from(reason.as_str()));
@@ -103,14 +115,40 @@ pub(super) fn link(
     }
     job.waiting_on = u32::try_from(live.len()).unwrap_or(u32::MAX);
     job.state = JobState::Waiting;
-    for mut parent in live {
-        tx.link(parent.id, job.id)?;
+    for id in live {
+        tx.link(id, job.id)?;
+        // Read again: bringing a later parent's queue up to date may have
+        // changed this one (a slot it waited for freed).
+        let mut parent = load(tx, id)?;
         if !parent.has_children {
             parent.has_children = true;
             tx.put_job(&parent)?;
         }
     }
     Ok(())
+}
+
+/// The jobs a waiting job's freshness depends on: its named jobs, theirs
+/// if they wait too, and so on (each once, at most [`MAX_AFTER`] times
+/// ten: a bound on a read), without the waiting ones.
+pub(super) fn ancestors(tx: &mut dyn JobTxn, job: &JobRecord) -> Result<Vec<JobRecord>> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo: Vec<JobId> = job.after.iter().flat_map(|a| a.iter().copied()).collect();
+    let mut out = Vec::new();
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) || seen.len() > MAX_AFTER * 10 {
+            continue;
+        }
+        match load(tx, id) {
+            Ok(j) if j.state == JobState::Waiting => {
+                todo.extend(j.after.iter().flat_map(|a| a.iter().copied()));
+            }
+            Ok(j) => out.push(j),
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
 }
 
 /// The reason a child of `parent` (which ended `state`) ends cancelled.

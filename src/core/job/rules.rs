@@ -83,25 +83,45 @@ pub(super) fn note_end(tx: &mut dyn JobTxn, job: &JobRecord, quarantined: bool) 
 }
 
 /// Load a job as of the store's clock: if its claim expired or its
-/// `run_at_ms` passed, its queue is brought up to date first.
+/// `run_at_ms` passed, its queue is brought up to date first; a waiting
+/// job, through the jobs it waits for.
 pub(super) fn load_fresh(
     tx: &mut dyn JobTxn,
     id: JobId,
     policy: &QueuePolicy,
+) -> Result<JobRecord> {
+    load_fresh_as(tx, id, policy, true)
+}
+
+/// [`load_fresh`], except that a waiting job is taken as stored (`deep`
+/// false): what a push naming it needs, since a waiting job it links to
+/// passes its own ending on when that is written.
+pub(super) fn load_fresh_as(
+    tx: &mut dyn JobTxn,
+    id: JobId,
+    policy: &QueuePolicy,
+    deep: bool,
 ) -> Result<JobRecord> {
     let job = load(tx, id)?;
     let now_ms = tx.now_ms();
     let stale = match (job.state, job.claim) {
         (JobState::Running, Some(c)) => c.lease_until_ms <= now_ms,
         (JobState::Scheduled, _) => job.run_at_ms <= now_ms,
-        // A waiting job is as fresh as the jobs it waits for: one of
-        // them may have ended by time alone (its claim ran out), which
-        // decides it once written.
-        (JobState::Waiting, _) => {
-            for &parent in job.after.iter().flat_map(|a| a.iter()) {
-                match load_fresh(tx, parent, policy) {
-                    Ok(_) | Err(Error::NotFound(_)) => {}
-                    Err(e) => return Err(e),
+        // A waiting job is as fresh as the jobs it waits for, and theirs:
+        // one of them may have ended by time alone (its claim ran out),
+        // which decides it once written. Each stale one's queue is
+        // brought up to date (once), walking up without recursion.
+        (JobState::Waiting, _) if deep => {
+            let mut refreshed: Vec<Arc<str>> = Vec::new();
+            for parent in deps::ancestors(tx, &job)? {
+                let stale = match (parent.state, parent.claim) {
+                    (JobState::Running, Some(c)) => c.lease_until_ms <= now_ms,
+                    (JobState::Scheduled, _) => parent.run_at_ms <= now_ms,
+                    _ => false,
+                };
+                if stale && !refreshed.contains(&parent.queue) {
+                    refresh(tx, &parent.queue, policy, 0)?;
+                    refreshed.push(parent.queue);
                 }
             }
             return load(tx, id);
@@ -172,7 +192,12 @@ pub fn enqueue(
         has_children: false,
     };
     job.reschedule(run_at_ms, now_ms);
-    deps::link(tx, &mut job, spec, policy)?;
+    let after = deps::After {
+        ids: &spec.after,
+        any: spec.after_any,
+        gone_ended: false,
+    };
+    deps::link(tx, &mut job, after, policy)?;
     put(tx, &job)?;
     note(tx, &job, JobChange::Enqueued);
     if job.state == JobState::Cancelled {
@@ -529,6 +554,15 @@ pub fn retry(tx: &mut dyn Txn, id: JobId, policy: &QueuePolicy) -> Result<()> {
     job.cancel_requested = false;
     job.finished_at_ms = None;
     job.reschedule(now_ms, now_ms);
+    // A retried job waits again for the jobs it names that are not done.
+    if let Some(ids) = job.after.clone() {
+        let after = deps::After {
+            ids: &ids,
+            any: job.after_any,
+            gone_ended: true,
+        };
+        deps::link(tx, &mut job, after, policy)?;
+    }
     put(tx, &job)?;
     note(tx, &job, JobChange::Retried { delay_ms: 0 });
     Ok(())

@@ -148,7 +148,8 @@ pub(super) fn blocking(
     let since_ms = period_ms.map_or(0, |p| now_ms.saturating_sub(p).saturating_add(1));
     // Stored states lag time: a running job may have run out into any
     // other state, a scheduled one may be due (ready).
-    let mut read = states.with(JobState::Running);
+    // A waiting job too: it may be decided by jobs that ended by time.
+    let mut read = states.with(JobState::Running).with(JobState::Waiting);
     if states.contains(JobState::Ready) {
         read = read.with(JobState::Scheduled);
     }

@@ -221,6 +221,12 @@ pub(super) fn migrate(client: &mut Client, to: &Target<'_>) -> Result<()> {
         )
         .map_err(|e| to.fail(e))?;
     }
+    if (12..SCHEMA_VERSION).contains(&version) {
+        // The SQL `push` renders this build's rules (its limits, the state
+        // codes): an upgraded schema gets them too.
+        let sql = push_function(to.quoted, &channel(to.name));
+        tx.batch_execute(&sql).map_err(|e| to.fail(e))?;
+    }
     tx.commit().map_err(|e| to.fail(e))
 }
 

@@ -132,6 +132,13 @@ pub fn job_after_a_failed_parent_cancels_its_waiters(make: &Make) {
     let cancelled = w.tx(|tx| core::job::cancel(tx, x, &QueuePolicy::default()));
     assert_eq!(cancelled.unwrap(), JobState::Cancelled);
     assert_eq!(w.get(y).state, JobState::Cancelled);
+    // Retried, it waits again for what is not done yet (b still is not).
+    w.tx(|tx| core::job::retry(tx, x, &QueuePolicy::default()))
+        .unwrap();
+    assert_eq!(
+        (w.get(x).state, w.get(x).waiting_on),
+        (JobState::Waiting, 1)
+    );
     // Pushed after jobs that already ended: done runs at once, dead cancels
     // at once, dead with after_any runs.
     let done = {
@@ -195,4 +202,37 @@ pub fn job_after_checks_its_input_and_blocks_its_unique_key(make: &Make) {
         (first.id, false),
         "waiting is live"
     );
+}
+
+/// A chain of 300 waiting jobs (each after the one before, and a few
+/// after two) is read in one walk and ended in one transaction when its
+/// root fails: every job of it cancelled, none left waiting.
+pub fn job_after_chains_end_in_one_transaction(make: &Make) {
+    let w = World::new(make);
+    let root = w.push(
+        "q",
+        JobSpec {
+            max_attempts: 1,
+            ..JobSpec::new("root")
+        },
+    );
+    let mut ids = vec![root];
+    for i in 0..300 {
+        let last = ids[ids.len() - 1];
+        let mut names = vec![last];
+        if i % 7 == 0 && ids.len() > 1 {
+            names.push(ids[ids.len() - 2]);
+        }
+        ids.push(w.push("q", after(&names)));
+    }
+    let tail = *ids.last().unwrap();
+    assert_eq!(w.get(tail).state, JobState::Waiting);
+    assert_eq!(w.stats("q").get(JobState::Waiting), 300);
+    let job = w.claim_one("q", 1, 1_000);
+    // Its claim runs out: the chain is decided when that is written, and
+    // a read of the tail is as fresh as its root.
+    w.at(T0 + 1_000);
+    assert_eq!(w.get(tail).state, JobState::Cancelled);
+    assert_eq!(w.stats("q"), counts(0, 0, 0, 0, 1, 300));
+    drop(job);
 }

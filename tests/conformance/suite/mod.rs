@@ -239,7 +239,8 @@ macro_rules! conformance_cases {
             job_progress_is_fenced_kept_and_cleared_by_a_new_claim,
             job_after_waits_until_every_named_job_is_done,
             job_after_a_failed_parent_cancels_its_waiters,
-            job_after_checks_its_input_and_blocks_its_unique_key
+            job_after_checks_its_input_and_blocks_its_unique_key,
+            job_after_chains_end_in_one_transaction
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,
