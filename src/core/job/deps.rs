@@ -212,3 +212,24 @@ pub(super) fn release(
     }
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::job::JobSpec;
+
+    #[test]
+    fn a_spec_names_at_most_max_after_jobs_and_after_any_needs_some() {
+        let spec = |n: u64, any: bool| JobSpec {
+            after: (1..=n).map(JobId).collect(),
+            after_any: any,
+            ..JobSpec::new("x")
+        };
+        assert!(check(&spec(MAX_AFTER as u64, false)).is_ok());
+        assert!(check(&spec(MAX_AFTER as u64 + 1, false)).is_err());
+        assert!(check(&spec(1, true)).is_ok());
+        let e = check(&spec(0, true)).unwrap_err();
+        assert!(e.to_string().contains("after"), "{e}");
+        assert!(check(&spec(0, false)).is_ok());
+    }
+}
