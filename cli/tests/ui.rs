@@ -180,6 +180,43 @@ fn seed(d: &Dir) -> (JobId, JobId) {
     (dead, done)
 }
 
+/// Waiting jobs have their own list (when each was pushed) and count,
+/// and a job page links what it runs after.
+#[test]
+fn waiting_jobs_are_listed_counted_and_linked() {
+    let d = Dir::new("ui-waiting");
+    let store = SqliteStore::open(d.0.join("test.db")).unwrap();
+    let policy = QueuePolicy::default();
+    let push = |spec: JobSpec| {
+        store
+            .txn(|tx| core::job::enqueue(tx, "deps", &spec, &policy))
+            .unwrap()
+            .id
+    };
+    let parent = push(JobSpec::new("parent"));
+    let child = push(JobSpec {
+        after: vec![parent],
+        ..JobSpec::new("child")
+    });
+    let ui = Server::start(&d, &[]);
+    let list = ui.get("/jobs?queue=deps&state=waiting").body;
+    assert!(
+        list.contains(&format!("data-job=\"{}\"", child.0)),
+        "{list}"
+    );
+    assert!(list.contains("<th>Pushed</th>"), "{list}");
+    assert!(
+        !list.contains("1970"),
+        "a waiting job's instant is its push: {list}"
+    );
+    let page = ui.get(&format!("/jobs/{}", child.0)).body;
+    assert!(page.contains("<dd data-after>"), "{page}");
+    assert!(page.contains(&format!("/jobs/{}", parent.0)), "{page}");
+    assert!(page.contains("waiting for 1"), "{page}");
+    let api = ui.get("/api/queues").json();
+    assert_eq!(api["queues"][0]["waiting"], 1, "{api}");
+}
+
 /// The hostile text never comes back as markup, on any page.
 #[test]
 fn hostile_text_is_escaped_everywhere() {

@@ -309,6 +309,7 @@ fn jobs_table(h: &mut Html, view: &JobsView) {
     let when = match view.state {
         JobState::Ready | JobState::Scheduled => "Run at",
         JobState::Running => "Lease until",
+        JobState::Waiting => "Pushed",
         _ => "Finished",
     };
     h.raw("<table class=\"jobs\"><thead><tr><th>Job</th><th class=\"num\">Priority</th>")
@@ -334,7 +335,11 @@ fn jobs_table(h: &mut Html, view: &JobsView) {
             "</td>",
             &format!("{} of {}", j.attempts, j.max_attempts),
         );
-        let at = JobCursor::of(j).at_ms;
+        // A waiting job is listed by id: show when it was pushed.
+        let at = match j.state {
+            JobState::Waiting => j.created_at_ms,
+            _ => JobCursor::of(j).at_ms,
+        };
         h.raw("<td>");
         instant(h, &t, at);
         h.raw("</td><td>");
