@@ -49,9 +49,25 @@ impl ProgressBoard {
         lock(&self.0).insert((id, token), progress);
     }
 
+    /// Take the reports of `claims` off the board and hand them to `send`
+    /// (a transaction that records them, [`record_reports`]); if it fails
+    /// they go back, unless a newer report of the same claim arrived.
+    pub(crate) fn send<R>(
+        &self,
+        claims: impl IntoIterator<Item = (JobId, u64)>,
+        send: impl FnOnce(&[(JobId, u64, Progress)]) -> Result<R>,
+    ) -> Result<R> {
+        let reports = self.take(claims);
+        let sent = send(&reports);
+        if sent.is_err() {
+            self.put_back(reports);
+        }
+        sent
+    }
+
     /// Put back `reports` a transaction could not send (unless a newer
     /// report of the same claim arrived meanwhile).
-    pub(crate) fn put_back(&self, reports: Vec<(JobId, u64, Progress)>) {
+    fn put_back(&self, reports: Vec<(JobId, u64, Progress)>) {
         if reports.is_empty() {
             return;
         }
@@ -68,10 +84,7 @@ impl ProgressBoard {
     }
 
     /// The reports of the claims `claims` names, taken off the board.
-    pub(crate) fn take(
-        &self,
-        claims: impl IntoIterator<Item = (JobId, u64)>,
-    ) -> Vec<(JobId, u64, Progress)> {
+    fn take(&self, claims: impl IntoIterator<Item = (JobId, u64)>) -> Vec<(JobId, u64, Progress)> {
         let mut board = lock(&self.0);
         if board.is_empty() {
             return Vec::new();
@@ -237,14 +250,12 @@ impl ClaimedJob {
                 client.run("put", |tx| tx.jobs()?.put_job(&job))?;
                 return Ok(false);
             }
-            let reports = board.take([(id, token)]);
-            let renewed = client.run_until("heartbeat", Some(deadline), |tx| {
-                record_reports(tx, holder, &reports)?;
-                core::job::heartbeat(tx, id, holder, token, lease_ms)
+            let renewed = board.send([(id, token)], |reports| {
+                client.run_until("heartbeat", Some(deadline), |tx| {
+                    record_reports(tx, holder, reports)?;
+                    core::job::heartbeat(tx, id, holder, token, lease_ms)
+                })
             });
-            if renewed.is_err() {
-                board.put_back(reports);
-            }
             renewed.map(|reply| reply.cancel_requested)
         })
     }
@@ -327,15 +338,12 @@ impl ClaimedJob {
         mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
         let holder = self.client.inner.holder.id;
-        let reports = self.board.take([(self.job.id, self.token)]);
-        let settled = self.client.run(op, |tx| {
-            record_reports(tx, holder, &reports)?;
-            f(tx)
-        });
-        if settled.is_err() {
-            self.board.put_back(reports);
-        }
-        settled
+        self.board.send([(self.job.id, self.token)], |reports| {
+            self.client.run(op, |tx| {
+                record_reports(tx, holder, reports)?;
+                f(tx)
+            })
+        })
     }
 
     /// The result set with [`ClaimedJob::set_result`], taken.

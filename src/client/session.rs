@@ -101,35 +101,30 @@ impl Exec {
                 }
             }
             WorkerRequest::Heartbeat { claims } => {
-                let reports = self.board.take(claims.iter().copied());
-                let renewed = store.txn_as("heartbeat", |tx| {
-                    record_reports(tx, holder, &reports)?;
-                    core::job::heartbeat_many(tx, holder, &claims, lease_ms)
+                let renewed = self.board.send(claims.iter().copied(), |reports| {
+                    store.txn_as("heartbeat", |tx| {
+                        record_reports(tx, holder, reports)?;
+                        core::job::heartbeat_many(tx, holder, &claims, lease_ms)
+                    })
                 });
-                match &renewed {
+                if let Ok(replies) = &renewed {
                     // A lost claim's reports will never be sent.
-                    Ok(replies) => self.board.forget(
-                        claims
-                            .iter()
-                            .zip(replies)
-                            .filter(|(_, r)| r.is_err())
-                            .map(|(c, _)| *c),
-                    ),
-                    Err(_) => self.board.put_back(reports),
+                    let lost = claims.iter().zip(replies).filter(|(_, r)| r.is_err());
+                    self.board.forget(lost.map(|(c, _)| *c));
                 }
                 WorkerReply::Heartbeated(renewed)
             }
             WorkerRequest::Settle { settles } => {
                 let ids = settles.iter().map(|s| (s.0, s.1));
-                let reports = self.board.take(ids.clone());
-                let settled = store.txn_as("settle", |tx| {
-                    record_reports(tx, holder, &reports)?;
-                    core::job::settle_many(tx, holder, &settles, policy)
+                let settled = self.board.send(ids.clone(), |reports| {
+                    store.txn_as("settle", |tx| {
+                        record_reports(tx, holder, reports)?;
+                        core::job::settle_many(tx, holder, &settles, policy)
+                    })
                 });
-                match &settled {
+                if settled.is_ok() {
                     // Settled or lost: whatever came since goes nowhere.
-                    Ok(_) => self.board.forget(ids),
-                    Err(_) => self.board.put_back(reports),
+                    self.board.forget(ids);
                 }
                 WorkerReply::Settled(settled)
             }

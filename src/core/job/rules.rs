@@ -104,35 +104,38 @@ pub(super) fn load_fresh_as(
 ) -> Result<JobRecord> {
     let job = load(tx, id)?;
     let now_ms = tx.now_ms();
-    let stale = match (job.state, job.claim) {
-        (JobState::Running, Some(c)) => c.lease_until_ms <= now_ms,
-        (JobState::Scheduled, _) => job.run_at_ms <= now_ms,
+    let stale = match job.state {
         // A waiting job is as fresh as the jobs it waits for, and theirs:
         // one of them may have ended by time alone (its claim ran out),
         // which decides it once written. Each stale one's queue is
         // brought up to date (once), walking up without recursion.
-        (JobState::Waiting, _) if deep => {
+        JobState::Waiting if deep => {
             let mut refreshed: Vec<Arc<str>> = Vec::new();
             for parent in deps::ancestors(tx, &job)? {
-                let stale = match (parent.state, parent.claim) {
-                    (JobState::Running, Some(c)) => c.lease_until_ms <= now_ms,
-                    (JobState::Scheduled, _) => parent.run_at_ms <= now_ms,
-                    _ => false,
-                };
-                if stale && !refreshed.contains(&parent.queue) {
+                if stale_by_time(&parent, now_ms) && !refreshed.contains(&parent.queue) {
                     refresh(tx, &parent.queue, policy, 0)?;
                     refreshed.push(parent.queue);
                 }
             }
             return load(tx, id);
         }
-        _ => false,
+        _ => stale_by_time(&job, now_ms),
     };
     if !stale {
         return Ok(job);
     }
     refresh(tx, &job.queue, policy, 0)?;
     load(tx, id)
+}
+
+/// Whether time alone changed `job` since it was written (its claim ran
+/// out, or it fell due): its queue must be brought up to date to see it.
+fn stale_by_time(job: &JobRecord, now_ms: u64) -> bool {
+    match (job.state, job.claim) {
+        (JobState::Running, Some(c)) => c.lease_until_ms <= now_ms,
+        (JobState::Scheduled, _) => job.run_at_ms <= now_ms,
+        _ => false,
+    }
 }
 
 /// Add a job to `queue`, or return the live job with the same unique key.
