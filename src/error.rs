@@ -351,6 +351,16 @@ pub enum Error {
         /// The cause: the driver's error, or the store's own [`Cause`].
         source: Source,
     },
+    /// The store's contents were moved to another store by `leasehold
+    /// migrate`: this one is frozen (every transaction on it fails so),
+    /// and `to` names where they went. Permanent: point the store URL at
+    /// `to` (the command line exits 78).
+    #[error("this store was moved to {to} by `leasehold migrate`: use that store instead")]
+    Moved {
+        /// The store the contents went to (as it describes itself, without
+        /// a password).
+        to: String,
+    },
     /// Transient store errors persisted past the retry deadline.
     #[error("store still busy after retrying for {waited_ms} ms: {last}")]
     Busy {

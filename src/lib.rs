@@ -72,6 +72,7 @@ mod error;
 mod fork;
 #[cfg(feature = "serde")]
 mod json;
+pub mod migrate;
 mod observe;
 #[cfg(feature = "serde")]
 #[doc(hidden)]

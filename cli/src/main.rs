@@ -13,6 +13,7 @@ mod contain;
 mod defaults;
 mod elect;
 mod lock;
+mod migrate;
 mod out;
 mod presence;
 mod queue;
@@ -37,13 +38,16 @@ pub const EXIT_ERROR: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 const EXIT_HELD: u8 = 75;
 const EXIT_LOST: u8 = 76;
+/// The store was moved by `leasehold migrate` (the message names where).
+pub const EXIT_MOVED: u8 = 78;
 
 const AFTER_HELP: &str = "\
 Durations use the humantime grammar: 250ms, 1.5s, 30s, 5m, 1h30m, 2d.
 
 Exit codes: 0 ok, 1 error (the message names the cause), 2 usage, 74 stdout
 could not be written, 75 the lease is held by someone else, 76 the lease was
-lost while the command ran, 126 the command is not executable, 127 the
+lost while the command ran, 78 the store was moved by `leasehold migrate`
+(the message names the new one), 126 the command is not executable, 127 the
 command was not found; otherwise `run` exits with its command's status
 (128 + N when signal N killed it).
 
@@ -111,6 +115,8 @@ enum Cmd {
     Run(run::RunArgs),
     /// Campaign for leadership of a key; run a command while leader.
     Elect(elect::ElectArgs),
+    /// Move everything to another store (SQLite -> PostgreSQL, or back), live.
+    Migrate(migrate::MigrateArgs),
     /// Serve the web dashboard: queues, jobs, leases; retry, cancel, purge.
     #[cfg(not(loom))]
     Ui(ui::UiArgs),
@@ -189,6 +195,10 @@ impl From<Error> for Fail {
             Error::Held { key, .. } => Fail {
                 fields: vec![("key", key.as_str().into())],
                 ..Fail::new(EXIT_HELD, e.to_string())
+            },
+            Error::Moved { to } => Fail {
+                fields: vec![("moved_to", to.as_str().into())],
+                ..Fail::new(EXIT_MOVED, e.to_string())
             },
             Error::Invalid { field, reason } => Fail {
                 fields: vec![("flag", flag_of(*field).into())],
@@ -307,6 +317,7 @@ fn main() -> ExitCode {
         Cmd::Completions { shell } => generated(Some(shell)),
         Cmd::Man => generated(None),
         Cmd::Lock(cmd) => open_store(&store).and_then(|s| lock::lock(s, &policy, cmd)),
+        Cmd::Migrate(args) => migrate::run(&store, args),
         Cmd::Queue(cmd) => open_store(&store).and_then(|s| queue::queue(s, &policy, cmd)),
         #[cfg(not(loom))]
         Cmd::Ui(args) => open_store(&store).and_then(|s| ui::ui(s, &policy, args)),

@@ -40,7 +40,7 @@ fn py_err(py: Python<'_>, e: Error) -> PyErr {
         Error::Invalid { .. } => "InvalidInput",
         Error::Forked { .. } => "Forked",
         Error::NotFound(_) => "NotFound",
-        Error::Busy { .. } | Error::Store { .. } => "StoreError",
+        Error::Busy { .. } | Error::Store { .. } | Error::Moved { .. } => "StoreError",
         _ => "Error",
     };
     raise(py, class, e.to_string())

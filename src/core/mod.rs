@@ -83,6 +83,8 @@ pub use lease::{
     local_deadline_ms, DriftBound, Grant, LeaseInfo, LeasePage, LeaseRecord, LeaseSlot,
 };
 pub use schedule::{Missed, Rule, ScheduleRecord, ScheduleSpec};
+#[doc(hidden)]
+pub use txn::Exported;
 pub use txn::{JobQuery, JobTxn, Journal, Pending, Txn, Wake};
 
 use crate::error::Field;

@@ -167,6 +167,34 @@ pub trait Txn {
         let _ = (after, limit, out);
         Err(unlisted("leases"))
     }
+
+    /// Up to `limit` names of `what` after `after` (`""`: from the first),
+    /// ascending, appended to `out`: what `leasehold migrate` copies,
+    /// every one of them whatever its state.
+    #[doc(hidden)]
+    fn export_names(
+        &mut self,
+        what: Exported<'_>,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<String>,
+    ) -> Result<()> {
+        let _ = (what, after, limit, out);
+        Err(unlisted("everything it holds"))
+    }
+}
+
+/// The names [`Txn::export_names`] lists.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exported<'a> {
+    /// Every lease key with a record (held or not: its `last_token` is
+    /// kept for ever).
+    LeaseKeys,
+    /// Every queue with jobs, settings, schedules or rate buckets.
+    Queues,
+    /// The keys of the queue's rate buckets.
+    RateKeys(&'a str),
 }
 
 /// The answer of a store that does not implement a listing.
@@ -300,6 +328,14 @@ pub trait JobTxn {
     /// at or before `before_ms` and that wake nobody; how many went.
     /// Costs the buckets removed.
     fn forget_idle_rates(&mut self, queue: &str, before_ms: u64, limit: usize) -> Result<usize>;
+
+    /// Make every job id handed out from now on greater than `last` (a
+    /// migration copied jobs up to it).
+    #[doc(hidden)]
+    fn reserve_job_ids(&mut self, last: JobId) -> Result<()> {
+        let _ = last;
+        Err(unlisted("job ids"))
+    }
 
     /// Serialize this transaction with the others that change what runs in
     /// a limited `queue`: `exclusive` for a claim or a change of limits

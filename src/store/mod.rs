@@ -7,6 +7,7 @@
 pub(crate) mod boottime;
 pub(crate) mod doorbell;
 pub(crate) mod identity;
+pub(crate) mod marks;
 // The adapters' modules: their stores and options are re-exported here;
 // the rest (SQL, file encodings) is the project's own (`#[doc(hidden)]`,
 // no API promise), reachable for its tests.
@@ -35,6 +36,8 @@ pub use mem::MemStore;
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 pub use crate::core::Wake;
+#[doc(hidden)]
+pub use marks::Marks;
 
 /// Atomic transactions over lease and job records.
 ///
@@ -72,6 +75,28 @@ pub trait Store: Send + Sync {
     fn postgres_schema(&self) -> Option<&str> {
         None
     }
+
+    /// The store's migration marks ([`marks`](self::marks)), read even on
+    /// a moved store; a store that cannot be migrated says so.
+    #[doc(hidden)]
+    fn marks(&self) -> Result<Marks> {
+        Err(unmovable(&self.describe()))
+    }
+
+    /// Replace the store's migration marks.
+    #[doc(hidden)]
+    fn set_marks(&self, marks: &Marks) -> Result<()> {
+        let _ = marks;
+        Err(unmovable(&self.describe()))
+    }
+}
+
+/// The answer of a store `leasehold migrate` cannot move.
+fn unmovable(store: &str) -> crate::error::Error {
+    crate::error::Error::invalid(
+        Field::Store,
+        format!("{store}: `leasehold migrate` moves sqlite: and postgres:// stores only"),
+    )
 }
 
 /// Split `rest?a=b&c=d` into the path and its parameters.
@@ -116,9 +141,16 @@ fn unknown_param(scheme: &str, name: &str, known: &str) -> crate::error::Error {
 /// `file:DIR?durable=BOOL&allow_network_fs=BOOL`; PostgreSQL takes
 /// `schema`, `pool_size` and the driver's own parameters.
 pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
+    open_url_as(url, false)
+}
+
+/// [`open_url`] for `leasehold migrate`: with `ignore_marks`, the handle
+/// works on a store whatever its migration marks say ([`marks`](self::marks)).
+#[doc(hidden)]
+pub fn open_url_as(url: &str, ignore_marks: bool) -> Result<std::sync::Arc<dyn Store>> {
     use crate::error::Error;
     if let Some(rest) = url.strip_prefix("sqlite:") {
-        return open_sqlite_url(rest);
+        return open_sqlite_url(rest, ignore_marks);
     }
     if url == "mem:" {
         return Ok(std::sync::Arc::new(MemStore::new()));
@@ -128,9 +160,15 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(all(feature = "postgres", not(loom)))]
-        return Ok(std::sync::Arc::new(self::postgres::PostgresStore::open(
-            url,
-        )?));
+        return Ok(std::sync::Arc::new(
+            self::postgres::PostgresStore::open_with(
+                url,
+                self::postgres::PostgresOptions {
+                    ignore_marks,
+                    ..Default::default()
+                },
+            )?,
+        ));
         #[cfg(not(all(feature = "postgres", not(loom))))]
         return Err(Error::invalid(
             Field::Store,
@@ -146,7 +184,7 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
 
 /// `sqlite:PATH?params` (after the scheme).
 #[cfg(feature = "sqlite")]
-fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
+fn open_sqlite_url(rest: &str, ignore_marks: bool) -> Result<std::sync::Arc<dyn Store>> {
     use crate::error::Error;
     let (path, params) = url_params(rest);
     let path = path.strip_prefix("//").unwrap_or(path);
@@ -156,7 +194,10 @@ fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
             "sqlite: needs a path, as in sqlite:leasehold.db",
         ));
     }
-    let mut opts = sqlite::SqliteOptions::default();
+    let mut opts = sqlite::SqliteOptions {
+        ignore_marks,
+        ..Default::default()
+    };
     for (name, value) in params {
         match name {
             "synchronous" => {
@@ -196,7 +237,7 @@ fn open_sqlite_url(rest: &str) -> Result<std::sync::Arc<dyn Store>> {
 }
 
 #[cfg(not(feature = "sqlite"))]
-fn open_sqlite_url(_rest: &str) -> Result<std::sync::Arc<dyn Store>> {
+fn open_sqlite_url(_rest: &str, _ignore_marks: bool) -> Result<std::sync::Arc<dyn Store>> {
     Err(crate::error::Error::invalid(
         Field::Store,
         "this build has no sqlite feature",
@@ -523,6 +564,12 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn postgres_schema(&self) -> Option<&str> {
         (**self).postgres_schema()
     }
+    fn marks(&self) -> Result<Marks> {
+        (**self).marks()
+    }
+    fn set_marks(&self, marks: &Marks) -> Result<()> {
+        (**self).set_marks(marks)
+    }
 }
 
 /// The columns of a schedule row, as every database store keeps them.
@@ -561,4 +608,34 @@ pub(crate) fn schedule_of_row(
         missed: Missed::parse(missed).map_err(bad)?,
         next_ms: u64_of(next_at),
     })
+}
+
+/// The SQL of [`Txn::export_names`](crate::core::Txn::export_names) over a
+/// database store's tables, `{s}` their schema prefix (`""` or
+/// `"schema".`), for SQLite or PostgreSQL: parameters `$1` the name after which to start, `$2` the
+/// limit, `$3` the queue of rate keys.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) fn export_sql(what: crate::core::Exported<'_>, s: &str, sqlite: bool) -> String {
+    use crate::core::Exported;
+    let sql = match what {
+        Exported::LeaseKeys => {
+            format!("SELECT key FROM {s}leases WHERE key > $1 ORDER BY key LIMIT $2")
+        }
+        // A migration's read of a frozen store: the scan of every table
+        // is paid once.
+        Exported::Queues => format!(
+            "SELECT queue FROM (SELECT queue FROM {s}jobs UNION SELECT queue FROM {s}queues
+               UNION SELECT queue FROM {s}schedules UNION SELECT queue FROM {s}rates) q
+             WHERE queue > $1 ORDER BY queue LIMIT $2"
+        ),
+        Exported::RateKeys(_) => {
+            format!("SELECT key FROM {s}rates WHERE queue = $3 AND key > $1 ORDER BY key LIMIT $2")
+        }
+    };
+    // SQLite numbers its parameters `?N`.
+    if sqlite {
+        sql.replace('$', "?")
+    } else {
+        sql
+    }
 }

@@ -36,6 +36,10 @@ impl JobTxn for PgTxn<'_> {
         Ok(JobId(u64_of(row.get(0))))
     }
 
+    fn reserve_job_ids(&mut self, last: JobId) -> Result<()> {
+        listing::reserve_job_ids(&mut self.conn.client, self.schema, last.0)
+    }
+
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
         if let Some(c) = self.jobs.get(&id) {
             return Ok(Some(c.record.clone()));

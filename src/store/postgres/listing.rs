@@ -340,6 +340,45 @@ pub(super) fn finished_histogram(
     Ok(())
 }
 
+/// [`crate::core::Txn::export_names`] on PostgreSQL.
+pub(super) fn export_names(
+    client: &mut Client,
+    schema: &str,
+    what: crate::core::Exported<'_>,
+    after: &str,
+    limit: usize,
+    out: &mut Vec<String>,
+) -> Result<()> {
+    let fail = |e| pg_err("listing what a migration copies", e, Stage::Work);
+    let sql = crate::store::export_sql(what, &format!("{schema}."), false);
+    let limit = sat(limit as u64);
+    let rows = match what {
+        crate::core::Exported::RateKeys(queue) => client.query(&sql, &[&after, &limit, &queue]),
+        _ => client.query(&sql, &[&after, &limit]),
+    }
+    .map_err(fail)?;
+    for row in rows {
+        out.push(row.try_get(0).map_err(fail)?);
+    }
+    Ok(())
+}
+
+/// [`crate::core::JobTxn::reserve_job_ids`] on PostgreSQL: the id
+/// sequence moved above `last` (never back).
+pub(super) fn reserve_job_ids(client: &mut Client, schema: &str, last: u64) -> Result<()> {
+    if last == 0 {
+        return Ok(());
+    }
+    let sql = format!(
+        "SELECT setval('{schema}.job_ids', greatest($1,
+           (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {schema}.job_ids)))"
+    );
+    client
+        .execute(&sql, &[&sat(last)])
+        .map(|_| ())
+        .map_err(|e| pg_err("reserving job ids", e, Stage::Work))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

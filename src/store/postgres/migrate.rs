@@ -269,3 +269,83 @@ fn current_version(tx: &mut Transaction<'_>, to: &Target<'_>) -> Result<i64> {
         Ok(0)
     }
 }
+
+/// What every transaction reads from `leasehold_meta` at BEGIN: the
+/// migration marks ([`crate::store::marks`]) and the token floor (see
+/// `failover`), as `name=value` lines.
+#[derive(Debug, Default)]
+pub(super) struct Meta {
+    pub marks: crate::store::Marks,
+}
+
+impl Meta {
+    /// The lines of [`meta_read`]'s column (none: no marks, no floor).
+    pub fn parse(column: Option<&str>) -> Meta {
+        let mut meta = Meta::default();
+        for line in column.unwrap_or("").lines() {
+            if let Some((name, value)) = line.split_once('=') {
+                meta.marks.set(name, value.to_owned());
+            }
+        }
+        meta
+    }
+}
+
+/// The subquery [`Meta::parse`] reads (one index probe per name).
+pub(super) fn meta_read(quoted: &str) -> String {
+    use crate::store::marks::{MOVED_TO, MOVING_FROM};
+    format!(
+        "(SELECT string_agg(name || '=' || value, chr(10)) FROM {quoted}.leasehold_meta
+          WHERE name IN ('{MOVED_TO}', '{MOVING_FROM}'))"
+    )
+}
+
+/// The statement taking the lock of the schema's marks: shared by every
+/// transaction of an ordinary handle (from BEGIN to its end), exclusive
+/// while marks are written.
+pub(super) fn mark_lock(name: &str, exclusive: bool) -> String {
+    let kind = if exclusive { "" } else { "_shared" };
+    format!(
+        "SELECT pg_advisory_xact_lock{kind}({}, hashtext('{name}'))",
+        ADVISORY_CLASS + 1
+    )
+}
+
+/// The schema's migration marks.
+pub(super) fn read_marks(client: &mut Client, to: &Target<'_>) -> Result<crate::store::Marks> {
+    let row = client
+        .query_one(&format!("SELECT {}", meta_read(to.quoted)), &[])
+        .map_err(|e| to.fail(e))?;
+    Ok(Meta::parse(row.get::<_, Option<&str>>(0)).marks)
+}
+
+/// Replace the schema's migration marks, in one transaction.
+pub(super) fn write_marks(
+    client: &mut Client,
+    to: &Target<'_>,
+    marks: &crate::store::Marks,
+) -> Result<()> {
+    let mut tx = client.transaction().map_err(|e| to.fail(e))?;
+    // Waits for the transactions that began before, and holds back those
+    // that begin now until the marks are committed.
+    tx.batch_execute(&mark_lock(to.name, true))
+        .map_err(|e| to.fail(e))?;
+    for (name, value) in marks.entries() {
+        match value {
+            Some(v) => tx.execute(
+                &format!(
+                    "INSERT INTO {}.leasehold_meta (name, value) VALUES ($1, $2)
+                     ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    to.quoted
+                ),
+                &[&name, &v],
+            ),
+            None => tx.execute(
+                &format!("DELETE FROM {}.leasehold_meta WHERE name = $1", to.quoted),
+                &[&name],
+            ),
+        }
+        .map_err(|e| to.fail(e))?;
+    }
+    tx.commit().map_err(|e| to.fail(e))
+}

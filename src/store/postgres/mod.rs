@@ -122,6 +122,10 @@ pub struct PostgresOptions {
     /// Replaces the database clock (tests use a manual clock for exact
     /// boundaries). `None`: `clock_timestamp()` of the server.
     pub clock: Option<Arc<dyn Clock>>,
+    /// Work on the schema whatever its migration marks say (the handles
+    /// of `leasehold migrate`).
+    #[doc(hidden)]
+    pub ignore_marks: bool,
 }
 
 impl Default for PostgresOptions {
@@ -133,6 +137,7 @@ impl Default for PostgresOptions {
             lock_timeout: Duration::from_secs(2),
             idle_in_transaction_timeout: Duration::from_secs(10),
             clock: None,
+            ignore_marks: false,
         }
     }
 }
@@ -231,6 +236,10 @@ pub struct PostgresStore {
     pool: Pool,
     /// The notification channel of the schema.
     channel: String,
+    /// The subquery reading the marks at BEGIN.
+    meta_read: String,
+    /// The shared lock taken before reading them.
+    mark_lock: String,
     opts: PostgresOptions,
     fork: ForkGuard,
     /// Highest store time this handle handed out.
@@ -331,6 +340,8 @@ impl PostgresStore {
         });
         let store = PostgresStore {
             channel: migrate::channel(&opts.schema),
+            meta_read: migrate::meta_read(&pool.cfg.schema),
+            mark_lock: migrate::mark_lock(&opts.schema, false),
             pool,
             opts,
             fork: ForkGuard::new(),
@@ -344,9 +355,23 @@ impl PostgresStore {
             shown: &store.pool.cfg.shown,
         };
         migrate::migrate(&mut client, &target)?;
+        if !store.opts.ignore_marks {
+            if let Some(to) = migrate::read_marks(&mut client, &target)?.moved_to {
+                return Err(Error::Moved { to });
+            }
+        }
         listing::ensure_indexes(&mut client, target.quoted, target.shown)?;
         store.pool.adopt(store.pool.prepare(client)?);
         Ok(store)
+    }
+
+    /// The schema, as migrations name it.
+    fn target(&self) -> migrate::Target<'_> {
+        migrate::Target {
+            name: &self.opts.schema,
+            quoted: &self.pool.cfg.schema,
+            shown: &self.pool.cfg.shown,
+        }
     }
 
     /// The schema's name (unquoted).
@@ -354,7 +379,8 @@ impl PostgresStore {
         &self.opts.schema
     }
 
-    /// BEGIN and read the clock in one round trip.
+    /// BEGIN, and read the clock and the schema's marks
+    /// ([`crate::store::marks`]), in one round trip.
     fn begin(&self, conn: &mut Conn) -> Result<u64> {
         let fail = |e: postgres::Error| {
             pg_err(
@@ -363,30 +389,42 @@ impl PostgresStore {
                 Stage::Work,
             )
         };
+        let clock = match &self.opts.clock {
+            Some(_) => "NULL::int8",
+            None => "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
+        };
+        // The marks are read after the shared lock a migration's cut-over
+        // takes exclusively: a transaction either ends before the mark is
+        // written or sees it (its own statement, so its own snapshot).
+        let sql = if self.opts.ignore_marks {
+            format!("BEGIN; SELECT {clock}, NULL")
+        } else {
+            format!(
+                "BEGIN; {}; SELECT {clock}, {}",
+                self.mark_lock, self.meta_read
+            )
+        };
+        let msgs = conn.client.simple_query(&sql).map_err(fail)?;
+        // The last statement's row (the lock's comes first).
+        let row = msgs.iter().rev().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.len() == 2 => Some(r),
+            _ => None,
+        });
+        let meta = migrate::Meta::parse(row.and_then(|r| r.get(1)));
+        if !self.opts.ignore_marks {
+            meta.marks.check(&self.pool.cfg.shown)?;
+        }
         let now = match &self.opts.clock {
-            Some(clock) => {
-                conn.client.batch_execute("BEGIN").map_err(fail)?;
-                clock.now_ms()
-            }
-            None => {
-                let msgs = conn
-                    .client
-                    .simple_query(
-                        "BEGIN; SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
+            Some(clock) => clock.now_ms(),
+            None => row
+                .and_then(|r| r.get(0))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    Error::store(
+                        format!("reading the clock of {}", self.pool.cfg.shown),
+                        "clock_timestamp() returned no usable value",
                     )
-                    .map_err(fail)?;
-                msgs.iter()
-                    .find_map(|m| match m {
-                        SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<u64>().ok()),
-                        _ => None,
-                    })
-                    .ok_or_else(|| {
-                        Error::store(
-                            format!("reading the clock of {}", self.pool.cfg.shown),
-                            "clock_timestamp() returned no usable value",
-                        )
-                    })?
-            }
+                })?,
         };
         let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
         Ok(now.max(prev))
@@ -473,6 +511,18 @@ impl Store for PostgresStore {
 
     fn postgres_schema(&self) -> Option<&str> {
         Some(&self.pool.cfg.schema)
+    }
+
+    fn marks(&self) -> Result<crate::store::Marks> {
+        self.fork.check()?;
+        let mut client = self.pool.connect_raw()?;
+        migrate::read_marks(&mut client, &self.target())
+    }
+
+    fn set_marks(&self, marks: &crate::store::Marks) -> Result<()> {
+        self.fork.check()?;
+        let mut client = self.pool.connect_raw()?;
+        migrate::write_marks(&mut client, &self.target(), marks)
     }
 
     /// The listener (and its connection) starts with the first wait, so a

@@ -311,4 +311,14 @@ impl Txn for PgTxn<'_> {
         }
         Ok(())
     }
+
+    fn export_names(
+        &mut self,
+        what: crate::core::Exported<'_>,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<String>,
+    ) -> Result<()> {
+        listing::export_names(&mut self.conn.client, self.schema, what, after, limit, out)
+    }
 }

@@ -82,6 +82,9 @@ pub(super) struct SqlConn {
     /// The database, for messages.
     pub shown: String,
     pub busy_timeout: Duration,
+    /// Refuse transactions on a database that migration marks say is
+    /// moved or being filled ([`crate::store::marks`]).
+    pub check_marks: bool,
 }
 
 impl GroupConn for SqlConn {
@@ -92,7 +95,17 @@ impl GroupConn for SqlConn {
             let _ = exec_cached(&self.conn, "ROLLBACK");
         }
         exec_cached(&self.conn, "BEGIN IMMEDIATE")
-            .map_err(|e| sql_err(|| format!("beginning a transaction on {}", self.shown), e))
+            .map_err(|e| sql_err(|| format!("beginning a transaction on {}", self.shown), e))?;
+        if self.check_marks {
+            // One indexed read per group: no row in a database never moved.
+            let marked = super::schema::read_marks(&self.conn, &self.shown)
+                .and_then(|marks| marks.check(&self.shown));
+            if let Err(e) = marked {
+                let _ = exec_cached(&self.conn, "ROLLBACK");
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     fn savepoint(&mut self) -> Result<()> {

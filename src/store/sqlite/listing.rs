@@ -256,6 +256,40 @@ pub(super) fn finished_histogram(
     Ok(())
 }
 
+/// [`crate::core::Txn::export_names`] on SQLite.
+pub(super) fn export_names(
+    conn: &Connection,
+    what: crate::core::Exported<'_>,
+    after: &str,
+    limit: usize,
+    out: &mut Vec<String>,
+) -> Result<()> {
+    let fail = |e| sql_err(|| "listing what a migration copies".to_owned(), e);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let sql = crate::store::export_sql(what, "", true);
+    let mut stmt = conn.prepare_cached(&sql).map_err(fail)?;
+    let mut rows = match what {
+        crate::core::Exported::RateKeys(queue) => stmt.query(params![after, limit, queue]),
+        _ => stmt.query(params![after, limit]),
+    }
+    .map_err(fail)?;
+    while let Some(row) = rows.next().map_err(fail)? {
+        out.push(row.get(0).map_err(fail)?);
+    }
+    Ok(())
+}
+
+/// [`crate::core::JobTxn::reserve_job_ids`] on SQLite.
+pub(super) fn reserve_job_ids(conn: &Connection, last: u64) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE leasehold_meta SET value = CAST(max(CAST(value AS INTEGER), ?1) AS TEXT)
+         WHERE name = 'last_job_id'",
+    )
+    .and_then(|mut s| s.execute([i64::try_from(last).unwrap_or(i64::MAX)]))
+    .map(|_| ())
+    .map_err(|e| sql_err(|| "reserving job ids".to_owned(), e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

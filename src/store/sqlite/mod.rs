@@ -113,6 +113,10 @@ pub struct SqliteOptions {
     /// of asking the kernel (tests inject a network filesystem's).
     #[doc(hidden)]
     pub statfs_magic: Option<i64>,
+    /// Work on the database whatever its migration marks say (the
+    /// handles of `leasehold migrate`).
+    #[doc(hidden)]
+    pub ignore_marks: bool,
 }
 
 impl Default for SqliteOptions {
@@ -124,6 +128,7 @@ impl Default for SqliteOptions {
             clock: None,
             boot_id: None,
             statfs_magic: None,
+            ignore_marks: false,
         }
     }
 }
@@ -290,10 +295,18 @@ impl SqliteStore {
         let clock: Arc<dyn Clock> = opts.clock.unwrap_or_else(|| Arc::new(BootClock));
         let boot = current_boot(opts.boot_id);
         let clock = schema::open_clock(&conn, clock, &boot, &shown)?;
+        if !opts.ignore_marks {
+            // A moved database is refused at once (a copy in progress
+            // only fails transactions: it ends by itself).
+            if let Some(to) = schema::read_marks(&conn, &shown)?.moved_to {
+                return Err(Error::Moved { to });
+            }
+        }
         let conn = SqlConn {
             conn,
             shown,
             busy_timeout: opts.busy_timeout,
+            check_marks: !opts.ignore_marks,
         };
         let bell = Bell::at(&wake_path(&path));
         let identity = Identity::of(&path, "database file")?;
@@ -317,6 +330,16 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A connection beside the group's, for the rare reads and writes of
+    /// migration marks.
+    fn side_connection(&self) -> Result<Connection> {
+        let conn = Connection::open(&self.path)
+            .map_err(|e| conn::sql_err(|| format!("opening {}", self.path.display()), e))?;
+        conn.busy_timeout(Duration::from_secs(30))
+            .map_err(|e| conn::sql_err(|| format!("opening {}", self.path.display()), e))?;
+        Ok(conn)
     }
 
     /// Run one member's closure on the open transaction: its own SqlTxn,
@@ -396,5 +419,19 @@ impl Store for SqliteStore {
 
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
         self.bell.wait(wake, epoch, timeout)
+    }
+
+    /// Read on a connection of its own (marks are read and written
+    /// rarely; the group's connection may be inside a transaction).
+    fn marks(&self) -> Result<crate::store::Marks> {
+        self.fork.check()?;
+        let shown = self.path.display().to_string();
+        schema::read_marks(&self.side_connection()?, &shown)
+    }
+
+    fn set_marks(&self, marks: &crate::store::Marks) -> Result<()> {
+        self.fork.check()?;
+        let shown = self.path.display().to_string();
+        schema::write_marks(&self.side_connection()?, &shown, marks)
     }
 }

@@ -292,3 +292,49 @@ pub(super) fn write_high_water(conn: &Connection, now_ms: u64) -> Result<()> {
     .map(|_| ())
     .map_err(|e| sql_err(|| "recording the clock".to_owned(), e))
 }
+
+/// The migration marks kept in `leasehold_meta` ([`crate::store::marks`]).
+pub(super) fn read_marks(conn: &Connection, shown: &str) -> Result<crate::store::Marks> {
+    use crate::store::marks::{MOVED_TO, MOVING_FROM};
+    let mut marks = crate::store::Marks::default();
+    let read = || -> rusqlite::Result<Vec<(String, String)>> {
+        let mut stmt =
+            conn.prepare_cached("SELECT name, value FROM leasehold_meta WHERE name IN (?1, ?2)")?;
+        let rows = stmt.query_map([MOVED_TO, MOVING_FROM], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect()
+    };
+    let rows =
+        read().map_err(|e| sql_err(|| format!("reading the migration marks of {shown}"), e))?;
+    for (name, value) in rows {
+        marks.set(&name, value);
+    }
+    Ok(marks)
+}
+
+/// Replace the migration marks, in one transaction.
+pub(super) fn write_marks(
+    conn: &Connection,
+    shown: &str,
+    marks: &crate::store::Marks,
+) -> Result<()> {
+    let ctx = || format!("writing the migration marks of {shown}");
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| sql_err(ctx, e))?;
+    let result = (|| -> rusqlite::Result<()> {
+        for (name, value) in marks.entries() {
+            match value {
+                Some(v) => conn.execute(
+                    "INSERT INTO leasehold_meta (name, value) VALUES (?1, ?2)
+                     ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                    params![name, v],
+                )?,
+                None => conn.execute("DELETE FROM leasehold_meta WHERE name = ?1", [name])?,
+            };
+        }
+        Ok(())
+    })();
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn.execute_batch(end);
+    result.map_err(|e| sql_err(ctx, e))?;
+    ended.map_err(|e| sql_err(ctx, e))
+}

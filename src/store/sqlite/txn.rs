@@ -265,6 +265,16 @@ impl Txn for SqlTxn<'_> {
         }
         Ok(())
     }
+
+    fn export_names(
+        &mut self,
+        what: crate::core::Exported<'_>,
+        after: &str,
+        limit: usize,
+        out: &mut Vec<String>,
+    ) -> Result<()> {
+        listing::export_names(self.conn, what, after, limit, out)
+    }
 }
 
 impl SqlTxn<'_> {
@@ -354,6 +364,10 @@ impl JobTxn for SqlTxn<'_> {
         id.parse::<u64>()
             .map(JobId)
             .map_err(|_| Error::store("allocating a job id", format!("corrupt counter {id:?}")))
+    }
+
+    fn reserve_job_ids(&mut self, last: JobId) -> Result<()> {
+        listing::reserve_job_ids(self.conn, last.0)
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
