@@ -146,6 +146,23 @@ fn lost(key: &str, token: u64, reason: LostReason) -> Error {
     }
 }
 
+/// Low bits of a token that count grants within one generation of a
+/// store's history; a promotion starts the next generation (see
+/// [`promoted_floor`]).
+pub const GENERATION_SHIFT: u32 = 44;
+
+/// The token floor ([`Txn::token_floor`]) of a store whose history may
+/// have gone back (a standby promoted after asynchronous replication,
+/// which can lose the last grants of the old primary): the start of the
+/// next generation. Every token the old history granted is below it, as
+/// long as no key or job was granted 2^44 (about 1.8e13) tokens in one
+/// generation, which at 100,000 grants a second of one key takes 5.5
+/// years. Saturates at the last generation.
+pub fn promoted_floor(floor: u64) -> u64 {
+    let last = u64::MAX >> GENERATION_SHIFT;
+    ((floor >> GENERATION_SHIFT) + 1).min(last) << GENERATION_SHIFT
+}
+
 /// Try to acquire `key` for `holder` for `ttl_ms`, allowing up to `limit`
 /// holders at once. A holder that already holds the key gets its slot
 /// extended (never shortened) with the same token (no self-deadlock, and a
@@ -165,6 +182,7 @@ pub fn acquire(
     check_key(Field::Key, key)?;
     check_limit(limit)?;
     let now_ms = tx.now_ms();
+    let floor = tx.token_floor();
     let expires_at_ms = expiry_ms(Field::Ttl, now_ms, ttl_ms)?;
     let rec = tx
         .lease_mut(key, true)?
@@ -195,8 +213,11 @@ pub fn acquire(
             holders: rec.live_infos(now_ms),
         });
     }
+    // Above the key's last token and the store's floor (a store whose
+    // history went back may have granted tokens it no longer records).
     let token = rec
         .last_token
+        .max(floor)
         .checked_add(1)
         .ok_or_else(|| Error::store(format!("acquiring {key:?}"), "token counter exhausted"))?;
     let expired = prune(rec, now_ms);

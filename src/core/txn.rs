@@ -151,6 +151,14 @@ pub trait Txn {
     /// keeps no jobs (the one place a leases-only store refuses them).
     fn jobs(&mut self) -> Result<&mut dyn JobTxn>;
 
+    /// Every token granted from now on is above this: a store whose
+    /// history may have lost grants (a PostgreSQL standby promoted after
+    /// asynchronous replication) raises it above every token it could have
+    /// granted before. 0 for the others (the default).
+    fn token_floor(&self) -> u64 {
+        0
+    }
+
     /// Up to `limit` lease records that have at least one holder slot
     /// (live, or expired and not pruned yet: the store does not judge),
     /// with keys after `after` (`""`: from the first), in ascending key
@@ -209,6 +217,11 @@ pub trait JobTxn {
 
     /// See [`Txn::journal`].
     fn journal(&mut self) -> &mut Journal;
+
+    /// See [`Txn::token_floor`].
+    fn token_floor(&self) -> u64 {
+        0
+    }
 
     /// A fresh job id, greater than every id handed out before.
     fn next_job_id(&mut self) -> Result<JobId>;

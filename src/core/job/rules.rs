@@ -405,12 +405,17 @@ pub(super) fn start(
     holder: HolderId,
     lease_until_ms: u64,
 ) -> Result<()> {
-    let token = job.last_token.checked_add(1).ok_or_else(|| {
-        Error::store(
-            format!("claiming job {}", job.id),
-            "token counter exhausted",
-        )
-    })?;
+    // Above the job's last token and the store's floor (see `lease`).
+    let token = job
+        .last_token
+        .max(tx.token_floor())
+        .checked_add(1)
+        .ok_or_else(|| {
+            Error::store(
+                format!("claiming job {}", job.id),
+                "token counter exhausted",
+            )
+        })?;
     let now_ms = tx.now_ms();
     // A run-time limit counts from the claim; the lease never passes it.
     let deadline_ms = job.timeout_ms.map(|t| now_ms.saturating_add(t));

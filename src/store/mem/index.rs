@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// Per-queue indexes, kept in step with every `put_job`/`delete_job`.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct QueueIndex {
     /// Ready jobs not parked, in claim order (what a claim reads).
     pub(super) claimable: BTreeSet<ClaimRank>,

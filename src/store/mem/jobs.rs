@@ -15,6 +15,10 @@ impl JobTxn for MemTxn<'_> {
         self.now_ms
     }
 
+    fn token_floor(&self) -> u64 {
+        self.st.token_floor
+    }
+
     fn journal(&mut self) -> &mut Journal {
         &mut self.journal
     }

@@ -46,6 +46,8 @@ type ScheduleKey = (Arc<str>, Arc<str>);
 #[derive(Debug, Default)]
 struct MemState {
     last_now_ms: u64,
+    /// Every token granted is above it ([`Txn::token_floor`]).
+    token_floor: u64,
     /// Each value keeps its own key, so one lookup yields both the record
     /// and the key the undo log needs.
     leases: HashMap<Arc<str>, (Arc<str>, LeaseRecord)>,
@@ -180,6 +182,45 @@ impl MemStore {
     }
 }
 
+impl MemStore {
+    /// A copy of the store as an asynchronous standby would hold it at
+    /// this instant (its records, none of its waiters), for model tests
+    /// of failover: what the copy grants after [`MemStore::promote`]
+    /// must never repeat a token this store granted after the copy.
+    #[doc(hidden)]
+    pub fn standby_copy(&self) -> MemStore {
+        let st = lock(&self.state);
+        let copy = MemState {
+            last_now_ms: st.last_now_ms,
+            token_floor: st.token_floor,
+            leases: st.leases.clone(),
+            jobs: st.jobs.clone(),
+            queues: st.queues.clone(),
+            last_job_id: st.last_job_id,
+            schedules: st.schedules.clone(),
+            configs: st.configs.clone(),
+            rates: st.rates.clone(),
+            deps: st.deps.clone(),
+            ..MemState::default()
+        };
+        MemStore {
+            state: Mutex::new(copy),
+            changed: Condvar::new(),
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// This store becomes the primary after a failover whose replication
+    /// may have lost grants: its token floor moves to the next generation
+    /// ([`crate::core::lease::promoted_floor`]), as PostgreSQL's does on a
+    /// new timeline.
+    #[doc(hidden)]
+    pub fn promote(&self) {
+        let mut st = lock(&self.state);
+        st.token_floor = crate::core::lease::promoted_floor(st.token_floor);
+    }
+}
+
 impl Default for MemStore {
     fn default() -> Self {
         Self::new()
@@ -196,6 +237,10 @@ struct MemTxn<'a> {
 impl Txn for MemTxn<'_> {
     fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+
+    fn token_floor(&self) -> u64 {
+        self.st.token_floor
     }
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {

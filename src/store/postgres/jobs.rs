@@ -36,6 +36,10 @@ impl JobTxn for PgTxn<'_> {
         Ok(JobId(u64_of(row.get(0))))
     }
 
+    fn token_floor(&self) -> u64 {
+        self.token_floor
+    }
+
     fn reserve_job_ids(&mut self, last: JobId) -> Result<()> {
         listing::reserve_job_ids(&mut self.conn.client, self.schema, last.0)
     }

@@ -276,7 +276,15 @@ fn current_version(tx: &mut Transaction<'_>, to: &Target<'_>) -> Result<i64> {
 #[derive(Debug, Default)]
 pub(super) struct Meta {
     pub marks: crate::store::Marks,
+    /// Every token granted is above it (the failover fence).
+    pub token_floor: u64,
+    /// The server timeline the floor was last set for.
+    pub timeline: Option<String>,
 }
+
+/// The meta names of the failover fence.
+pub(super) const TOKEN_FLOOR: &str = "token_floor";
+pub(super) const TIMELINE: &str = "timeline";
 
 impl Meta {
     /// The lines of [`meta_read`]'s column (none: no marks, no floor).
@@ -284,7 +292,12 @@ impl Meta {
         let mut meta = Meta::default();
         for line in column.unwrap_or("").lines() {
             if let Some((name, value)) = line.split_once('=') {
-                meta.marks.set(name, value.to_owned());
+                match name {
+                    // Never written unparsable: the highest floor if so.
+                    TOKEN_FLOOR => meta.token_floor = value.parse().unwrap_or(u64::MAX),
+                    TIMELINE => meta.timeline = Some(value.to_owned()),
+                    _ => meta.marks.set(name, value.to_owned()),
+                }
             }
         }
         meta
@@ -296,9 +309,14 @@ pub(super) fn meta_read(quoted: &str) -> String {
     use crate::store::marks::{MOVED_TO, MOVING_FROM};
     format!(
         "(SELECT string_agg(name || '=' || value, chr(10)) FROM {quoted}.leasehold_meta
-          WHERE name IN ('{MOVED_TO}', '{MOVING_FROM}'))"
+          WHERE name IN ('{MOVED_TO}', '{MOVING_FROM}', '{TOKEN_FLOOR}', '{TIMELINE}'))"
     )
 }
+
+/// The server's timeline (8 hex digits; a promotion starts a new one), or
+/// NULL on a standby.
+pub(super) const TIMELINE_READ: &str = "CASE WHEN pg_is_in_recovery() THEN NULL
+     ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
 
 /// The statement taking the lock of the schema's marks: shared by every
 /// transaction of an ordinary handle (from BEGIN to its end), exclusive
@@ -317,6 +335,40 @@ pub(super) fn read_marks(client: &mut Client, to: &Target<'_>) -> Result<crate::
         .query_one(&format!("SELECT {}", meta_read(to.quoted)), &[])
         .map_err(|e| to.fail(e))?;
     Ok(Meta::parse(row.get::<_, Option<&str>>(0)).marks)
+}
+
+/// Set the failover fence for the server's `timeline`: recorded as is
+/// the first time, and on a new timeline (a promoted standby) the token
+/// floor moves to the next generation
+/// ([`crate::core::lease::promoted_floor`]), in one transaction under the
+/// lock every transaction shares. Returns the floor.
+pub(super) fn fence(client: &mut Client, to: &Target<'_>, timeline: &str) -> Result<u64> {
+    let mut tx = client.transaction().map_err(|e| to.fail(e))?;
+    tx.batch_execute(&mark_lock(to.name, true))
+        .map_err(|e| to.fail(e))?;
+    let row = tx
+        .query_one(&format!("SELECT {}", meta_read(to.quoted)), &[])
+        .map_err(|e| to.fail(e))?;
+    let meta = Meta::parse(row.get::<_, Option<&str>>(0));
+    let floor = match meta.timeline.as_deref() {
+        Some(seen) if seen == timeline => return Ok(meta.token_floor),
+        // A schema never fenced: its first timeline, its floor as it is.
+        None => meta.token_floor,
+        Some(_) => crate::core::lease::promoted_floor(meta.token_floor),
+    };
+    let put = format!(
+        "INSERT INTO {}.leasehold_meta (name, value) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        to.quoted
+    );
+    for (name, value) in [
+        (TOKEN_FLOOR, floor.to_string()),
+        (TIMELINE, timeline.to_owned()),
+    ] {
+        tx.execute(&put, &[&name, &value]).map_err(|e| to.fail(e))?;
+    }
+    tx.commit().map_err(|e| to.fail(e))?;
+    Ok(floor)
 }
 
 /// Replace the schema's migration marks, in one transaction.

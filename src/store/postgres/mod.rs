@@ -379,9 +379,16 @@ impl PostgresStore {
         &self.opts.schema
     }
 
-    /// BEGIN, and read the clock and the schema's marks
-    /// ([`crate::store::marks`]), in one round trip.
-    fn begin(&self, conn: &mut Conn) -> Result<u64> {
+    /// BEGIN, and read the clock, the schema's marks
+    /// ([`crate::store::marks`]), its token floor and the server's
+    /// timeline, in one round trip; (store time, token floor).
+    ///
+    /// The failover fence: the floor was set for one server timeline. A
+    /// transaction that finds another (a standby promoted since, whose
+    /// history may lack the last grants of the old primary) sets the
+    /// fence first ([`migrate::fence`]: the next generation of tokens),
+    /// then begins again; so no grant on a promoted server precedes it.
+    fn begin(&self, conn: &mut Conn) -> Result<(u64, u64)> {
         let fail = |e: postgres::Error| {
             pg_err(
                 format!("beginning a transaction on {}", self.pool.cfg.shown),
@@ -397,46 +404,68 @@ impl PostgresStore {
         // takes exclusively: a transaction either ends before the mark is
         // written or sees it (its own statement, so its own snapshot).
         let sql = if self.opts.ignore_marks {
-            format!("BEGIN; SELECT {clock}, NULL")
+            format!("BEGIN; SELECT {clock}, {}, NULL", self.meta_read)
         } else {
             format!(
-                "BEGIN; {}; SELECT {clock}, {}",
-                self.mark_lock, self.meta_read
+                "BEGIN; {}; SELECT {clock}, {}, {}",
+                self.mark_lock,
+                self.meta_read,
+                migrate::TIMELINE_READ
             )
         };
-        let msgs = conn.client.simple_query(&sql).map_err(fail)?;
-        // The last statement's row (the lock's comes first).
-        let row = msgs.iter().rev().find_map(|m| match m {
-            SimpleQueryMessage::Row(r) if r.len() == 2 => Some(r),
-            _ => None,
-        });
-        let meta = migrate::Meta::parse(row.and_then(|r| r.get(1)));
-        if !self.opts.ignore_marks {
-            meta.marks.check(&self.pool.cfg.shown)?;
+        for fenced in [false, true] {
+            let msgs = conn.client.simple_query(&sql).map_err(fail)?;
+            // The last statement's row (the lock's comes first).
+            let row = msgs.iter().rev().find_map(|m| match m {
+                SimpleQueryMessage::Row(r) if r.len() == 3 => Some(r),
+                _ => None,
+            });
+            let meta = migrate::Meta::parse(row.and_then(|r| r.get(1)));
+            if !self.opts.ignore_marks {
+                meta.marks.check(&self.pool.cfg.shown)?;
+                let Some(timeline) = row.and_then(|r| r.get(2)) else {
+                    return Err(Error::transient(
+                        format!("beginning a transaction on {}", self.pool.cfg.shown),
+                        "the server is a standby (in recovery): no writes until it is promoted \
+                         (list every host, with target_session_attrs=read-write)",
+                    ));
+                };
+                if meta.timeline.as_deref() != Some(timeline) && !fenced {
+                    let timeline = timeline.to_owned();
+                    let _ = conn.client.batch_execute("ROLLBACK");
+                    migrate::fence(&mut conn.client, &self.target(), &timeline)?;
+                    continue;
+                }
+            }
+            let now = match &self.opts.clock {
+                Some(clock) => clock.now_ms(),
+                None => row
+                    .and_then(|r| r.get(0))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        Error::store(
+                            format!("reading the clock of {}", self.pool.cfg.shown),
+                            "clock_timestamp() returned no usable value",
+                        )
+                    })?,
+            };
+            let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
+            return Ok((now.max(prev), meta.token_floor));
         }
-        let now = match &self.opts.clock {
-            Some(clock) => clock.now_ms(),
-            None => row
-                .and_then(|r| r.get(0))
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or_else(|| {
-                    Error::store(
-                        format!("reading the clock of {}", self.pool.cfg.shown),
-                        "clock_timestamp() returned no usable value",
-                    )
-                })?,
-        };
-        let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
-        Ok(now.max(prev))
+        Err(Error::transient(
+            format!("beginning a transaction on {}", self.pool.cfg.shown),
+            "the server's timeline changed again while its fence was set",
+        ))
     }
 
     fn run(&self, conn: &mut Conn, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
-        let now_ms = self.begin(conn).inspect_err(|_| {
+        let (now_ms, floor) = self.begin(conn).inspect_err(|_| {
             // Never hand a session with an open (aborted) transaction back
             // to the pool.
             let _ = conn.client.batch_execute("ROLLBACK");
         })?;
         let mut tx = PgTxn::new(&mut *conn, &self.pool.cfg.schema, now_ms);
+        tx.token_floor = floor;
         let script = f(&mut tx).and_then(|()| tx.commit_script(&self.channel));
         match script {
             // The writes and COMMIT in one round trip.

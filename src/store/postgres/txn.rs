@@ -36,6 +36,8 @@ pub(super) struct PgTxn<'c> {
     /// The quoted schema name.
     pub(super) schema: &'c str,
     pub(super) now_ms: u64,
+    /// Every token granted is above it (the failover fence).
+    pub(super) token_floor: u64,
     pub(super) leases: LeaseCache,
     pub(super) jobs: HashMap<JobId, CachedJob>,
     /// Jobs written since the last flush, in order.
@@ -124,6 +126,7 @@ impl<'c> PgTxn<'c> {
             conn,
             schema,
             now_ms,
+            token_floor: 0,
             leases: LeaseCache::default(),
             jobs: HashMap::new(),
             pending: Vec::new(),
@@ -291,6 +294,10 @@ impl Txn for PgTxn<'_> {
 
     fn jobs(&mut self) -> Result<&mut dyn JobTxn> {
         Ok(self)
+    }
+
+    fn token_floor(&self) -> u64 {
+        self.token_floor
     }
 
     /// Committed rows, unlocked; a record this transaction changed is
