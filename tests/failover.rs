@@ -64,8 +64,11 @@ fn open() -> Arc<dyn Store> {
     Arc::new(PostgresStore::open_with(URL, opts).unwrap())
 }
 
+/// Tokens granted per key, in grant order.
+type ByKey = BTreeMap<String, Vec<u64>>;
+
 /// Every token granted for each key, by anyone, in grant order.
-type Tokens = Arc<Mutex<BTreeMap<String, Vec<u64>>>>;
+type Tokens = Arc<Mutex<ByKey>>;
 
 /// A holder that acquires `key` (short TTL), renews it a few times and
 /// lets it go, over and over, until `stop`, riding through errors;
@@ -149,7 +152,7 @@ fn done(client: &Client) -> u64 {
 /// standby off first and grants on the primary alone. Returns every token
 /// granted per key before the failover (acknowledged to the holders)
 /// and after it.
-fn failover(lose: bool) -> (BTreeMap<String, Vec<u64>>, BTreeMap<String, Vec<u64>>, u64) {
+fn failover(lose: bool) -> (ByKey, ByKey, u64) {
     let store = open();
     let client = Client::builder_shared(store.clone()).build();
     let tokens: Tokens = Arc::default();
