@@ -279,10 +279,22 @@ fn everything_moves_to_postgres_and_back_with_instants_shifted_and_tokens_contin
     client.release("freed", freed.token()).unwrap();
 
     // And back: PostgreSQL → SQLite.
+    let early = Client::new(open_url(&postgres).unwrap());
     let before = contents(&postgres);
     let back = moved(&postgres, &sqlite2);
     assert_eq!(contents(&sqlite2), shifted(before, back.shift_ms));
     assert!(matches!(open_url(&postgres), Err(Error::Moved { to }) if to.ends_with("store.db")));
+    // An application's own transaction cannot push into the moved schema.
+    let mut db = postgres::Client::connect(&pg::url().unwrap(), postgres::NoTls).unwrap();
+    let mut tx = db.transaction().unwrap();
+    let pushed = early
+        .queue("mail")
+        .unwrap()
+        .push_in(&mut tx, &JobSpec::new("late"));
+    assert!(
+        matches!(&pushed, Err(Error::Moved { to }) if *to == back.to),
+        "{pushed:?}"
+    );
 }
 
 #[test]

@@ -172,7 +172,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("14", 14));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("15", 15));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),

@@ -16,7 +16,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 14] = [
+const MIGRATIONS: [&str; 15] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -92,6 +92,9 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // done, a message).
     "ALTER TABLE {s}.jobs ADD COLUMN progress int4, ADD COLUMN progress_msg text;",
     V14_DEPENDENCIES,
+    // v15: `push` refuses a moved schema and waits for a migration's
+    // cut-over, as every transaction of the library does (its marks).
+    PUSH_FUNCTION,
 ];
 
 /// v14: dependencies. A job's named jobs (`after_ids`, comma-separated),
@@ -340,12 +343,20 @@ pub(super) fn read_marks(client: &mut Client, to: &Target<'_>) -> Result<crate::
 /// Set the failover fence for the server's `timeline`: recorded as is
 /// the first time, and on a new timeline (a promoted standby) the token
 /// floor moves to the next generation
-/// ([`crate::core::lease::promoted_floor`]), in one transaction under the
-/// lock every transaction shares. Returns the floor.
+/// ([`crate::core::lease::promoted_floor`]), in one transaction; fences
+/// take turns. Returns the floor.
+///
+/// No transaction grants under a floor set for another timeline: each
+/// compares the timeline with the recorded one at BEGIN, and the two
+/// change together here. (Fences racing read the same floor and write
+/// the same next one; a later one finds the timeline recorded.)
 pub(super) fn fence(client: &mut Client, to: &Target<'_>, timeline: &str) -> Result<u64> {
     let mut tx = client.transaction().map_err(|e| to.fail(e))?;
-    tx.batch_execute(&mark_lock(to.name, true))
-        .map_err(|e| to.fail(e))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&(ADVISORY_CLASS + 2), &to.name],
+    )
+    .map_err(|e| to.fail(e))?;
     let row = tx
         .query_one(&format!("SELECT {}", meta_read(to.quoted)), &[])
         .map_err(|e| to.fail(e))?;
@@ -378,10 +389,14 @@ pub(super) fn write_marks(
     marks: &crate::store::Marks,
 ) -> Result<()> {
     let mut tx = client.transaction().map_err(|e| to.fail(e))?;
-    // Waits for the transactions that began before, and holds back those
-    // that begin now until the marks are committed.
-    tx.batch_execute(&mark_lock(to.name, true))
-        .map_err(|e| to.fail(e))?;
+    // Waits for the transactions that began before (an application's
+    // open transaction that called `push` among them: up to a minute),
+    // and holds back those that begin now until the marks are committed.
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '60s'; {}",
+        mark_lock(to.name, true)
+    ))
+    .map_err(|e| to.fail(e))?;
     for (name, value) in marks.entries() {
         match value {
             Some(v) => tx.execute(

@@ -81,7 +81,20 @@ DECLARE
     cand record;
     fresh int4;
     blocks bool;
+    mark text;
 BEGIN
+    -- The migration marks, read after the lock a cut-over takes alone
+    -- (`marks`): a moved schema takes no job.
+    {mark_lock};
+    SELECT string_agg(m.name || '=' || m.value, ' ') INTO mark FROM {s}.leasehold_meta m
+     WHERE m.name IN ('moved_to', 'moving_from');
+    IF mark LIKE 'moved_to=%' THEN
+        RAISE EXCEPTION 'this store was moved to % by `leasehold migrate`: use that store instead',
+            substr(mark, 10) USING ERRCODE = '55000';
+    ELSIF mark IS NOT NULL THEN
+        RAISE EXCEPTION '`leasehold migrate` is copying % into this store', substr(mark, 13)
+            USING ERRCODE = '55P03';
+    END IF;
     IF push.queue IS NULL THEN
         RAISE EXCEPTION 'invalid queue: must not be empty' USING ERRCODE = '22023';
     END IF;
@@ -224,7 +237,10 @@ pub(super) fn push_function(quoted: &str, channel: &str) -> String {
             .replace("{arg}", &format!("push.{arg}"))
             .replace("{field}", arg)
     };
+    let name = quoted.trim_matches('"');
+    let mark_lock = super::migrate::mark_lock(name, false).replacen("SELECT", "PERFORM", 1);
     PUSH_FUNCTION
+        .replace("{mark_lock}", &mark_lock)
         .replace("{check_queue}", &check_key("queue"))
         .replace("{check_concurrency_key}", &check_key("concurrency_key"))
         .replace("{s}", quoted)
@@ -349,7 +365,7 @@ pub(crate) fn push_in(
     let args = Args::of(queue, spec, policy)?;
     let row = tx
         .query_typed_one(&call_sql(quoted), &args.typed())
-        .map_err(|e| pg_err(what(queue), e, Stage::Work))?;
+        .map_err(|e| push_err(queue, e))?;
     Ok(outcome(&row))
 }
 
@@ -367,6 +383,20 @@ pub(crate) async fn push_in_async(
         let args = Args::of(queue, spec, policy)?;
         tx.query_typed_one(&sql, &args.typed()).await
     }
-    .map_err(|e| pg_err(what(queue), e, Stage::Work))?;
+    .map_err(|e| push_err(queue, e))?;
     Ok(outcome(&row))
+}
+
+/// The function's error as the library's: a moved schema is
+/// [`crate::Error::Moved`], as for every transaction of the library.
+fn push_err(queue: &str, e: postgres::Error) -> crate::Error {
+    const MOVED: &str = "this store was moved to ";
+    let moved = e
+        .as_db_error()
+        .and_then(|db| db.message().strip_prefix(MOVED))
+        .and_then(|rest| rest.split_once(" by `leasehold migrate`"));
+    match moved {
+        Some((to, _)) => crate::Error::Moved { to: to.to_owned() },
+        None => pg_err(what(queue), e, Stage::Work),
+    }
 }
