@@ -12,9 +12,10 @@
 //!    transiently: its workers wait).
 //! 2. The cut-over: the source is marked `moved_to`. Every later
 //!    transaction on it, and every open, fails with [`Error::Moved`]
-//!    naming the target. A transaction that began before the mark commits
-//!    before it (SQLite: the write lock; PostgreSQL: a lock every
-//!    transaction shares and the mark's writer takes alone).
+//!    naming the target. A transaction that began before the mark ends
+//!    before the copy begins (SQLite: the write lock; PostgreSQL: the
+//!    mark's writer waits for every transaction of the database that began
+//!    before its commit, at no cost to the transactions themselves).
 //! 3. The copy, in chunks, each an upsert: every lease record (held or
 //!    not), queue setting, schedule with its cursor, rate bucket, job in
 //!    every state (attempts, errors, results, unique keys, progress) and
@@ -160,23 +161,31 @@ pub fn migrate(from: &str, to: &str, opts: &MigrateOptions) -> Result<MigrateRep
             return Ok(report);
         }
         (_, Some(_)) => report.resumed = true,
-        (None, None) => {
-            if !is_empty(&*dst)? {
-                return Err(refused(format!(
-                    "the target {} already holds leases or jobs: migrate into an empty store",
-                    dst.describe()
-                )));
-            }
-        }
+        (None, None) => {}
     }
+    let not_empty = || {
+        refused(format!(
+            "the target {} already holds leases or jobs: migrate into an empty store",
+            dst.describe()
+        ))
+    };
     if opts.dry_run {
+        if !report.resumed && !is_empty(&*dst)? {
+            return Err(not_empty());
+        }
         copy(&*src, None, opts.chunk, &mut report)?;
         return Ok(report);
     }
+    // Marked first (a transaction on it that began before has ended when
+    // this returns), then found empty: nothing lands on it meanwhile.
     dst.set_marks(&Marks {
         moving_from: Some(report.from.clone()),
         ..Marks::default()
     })?;
+    if !report.resumed && !is_empty(&*dst)? {
+        dst.set_marks(&Marks::default())?;
+        return Err(not_empty());
+    }
     src.set_marks(&Marks {
         moved_to: Some(report.to.clone()),
         ..Marks::default()

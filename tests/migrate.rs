@@ -437,3 +437,39 @@ fn the_migrate_report_counts_what_a_dry_run_would_move() {
         )
     );
 }
+
+#[test]
+fn the_cut_over_waits_for_a_transaction_that_began_before_it() {
+    if !pg::enabled() {
+        return;
+    }
+    let source = pg::Schema::new("migrate_wait");
+    let (_dir, sqlite) = temp_db("wait");
+    let client = Client::new(open_url(&source.url()).unwrap());
+    let queue = client.queue("orders").unwrap();
+    queue.push(&JobSpec::new("before")).unwrap();
+    // An application's transaction pushes a job and commits only after
+    // the migration has started.
+    let mut db = postgres::Client::connect(&pg::url().unwrap(), postgres::NoTls).unwrap();
+    let mut tx = db.transaction().unwrap();
+    queue.push_in(&mut tx, &JobSpec::new("in flight")).unwrap();
+    let (from, to) = (source.url(), sqlite.clone());
+    let migration = std::thread::spawn(move || migrate(&from, &to, &MigrateOptions::default()));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !migration.is_finished(),
+        "the copy did not wait for the open transaction"
+    );
+    tx.commit().unwrap();
+    let report = migration.join().unwrap().unwrap();
+    assert_eq!(
+        report.jobs, 2,
+        "the job committed during the cut-over was not copied"
+    );
+    let moved: Vec<String> = contents(&sqlite)
+        .jobs
+        .values()
+        .map(|j| String::from_utf8_lossy(&j.payload).into_owned())
+        .collect();
+    assert_eq!(moved, ["before", "in flight"]);
+}

@@ -355,7 +355,7 @@ impl JobTxn for PgTxn<'_> {
         let what = format!("forgetting idle rates of queue {queue:?}");
         let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
-        let Conn { client, st } = &mut *self.conn;
+        let Conn { client, st, .. } = &mut *self.conn;
         let gone = client
             .execute(&st.rate_forget, &[&queue, &before, &n])
             .map_err(|e| pg_err(what, e, Stage::Work))?;
@@ -405,7 +405,7 @@ impl JobTxn for PgTxn<'_> {
 
     fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool> {
         let what = format!("deleting schedule {name:?} of queue {queue:?}");
-        let Conn { client, st } = &mut *self.conn;
+        let Conn { client, st, .. } = &mut *self.conn;
         client
             .execute(&st.schedule_delete, &[&queue, &name])
             .map(|n| n > 0)

@@ -86,6 +86,7 @@ use crate::core::Txn;
 use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
+use crate::store::marks::MARKS_FRESH;
 use crate::store::{Store, Wake};
 use crate::sync::{AtomicU64, Ordering};
 use error::{pg_err, Stage};
@@ -236,10 +237,8 @@ pub struct PostgresStore {
     pool: Pool,
     /// The notification channel of the schema.
     channel: String,
-    /// The subquery reading the marks at BEGIN.
+    /// The call reading the marks, the fence and the timeline at BEGIN.
     meta_read: String,
-    /// The shared lock taken before reading them.
-    mark_lock: String,
     opts: PostgresOptions,
     fork: ForkGuard,
     /// Highest store time this handle handed out.
@@ -340,8 +339,7 @@ impl PostgresStore {
         });
         let store = PostgresStore {
             channel: migrate::channel(&opts.schema),
-            meta_read: migrate::meta_read(&pool.cfg.schema),
-            mark_lock: migrate::mark_lock(&opts.schema, false),
+            meta_read: format!("{}.txn_meta()", pool.cfg.schema),
             pool,
             opts,
             fork: ForkGuard::new(),
@@ -379,15 +377,21 @@ impl PostgresStore {
         &self.opts.schema
     }
 
-    /// BEGIN, and read the clock, the schema's marks
-    /// ([`crate::store::marks`]), its token floor and the server's
-    /// timeline, in one round trip; (store time, token floor).
+    /// BEGIN and read the clock in one round trip, with, when this
+    /// session's last reading is older than [`MARKS_FRESH`], the schema's
+    /// marks ([`crate::store::marks`]), its token floor and the server's
+    /// timeline; (store time, token floor).
     ///
     /// The failover fence: the floor was set for one server timeline. A
-    /// transaction that finds another (a standby promoted since, whose
-    /// history may lack the last grants of the old primary) sets the
-    /// fence first ([`migrate::fence`]: the next generation of tokens),
-    /// then begins again; so no grant on a promoted server precedes it.
+    /// session that finds another (a standby promoted since, whose history
+    /// may lack the last grants of the old primary) sets the fence first
+    /// ([`migrate::fence`]: the next generation of tokens), then begins
+    /// again; so no grant on a promoted server precedes it. A session
+    /// reads them in its first transaction (so every session on a promoted
+    /// server does, before its first grant), and keeps what it read only
+    /// while it finds the server writable, on the timeline recorded, and
+    /// the schema unmarked (a session on a standby keeps nothing: after a
+    /// promotion it reads them again).
     fn begin(&self, conn: &mut Conn) -> Result<(u64, u64)> {
         let fail = |e: postgres::Error| {
             pg_err(
@@ -400,43 +404,52 @@ impl PostgresStore {
             Some(_) => "NULL::int8",
             None => "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
         };
-        // The marks are read after the shared lock a migration's cut-over
-        // takes exclusively: a transaction either ends before the mark is
-        // written or sees it (its own statement, so its own snapshot).
-        let sql = if self.opts.ignore_marks {
-            format!("BEGIN; SELECT {clock}, {}, NULL", self.meta_read)
-        } else {
-            format!(
-                "BEGIN; {}; SELECT {clock}, {}, {}",
-                self.mark_lock,
-                self.meta_read,
-                migrate::TIMELINE_READ
-            )
+        // Real time is this adapter's business (clippy.toml keeps it out of
+        // the core).
+        #[allow(clippy::disallowed_methods)]
+        let started = std::time::Instant::now();
+        let kept = conn
+            .meta_read
+            .filter(|(at, _)| started.saturating_duration_since(*at) < MARKS_FRESH)
+            .map(|(_, floor)| floor);
+        conn.meta_read = None;
+        let sql = match kept {
+            Some(_) => format!("BEGIN; SELECT {clock}, NULL"),
+            None => format!("BEGIN; SELECT {clock}, {}", self.meta_read),
         };
         for fenced in [false, true] {
             let msgs = conn.client.simple_query(&sql).map_err(fail)?;
-            // The last statement's row (the lock's comes first).
-            let row = msgs.iter().rev().find_map(|m| match m {
-                SimpleQueryMessage::Row(r) if r.len() == 3 => Some(r),
+            let row = msgs.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(r) if r.len() == 2 => Some(r),
                 _ => None,
             });
-            let meta = migrate::Meta::parse(row.and_then(|r| r.get(1)));
-            if !self.opts.ignore_marks {
-                meta.marks.check(&self.pool.cfg.shown)?;
-                let Some(timeline) = row.and_then(|r| r.get(2)) else {
-                    return Err(Error::transient(
-                        format!("beginning a transaction on {}", self.pool.cfg.shown),
-                        "the server is a standby (in recovery): no writes until it is promoted \
-                         (list every host, with target_session_attrs=read-write)",
-                    ));
-                };
-                if meta.timeline.as_deref() != Some(timeline) && !fenced {
-                    let timeline = timeline.to_owned();
-                    let _ = conn.client.batch_execute("ROLLBACK");
-                    migrate::fence(&mut conn.client, &self.target(), &timeline)?;
-                    continue;
+            let floor = match kept {
+                Some(floor) => floor,
+                None => {
+                    let meta = migrate::Meta::parse(row.and_then(|r| r.get(1)));
+                    if !self.opts.ignore_marks {
+                        meta.marks.check(&self.pool.cfg.shown)?;
+                        let Some(timeline) = meta.server_timeline.as_deref() else {
+                            return Err(Error::transient(
+                                format!("beginning a transaction on {}", self.pool.cfg.shown),
+                                "the server is a standby (in recovery): no writes until it is \
+                                 promoted (list every host, with target_session_attrs=read-write)",
+                            ));
+                        };
+                        if meta.timeline.as_deref() != Some(timeline) {
+                            if fenced {
+                                break;
+                            }
+                            let timeline = timeline.to_owned();
+                            let _ = conn.client.batch_execute("ROLLBACK");
+                            migrate::fence(&mut conn.client, &self.target(), &timeline)?;
+                            continue;
+                        }
+                        conn.meta_read = Some((started, meta.token_floor));
+                    }
+                    meta.token_floor
                 }
-            }
+            };
             let now = match &self.opts.clock {
                 Some(clock) => clock.now_ms(),
                 None => row
@@ -450,7 +463,7 @@ impl PostgresStore {
                     })?,
             };
             let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
-            return Ok((now.max(prev), meta.token_floor));
+            return Ok((now.max(prev), floor));
         }
         Err(Error::transient(
             format!("beginning a transaction on {}", self.pool.cfg.shown),

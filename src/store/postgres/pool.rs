@@ -33,6 +33,10 @@ impl Connector {
 pub(super) struct Conn {
     pub client: Client,
     pub st: Statements,
+    /// When this session last read the schema's marks and found none, on
+    /// the timeline its token floor was set for, and that floor (see
+    /// `PostgresStore::begin`).
+    pub meta_read: Option<(std::time::Instant, u64)>,
 }
 
 /// What a pool opens its connections with.
@@ -105,7 +109,11 @@ impl Pool {
                     Stage::Work,
                 )
             })?;
-        Ok(Conn { client, st })
+        Ok(Conn {
+            client,
+            st,
+            meta_read: None,
+        })
     }
 
     /// Keep a connection opened outside the pool (the first one, which

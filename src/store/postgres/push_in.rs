@@ -83,9 +83,8 @@ DECLARE
     blocks bool;
     mark text;
 BEGIN
-    -- The migration marks, read after the lock a cut-over takes alone
-    -- (`marks`): a moved schema takes no job.
-    {mark_lock};
+    -- The migration marks (`marks`): a moved schema takes no job (a
+    -- cut-over waits for the transactions that began before its mark).
     SELECT string_agg(m.name || '=' || m.value, ' ') INTO mark FROM {s}.leasehold_meta m
      WHERE m.name IN ('moved_to', 'moving_from');
     IF mark LIKE 'moved_to=%' THEN
@@ -237,10 +236,7 @@ pub(super) fn push_function(quoted: &str, channel: &str) -> String {
             .replace("{arg}", &format!("push.{arg}"))
             .replace("{field}", arg)
     };
-    let name = quoted.trim_matches('"');
-    let mark_lock = super::migrate::mark_lock(name, false).replacen("SELECT", "PERFORM", 1);
     PUSH_FUNCTION
-        .replace("{mark_lock}", &mark_lock)
         .replace("{check_queue}", &check_key("queue"))
         .replace("{check_concurrency_key}", &check_key("concurrency_key"))
         .replace("{s}", quoted)

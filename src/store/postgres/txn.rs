@@ -266,7 +266,7 @@ impl<'c> PgTxn<'c> {
         stmt: fn(&Statements) -> &Statement,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
-        let Conn { client, st } = &mut *self.conn;
+        let Conn { client, st, .. } = &mut *self.conn;
         client
             .query(stmt(st), params)
             .map_err(|e| pg_err(what.to_owned(), e, Stage::Work))

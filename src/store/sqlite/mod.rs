@@ -307,6 +307,7 @@ impl SqliteStore {
             shown,
             busy_timeout: opts.busy_timeout,
             check_marks: !opts.ignore_marks,
+            marks_checked: None,
         };
         let bell = Bell::at(&wake_path(&path));
         let identity = Identity::of(&path, "database file")?;
@@ -432,6 +433,12 @@ impl Store for SqliteStore {
     fn set_marks(&self, marks: &crate::store::Marks) -> Result<()> {
         self.fork.check()?;
         let shown = self.path.display().to_string();
-        schema::write_marks(&self.side_connection()?, &shown, marks)
+        let conn = self.side_connection()?;
+        schema::write_marks(&conn, &shown, marks)?;
+        if *marks != crate::store::Marks::default() {
+            conn::after_mark(&conn)
+                .map_err(|e| sql_err(|| format!("waiting out the cut-over on {shown}"), e))?;
+        }
+        Ok(())
     }
 }
