@@ -41,12 +41,19 @@
 //!   and none is lost; an attempt cut short is retried, as after a crash.
 //! - **Time.** Store clocks differ between stores (SQLite counts from the
 //!   machine's boot, PostgreSQL reads the server's wall clock), so every
-//!   instant (run at, created, finished, lease ends, schedule cursors, rate
-//!   windows) moves by the difference of the two clocks read after the
-//!   cut-over: what had 10 s left on the source has 10 s left on the
-//!   target, a little more rather than less.
+//!   store instant (run at, created, finished, lease ends, rate windows)
+//!   moves by the difference of the two clocks read after the cut-over:
+//!   what had 10 s left on the source has 10 s left on the target, a
+//!   little more rather than less. Schedule cursors are wall-clock time
+//!   already and stay. An instant that would fall before the target's
+//!   clock began (old history moved to a young SQLite store) becomes its
+//!   first instant.
+//! - **A source's token floor** (a PostgreSQL store fenced after a
+//!   failover) is kept: every copied `last_token` is raised to it, so the
+//!   target grants above it too. Job ids continue above every id the
+//!   source handed out.
 
-use crate::core::{Exported, JobId, JobRecord, LeaseRecord, QueueConfig, RateLog, ScheduleRecord};
+use crate::core::{Exported, JobId, JobRecord, LeaseRecord, QueueConfig, RateLog};
 use crate::error::{Error, Field, Result};
 use crate::store::{open_url_as, Marks, Store, StoreExt};
 
@@ -126,10 +133,10 @@ pub fn migrate(from: &str, to: &str, opts: &MigrateOptions) -> Result<MigrateRep
         dry_run: opts.dry_run,
         ..MigrateReport::default()
     };
-    if src.describe() == dst.describe() {
+    if report.from == report.to || src.describe() == dst.describe() {
         return Err(Error::invalid(
             Field::Store,
-            format!("{} is both the source and the target", src.describe()),
+            format!("{} is both the source and the target", report.from),
         ));
     }
     let (src_marks, dst_marks) = (src.marks()?, dst.marks()?);
@@ -169,8 +176,11 @@ pub fn migrate(from: &str, to: &str, opts: &MigrateOptions) -> Result<MigrateRep
             dst.describe()
         ))
     };
+    // Nothing is copied before the source is marked: until then the
+    // target must be empty, resumed or not.
+    let fresh = src_marks.moved_to.is_none();
     if opts.dry_run {
-        if !report.resumed && !is_empty(&*dst)? {
+        if fresh && !is_empty(&*dst)? {
             return Err(not_empty());
         }
         copy(&*src, None, opts.chunk, &mut report)?;
@@ -182,7 +192,7 @@ pub fn migrate(from: &str, to: &str, opts: &MigrateOptions) -> Result<MigrateRep
         moving_from: Some(report.from.clone()),
         ..Marks::default()
     })?;
-    if !report.resumed && !is_empty(&*dst)? {
+    if fresh && !is_empty(&*dst)? {
         dst.set_marks(&Marks::default())?;
         return Err(not_empty());
     }
@@ -196,6 +206,8 @@ pub fn migrate(from: &str, to: &str, opts: &MigrateOptions) -> Result<MigrateRep
     let dst_now = dst.txn(|tx| Ok(tx.now_ms()))?;
     report.shift_ms = clamp_i64(i128::from(dst_now) - i128::from(src_now));
     copy(&*src, Some(&*dst), opts.chunk, &mut report)?;
+    // Above every id the source handed out, purged jobs' included.
+    report.last_job_id = report.last_job_id.max(last_job_id(&*src)?);
     let last = JobId(report.last_job_id);
     dst.txn(|tx| tx.jobs()?.reserve_job_ids(last))?;
     dst.set_marks(&Marks::default())?;
@@ -256,6 +268,22 @@ fn without_password(url: &str) -> String {
     }
 }
 
+/// The last job id `store` handed out: the next one, asked for in a
+/// transaction that is then undone (a PostgreSQL sequence keeps its step:
+/// harmless on a moved store).
+fn last_job_id(store: &dyn Store) -> Result<u64> {
+    let mut next = None;
+    let undone = store.transact(&mut |tx| {
+        next = Some(tx.jobs()?.next_job_id()?);
+        Err(Error::invalid(Field::Store, "undone on purpose"))
+    });
+    match (next, undone) {
+        (Some(id), _) => Ok(id.0.saturating_sub(1)),
+        (None, Err(e)) => Err(e),
+        (None, Ok(())) => Ok(0),
+    }
+}
+
 /// Whether a store holds no lease record and no queue.
 fn is_empty(store: &dyn Store) -> Result<bool> {
     store.txn(|tx| {
@@ -301,7 +329,11 @@ fn copy(
     report: &mut MigrateReport,
 ) -> Result<()> {
     let shift = report.shift_ms;
-    let src_now = src.txn(|tx| Ok(tx.now_ms()))?;
+    // A source whose history went back (a promoted PostgreSQL standby)
+    // grants above its floor: the copies keep that promise on a store
+    // that has none.
+    let (src_now, floor) = src.txn(|tx| Ok((tx.now_ms(), tx.token_floor())))?;
+    report.max_token = report.max_token.max(floor);
     for_names(src, Exported::LeaseKeys, chunk, |keys| {
         let records: Vec<(String, LeaseRecord)> = src.txn(|tx| {
             let mut out = Vec::with_capacity(keys.len());
@@ -322,6 +354,7 @@ fn copy(
             for (key, rec) in &records {
                 if let Some(slot) = tx.lease_mut(key, true)? {
                     *slot = shift_lease(rec, shift);
+                    slot.last_token = slot.last_token.max(floor);
                 }
             }
             Ok(())
@@ -330,7 +363,7 @@ fn copy(
     for_names(src, Exported::Queues, chunk, |queues| {
         for queue in queues {
             report.queues += 1;
-            copy_queue(src, dst, &queue, chunk, report)?;
+            copy_queue(src, dst, &queue, chunk, floor, report)?;
         }
         Ok(())
     })
@@ -342,6 +375,7 @@ fn copy_queue(
     dst: Option<&dyn Store>,
     queue: &str,
     chunk: usize,
+    floor: u64,
     report: &mut MigrateReport,
 ) -> Result<()> {
     let shift = report.shift_ms;
@@ -358,8 +392,10 @@ fn copy_queue(
             if configured {
                 jobs.put_queue_config(queue, &config)?;
             }
+            // A schedule's cursor is wall-clock time (Unix ms), the same
+            // on every store: copied as is.
             for s in &schedules {
-                jobs.put_schedule(&shift_schedule(s, shift))?;
+                jobs.put_schedule(s)?;
             }
             Ok(())
         })?;
@@ -412,7 +448,9 @@ fn copy_queue(
                 // replaces its rows.
                 jobs.jobs_by_id(&ids)?;
                 for job in &page {
-                    jobs.put_job(&shift_job(job, shift))?;
+                    let mut job = shift_job(job, shift);
+                    job.last_token = job.last_token.max(floor);
+                    jobs.put_job(&job)?;
                 }
                 for &(parent, child) in &links {
                     jobs.link(parent, child)?;
@@ -455,12 +493,6 @@ fn shift_job(job: &JobRecord, shift: i64) -> JobRecord {
         claim.deadline_ms = claim.deadline_ms.map(|t| at(t, shift));
     }
     job
-}
-
-fn shift_schedule(s: &ScheduleRecord, shift: i64) -> ScheduleRecord {
-    let mut s = s.clone();
-    s.next_ms = at(s.next_ms, shift);
-    s
 }
 
 fn shift_rate(log: &RateLog, shift: i64) -> RateLog {

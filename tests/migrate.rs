@@ -100,7 +100,8 @@ fn contents(url: &str) -> Contents {
         .unwrap()
 }
 
-/// `c` with every instant moved by `shift` ms, as the migration moves them.
+/// `c` with every store instant moved by `shift` ms, as the migration
+/// moves them.
 fn shifted(mut c: Contents, shift: i64) -> Contents {
     let at = |ms: u64| -> u64 {
         if ms == 0 || ms == u64::MAX {
@@ -123,9 +124,7 @@ fn shifted(mut c: Contents, shift: i64) -> Contents {
             cl.deadline_ms = cl.deadline_ms.map(at);
         }
     }
-    for s in &mut c.schedules {
-        s.next_ms = at(s.next_ms);
-    }
+    // (Schedule cursors are wall-clock time: they stay.)
     for r in c.rates.values_mut() {
         r.starts = r.starts.iter().map(|&t| at(t)).collect();
         r.wake_at_ms = r.wake_at_ms.map(at);
@@ -359,6 +358,28 @@ fn a_target_being_filled_refuses_work_and_a_target_with_data_is_refused() {
         open_url_as(&sqlite, true).unwrap().marks().unwrap(),
         Marks::default()
     );
+    // Also when an earlier run marked that target and stopped before the
+    // cut-over: nothing was copied yet, so it must still be empty.
+    let source_name = format!(
+        "sqlite:{}",
+        std::path::absolute(sqlite.trim_start_matches("sqlite:"))
+            .unwrap()
+            .display()
+    );
+    let marks = Marks {
+        moving_from: Some(source_name),
+        ..Marks::default()
+    };
+    open_url_as(&url, true).unwrap().set_marks(&marks).unwrap();
+    let refused = migrate(&sqlite, &url, &MigrateOptions::default());
+    assert!(
+        matches!(&refused, Err(Error::Invalid { reason, .. }) if reason.contains("already holds")),
+        "a target marked by an interrupted run was overwritten: {refused:?}"
+    );
+    open_url_as(&url, true)
+        .unwrap()
+        .set_marks(&Marks::default())
+        .unwrap();
 
     let empty = pg::Schema::new("migrate_fill2");
     let store: Arc<dyn Store> = open_url(&empty.url()).unwrap();
@@ -472,4 +493,58 @@ fn the_cut_over_waits_for_a_transaction_that_began_before_it() {
         .map(|j| String::from_utf8_lossy(&j.payload).into_owned())
         .collect();
     assert_eq!(moved, ["before", "in flight"]);
+}
+
+#[test]
+fn a_fenced_source_floor_and_purged_ids_carry_over() {
+    if !pg::enabled() {
+        return;
+    }
+    let source = pg::Schema::new("migrate_floor");
+    let (_dir, sqlite) = temp_db("floor");
+    let client = Client::new(open_url(&source.url()).unwrap());
+    let queue = client.queue("q").unwrap();
+    let short = Duration::from_millis(1);
+    std::mem::forget(client.try_acquire("k", short).unwrap());
+    for i in 0..5 {
+        queue.push(&JobSpec::new(format!("job {i}"))).unwrap();
+    }
+    let claimed = queue.claim(short).unwrap().unwrap();
+    std::mem::forget(claimed);
+    // The two newest jobs are cancelled and purged: their ids are gone
+    // from the rows, not from the counter.
+    for id in [4, 5] {
+        client.cancel_job(JobId(id)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(queue.purge(Duration::ZERO).unwrap(), 2);
+    // The source was fenced after a failover: its floor is a generation up.
+    let floor = leasehold::core::lease::promoted_floor(0);
+    pg::admin(&format!(
+        "INSERT INTO \"{}\".leasehold_meta VALUES ('token_floor', '{floor}')
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        source.0
+    ));
+    let report = moved(&source.url(), &sqlite);
+    assert_eq!(report.last_job_id, 5);
+    assert!(report.max_token >= floor);
+    let target = Client::new(open_url(&sqlite).unwrap());
+    std::thread::sleep(Duration::from_millis(5));
+    let granted = target.try_acquire("k", Duration::from_secs(5)).unwrap();
+    assert!(
+        granted.token() > floor,
+        "token {} under the floor",
+        granted.token()
+    );
+    let queue = target.queue("q").unwrap();
+    let next = queue.push(&JobSpec::new("new")).unwrap().id;
+    assert_eq!(next, JobId(6), "a purged job's id was handed out again");
+    // The claim that ran out: claimed again above the floor.
+    std::thread::sleep(Duration::from_millis(5));
+    let again = queue.claim(Duration::from_secs(5)).unwrap().unwrap();
+    assert!(
+        again.token() > floor,
+        "job token {} under the floor",
+        again.token()
+    );
 }

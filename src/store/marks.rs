@@ -29,7 +29,9 @@ use std::time::Duration;
 /// nothing most of the time (one clock reading), where reading them in
 /// every transaction cost 10-20 % of SQLite's two-transaction lease pair
 /// and 20-30 % of PostgreSQL's (measured, same run).
-pub(crate) const MARKS_FRESH: Duration = Duration::from_millis(50);
+pub(crate) const MARKS_FRESH: Duration = Duration::from_millis(MARKS_FRESH_MS);
+/// [`MARKS_FRESH`] in ms.
+pub(crate) const MARKS_FRESH_MS: u64 = 50;
 
 /// The meta name of the source's mark.
 pub(crate) const MOVED_TO: &str = "moved_to";

@@ -101,8 +101,7 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
 /// Stands for the text of [`meta_function`] in [`MIGRATIONS`].
 const META_FUNCTION: &str = "{meta_function}";
 
-/// `txn_meta()`: [`meta_read`]'s lines and `server_timeline=` the
-/// server's timeline (none on a standby). A function, so that its plan is
+/// `txn_meta()`: [`meta_read`]'s lines. A function, so that its plan is
 /// kept by the session: the same read inline in BEGIN's statement is
 /// planned again by every transaction (measured: 0.16 ms against 0.08 ms
 /// a statement, and 0.05 ms for the clock alone).
@@ -113,15 +112,17 @@ DECLARE
     lines text;
 BEGIN
     SELECT {read} INTO lines;
-    RETURN concat_ws(chr(10), lines, '{SERVER_TIMELINE}=' || {TIMELINE_READ});
+    RETURN lines;
 END
-$meta$;",
+$meta$;
+-- The fence starts on the timeline the schema is made (or upgraded) on:
+-- a schema found later without one is of unknown history (`fence`).
+INSERT INTO {quoted}.leasehold_meta (name, value)
+    SELECT '{TIMELINE}', {TIMELINE_READ} WHERE NOT pg_is_in_recovery()
+    ON CONFLICT (name) DO NOTHING;",
         read = meta_read(quoted)
     )
 }
-
-/// The meta line of the server's own timeline (not stored).
-pub(super) const SERVER_TIMELINE: &str = "server_timeline";
 
 /// v14: dependencies. A job's named jobs (`after_ids`, comma-separated),
 /// whether it runs after any ending, how many it still waits for, and
@@ -310,8 +311,6 @@ pub(super) struct Meta {
     pub token_floor: u64,
     /// The server timeline the floor was last set for.
     pub timeline: Option<String>,
-    /// The server's timeline now (none on a standby).
-    pub server_timeline: Option<String>,
 }
 
 /// The meta names of the failover fence.
@@ -328,7 +327,6 @@ impl Meta {
                     // Never written unparsable: the highest floor if so.
                     TOKEN_FLOOR => meta.token_floor = value.parse().unwrap_or(u64::MAX),
                     TIMELINE => meta.timeline = Some(value.to_owned()),
-                    SERVER_TIMELINE => meta.server_timeline = Some(value.to_owned()),
                     _ => meta.marks.set(name, value.to_owned()),
                 }
             }
@@ -359,9 +357,9 @@ pub(super) fn read_marks(client: &mut Client, to: &Target<'_>) -> Result<crate::
     Ok(Meta::parse(row.get::<_, Option<&str>>(0)).marks)
 }
 
-/// Set the failover fence for the server's `timeline`: recorded as is
-/// the first time, and on a new timeline (a promoted standby) the token
-/// floor moves to the next generation
+/// Set the failover fence for the server's `timeline`: on a new timeline
+/// (a promoted standby), or none recorded, the token floor moves to the
+/// next generation
 /// ([`crate::core::lease::promoted_floor`]), in one transaction; fences
 /// take turns. Returns the floor.
 ///
@@ -382,9 +380,10 @@ pub(super) fn fence(client: &mut Client, to: &Target<'_>, timeline: &str) -> Res
     let meta = Meta::parse(row.get::<_, Option<&str>>(0));
     let floor = match meta.timeline.as_deref() {
         Some(seen) if seen == timeline => return Ok(meta.token_floor),
-        // A schema never fenced: its first timeline, its floor as it is.
-        None => meta.token_floor,
-        Some(_) => crate::core::lease::promoted_floor(meta.token_floor),
+        // Every schema records its timeline when it is made: one without
+        // may have lost that record, and the grants after it, with a
+        // primary. Either way, of unknown history: the next generation.
+        None | Some(_) => crate::core::lease::promoted_floor(meta.token_floor),
     };
     let put = format!(
         "INSERT INTO {}.leasehold_meta (name, value) VALUES ($1, $2)
@@ -401,12 +400,44 @@ pub(super) fn fence(client: &mut Client, to: &Target<'_>, timeline: &str) -> Res
     Ok(floor)
 }
 
+/// Refuse a cut-over that could not see every transaction it must wait
+/// for: sessions of other roles whose activity this role cannot read.
+fn check_visible(client: &mut Client, to: &Target<'_>) -> Result<()> {
+    // Sessions whose transactions this role cannot see would be waited
+    // for by nobody: refuse, naming what would let it see them.
+    let hidden: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+               AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+               AND query = '<insufficient privilege>'",
+            &[],
+        )
+        .map_err(|e| to.fail(e))?
+        .get(0);
+    if hidden > 0 {
+        return Err(Error::invalid(
+            crate::error::Field::Store,
+            format!(
+                "{hidden} session(s) of other roles use this database and their transactions are \
+                 hidden from this role, so the cut-over cannot wait for them: migrate as a \
+                 superuser, a member of pg_read_all_stats, or the role they use (nothing \
+                 was marked)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Replace the schema's migration marks, in one transaction.
 pub(super) fn write_marks(
     client: &mut Client,
     to: &Target<'_>,
     marks: &crate::store::Marks,
 ) -> Result<()> {
+    let marking = *marks != crate::store::Marks::default();
+    if marking {
+        check_visible(client, to)?;
+    }
     let mut tx = client.transaction().map_err(|e| to.fail(e))?;
     for (name, value) in marks.entries() {
         match value {
@@ -426,7 +457,7 @@ pub(super) fn write_marks(
         .map_err(|e| to.fail(e))?;
     }
     tx.commit().map_err(|e| to.fail(e))?;
-    if *marks != crate::store::Marks::default() {
+    if marking {
         wait_for_older(client, to)?;
     }
     Ok(())

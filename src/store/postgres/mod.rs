@@ -86,11 +86,12 @@ use crate::core::Txn;
 use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
-use crate::store::marks::MARKS_FRESH;
+use crate::store::marks::MARKS_FRESH_MS;
 use crate::store::{Store, Wake};
 use crate::sync::{AtomicU64, Ordering};
 use error::{pg_err, Stage};
 use listen::Listener;
+use pool::MetaRead;
 use pool::{Checkout, Conn, Connector, Pool, PoolConfig};
 use postgres::{Config, SimpleQueryMessage};
 use std::sync::Arc;
@@ -237,7 +238,7 @@ pub struct PostgresStore {
     pool: Pool,
     /// The notification channel of the schema.
     channel: String,
-    /// The call reading the marks, the fence and the timeline at BEGIN.
+    /// The call reading the marks and the fence at BEGIN.
     meta_read: String,
     opts: PostgresOptions,
     fork: ForkGuard,
@@ -377,96 +378,125 @@ impl PostgresStore {
         &self.opts.schema
     }
 
-    /// BEGIN and read the clock in one round trip, with, when this
-    /// session's last reading is older than [`MARKS_FRESH`], the schema's
-    /// marks ([`crate::store::marks`]), its token floor and the server's
-    /// timeline; (store time, token floor).
+    /// BEGIN and read the clock and the server's timeline in one round
+    /// trip, with, when this session's last reading is older than
+    /// [`MARKS_FRESH`] by the server's clock (or was on another timeline),
+    /// the schema's marks ([`crate::store::marks`]) and token floor;
+    /// (store time, token floor).
     ///
     /// The failover fence: the floor was set for one server timeline. A
     /// session that finds another (a standby promoted since, whose history
     /// may lack the last grants of the old primary) sets the fence first
     /// ([`migrate::fence`]: the next generation of tokens), then begins
-    /// again; so no grant on a promoted server precedes it. A session
-    /// reads them in its first transaction (so every session on a promoted
-    /// server does, before its first grant), and keeps what it read only
-    /// while it finds the server writable, on the timeline recorded, and
-    /// the schema unmarked (a session on a standby keeps nothing: after a
-    /// promotion it reads them again).
+    /// again; so no grant on a promoted server precedes it. Every
+    /// transaction compares the timeline (a proxy that keeps a client's
+    /// session across a failover changes server under it); a session on a
+    /// standby keeps nothing.
+    ///
+    /// The marks' freshness is judged by the server's clock, read in the
+    /// transaction itself: a cut-over's barrier (`wait_for_older`) counts
+    /// on it, whatever delayed the transaction on its way.
     fn begin(&self, conn: &mut Conn) -> Result<(u64, u64)> {
+        let shown = &self.pool.cfg.shown;
         let fail = |e: postgres::Error| {
             pg_err(
-                format!("beginning a transaction on {}", self.pool.cfg.shown),
+                format!("beginning a transaction on {shown}"),
                 e,
                 Stage::Work,
             )
         };
-        let clock = match &self.opts.clock {
-            Some(_) => "NULL::int8",
-            None => "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
+        let injected = self.opts.clock.is_some();
+        let clock = if injected {
+            "NULL::int8"
+        } else {
+            "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8"
         };
-        // Real time is this adapter's business (clippy.toml keeps it out of
-        // the core).
-        #[allow(clippy::disallowed_methods)]
-        let started = std::time::Instant::now();
-        let kept = conn
-            .meta_read
-            .filter(|(at, _)| started.saturating_duration_since(*at) < MARKS_FRESH)
-            .map(|(_, floor)| floor);
-        conn.meta_read = None;
-        let sql = match kept {
-            Some(_) => format!("BEGIN; SELECT {clock}, NULL"),
-            None => format!("BEGIN; SELECT {clock}, {}", self.meta_read),
+        let timeline = if self.opts.ignore_marks {
+            "NULL"
+        } else {
+            migrate::TIMELINE_READ
         };
+        // (An injected clock is not the server's: nothing is kept.)
+        let mut kept = conn.meta_read.take().filter(|_| !injected);
         for fenced in [false, true] {
+            let meta = if kept.is_some() {
+                "NULL"
+            } else {
+                &self.meta_read
+            };
+            let sql = format!("BEGIN; SELECT {clock}, {meta}, {timeline}");
             let msgs = conn.client.simple_query(&sql).map_err(fail)?;
             let row = msgs.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(r) if r.len() == 2 => Some(r),
+                SimpleQueryMessage::Row(r) if r.len() == 3 => Some(r),
                 _ => None,
             });
-            let floor = match kept {
-                Some(floor) => floor,
-                None => {
-                    let meta = migrate::Meta::parse(row.and_then(|r| r.get(1)));
-                    if !self.opts.ignore_marks {
-                        meta.marks.check(&self.pool.cfg.shown)?;
-                        let Some(timeline) = meta.server_timeline.as_deref() else {
-                            return Err(Error::transient(
-                                format!("beginning a transaction on {}", self.pool.cfg.shown),
-                                "the server is a standby (in recovery): no writes until it is \
-                                 promoted (list every host, with target_session_attrs=read-write)",
-                            ));
-                        };
-                        if meta.timeline.as_deref() != Some(timeline) {
-                            if fenced {
-                                break;
-                            }
-                            let timeline = timeline.to_owned();
-                            let _ = conn.client.batch_execute("ROLLBACK");
-                            migrate::fence(&mut conn.client, &self.target(), &timeline)?;
-                            continue;
-                        }
-                        conn.meta_read = Some((started, meta.token_floor));
-                    }
-                    meta.token_floor
-                }
-            };
+            let server_now = row
+                .and_then(|r| r.get(0))
+                .and_then(|v| v.parse::<u64>().ok());
             let now = match &self.opts.clock {
                 Some(clock) => clock.now_ms(),
-                None => row
-                    .and_then(|r| r.get(0))
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        Error::store(
-                            format!("reading the clock of {}", self.pool.cfg.shown),
-                            "clock_timestamp() returned no usable value",
-                        )
-                    })?,
+                None => server_now.ok_or_else(|| {
+                    Error::store(
+                        format!("reading the clock of {shown}"),
+                        "clock_timestamp() returned no usable value",
+                    )
+                })?,
             };
-            let prev = self.high_water_ms.fetch_max(now, Ordering::SeqCst);
-            return Ok((now.max(prev), floor));
+            let now = now.max(self.high_water_ms.fetch_max(now, Ordering::SeqCst));
+            let text = row.and_then(|r| r.get(1)).map(str::to_owned);
+            if self.opts.ignore_marks {
+                return Ok((now, migrate::Meta::parse(text.as_deref()).token_floor));
+            }
+            let Some(timeline) = row.and_then(|r| r.get(2)).map(str::to_owned) else {
+                return Err(Error::transient(
+                    format!("beginning a transaction on {shown}"),
+                    "the server is a standby (in recovery): no writes until it is promoted \
+                     (list every host, with target_session_attrs=read-write)",
+                ));
+            };
+            if let Some(read) = kept.take() {
+                let fresh =
+                    server_now.is_some_and(|n| n.saturating_sub(read.at_ms) < MARKS_FRESH_MS);
+                if fresh && read.timeline == timeline {
+                    let floor = read.floor;
+                    conn.meta_read = Some(read);
+                    return Ok((now, floor));
+                }
+            }
+            // Read now (a kept reading ran out): in this transaction.
+            let text = match text {
+                Some(text) => Some(text),
+                None => conn
+                    .client
+                    .simple_query(&format!("SELECT {}", self.meta_read))
+                    .map_err(fail)?
+                    .iter()
+                    .find_map(|m| match m {
+                        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                        _ => None,
+                    }),
+            };
+            let meta = migrate::Meta::parse(text.as_deref());
+            meta.marks.check(shown)?;
+            if meta.timeline.as_deref() != Some(timeline.as_str()) {
+                if fenced {
+                    break;
+                }
+                let _ = conn.client.batch_execute("ROLLBACK");
+                migrate::fence(&mut conn.client, &self.target(), &timeline)?;
+                continue;
+            }
+            if let Some(at_ms) = server_now {
+                conn.meta_read = Some(MetaRead {
+                    at_ms,
+                    floor: meta.token_floor,
+                    timeline,
+                });
+            }
+            return Ok((now, meta.token_floor));
         }
         Err(Error::transient(
-            format!("beginning a transaction on {}", self.pool.cfg.shown),
+            format!("beginning a transaction on {shown}"),
             "the server's timeline changed again while its fence was set",
         ))
     }

@@ -33,10 +33,19 @@ impl Connector {
 pub(super) struct Conn {
     pub client: Client,
     pub st: Statements,
-    /// When this session last read the schema's marks and found none, on
-    /// the timeline its token floor was set for, and that floor (see
-    /// `PostgresStore::begin`).
-    pub meta_read: Option<(std::time::Instant, u64)>,
+    /// This session's last reading of the schema's marks (none found) and
+    /// token floor (see `PostgresStore::begin`).
+    pub meta_read: Option<MetaRead>,
+}
+
+/// A session's reading of the marks and the fence.
+pub(super) struct MetaRead {
+    /// When, by the server's clock (ms).
+    pub at_ms: u64,
+    /// The token floor then.
+    pub floor: u64,
+    /// The server's timeline then, the one the floor was set for.
+    pub timeline: String,
 }
 
 /// What a pool opens its connections with.
