@@ -6,7 +6,7 @@
 //! The source is frozen at one instant (the cut-over) and copied after it,
 //! so what is copied is final; the target refuses work until the copy is
 //! complete, so nothing on it runs from a half-copied state. Both are done
-//! with the migration marks ([`crate::store::marks`]):
+//! with the migration marks (`store::marks`):
 //!
 //! 1. The target is marked `moving_from` (its ordinary transactions fail,
 //!    transiently: its workers wait).
@@ -101,7 +101,8 @@ pub struct MigrateReport {
     pub settings: u64,
     /// Rate buckets.
     pub rate_buckets: u64,
-    /// The highest job id copied: the target hands out ids above it.
+    /// The highest job id the source handed out (copied, or purged
+    /// since): the target hands out ids above it.
     pub last_job_id: u64,
     /// The highest token the source had granted (a key's or a job's).
     pub max_token: u64,

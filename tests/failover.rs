@@ -26,7 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Both hosts in the URL's authority...
 const URL: &str = "postgres://postgres@127.0.0.1:5433,127.0.0.1:5434/postgres?target_session_attrs=read-write&connect_timeout=2&schema=failover";
+/// ... or as libpq's `host=a,b` and `port=p,q` parameters.
+const URL_PARAMS: &str = "postgres://postgres@/postgres?host=127.0.0.1,127.0.0.1&port=5433,5434&target_session_attrs=read-write&connect_timeout=2&schema=failover";
 
 /// One pair on this machine: the tests take turns.
 static PAIR: Mutex<()> = Mutex::new(());
@@ -56,12 +59,12 @@ fn pair(args: &[&str]) {
     );
 }
 
-fn open() -> Arc<dyn Store> {
+fn open(url: &str) -> Arc<dyn Store> {
     let opts = PostgresOptions {
         pool_wait: Duration::from_secs(2),
         ..PostgresOptions::default()
     };
-    Arc::new(PostgresStore::open_with(URL, opts).unwrap())
+    Arc::new(PostgresStore::open_with(url, opts).unwrap())
 }
 
 /// Tokens granted per key, in grant order.
@@ -152,8 +155,8 @@ fn done(client: &Client) -> u64 {
 /// standby off first and grants on the primary alone. Returns every token
 /// granted per key before the failover (acknowledged to the holders)
 /// and after it.
-fn failover(lose: bool) -> (ByKey, ByKey, u64) {
-    let store = open();
+fn failover(url: &str, lose: bool) -> (ByKey, ByKey, u64) {
+    let store = open(url);
     let client = Client::builder_shared(store.clone()).build();
     let tokens: Tokens = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -235,7 +238,7 @@ fn with_asynchronous_replication_lost_grants_are_fenced_off_by_the_next_generati
     }
     let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
     pair(&["up", "async"]);
-    let (before, after, ran) = failover(true);
+    let (before, after, ran) = failover(URL, true);
     assert!(ran >= 40);
     let floor = leasehold::core::lease::promoted_floor(0);
     for (key, tokens) in &after {
@@ -284,7 +287,7 @@ fn with_synchronous_replication_no_acknowledged_grant_is_lost() {
     }
     let _one = PAIR.lock().unwrap_or_else(|p| p.into_inner());
     pair(&["up", "sync"]);
-    let (before, after, ran) = failover(false);
+    let (before, after, ran) = failover(URL_PARAMS, false);
     assert!(ran >= 40);
     let mut all = before.clone();
     for (k, v) in &after {
@@ -293,7 +296,7 @@ fn with_synchronous_replication_no_acknowledged_grant_is_lost() {
     assert_unique(&all);
     // Every grant acknowledged before the failover is on the promoted
     // server: its next token is above all of them.
-    let store = open();
+    let store = open(URL_PARAMS);
     let client = Client::new(store);
     for (key, tokens) in &before {
         let first_after = after[key].first().copied().unwrap();

@@ -76,7 +76,7 @@ pub trait Store: Send + Sync {
         None
     }
 
-    /// The store's migration marks ([`marks`](self::marks)), read even on
+    /// The store's migration marks (`store::marks`), read even on
     /// a moved store; a store that cannot be migrated says so.
     #[doc(hidden)]
     fn marks(&self) -> Result<Marks> {
@@ -145,7 +145,7 @@ pub fn open_url(url: &str) -> Result<std::sync::Arc<dyn Store>> {
 }
 
 /// [`open_url`] for `leasehold migrate`: with `ignore_marks`, the handle
-/// works on a store whatever its migration marks say ([`marks`](self::marks)).
+/// works on a store whatever its migration marks say (`store::marks`).
 #[doc(hidden)]
 pub fn open_url_as(url: &str, ignore_marks: bool) -> Result<std::sync::Arc<dyn Store>> {
     use crate::error::Error;

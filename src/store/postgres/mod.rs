@@ -183,7 +183,12 @@ fn split_url(url: &str, opts: &mut PostgresOptions) -> Result<(String, TlsParams
             "sslrootcert" => {
                 tls.root_cert = Some(percent_decode(Field::Sslrootcert, value)?.into())
             }
-            _ => rest.push(pair),
+            // libpq's `host=a,b` (the driver takes a comma as part of one
+            // host name here): one host parameter each.
+            "host" if value.contains(',') => {
+                rest.extend(value.split(',').map(|h| format!("host={h}")));
+            }
+            _ => rest.push(pair.to_owned()),
         }
     }
     let driver_url = if rest.is_empty() {
