@@ -424,11 +424,8 @@ impl PostgresStore {
         // (An injected clock is not the server's: nothing is kept.)
         let mut kept = conn.meta_read.take().filter(|_| !injected);
         for fenced in [false, true] {
-            let meta = if kept.is_some() {
-                "NULL"
-            } else {
-                &self.meta_read
-            };
+            let asked = kept.is_none();
+            let meta = if asked { &self.meta_read } else { "NULL" };
             let sql = format!("BEGIN; SELECT {clock}, {meta}, {timeline}");
             let msgs = conn.client.simple_query(&sql).map_err(fail)?;
             let row = msgs.iter().find_map(|m| match m {
@@ -469,9 +466,9 @@ impl PostgresStore {
                 }
             }
             // Read now (a kept reading ran out): in this transaction.
-            let text = match text {
-                Some(text) => Some(text),
-                None => conn
+            let text = match asked {
+                true => text,
+                false => conn
                     .client
                     .simple_query(&format!("SELECT {}", self.meta_read))
                     .map_err(fail)?
