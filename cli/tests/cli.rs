@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::{code, Dir, BIN};
+use cli::{code, within, Dir, BIN};
 
 #[test]
 fn lock_contract_and_exit_codes() {
@@ -839,12 +839,16 @@ fn run_forwards_sigterm_and_exits_with_the_commands_status() {
             "--",
             "sh",
             "-c",
-            "trap 'exit 3' TERM; sleep 5 >/dev/null 2>&1 & wait",
+            "trap 'exit 3' TERM; touch trapped; sleep 5 >/dev/null 2>&1 & wait",
         ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    // The signal once the command's trap is set (a fixed sleep lost the
+    // race on a loaded machine: the shell died of it, 143).
+    let trapped = d.0.join("trapped");
+    let ready = within(Duration::from_secs(10), || trapped.exists());
+    assert!(ready.is_some(), "the command never started");
     // SAFETY: signalling our own child (leasehold only, not its command).
     unsafe {
         libc::kill(run.id() as i32, libc::SIGTERM);
