@@ -98,31 +98,8 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     META_FUNCTION,
 ];
 
-/// Stands for the text of [`meta_function`] in [`MIGRATIONS`].
+/// Stands for the text of `meta::meta_function` in [`MIGRATIONS`].
 const META_FUNCTION: &str = "{meta_function}";
-
-/// `txn_meta()`: [`meta_read`]'s lines. A function, so that its plan is
-/// kept by the session: the same read inline in BEGIN's statement is
-/// planned again by every transaction (measured: 0.16 ms against 0.08 ms
-/// a statement, and 0.05 ms for the clock alone).
-pub(super) fn meta_function(quoted: &str) -> String {
-    format!(
-        "CREATE OR REPLACE FUNCTION {quoted}.txn_meta() RETURNS text LANGUAGE plpgsql VOLATILE AS $meta$
-DECLARE
-    lines text;
-BEGIN
-    SELECT {read} INTO lines;
-    RETURN lines;
-END
-$meta$;
--- The fence starts on the timeline the schema is made (or upgraded) on:
--- a schema found later without one is of unknown history (`fence`).
-INSERT INTO {quoted}.leasehold_meta (name, value)
-    SELECT '{TIMELINE}', {TIMELINE_READ} WHERE NOT pg_is_in_recovery()
-    ON CONFLICT (name) DO NOTHING;",
-        read = meta_read(quoted)
-    )
-}
 
 /// v14: dependencies. A job's named jobs (`after_ids`, comma-separated),
 /// whether it runs after any ending, how many it still waits for, and
@@ -199,11 +176,11 @@ pub(super) struct Target<'a> {
 }
 
 impl Target<'_> {
-    fn context(&self) -> String {
+    pub(super) fn context(&self) -> String {
         format!("migrating schema {} on {}", self.name, self.shown)
     }
 
-    fn fail(&self, e: postgres::Error) -> Error {
+    pub(super) fn fail(&self, e: postgres::Error) -> Error {
         pg_err(self.context(), e, Stage::Work)
     }
 }
@@ -239,7 +216,7 @@ pub(super) fn migrate(client: &mut Client, to: &Target<'_>) -> Result<()> {
     {
         let sql = match *sql {
             PUSH_FUNCTION => push_function(to.quoted, &channel(to.name)),
-            META_FUNCTION => meta_function(to.quoted),
+            META_FUNCTION => super::meta::meta_function(to.quoted),
             sql => sql.replace("{s}", to.quoted),
         };
         tx.batch_execute(&sql).map_err(|e| to.fail(e))?;
@@ -298,213 +275,5 @@ fn current_version(tx: &mut Transaction<'_>, to: &Target<'_>) -> Result<i64> {
         ))
     } else {
         Ok(0)
-    }
-}
-
-/// What every transaction reads from `leasehold_meta` at BEGIN: the
-/// migration marks ([`crate::store::marks`]) and the token floor (see
-/// `failover`), as `name=value` lines.
-#[derive(Debug, Default)]
-pub(super) struct Meta {
-    pub marks: crate::store::Marks,
-    /// Every token granted is above it (the failover fence).
-    pub token_floor: u64,
-    /// The server timeline the floor was last set for.
-    pub timeline: Option<String>,
-}
-
-/// The meta names of the failover fence.
-pub(super) const TOKEN_FLOOR: &str = "token_floor";
-pub(super) const TIMELINE: &str = "timeline";
-
-impl Meta {
-    /// The lines of [`meta_read`]'s column (none: no marks, no floor).
-    pub fn parse(column: Option<&str>) -> Meta {
-        let mut meta = Meta::default();
-        for line in column.unwrap_or("").lines() {
-            if let Some((name, value)) = line.split_once('=') {
-                match name {
-                    // Never written unparsable: the highest floor if so.
-                    TOKEN_FLOOR => meta.token_floor = value.parse().unwrap_or(u64::MAX),
-                    TIMELINE => meta.timeline = Some(value.to_owned()),
-                    _ => meta.marks.set(name, value.to_owned()),
-                }
-            }
-        }
-        meta
-    }
-}
-
-/// The subquery [`Meta::parse`] reads (one index probe per name).
-pub(super) fn meta_read(quoted: &str) -> String {
-    use crate::store::marks::{MOVED_TO, MOVING_FROM};
-    format!(
-        "(SELECT string_agg(name || '=' || value, chr(10)) FROM {quoted}.leasehold_meta
-          WHERE name IN ('{MOVED_TO}', '{MOVING_FROM}', '{TOKEN_FLOOR}', '{TIMELINE}'))"
-    )
-}
-
-/// The server's timeline (8 hex digits; a promotion starts a new one), or
-/// NULL on a standby.
-pub(super) const TIMELINE_READ: &str = "CASE WHEN pg_is_in_recovery() THEN NULL
-     ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
-
-/// The schema's migration marks.
-pub(super) fn read_marks(client: &mut Client, to: &Target<'_>) -> Result<crate::store::Marks> {
-    let row = client
-        .query_one(&format!("SELECT {}", meta_read(to.quoted)), &[])
-        .map_err(|e| to.fail(e))?;
-    Ok(Meta::parse(row.get::<_, Option<&str>>(0)).marks)
-}
-
-/// Set the failover fence for the server's `timeline`: on a new timeline
-/// (a promoted standby), or none recorded, the token floor moves to the
-/// next generation
-/// ([`crate::core::lease::promoted_floor`]), in one transaction; fences
-/// take turns. Returns the floor.
-///
-/// No transaction grants under a floor set for another timeline: each
-/// compares the timeline with the recorded one at BEGIN, and the two
-/// change together here. (Fences racing read the same floor and write
-/// the same next one; a later one finds the timeline recorded.)
-pub(super) fn fence(client: &mut Client, to: &Target<'_>, timeline: &str) -> Result<u64> {
-    let mut tx = client.transaction().map_err(|e| to.fail(e))?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-        &[&(ADVISORY_CLASS + 2), &to.name],
-    )
-    .map_err(|e| to.fail(e))?;
-    let row = tx
-        .query_one(&format!("SELECT {}", meta_read(to.quoted)), &[])
-        .map_err(|e| to.fail(e))?;
-    let meta = Meta::parse(row.get::<_, Option<&str>>(0));
-    let floor = match meta.timeline.as_deref() {
-        Some(seen) if seen == timeline => return Ok(meta.token_floor),
-        // Every schema records its timeline when it is made: one without
-        // may have lost that record, and the grants after it, with a
-        // primary. Either way, of unknown history: the next generation.
-        None | Some(_) => crate::core::lease::promoted_floor(meta.token_floor),
-    };
-    let put = format!(
-        "INSERT INTO {}.leasehold_meta (name, value) VALUES ($1, $2)
-         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-        to.quoted
-    );
-    for (name, value) in [
-        (TOKEN_FLOOR, floor.to_string()),
-        (TIMELINE, timeline.to_owned()),
-    ] {
-        tx.execute(&put, &[&name, &value]).map_err(|e| to.fail(e))?;
-    }
-    tx.commit().map_err(|e| to.fail(e))?;
-    Ok(floor)
-}
-
-/// Refuse a cut-over that could not see every transaction it must wait
-/// for: sessions of other roles whose activity this role cannot read.
-fn check_visible(client: &mut Client, to: &Target<'_>) -> Result<()> {
-    // Sessions whose transactions this role cannot see would be waited
-    // for by nobody: refuse, naming what would let it see them.
-    let hidden: i64 = client
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-               AND backend_type = 'client backend' AND pid <> pg_backend_pid()
-               AND query = '<insufficient privilege>'",
-            &[],
-        )
-        .map_err(|e| to.fail(e))?
-        .get(0);
-    if hidden > 0 {
-        return Err(Error::invalid(
-            crate::error::Field::Store,
-            format!(
-                "{hidden} session(s) of other roles use this database and their transactions are \
-                 hidden from this role, so the cut-over cannot wait for them: migrate as a \
-                 superuser, a member of pg_read_all_stats, or the role they use (nothing \
-                 was marked)"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Replace the schema's migration marks, in one transaction.
-pub(super) fn write_marks(
-    client: &mut Client,
-    to: &Target<'_>,
-    marks: &crate::store::Marks,
-) -> Result<()> {
-    let marking = *marks != crate::store::Marks::default();
-    if marking {
-        check_visible(client, to)?;
-    }
-    let mut tx = client.transaction().map_err(|e| to.fail(e))?;
-    for (name, value) in marks.entries() {
-        match value {
-            Some(v) => tx.execute(
-                &format!(
-                    "INSERT INTO {}.leasehold_meta (name, value) VALUES ($1, $2)
-                     ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                    to.quoted
-                ),
-                &[&name, &v],
-            ),
-            None => tx.execute(
-                &format!("DELETE FROM {}.leasehold_meta WHERE name = $1", to.quoted),
-                &[&name],
-            ),
-        }
-        .map_err(|e| to.fail(e))?;
-    }
-    tx.commit().map_err(|e| to.fail(e))?;
-    if marking {
-        wait_for_older(client, to)?;
-    }
-    Ok(())
-}
-
-/// How long a cut-over waits for the transactions that began before it.
-const CUT_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Wait until every transaction of the database that began before now
-/// (after twice [`MARKS_FRESH`](crate::store::marks::MARKS_FRESH)) has
-/// ended: the cut-over's mark is committed, and a transaction that begins
-/// after that reads it at BEGIN, or in `push`, and is refused. Then what
-/// the copy reads is final, at no cost to any other transaction. An
-/// error names a transaction still open after [`CUT_OVER_WAIT`] (the
-/// mark stays: run the migration again once it has ended).
-fn wait_for_older(client: &mut Client, to: &Target<'_>) -> Result<()> {
-    // Other sessions' transactions show to a superuser, to a member of
-    // pg_read_all_stats, and to their own role.
-    const OLDER: &str = "SELECT pid, xact_start::text, left(query, 80) FROM pg_stat_activity
-        WHERE datname = current_database() AND pid <> pg_backend_pid()
-          AND backend_type = 'client backend' AND xact_start IS NOT NULL AND xact_start <= $1
-        ORDER BY xact_start LIMIT 1";
-    // Every session's trust in its last reading of the marks runs out.
-    crate::sync::sleep(crate::store::marks::MARKS_FRESH * 2);
-    let since: std::time::SystemTime = client
-        .query_one("SELECT clock_timestamp()", &[])
-        .map_err(|e| to.fail(e))?
-        .get(0);
-    const POLL: std::time::Duration = std::time::Duration::from_millis(20);
-    let mut waited = std::time::Duration::ZERO;
-    loop {
-        let older = client.query_opt(OLDER, &[&since]).map_err(|e| to.fail(e))?;
-        let Some(row) = older else {
-            return Ok(());
-        };
-        if waited >= CUT_OVER_WAIT {
-            let (pid, at, query): (i32, String, String) = (row.get(0), row.get(1), row.get(2));
-            return Err(Error::transient(
-                to.context(),
-                format!(
-                    "the cut-over waited {}s for a transaction open since {at} (pid {pid}, {query:?}); \
-                     end it and run the migration again",
-                    CUT_OVER_WAIT.as_secs()
-                ),
-            ));
-        }
-        crate::sync::sleep(POLL);
-        waited += POLL;
     }
 }

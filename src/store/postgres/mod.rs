@@ -68,6 +68,7 @@ mod error;
 mod jobs;
 mod listen;
 mod listing;
+mod meta;
 mod migrate;
 mod pool;
 mod push_in;
@@ -86,14 +87,12 @@ use crate::core::Txn;
 use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
-use crate::store::marks::MARKS_FRESH_MS;
 use crate::store::{Store, Wake};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::AtomicU64;
 use error::{pg_err, Stage};
 use listen::Listener;
-use pool::MetaRead;
 use pool::{Checkout, Conn, Connector, Pool, PoolConfig};
-use postgres::{Config, SimpleQueryMessage};
+use postgres::Config;
 use std::sync::Arc;
 use std::time::Duration;
 use tls::{SslMode, TlsParams};
@@ -245,6 +244,8 @@ pub struct PostgresStore {
     channel: String,
     /// The call reading the marks and the fence at BEGIN.
     meta_read: String,
+    /// BEGIN's statements (`meta::begin_sql`).
+    begin_sql: [String; 2],
     opts: PostgresOptions,
     fork: ForkGuard,
     /// Highest store time this handle handed out.
@@ -345,6 +346,7 @@ impl PostgresStore {
         });
         let store = PostgresStore {
             channel: migrate::channel(&opts.schema),
+            begin_sql: meta::begin_sql(&opts, &format!("{}.txn_meta()", pool.cfg.schema)),
             meta_read: format!("{}.txn_meta()", pool.cfg.schema),
             pool,
             opts,
@@ -360,7 +362,7 @@ impl PostgresStore {
         };
         migrate::migrate(&mut client, &target)?;
         if !store.opts.ignore_marks {
-            if let Some(to) = migrate::read_marks(&mut client, &target)?.moved_to {
+            if let Some(to) = meta::read_marks(&mut client, &target)?.moved_to {
                 return Err(Error::Moved { to });
             }
         }
@@ -381,126 +383,6 @@ impl PostgresStore {
     /// The schema's name (unquoted).
     pub fn schema(&self) -> &str {
         &self.opts.schema
-    }
-
-    /// BEGIN and read the clock and the server's timeline in one round
-    /// trip, with, when this session's last reading is older than
-    /// [`MARKS_FRESH`] by the server's clock (or was on another timeline),
-    /// the schema's marks ([`crate::store::marks`]) and token floor;
-    /// (store time, token floor).
-    ///
-    /// The failover fence: the floor was set for one server timeline. A
-    /// session that finds another (a standby promoted since, whose history
-    /// may lack the last grants of the old primary) sets the fence first
-    /// ([`migrate::fence`]: the next generation of tokens), then begins
-    /// again; so no grant on a promoted server precedes it. Every
-    /// transaction compares the timeline (a proxy that keeps a client's
-    /// session across a failover changes server under it); a session on a
-    /// standby keeps nothing.
-    ///
-    /// The marks' freshness is judged by the server's clock, read in the
-    /// transaction itself: a cut-over's barrier (`wait_for_older`) counts
-    /// on it, whatever delayed the transaction on its way.
-    fn begin(&self, conn: &mut Conn) -> Result<(u64, u64)> {
-        let shown = &self.pool.cfg.shown;
-        let fail = |e: postgres::Error| {
-            pg_err(
-                format!("beginning a transaction on {shown}"),
-                e,
-                Stage::Work,
-            )
-        };
-        let injected = self.opts.clock.is_some();
-        let clock = if injected {
-            "NULL::int8"
-        } else {
-            "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8"
-        };
-        let timeline = if self.opts.ignore_marks {
-            "NULL"
-        } else {
-            migrate::TIMELINE_READ
-        };
-        // (An injected clock is not the server's: nothing is kept.)
-        let mut kept = conn.meta_read.take().filter(|_| !injected);
-        for fenced in [false, true] {
-            let asked = kept.is_none();
-            let meta = if asked { &self.meta_read } else { "NULL" };
-            let sql = format!("BEGIN; SELECT {clock}, {meta}, {timeline}");
-            let msgs = conn.client.simple_query(&sql).map_err(fail)?;
-            let row = msgs.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(r) if r.len() == 3 => Some(r),
-                _ => None,
-            });
-            let server_now = row
-                .and_then(|r| r.get(0))
-                .and_then(|v| v.parse::<u64>().ok());
-            let now = match &self.opts.clock {
-                Some(clock) => clock.now_ms(),
-                None => server_now.ok_or_else(|| {
-                    Error::store(
-                        format!("reading the clock of {shown}"),
-                        "clock_timestamp() returned no usable value",
-                    )
-                })?,
-            };
-            let now = now.max(self.high_water_ms.fetch_max(now, Ordering::SeqCst));
-            let text = row.and_then(|r| r.get(1)).map(str::to_owned);
-            if self.opts.ignore_marks {
-                return Ok((now, migrate::Meta::parse(text.as_deref()).token_floor));
-            }
-            let Some(timeline) = row.and_then(|r| r.get(2)).map(str::to_owned) else {
-                return Err(Error::transient(
-                    format!("beginning a transaction on {shown}"),
-                    "the server is a standby (in recovery): no writes until it is promoted \
-                     (list every host, with target_session_attrs=read-write)",
-                ));
-            };
-            if let Some(read) = kept.take() {
-                let fresh =
-                    server_now.is_some_and(|n| n.saturating_sub(read.at_ms) < MARKS_FRESH_MS);
-                if fresh && read.timeline == timeline {
-                    let floor = read.floor;
-                    conn.meta_read = Some(read);
-                    return Ok((now, floor));
-                }
-            }
-            // Read now (a kept reading ran out): in this transaction.
-            let text = match asked {
-                true => text,
-                false => conn
-                    .client
-                    .simple_query(&format!("SELECT {}", self.meta_read))
-                    .map_err(fail)?
-                    .iter()
-                    .find_map(|m| match m {
-                        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                        _ => None,
-                    }),
-            };
-            let meta = migrate::Meta::parse(text.as_deref());
-            meta.marks.check(shown)?;
-            if meta.timeline.as_deref() != Some(timeline.as_str()) {
-                if fenced {
-                    break;
-                }
-                let _ = conn.client.batch_execute("ROLLBACK");
-                migrate::fence(&mut conn.client, &self.target(), &timeline)?;
-                continue;
-            }
-            if let Some(at_ms) = server_now {
-                conn.meta_read = Some(MetaRead {
-                    at_ms,
-                    floor: meta.token_floor,
-                    timeline,
-                });
-            }
-            return Ok((now, meta.token_floor));
-        }
-        Err(Error::transient(
-            format!("beginning a transaction on {shown}"),
-            "the server's timeline changed again while its fence was set",
-        ))
     }
 
     fn run(&self, conn: &mut Conn, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
@@ -590,13 +472,13 @@ impl Store for PostgresStore {
     fn marks(&self) -> Result<crate::store::Marks> {
         self.fork.check()?;
         let mut client = self.pool.connect_raw()?;
-        migrate::read_marks(&mut client, &self.target())
+        meta::read_marks(&mut client, &self.target())
     }
 
     fn set_marks(&self, marks: &crate::store::Marks) -> Result<()> {
         self.fork.check()?;
         let mut client = self.pool.connect_raw()?;
-        migrate::write_marks(&mut client, &self.target(), marks)
+        meta::write_marks(&mut client, &self.target(), marks)
     }
 
     /// The listener (and its connection) starts with the first wait, so a
