@@ -598,3 +598,42 @@ fn group_commit_model_rejects_a_failure_told_to_the_committer_only() {
         group_model(Canary::FailureToCommitterOnly, [Fate::Commit; 2], 1)
     ));
 }
+
+// ------------------------------------------------------- the worker's channel
+
+/// Two poppers take one item each of two pushed together: the pushes wake
+/// one popper, and the one that takes the first item passes the wake-up on
+/// (broken: it does not, and the other sleeps forever: loom reports the
+/// deadlock).
+fn channel_model(silent: bool) -> impl Fn() + Sync + Send + 'static {
+    move || {
+        loom_canary::SILENT_POP.with(|c| c.set(silent));
+        let ch = Arc::new(loom_canary::Channel::new());
+        let poppers: Vec<_> = (0..2)
+            .map(|_| {
+                let ch = ch.clone();
+                thread::spawn(move || ch.pop())
+            })
+            .collect();
+        ch.push(1u8);
+        ch.push(2u8);
+        let mut got: Vec<u8> = poppers
+            .into_iter()
+            .map(|p| p.join().unwrap().unwrap())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, [1, 2]);
+    }
+}
+
+#[test]
+fn channel_never_strands_an_item_while_a_popper_sleeps() {
+    check(2, channel_model(false));
+}
+
+#[test]
+fn channel_model_rejects_a_pop_that_keeps_the_wake_up() {
+    let rejected = loom_rejects(2, channel_model(true));
+    loom_canary::SILENT_POP.with(|c| c.set(false));
+    assert!(rejected);
+}

@@ -38,54 +38,101 @@ pub(crate) fn spawn_waker(
         .map_err(|e| crate::Error::store("starting the waker thread", e.to_string()))
 }
 
-/// A closable queue between threads.
-pub(crate) struct Channel<T> {
-    items: Mutex<(VecDeque<T>, bool)>,
+/// A closable queue between threads. A push wakes a sleeping popper only
+/// when none is already on its way, and a popper that takes an item and
+/// leaves others behind passes the wake-up on: a batch of pushes costs a
+/// wake-up per popper that is needed, not one per item, and an item is
+/// never left while a popper sleeps (every item left behind has a popper
+/// on its way or awake: the one that left it, or one it woke).
+pub struct Channel<T> {
+    state: Mutex<ChannelState<T>>,
     cv: Condvar,
 }
 
+struct ChannelState<T> {
+    items: VecDeque<T>,
+    closed: bool,
+    /// Poppers waiting on the condvar.
+    sleepers: usize,
+    /// Of those, how many were woken and have not run yet.
+    woken: usize,
+}
+
+impl<T> ChannelState<T> {
+    /// Wake a sleeper, unless every sleeper is already woken.
+    fn wake_one(&mut self, cv: &Condvar) {
+        if self.sleepers > self.woken {
+            self.woken += 1;
+            cv.notify_one();
+        }
+    }
+}
+
 impl<T> Channel<T> {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Channel {
-            items: Mutex::new((VecDeque::new(), false)),
+            state: Mutex::new(ChannelState {
+                items: VecDeque::new(),
+                closed: false,
+                sleepers: 0,
+                woken: 0,
+            }),
             cv: Condvar::new(),
         }
     }
 
-    pub(crate) fn push(&self, item: T) {
-        lock(&self.items).0.push_back(item);
-        self.cv.notify_one();
-    }
-
-    /// The next item, waiting for one; `None` once closed.
-    pub(crate) fn pop(&self) -> Option<T> {
-        let mut items = lock(&self.items);
-        loop {
-            if let Some(item) = items.0.pop_front() {
-                return Some(item);
-            }
-            if items.1 {
-                return None;
-            }
-            items = match self.cv.wait(items) {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+    pub fn push(&self, item: T) {
+        let mut state = lock(&self.state);
+        state.items.push_back(item);
+        if state.woken == 0 {
+            state.wake_one(&self.cv);
         }
     }
 
-    pub(crate) fn close(&self) {
-        lock(&self.items).1 = true;
+    /// The next item, waiting for one; `None` once closed.
+    pub fn pop(&self) -> Option<T> {
+        let mut state = lock(&self.state);
+        loop {
+            if let Some(item) = state.items.pop_front() {
+                #[cfg(loom)]
+                let silent = super::loom_canary::silent_pop();
+                #[cfg(not(loom))]
+                let silent = false;
+                if !state.items.is_empty() && !silent {
+                    state.wake_one(&self.cv);
+                }
+                return Some(item);
+            }
+            if state.closed {
+                return None;
+            }
+            state.sleepers += 1;
+            state = match self.cv.wait(state) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            state.sleepers -= 1;
+            // A spurious return counts as a wake-up: at worst the next
+            // push wakes one sleeper more than it needed.
+            state.woken = state.woken.saturating_sub(1);
+        }
+    }
+
+    pub fn close(&self) {
+        lock(&self.state).closed = true;
         self.cv.notify_all();
     }
 
     /// Everything queued, waiting up to `timeout` for something when
     /// nothing is (empty once closed, or when the wait runs out).
-    pub(crate) fn drain_wait(&self, timeout: Duration) -> Vec<T> {
-        let mut items = lock(&self.items);
-        if items.0.is_empty() && !items.1 && !timeout.is_zero() {
-            items = nap(&self.cv, &self.items, items, timeout);
+    pub fn drain_wait(&self, timeout: Duration) -> Vec<T> {
+        let mut state = lock(&self.state);
+        if state.items.is_empty() && !state.closed && !timeout.is_zero() {
+            state.sleepers += 1;
+            state = nap(&self.cv, &self.state, state, timeout);
+            state.sleepers -= 1;
+            state.woken = state.woken.saturating_sub(1);
         }
-        items.0.drain(..).collect()
+        state.items.drain(..).collect()
     }
 }

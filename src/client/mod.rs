@@ -545,4 +545,18 @@ pub mod loom_canary {
     pub fn naive() -> bool {
         NAIVE_KEEP_ALIVE.with(Cell::get)
     }
+
+    std::thread_local! {
+        /// A [`Channel`] popper that takes an item and leaves others
+        /// behind wakes nobody: the lost wake-up its rule prevents.
+        pub static SILENT_POP: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether the silent pop is on.
+    pub fn silent_pop() -> bool {
+        SILENT_POP.with(Cell::get)
+    }
+
+    /// The worker loop's queue between threads, for its model.
+    pub use super::channel::Channel;
 }

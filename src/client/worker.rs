@@ -155,6 +155,9 @@ struct Inbox {
     replies: Vec<WorkerReply>,
     /// The store announced a job made ready.
     woke: bool,
+    /// The driver sleeps on the condvar: a delivery wakes it (and clears
+    /// this, so that the deliveries before it runs make no system call).
+    waiting: bool,
 }
 
 impl Inbox {
@@ -176,15 +179,19 @@ struct Shared {
 
 impl Shared {
     fn deliver(&self, f: impl FnOnce(&mut Inbox)) {
-        f(&mut lock(&self.inbox));
-        self.inbox_cv.notify_one();
+        let mut inbox = lock(&self.inbox);
+        f(&mut inbox);
+        if std::mem::take(&mut inbox.waiting) {
+            self.inbox_cv.notify_one();
+        }
     }
 }
 
-/// Store threads: a claim, a renewal round, a settle batch and a drain
-/// check or sample may be in flight at once (the machine allows one of
-/// each), so their transactions overlap (and share commits where the
-/// store groups them).
+/// Most store threads: a claim, a renewal round, a settle batch and a
+/// drain check or sample may be in flight at once (the machine allows one
+/// of each); as many run as the store gains from
+/// ([`Store::concurrent_txns`](crate::Store::concurrent_txns)), the rest
+/// wait their turn in order.
 const STORE_THREADS: usize = 3;
 
 /// How often an idle driver looks at the stop flag (it is a plain flag:
@@ -235,7 +242,8 @@ impl Queue {
             for _ in 0..threads {
                 s.spawn(|| handler_thread(&shared, &handler));
             }
-            for _ in 0..STORE_THREADS {
+            let store_threads = self.client.store().concurrent_txns();
+            for _ in 0..store_threads.clamp(1, STORE_THREADS) {
                 s.spawn(|| {
                     while let Some(request) = shared.requests.pop() {
                         let reply = exec.run(request);
@@ -349,15 +357,17 @@ impl<'a> Driver<'a> {
         if ms == 0 {
             return;
         }
-        let inbox = lock(&self.shared.inbox);
+        let mut inbox = lock(&self.shared.inbox);
         if !inbox.is_empty() {
             return;
         }
-        drop(crate::sync::nap(
+        inbox.waiting = true;
+        let mut inbox = crate::sync::nap(
             &self.shared.inbox_cv,
             &self.shared.inbox,
             inbox,
             Duration::from_millis(ms),
-        ));
+        );
+        inbox.waiting = false;
     }
 }

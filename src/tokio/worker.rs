@@ -1,8 +1,9 @@
 //! The async worker loop: a thin driver of the same `WorkerMachine` as the
 //! sync loop (through the shared `Session`). The loop's task runs the
-//! machine and sends its requests to the blocking pool (a claim, a renewal
-//! round and a settle batch may overlap: the machine allows one of each
-//! in flight); each
+//! machine and sends its requests to the blocking pool, in order, as many
+//! at once as the store gains from ([`crate::Store::concurrent_txns`]: a
+//! claim, a renewal round and a settle batch may overlap, the machine
+//! allows one of each in flight); each
 //! handler is a task of its own, cancelled (its future dropped) when the
 //! machine stops its job; the store's "job ready" announcements arrive
 //! through the client's watcher.
@@ -18,7 +19,7 @@ use crate::time::LocalMs;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
 /// A handler's result: its claim and the outcome.
@@ -73,6 +74,9 @@ impl Queue {
             tasks: JoinSet::new(),
             done: mpsc::unbounded_channel(),
             replies: mpsc::unbounded_channel(),
+            turns: Arc::new(Semaphore::new(
+                self.client.sync.store().concurrent_txns().clamp(1, 3),
+            )),
         };
         let end = driver.run(opts, shutdown, &observe).await;
         // Normally every handler has reported; after a store error some
@@ -97,6 +101,8 @@ struct Driver<'q, F> {
         mpsc::UnboundedSender<WorkerReply>,
         mpsc::UnboundedReceiver<WorkerReply>,
     ),
+    /// Store requests running at once (FIFO: a request waits its turn).
+    turns: Arc<Semaphore>,
 }
 
 impl<F, Fut> Driver<'_, F>
@@ -124,13 +130,19 @@ where
             self.session.machine.handle_timeout(now);
             while let Some(next) = self.session.next(observe) {
                 match next {
-                    // Requests of different kinds overlap (the machine
-                    // allows one of each in flight).
+                    // Requests of different kinds may overlap (one of each
+                    // in flight), as many at once as `turns` allows.
                     Next::Send(request) => {
                         let exec = self.session.exec().clone();
                         let replies = self.replies.0.clone();
-                        drop(tokio::task::spawn_blocking(move || {
-                            let _ = replies.send(exec.run(request));
+                        let turns = self.turns.clone();
+                        drop(tokio::spawn(async move {
+                            if let Ok(turn) = turns.acquire_owned().await {
+                                drop(tokio::task::spawn_blocking(move || {
+                                    let _ = replies.send(exec.run(request));
+                                    drop(turn);
+                                }));
+                            }
                         }));
                     }
                     Next::Start(job) => self.start(ClaimedJob::new(&self.queue.client, job)),

@@ -646,15 +646,21 @@ pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
 /// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):
 /// a queue is drained once no job is ready, running or due, where a retry
 /// waiting out its backoff counts as due. A job delayed before its first
-/// attempt does not hold a draining worker.
+/// attempt does not hold a draining worker. Three indexed reads of at most
+/// one job each, after bringing the queue up to date: never a count of the
+/// queue's history (counting 200,000 finished jobs took a draining worker
+/// 20 ms per look, and it looks until its last outcomes commit).
 pub fn drained(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<bool> {
-    let counts = stats(tx, queue, policy)?;
-    if counts.get(JobState::Ready) > 0 || counts.get(JobState::Running) > 0 {
-        return Ok(false);
+    let tx = tx.jobs()?;
+    check_queue(queue)?;
+    refresh(tx, queue, policy, 0)?;
+    for state in [JobState::Ready, JobState::Running] {
+        if !tx.page(queue, state, None, 1, 0)?.is_empty() {
+            return Ok(false);
+        }
     }
     let mut retrying = Vec::new();
-    tx.jobs()?
-        .scan(queue, JobQuery::Retrying, 1, &mut retrying)?;
+    tx.scan(queue, JobQuery::Retrying, 1, &mut retrying)?;
     Ok(retrying.is_empty())
 }
 

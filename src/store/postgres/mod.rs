@@ -465,6 +465,12 @@ impl Store for PostgresStore {
         self.listener.epoch(wake)
     }
 
+    /// A claim, a renewal round and a settle, each on a connection of
+    /// its own: their round trips overlap.
+    fn concurrent_txns(&self) -> usize {
+        3
+    }
+
     fn postgres_schema(&self) -> Option<&str> {
         Some(&self.pool.cfg.schema)
     }

@@ -16,6 +16,25 @@ use crate::Holder;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::sync::Arc;
 
+/// The widths of [`JobTxn::jobs_by_id`]'s statements (a settle batch's
+/// reads: one statement per chunk of ids instead of one per id). A chunk
+/// takes the narrowest that holds it and binds NULL for the ids it lacks,
+/// which match no row: a few statements serve every batch, and a small
+/// batch does not pay for a wide list (fewer ids than the narrowest read
+/// one by one).
+const BY_ID_WIDTHS: [usize; 2] = [8, 64];
+
+/// The statement of each of [`BY_ID_WIDTHS`].
+static BY_ID_SQL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    BY_ID_WIDTHS.map(|width| {
+        let marks: Vec<String> = (1..=width).map(|i| format!("?{i}")).collect();
+        format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE id IN ({})",
+            marks.join(", ")
+        )
+    })
+});
+
 pub(super) struct SqlTxn<'c> {
     conn: &'c Connection,
     now_ms: u64,
@@ -384,10 +403,38 @@ impl JobTxn for SqlTxn<'_> {
         Ok(job)
     }
 
+    /// One statement per chunk of ids ([`BY_ID_WIDTHS`]).
     fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
-        let mut jobs = Vec::with_capacity(ids.len());
-        for &id in ids {
-            jobs.extend(self.job(id)?);
+        if ids.len() < BY_ID_WIDTHS[0] / 2 {
+            let mut jobs = Vec::with_capacity(ids.len());
+            for &id in ids {
+                jobs.extend(self.job(id)?);
+            }
+            return Ok(jobs);
+        }
+        let fail = |e| sql_err(|| format!("reading {} jobs", ids.len()), e);
+        let mut found = std::collections::HashMap::with_capacity(ids.len());
+        let widest = BY_ID_WIDTHS[BY_ID_WIDTHS.len() - 1];
+        for chunk in ids.chunks(widest) {
+            let shape = BY_ID_WIDTHS.iter().position(|&w| w >= chunk.len());
+            let shape = shape.unwrap_or(BY_ID_WIDTHS.len() - 1);
+            let sql = &BY_ID_SQL[shape];
+            let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
+            for i in 0..BY_ID_WIDTHS[shape] {
+                let key = chunk.get(i).map(|id| i64_of(Field::Id, id.0)).transpose()?;
+                stmt.raw_bind_parameter(i + 1, key).map_err(fail)?;
+            }
+            let mut rows = stmt.raw_query();
+            while let Some(row) = rows.next().map_err(fail)? {
+                let job = job_from_row(row).map_err(fail)?;
+                found.insert(job.id, job);
+            }
+        }
+        let jobs: Vec<JobRecord> = ids.iter().filter_map(|id| found.get(id).cloned()).collect();
+        for job in &jobs {
+            if !self.loaded.contains(&job.id) {
+                self.loaded.push(job.id);
+            }
         }
         Ok(jobs)
     }
