@@ -59,16 +59,18 @@ struct ChannelState<T> {
 }
 
 impl<T> ChannelState<T> {
-    /// Wake a sleeper, unless every sleeper is already woken.
-    fn wake_one(&mut self, cv: &Condvar) {
-        if self.sleepers > self.woken {
-            self.woken += 1;
-            cv.notify_one();
-        }
+    /// Count a sleeper woken, unless every sleeper is already: whether to
+    /// notify one (after the lock is let go, so that the sleeper does not
+    /// wake only to wait for it).
+    fn wake_one(&mut self) -> bool {
+        let wake = self.sleepers > self.woken;
+        self.woken += usize::from(wake);
+        wake
     }
 }
 
 impl<T> Channel<T> {
+    /// An empty, open channel.
     pub fn new() -> Self {
         Channel {
             state: Mutex::new(ChannelState {
@@ -81,11 +83,14 @@ impl<T> Channel<T> {
         }
     }
 
+    /// Queue `item`, waking a popper if none is on its way.
     pub fn push(&self, item: T) {
         let mut state = lock(&self.state);
         state.items.push_back(item);
-        if state.woken == 0 {
-            state.wake_one(&self.cv);
+        let wake = state.woken == 0 && state.wake_one();
+        drop(state);
+        if wake {
+            self.cv.notify_one();
         }
     }
 
@@ -98,8 +103,10 @@ impl<T> Channel<T> {
                 let silent = super::loom_canary::silent_pop();
                 #[cfg(not(loom))]
                 let silent = false;
-                if !state.items.is_empty() && !silent {
-                    state.wake_one(&self.cv);
+                let wake = !state.items.is_empty() && !silent && state.wake_one();
+                drop(state);
+                if wake {
+                    self.cv.notify_one();
                 }
                 return Some(item);
             }
@@ -118,6 +125,7 @@ impl<T> Channel<T> {
         }
     }
 
+    /// Close: poppers get what is queued, then `None`.
     pub fn close(&self) {
         lock(&self.state).closed = true;
         self.cv.notify_all();

@@ -181,7 +181,10 @@ impl Shared {
     fn deliver(&self, f: impl FnOnce(&mut Inbox)) {
         let mut inbox = lock(&self.inbox);
         f(&mut inbox);
-        if std::mem::take(&mut inbox.waiting) {
+        let wake = std::mem::take(&mut inbox.waiting);
+        // After the lock is let go: woken, the driver takes it at once.
+        drop(inbox);
+        if wake {
             self.inbox_cv.notify_one();
         }
     }
