@@ -1,8 +1,9 @@
 //! SQLite-specific behaviour: WAL in effect, claim scans served by their
 //! index in order (no sort), foreign/newer/corrupt files refused and left
 //! untouched, store time continuous across reboots and on the machine's
-//! boot clock, a network filesystem refused, a real fork, and group commit
-//! (atomic per transaction, visible on return).
+//! boot clock, a network filesystem refused, a real fork, group commit
+//! (atomic per transaction, visible on return), and a settle batch's reads
+//! in chunks of ids.
 
 #![allow(clippy::disallowed_methods)] // real threads in the group commit test
 
@@ -698,4 +699,52 @@ fn a_version_2_database_is_upgraded_in_place() {
         .unwrap();
     let job = store.txn(|tx| core::job::get(tx, id, &policy)).unwrap();
     assert_eq!(job.result.as_deref(), Some(&b"42"[..]));
+}
+
+/// A settle batch's jobs are read in chunks of ids (8 or 64 to a
+/// statement, the rest bound NULL): every width and a remainder, an id
+/// given twice and an id that does not exist each get their own answer, in
+/// the batch's order.
+#[test]
+fn a_settle_batch_reads_every_job_across_its_chunks() {
+    let dir = Dir::new("settle-chunks");
+    let store = SqliteStore::open(dir.db()).unwrap();
+    let policy = QueuePolicy::default();
+    let holder = HolderId(7);
+    for n in [2usize, 5, 8, 9, 64, 65, 130] {
+        let queue = format!("q{n}");
+        let jobs = store
+            .txn(|tx| {
+                for _ in 0..n {
+                    core::job::enqueue(tx, &queue, &JobSpec::new("x"), &policy)?;
+                }
+                core::job::claim(tx, &queue, holder, 60_000, n, &policy)
+            })
+            .unwrap();
+        assert_eq!(jobs.len(), n);
+        let mut settles: Vec<_> = jobs
+            .iter()
+            .map(|j| (j.id, j.last_token, core::job::Settle::Complete))
+            .collect();
+        // The first job again (already recorded: answered Done again), and
+        // an id no job has.
+        settles.push(settles[0].clone());
+        settles.push((leasehold::JobId(1_000_000), 1, core::job::Settle::Complete));
+        let states = store
+            .txn(|tx| core::job::settle_many(tx, holder, &settles, &policy))
+            .unwrap();
+        assert_eq!(states.len(), n + 2, "{n} jobs");
+        for (i, state) in states[..=n].iter().enumerate() {
+            assert_eq!(state.as_ref().ok(), Some(&JobState::Done), "{n} jobs, #{i}");
+        }
+        assert!(
+            matches!(states[n + 1], Err(Error::NotFound(_))),
+            "{n} jobs: {:?}",
+            states[n + 1]
+        );
+        let counts = store
+            .txn(|tx| core::job::stats(tx, &queue, &policy))
+            .unwrap();
+        assert_eq!(counts.get(JobState::Done), n as u64, "{n} jobs");
+    }
 }
