@@ -179,11 +179,10 @@ impl LeaseGuard {
             self.life.join();
         }
         let id = self.client.inner.holder.id;
-        let released = self.client.run("release", |tx| {
+        // The callers (release, drop) unmark the key, however this ended.
+        self.client.run("release", |tx| {
             core::lease::release(tx, &self.key, id, self.token)
-        });
-        self.client.mark_held(&self.key, false);
-        released
+        })
     }
 }
 
