@@ -119,8 +119,9 @@ impl<T> Channel<T> {
                 Err(p) => p.into_inner(),
             };
             state.sleepers -= 1;
-            // A spurious return counts as a wake-up: at worst the next
-            // push wakes one sleeper more than it needed.
+            // A spurious return (std's condvar may make one; loom's does
+            // not) counts as a wake-up: at worst the next push wakes one
+            // sleeper more than it needed.
             state.woken = state.woken.saturating_sub(1);
         }
     }

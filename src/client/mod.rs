@@ -44,6 +44,8 @@ pub use job::ClaimedJob;
 pub use machine::Deposed;
 pub use machine::JobOutcome;
 pub use queue::Queue;
+#[cfg(all(feature = "tokio", not(loom)))]
+pub(crate) use worker::STORE_THREADS;
 pub use worker::{fit_reason, WorkOptions, WorkReport};
 
 use crate::clock::{BootClock, Clock, SystemClock};

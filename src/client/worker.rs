@@ -194,8 +194,8 @@ impl Shared {
 /// drain check or sample may be in flight at once (the machine allows one
 /// of each); as many run as the store gains from
 /// ([`Store::concurrent_txns`](crate::Store::concurrent_txns)), the rest
-/// wait their turn in order.
-const STORE_THREADS: usize = 3;
+/// wait their turn in order (the tokio loop's limit too).
+pub(crate) const STORE_THREADS: usize = 3;
 
 /// How often an idle driver looks at the stop flag (it is a plain flag:
 /// nothing wakes the driver when it is set).

@@ -1,6 +1,6 @@
 //! The async worker loop: a thin driver of the same `WorkerMachine` as the
 //! sync loop (through the shared `Session`). The loop's task runs the
-//! machine and sends its requests to the blocking pool, in order, as many
+//! machine and sends its requests to the blocking pool, as many
 //! at once as the store gains from ([`crate::Store::concurrent_txns`]: a
 //! claim, a renewal round and a settle batch may overlap, the machine
 //! allows one of each in flight); each
@@ -11,7 +11,7 @@
 use super::{nap, ClaimedJob, Queue};
 use crate::client::machine::{ClaimId, HandlerOutcome, JobOutcome, WorkerReply};
 use crate::client::session::{Next, Session};
-use crate::client::{ms_of, WorkOptions, WorkReport};
+use crate::client::{ms_of, WorkOptions, WorkReport, STORE_THREADS};
 use crate::core::JobRecord;
 use crate::error::Result;
 use crate::store::Wake;
@@ -75,7 +75,11 @@ impl Queue {
             done: mpsc::unbounded_channel(),
             replies: mpsc::unbounded_channel(),
             turns: Arc::new(Semaphore::new(
-                self.client.sync.store().concurrent_txns().clamp(1, 3),
+                self.client
+                    .sync
+                    .store()
+                    .concurrent_txns()
+                    .clamp(1, STORE_THREADS),
             )),
         };
         let end = driver.run(opts, shutdown, &observe).await;
@@ -101,7 +105,8 @@ struct Driver<'q, F> {
         mpsc::UnboundedSender<WorkerReply>,
         mpsc::UnboundedReceiver<WorkerReply>,
     ),
-    /// Store requests running at once (FIFO: a request waits its turn).
+    /// Store requests running at once: a request waits for a permit (the
+    /// order among waiting requests is not kept; none depends on another's).
     turns: Arc<Semaphore>,
 }
 

@@ -58,6 +58,9 @@ impl<S: leasehold::Store, K: Send + Sync> leasehold::Store for Kept<S, K> {
     fn wait_epoch(&self, wake: leasehold::Wake, epoch: u64, timeout: std::time::Duration) -> bool {
         self.0.wait_epoch(wake, epoch, timeout)
     }
+    fn concurrent_txns(&self) -> usize {
+        self.0.concurrent_txns()
+    }
 }
 
 mod sqlite {

@@ -646,9 +646,9 @@ pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
 /// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):
 /// a queue is drained once no job is ready, running or due, where a retry
 /// waiting out its backoff counts as due. A job delayed before its first
-/// attempt does not hold a draining worker. Three indexed reads of at most
-/// one job each, after bringing the queue up to date: never a count of the
-/// queue's history (counting 200,000 finished jobs took a draining worker
+/// attempt does not hold a draining worker. After bringing the queue up to
+/// date, a few indexed reads of at most one job each (ready, running,
+/// retrying): never a count of the queue's history (counting 200,000 finished jobs took a draining worker
 /// 20 ms per look, and it looks until its last outcomes commit).
 pub fn drained(tx: &mut dyn Txn, queue: &str, policy: &QueuePolicy) -> Result<bool> {
     let tx = tx.jobs()?;

@@ -20,8 +20,8 @@ use std::sync::Arc;
 /// reads: one statement per chunk of ids instead of one per id). A chunk
 /// takes the narrowest that holds it and binds NULL for the ids it lacks,
 /// which match no row: a few statements serve every batch, and a small
-/// batch does not pay for a wide list (fewer ids than the narrowest read
-/// one by one).
+/// batch does not pay for a wide list (fewer than half the narrowest are
+/// read one by one).
 const BY_ID_WIDTHS: [usize; 2] = [8, 64];
 
 /// The statement of each of [`BY_ID_WIDTHS`].
