@@ -1,10 +1,12 @@
 //! The sync worker loop: a thin driver of [`WorkerMachine`]. The calling
-//! thread runs the machine; a few store threads run its transactions
-//! (a claim, a renewal round, a settle batch and a drain check may be in
-//! flight at once: the machine allows one of each); `concurrency` handler
-//! threads run the handler; a waker thread turns the store's "job ready"
-//! wake-ups into [`WorkerMachine::wake`]. Every timing rule is the
-//! machine's.
+//! thread runs the machine; store threads run its transactions (a claim,
+//! a renewal round, a settle batch and a drain check may be in flight at
+//! once: the machine allows one of each; as many threads as the store
+//! gains from, one on SQLite); `concurrency` handler threads run the
+//! handler; a waker thread turns the store's "job ready" wake-ups into
+//! [`WorkerMachine::wake`]. Every timing rule is the machine's. A hand-off
+//! between these threads notifies only a thread that sleeps, after the
+//! lock is let go.
 
 use super::channel::{spawn_waker, Channel};
 use super::job::ClaimedJob;
