@@ -150,3 +150,22 @@ impl JobRow {
         })
     }
 }
+
+/// The widths of [`JobTxn::jobs_by_id`](crate::core::JobTxn::jobs_by_id)'s statements (a settle batch's
+/// reads: one statement per chunk of ids instead of one per id). A chunk
+/// takes the narrowest that holds it and binds NULL for the ids it lacks,
+/// which match no row: a few statements serve every batch, and a small
+/// batch does not pay for a wide list (fewer than half the narrowest are
+/// read one by one).
+pub(super) const BY_ID_WIDTHS: [usize; 2] = [8, 64];
+
+/// The statement of each of [`BY_ID_WIDTHS`].
+pub(super) static BY_ID_SQL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    BY_ID_WIDTHS.map(|width| {
+        let marks: Vec<String> = (1..=width).map(|i| format!("?{i}")).collect();
+        format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE id IN ({})",
+            marks.join(", ")
+        )
+    })
+});

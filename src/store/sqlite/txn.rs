@@ -3,7 +3,8 @@
 use super::conn::sql_err;
 use super::listing;
 use super::rows::{
-    job_from_row, job_from_row_at, sql_quote, state_of, JobRow, JOB_COLUMNS, SCAN_SQL,
+    job_from_row, job_from_row_at, sql_quote, state_of, JobRow, BY_ID_SQL, BY_ID_WIDTHS,
+    JOB_COLUMNS, SCAN_SQL,
 };
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
@@ -15,25 +16,6 @@ use crate::store::{after_text, holder_bytes, holder_from, i64_of, u64_of, LeaseC
 use crate::Holder;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::sync::Arc;
-
-/// The widths of [`JobTxn::jobs_by_id`]'s statements (a settle batch's
-/// reads: one statement per chunk of ids instead of one per id). A chunk
-/// takes the narrowest that holds it and binds NULL for the ids it lacks,
-/// which match no row: a few statements serve every batch, and a small
-/// batch does not pay for a wide list (fewer than half the narrowest are
-/// read one by one).
-const BY_ID_WIDTHS: [usize; 2] = [8, 64];
-
-/// The statement of each of [`BY_ID_WIDTHS`].
-static BY_ID_SQL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    BY_ID_WIDTHS.map(|width| {
-        let marks: Vec<String> = (1..=width).map(|i| format!("?{i}")).collect();
-        format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE id IN ({})",
-            marks.join(", ")
-        )
-    })
-});
 
 pub(super) struct SqlTxn<'c> {
     conn: &'c Connection,
@@ -297,6 +279,13 @@ impl Txn for SqlTxn<'_> {
 }
 
 impl SqlTxn<'_> {
+    /// Note `id` as read in this transaction (its write-back updates).
+    fn remember(&mut self, id: JobId) {
+        if !self.loaded.contains(&id) {
+            self.loaded.push(id);
+        }
+    }
+
     /// Run one of [`SCAN_SQL`] with its literals, calling `row` for each
     /// row up to the first whose bound column is past `bound`.
     fn scan_rows(
@@ -341,11 +330,7 @@ impl SqlTxn<'_> {
             jobs.push(job_from_row_at(r, 1)?);
             Ok(())
         })?;
-        for job in &jobs {
-            if !self.loaded.contains(&job.id) {
-                self.loaded.push(job.id);
-            }
-        }
+        jobs.iter().for_each(|job| self.remember(job.id));
         Ok(jobs)
     }
 }
@@ -397,8 +382,8 @@ impl JobTxn for SqlTxn<'_> {
             .prepare_cached(&sql)
             .and_then(|mut s| s.query_row([key], job_from_row).optional())
             .map_err(|e| sql_err(|| format!("reading job {id}"), e))?;
-        if job.is_some() && !self.loaded.contains(&id) {
-            self.loaded.push(id);
+        if job.is_some() {
+            self.remember(id);
         }
         Ok(job)
     }
@@ -431,11 +416,7 @@ impl JobTxn for SqlTxn<'_> {
             }
         }
         let jobs: Vec<JobRecord> = ids.iter().filter_map(|id| found.get(id).cloned()).collect();
-        for job in &jobs {
-            if !self.loaded.contains(&job.id) {
-                self.loaded.push(job.id);
-            }
-        }
+        jobs.iter().for_each(|job| self.remember(job.id));
         Ok(jobs)
     }
 
