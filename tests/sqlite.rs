@@ -44,6 +44,19 @@ impl Drop for Dir {
     }
 }
 
+/// Schema v14 undone: the lease heads and slots back in their own tables
+/// (the tests of older versions start from a v13 database).
+const UNDO_V14: &str = "
+CREATE TABLE leases (key TEXT PRIMARY KEY, last_token INTEGER NOT NULL,
+    lease_limit INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+CREATE TABLE lease_slots (key TEXT NOT NULL, token INTEGER NOT NULL, holder BLOB NOT NULL,
+    label TEXT, expires_at INTEGER NOT NULL, PRIMARY KEY (key, token)) WITHOUT ROWID;
+INSERT INTO leases SELECT key, last_token, lease_limit FROM lease_rows WHERE token = -1;
+INSERT INTO lease_slots SELECT key, token, holder, label, expires_at FROM lease_rows WHERE token >= 0;
+DROP TABLE lease_rows;
+PRAGMA user_version = 13;
+";
+
 fn opts(clock: &ManualClock, boot: &str) -> SqliteOptions {
     SqliteOptions {
         clock: Some(Arc::new(clock.clone())),
@@ -375,6 +388,69 @@ fn group_commit_keeps_every_transaction_atomic_and_visible_on_return() {
     );
 }
 
+/// A database of schema version 13 (a lease's head and its slots in two
+/// tables) moves them into one in place: held slots, their holders and
+/// expiries, a released key's token floor and a counting lease's limit
+/// all survive, grants go on above the floor, and the listing and the
+/// migration's export see the same keys as before.
+#[test]
+fn a_version_13_database_keeps_its_leases_in_one_table() {
+    let d = Dir::new("v13");
+    let clock = ManualClock::new(1_000);
+    let (h1, h2) = (Holder::new(HolderId(1)), Holder::new(HolderId(2)));
+    {
+        let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+        for h in [&h1, &h2] {
+            store
+                .txn(|tx| core::lease::acquire(tx, "counted", h, 10_000, 2))
+                .unwrap();
+        }
+        for _ in 0..3 {
+            let grant = store
+                .txn(|tx| core::lease::acquire(tx, "released", &h1, 10_000, 1))
+                .unwrap();
+            store
+                .txn(|tx| core::lease::release(tx, "released", h1.id, grant.token))
+                .unwrap();
+        }
+    }
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V14).unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+    let v: i64 = rusqlite::Connection::open(d.db())
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    let counted = store.txn(|tx| core::lease::inspect(tx, "counted")).unwrap();
+    let holders: Vec<(HolderId, u64, u64)> = counted
+        .holders
+        .iter()
+        .map(|h| (h.holder.id, h.token, h.expires_at_ms))
+        .collect();
+    assert_eq!(
+        (counted.last_token, counted.limit, holders),
+        (2, 2, vec![(h1.id, 1, 11_000), (h2.id, 2, 11_000)])
+    );
+    let released = store
+        .txn(|tx| core::lease::inspect(tx, "released"))
+        .unwrap();
+    assert_eq!((released.last_token, released.holders.len()), (3, 0));
+    let again = store
+        .txn(|tx| core::lease::acquire(tx, "released", &h2, 10_000, 1))
+        .unwrap();
+    assert_eq!(again.token, 4);
+    let page = store.txn(|tx| core::lease::list(tx, "", 10)).unwrap();
+    let keys: Vec<&str> = page.leases.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!((keys, page.next), (vec!["counted", "released"], None));
+    let mut names = Vec::new();
+    store
+        .txn(|tx| tx.export_names(core::Exported::LeaseKeys, "", 10, &mut names))
+        .unwrap();
+    assert_eq!(names, ["counted", "released"]);
+}
+
 /// A database of schema version 1 (before a lease's limit was recorded) is
 /// upgraded in place, keeping its leases and jobs.
 #[test]
@@ -392,6 +468,7 @@ fn a_version_1_database_is_upgraded_in_place() {
             .unwrap();
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V14).unwrap();
     conn.execute_batch(
         "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
          ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 1;",
@@ -443,6 +520,7 @@ fn a_version_3_database_gains_schedules_in_place() {
             .unwrap();
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V14).unwrap();
     conn.execute_batch("DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;")
         .unwrap();
     drop(conn);
@@ -451,7 +529,7 @@ fn a_version_3_database_gains_schedules_in_place() {
     let v: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!((v, SCHEMA_VERSION), (13, 13));
+    assert_eq!((v, SCHEMA_VERSION), (14, 14));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -486,6 +564,7 @@ fn a_version_5_database_gains_limits_in_place() {
             .unwrap();
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V14).unwrap();
     conn.execute_batch(
         "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key;
          ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; ALTER TABLE queues DROP COLUMN concurrency;
@@ -676,6 +755,7 @@ fn a_version_2_database_is_upgraded_in_place() {
         }
     }
     let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V14).unwrap();
     conn.execute_batch(
         "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;",
     )

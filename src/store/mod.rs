@@ -632,6 +632,11 @@ pub(crate) fn schedule_of_row(
 pub(crate) fn export_sql(what: crate::core::Exported<'_>, s: &str, sqlite: bool) -> String {
     use crate::core::Exported;
     let sql = match what {
+        // SQLite keeps a key's head and slots in one table (the head at
+        // token -1); PostgreSQL has a table of heads.
+        Exported::LeaseKeys if sqlite => {
+            "SELECT key FROM lease_rows WHERE token = -1 AND key > $1 ORDER BY key LIMIT $2".into()
+        }
         Exported::LeaseKeys => {
             format!("SELECT key FROM {s}leases WHERE key > $1 ORDER BY key LIMIT $2")
         }

@@ -84,6 +84,9 @@ struct Ended {
     failed: BTreeMap<u64, Error>,
     /// Failures of groups up to this one may have been forgotten.
     forgotten_up_to: u64,
+    /// Members asleep on `ended_cv`: a group that ends with none wakes
+    /// nobody (a notify is a system call even when nobody waits).
+    sleepers: u64,
 }
 
 /// Deliberately broken variants of the protocol, for the loom models to
@@ -341,18 +344,23 @@ impl<C: GroupConn, N: GroupNote> GroupCommit<C, N> {
                 }
             }
         }
+        let sleepers = ended.sleepers;
         drop(ended);
-        self.ended_cv.notify_all();
+        if sleepers > 0 {
+            self.ended_cv.notify_all();
+        }
     }
 
     /// Wait until group `seq` has ended; its COMMIT's error, if it failed.
     fn wait_group(&self, seq: u64) -> Result<()> {
         let mut ended = lock(&self.ended);
         while ended.seq < seq {
+            ended.sleepers += 1;
             ended = match self.ended_cv.wait(ended) {
                 Ok(g) => g,
                 Err(poisoned) => poisoned.into_inner(),
             };
+            ended.sleepers -= 1;
         }
         match ended.failed.get(&seq) {
             Some(e) => Err(e.clone()),

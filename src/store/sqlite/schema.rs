@@ -55,7 +55,7 @@ INSERT INTO leasehold_meta (name, value) VALUES ('last_job_id', '0');
 /// Migrations, in order: `MIGRATIONS[i]` brings a database from schema
 /// version `i` to `i + 1`, inside the one transaction that also sets
 /// `user_version`, so a database is always at exactly one version.
-const MIGRATIONS: [&str; 13] = [
+const MIGRATIONS: [&str; 14] = [
     SCHEMA_V1,
     // v2: a counting lease's limit belongs to the key (0: not recorded);
     // retries waiting out their backoff, for the drain rule.
@@ -84,7 +84,34 @@ const MIGRATIONS: [&str; 13] = [
     "ALTER TABLE jobs ADD COLUMN progress INTEGER;
      ALTER TABLE jobs ADD COLUMN progress_msg TEXT;",
     V13_DEPENDENCIES,
+    V14_LEASE_ROWS,
 ];
+
+/// v14: a key's head (its last token and limit, at token -1) and its
+/// slots (at their tokens, from 0 up) in one table, so that a grant, which
+/// writes both, dirties one page instead of two: measured on the lease
+/// pair, 27.2 µs against 23.2 µs for the same SQL (BENCHMARKS.md). The
+/// old tables are dropped, not kept: a process of an older build that has
+/// the file open fails its next lease transaction (no such table) rather
+/// than granting from a copy nobody else reads.
+const V14_LEASE_ROWS: &str = "
+CREATE TABLE lease_rows (
+    key TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    holder BLOB,
+    label TEXT,
+    expires_at INTEGER,
+    last_token INTEGER,
+    lease_limit INTEGER,
+    PRIMARY KEY (key, token)
+) WITHOUT ROWID;
+INSERT INTO lease_rows (key, token, last_token, lease_limit)
+    SELECT key, -1, last_token, lease_limit FROM leases;
+INSERT INTO lease_rows (key, token, holder, label, expires_at)
+    SELECT key, token, holder, label, expires_at FROM lease_slots;
+DROP TABLE lease_slots;
+DROP TABLE leases;
+";
 
 /// v13: dependencies. A job's named jobs (`after_ids`, comma-separated),
 /// whether it runs after any ending, how many it still waits for, and

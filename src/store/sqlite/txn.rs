@@ -48,6 +48,10 @@ impl<'c> SqlTxn<'c> {
     }
 }
 
+/// The token of a key's head row in `lease_rows` (slots' tokens are never
+/// negative).
+const HEAD_TOKEN: i64 = -1;
+
 fn ctx_key(what: &str, key: &str) -> String {
     format!("{what} lease {key:?}")
 }
@@ -57,47 +61,45 @@ impl SqlTxn<'_> {
         move |e| sql_err(|| what.to_owned(), e)
     }
 
-    /// The record of `key` in one statement: its head and its slots.
+    /// The record of `key` in one statement: its rows of `lease_rows`,
+    /// the head (token -1) first, then the slots in token order. Slots
+    /// without a head are no record (a head is written with every grant).
     fn load_lease(&self, key: &str) -> Result<Option<LeaseRecord>> {
+        let fail = |e| sql_err(|| ctx_key("reading", key), e);
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT l.last_token, l.lease_limit, s.token, s.holder, s.label, s.expires_at
-                 FROM leases l LEFT JOIN lease_slots s ON s.key = l.key
-                 WHERE l.key = ?1 ORDER BY s.token",
+                "SELECT token, last_token, lease_limit, holder, label, expires_at
+                 FROM lease_rows WHERE key = ?1 ORDER BY token",
             )
-            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
+            .map_err(fail)?;
+        let mut rows = stmt.query([key]).map_err(fail)?;
         let mut record: Option<LeaseRecord> = None;
-        let mut rows = stmt
-            .query([key])
-            .map_err(|e| sql_err(|| ctx_key("reading", key), e))?;
         let read = |r: &Row<'_>, record: &mut Option<LeaseRecord>| -> rusqlite::Result<()> {
-            let rec = record.get_or_insert_default();
-            rec.last_token = u64_of(r.get(0)?);
-            rec.limit = u32::try_from(r.get::<_, i64>(1)?).unwrap_or(0);
-            let Some(token) = r.get::<_, Option<i64>>(2)? else {
-                return Ok(()); // a key without slots
-            };
-            let label: Option<String> = r.get(4)?;
-            rec.slots.push(LeaseSlot {
-                token: u64_of(token),
-                holder: Holder {
-                    id: holder_from(&r.get::<_, Vec<u8>>(3)?),
-                    label: label.map(|l| Arc::from(l.as_str())),
-                },
-                expires_at_ms: u64_of(r.get(5)?),
-            });
+            let token: i64 = r.get(0)?;
+            if token == HEAD_TOKEN {
+                *record = Some(LeaseRecord {
+                    last_token: u64_of(r.get(1)?),
+                    limit: u32::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+                    slots: Vec::new(),
+                });
+            } else if let Some(rec) = record {
+                let label: Option<String> = r.get(4)?;
+                rec.slots.push(LeaseSlot {
+                    token: u64_of(token),
+                    holder: Holder {
+                        id: holder_from(&r.get::<_, Vec<u8>>(3)?),
+                        label: label.map(|l| Arc::from(l.as_str())),
+                    },
+                    expires_at_ms: u64_of(r.get(5)?),
+                });
+            }
             Ok(())
         };
-        loop {
-            match rows.next() {
-                Ok(Some(r)) => {
-                    read(r, &mut record).map_err(|e| sql_err(|| ctx_key("reading", key), e))?
-                }
-                Ok(None) => return Ok(record),
-                Err(e) => return Err(sql_err(|| ctx_key("reading", key), e)),
-            }
+        while let Some(r) = rows.next().map_err(fail)? {
+            read(r, &mut record).map_err(fail)?;
         }
+        Ok(record)
     }
 
     /// Write back every lease record this transaction changed, as the
@@ -114,11 +116,12 @@ impl SqlTxn<'_> {
                 let last = i64_of(Field::Token, after.last_token)?;
                 self.conn
                     .prepare_cached(
-                        "INSERT INTO leases (key, last_token, lease_limit) VALUES (?1, ?2, ?3)
-                         ON CONFLICT(key) DO UPDATE SET last_token = excluded.last_token,
-                                                        lease_limit = excluded.lease_limit",
+                        "INSERT INTO lease_rows (key, token, last_token, lease_limit)
+                         VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT(key, token) DO UPDATE SET last_token = excluded.last_token,
+                                                               lease_limit = excluded.lease_limit",
                     )
-                    .and_then(|mut s| s.execute(params![key, last, after.limit]))
+                    .and_then(|mut s| s.execute(params![key, HEAD_TOKEN, last, after.limit]))
                     .map_err(fail)?;
             }
             let old: &[LeaseSlot] = before.map_or(&[], |b| &b.slots);
@@ -128,7 +131,7 @@ impl SqlTxn<'_> {
             {
                 let token = i64_of(Field::Token, gone.token)?;
                 self.conn
-                    .prepare_cached("DELETE FROM lease_slots WHERE key = ?1 AND token = ?2")
+                    .prepare_cached("DELETE FROM lease_rows WHERE key = ?1 AND token = ?2")
                     .and_then(|mut s| s.execute(params![key, token]))
                     .map_err(fail)?;
             }
@@ -140,16 +143,16 @@ impl SqlTxn<'_> {
                     Some(o) if o.holder == slot.holder => {
                         self.conn
                             .prepare_cached(
-                                "UPDATE lease_slots SET expires_at = ?3 WHERE key = ?1 AND token = ?2",
+                                "UPDATE lease_rows SET expires_at = ?3 WHERE key = ?1 AND token = ?2",
                             )
                             .and_then(|mut s| s.execute(params![key, token, expires]))
                             .map_err(fail)?;
                     }
                     found => {
                         let sql = if found.is_some() {
-                            "INSERT OR REPLACE INTO lease_slots (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
+                            "INSERT OR REPLACE INTO lease_rows (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
                         } else {
-                            "INSERT INTO lease_slots (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
+                            "INSERT INTO lease_rows (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
                         };
                         self.conn
                             .prepare_cached(sql)
