@@ -18,7 +18,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub(crate) struct AcquireExec {
     client: Client,
-    key: Arc<str>,
+    pub(crate) key: Arc<str>,
     ttl_ms: u64,
     limit: u32,
 }

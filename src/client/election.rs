@@ -7,14 +7,14 @@
 //! its requests, and what each of its events means for the leader's handle.
 
 use super::channel::{spawn_waker, Channel};
-use super::lifeline::Lifeline;
+use super::lifeline::{Lifeline, Owner};
 use super::machine::{
     Deposed, ElectionAction, ElectionConfig, ElectionEvent, ElectionMachine, HolderReply,
     HolderRequest, Lifetime,
 };
 use super::{ms_of, Client, LeaseOptions};
 use crate::core::{self, HolderInfo};
-use crate::error::{LostReason, Result, Target};
+use crate::error::{LostReason, Result};
 use crate::fork::ForkGuard;
 use crate::store::{StoreExt, Wake};
 use crate::sync::{lock, thread, Mutex};
@@ -248,8 +248,8 @@ impl ElectionSession {
         match event {
             ElectionEvent::Elected { token } => {
                 let deadline = self.machine.deadline().unwrap_or(LocalMs::ZERO);
-                let target = Target::Lease {
-                    key: self.exec.key.to_string(),
+                let target = Owner::Lease {
+                    key: self.exec.key.clone(),
                     token,
                 };
                 let leader = Leader {

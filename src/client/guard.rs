@@ -1,12 +1,12 @@
 //! [`LeaseGuard`]: a held lease, its local deadline and keep-alive.
 
-use super::lifeline::{Lifeline, RenewFn};
+use super::lifeline::{Lifeline, Owner, RenewFn};
 #[cfg(loom)]
 use super::loom_canary;
 use super::machine::Lifetime;
 use super::Client;
 use crate::core;
-use crate::error::{Error, LostReason, Result, Target};
+use crate::error::{Error, LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use std::time::Duration;
 /// (in the creating process only).
 pub struct LeaseGuard {
     client: Client,
-    key: String,
+    key: Arc<str>,
     token: u64,
     ttl_ms: u64,
     renewed: bool,
@@ -38,23 +38,23 @@ impl LeaseGuard {
     /// started (the local deadline counts from the acquire's send time).
     pub(crate) fn new(
         client: Client,
-        key: &str,
+        key: Arc<str>,
         token: u64,
         ttl_ms: u64,
         renewed: bool,
         life: Lifetime,
     ) -> Self {
-        client.mark_held(key, true);
-        let target = Target::Lease {
-            key: key.to_owned(),
+        client.mark_held(&key, true);
+        let owner = Owner::Lease {
+            key: key.clone(),
             token,
         };
         LeaseGuard {
-            key: key.to_owned(),
+            key,
             token,
             ttl_ms,
             renewed,
-            life: Lifeline::new(target, life, client.fork_guard()),
+            life: Lifeline::new(owner, life, client.fork_guard()),
             client,
             released: false,
         }
@@ -152,7 +152,7 @@ impl LeaseGuard {
             self.life.join();
             self.client.mark_held(&self.key, false);
         }
-        (self.key.clone(), self.token)
+        (self.key.to_string(), self.token)
     }
 
     fn release_inner(&self) -> Result<()> {

@@ -3,7 +3,7 @@
 //! job given to a worker loop's handler is renewed and settled by the loop
 //! (its handle then only answers whether it may still act).
 
-use super::lifeline::{Lifeline, RenewFn};
+use super::lifeline::{Lifeline, Owner, RenewFn};
 #[cfg(loom)]
 use super::loom_canary;
 use super::machine::{renew_every, run_limit, Lifetime};
@@ -170,7 +170,7 @@ impl ClaimedJob {
             token,
             lease_ms,
             managed: false,
-            life: Lifeline::new(target, life, fork),
+            life: Lifeline::new(Owner::Job(target), life, fork),
             result: Mutex::new(None),
             board,
         }

@@ -24,8 +24,15 @@ pub(crate) type OnLost = Box<dyn FnOnce(Error) + Send>;
 /// whether a cancel was requested (jobs).
 pub(crate) type RenewFn = Box<dyn FnMut(LocalMs) -> Result<bool> + Send>;
 
+/// What a lifeline keeps alive, as [`Target`] names it in errors (built
+/// only when one is made: a lease's key is shared, not copied per grant).
+pub(crate) enum Owner {
+    Lease { key: Arc<str>, token: u64 },
+    Job(Target),
+}
+
 pub(crate) struct Lifeline {
-    pub(crate) target: Target,
+    owner: Owner,
     state: Mutex<LineState>,
     wake: Condvar,
     /// Wakes a keep-alive task (the tokio driver) as `wake` wakes the thread.
@@ -56,12 +63,12 @@ impl Drop for RunningFlag {
 }
 
 impl Lifeline {
-    /// The record of `target`'s grant, made in the process `fork` was
+    /// The record of `owner`'s grant, made in the process `fork` was
     /// taken in (its creator's: the client's guard, so no `getpid` per
     /// grant, and a fork since the client was made counts too).
-    pub(crate) fn new(target: Target, life: Lifetime, fork: ForkGuard) -> Arc<Lifeline> {
+    pub(crate) fn new(owner: Owner, life: Lifetime, fork: ForkGuard) -> Arc<Lifeline> {
         Arc::new(Lifeline {
-            target,
+            owner,
             state: Mutex::new(LineState {
                 life,
                 cancel_requested: false,
@@ -110,9 +117,20 @@ impl Lifeline {
         self.fork.is_origin() && lock(&self.state).cancel_requested
     }
 
+    /// What this lifeline keeps alive, as errors name it.
+    pub(crate) fn target(&self) -> Target {
+        match &self.owner {
+            Owner::Lease { key, token } => Target::Lease {
+                key: key.to_string(),
+                token: *token,
+            },
+            Owner::Job(target) => target.clone(),
+        }
+    }
+
     pub(crate) fn lost_error(&self, reason: LostReason) -> Error {
         Error::Lost {
-            target: self.target.clone(),
+            target: self.target(),
             reason,
         }
     }
@@ -181,7 +199,7 @@ impl Lifeline {
     }
 
     fn report_loss(&self, mut st: MutexGuard<'_, LineState>, reason: LostReason) {
-        crate::observe::lost(&self.target, reason);
+        crate::observe::lost(&self.target(), reason);
         let callback = st.on_lost.take();
         self.notify_all();
         drop(st);
@@ -213,9 +231,9 @@ impl Lifeline {
     /// Wait until the keep-alive thread has exited (unless called from it;
     /// a keep-alive task is awaited by its owner instead).
     pub(crate) fn join(&self) {
-        let me = thread::current().id();
         let mut st = lock(&self.state);
-        if st.thread == Some(me) || st.task {
+        // Most guards never start a keep-alive: no thread handle to fetch.
+        if !st.thread_running || st.task || st.thread == Some(thread::current().id()) {
             return;
         }
         while st.thread_running {

@@ -86,7 +86,7 @@ struct ClientInner {
     /// Keys this client holds through a live guard: a second acquire of one
     /// waits like any other contender instead of sharing the slot.
     /// Keys a guard of this client holds (foldhash: hashed twice a pair).
-    held: Mutex<hashbrown::HashSet<String>>,
+    held: Mutex<hashbrown::HashSet<Arc<str>>>,
 }
 
 /// A handle on a store with one holder identity. Cheap to clone; clones
@@ -374,6 +374,7 @@ impl Client {
                         life,
                     } => {
                         let ttl_ms = acquiring.ttl_ms();
+                        let key = acquiring.exec().key.clone();
                         let guard =
                             LeaseGuard::new(self.clone(), key, token, ttl_ms, renewed, life);
                         return Ok(guard);
@@ -408,12 +409,13 @@ impl Client {
 
     /// Record that a guard of this client holds `key` (`false`: it no
     /// longer does).
-    pub(crate) fn mark_held(&self, key: &str, held: bool) {
+    /// The set shares the guard's key (no copy per grant).
+    pub(crate) fn mark_held(&self, key: &Arc<str>, held: bool) {
         let mut set = lock(&self.inner.held);
         if held {
-            set.insert(key.to_owned());
+            set.insert(key.clone());
         } else {
-            set.remove(key);
+            set.remove(&**key);
         }
     }
 

@@ -141,7 +141,7 @@ impl Queue {
                     .unwrap_or(Err(Error::NotFound(job.id())))
                     .map(drop),
                 Err(e) => Err(Error::Lost {
-                    target: job.life.target.clone(),
+                    target: job.life.target(),
                     reason: match e {
                         Error::Lost { reason, .. } => reason,
                         _ => LostReason::StaleToken,

@@ -10,10 +10,10 @@
 
 use super::{nap, CancellationToken, Client};
 use crate::client::guard::lease_renewer;
-use crate::client::lifeline::{Lifeline, OnLost, RenewFn, Step};
+use crate::client::lifeline::{Lifeline, OnLost, Owner, RenewFn, Step};
 use crate::client::machine::Lifetime;
 use crate::clock::Clock;
-use crate::error::{Error, LostReason, Result, Target};
+use crate::error::{Error, LostReason, Result};
 use crate::time::LocalMs;
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,7 +102,7 @@ async fn renew_before(
 /// unreleased is released by a task in the background.
 pub struct LeaseGuard {
     client: Client,
-    key: String,
+    key: Arc<str>,
     token: u64,
     ttl_ms: u64,
     renewed: bool,
@@ -134,22 +134,23 @@ impl LeaseGuard {
         renewed: bool,
         life: Lifetime,
     ) -> LeaseGuard {
-        client.sync.mark_held(key, true);
-        let target = Target::Lease {
-            key: key.to_owned(),
+        let key: Arc<str> = Arc::from(key);
+        client.sync.mark_held(&key, true);
+        let owner = Owner::Lease {
+            key: key.clone(),
             token,
         };
-        let line = Lifeline::new(target, life, client.sync.fork_guard());
+        let line = Lifeline::new(owner, life, client.sync.fork_guard());
         let lost = CancellationToken::new();
         let on_lost = {
             let lost = lost.clone();
             Box::new(move |_| lost.cancel())
         };
-        let renew = lease_renewer(&client.sync, key, token, ttl_ms);
+        let renew = lease_renewer(&client.sync, &key, token, ttl_ms);
         let task = keep_alive(&line, client.sync.clock().clone(), renew, on_lost);
         LeaseGuard {
             client: client.clone(),
-            key: key.to_owned(),
+            key,
             token,
             ttl_ms,
             renewed,
@@ -264,7 +265,7 @@ impl LeaseGuard {
             }
             self.client.sync.mark_held(&self.key, false);
         }
-        (self.key.clone(), self.token)
+        (self.key.to_string(), self.token)
     }
 }
 
