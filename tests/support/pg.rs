@@ -91,7 +91,8 @@ impl Drop for Schema {
 }
 
 /// A loopback proxy in front of the test server that counts round trips:
-/// a request that follows a reply (or opens a connection) starts one.
+/// a request that follows a whole reply (or opens a connection) starts
+/// one. Plain connections only: a reply is known whole by its last message.
 #[allow(clippy::disallowed_types, clippy::disallowed_methods)] // real sockets and threads
 pub struct RoundTrips {
     port: u16,
@@ -138,9 +139,18 @@ impl RoundTrips {
                                 break;
                             }
                             // Marked before forwarding, so the next request
-                            // (sent only after this reply) sees it.
-                            if last.swap(dir, Ordering::SeqCst) != dir && dir == 0 {
-                                counter.fetch_add(1, Ordering::SeqCst);
+                            // (sent only after this reply) sees it. A reply
+                            // counts once whole (it ends with ReadyForQuery):
+                            // the server also flushes what it has when it
+                            // waits for the rest of a request that reached it
+                            // in two reads, which is not a round trip.
+                            let whole = n >= 6 && buf[n - 6..n - 1] == [b'Z', 0, 0, 0, 5];
+                            if dir == 0 {
+                                if last.swap(0, Ordering::SeqCst) == 1 {
+                                    counter.fetch_add(1, Ordering::SeqCst);
+                                }
+                            } else if whole {
+                                last.store(1, Ordering::SeqCst);
                             }
                             if to.write_all(&buf[..n]).is_err() {
                                 break;
