@@ -32,9 +32,7 @@ pub struct WorkOptions {
     /// transaction (default 128: with fast handlers a job pays mostly its
     /// share of each transaction's fixed cost; against 64, in one run, 8
     /// handlers did 16-20 % more jobs/s on PostgreSQL, 4-8 % on SQLite).
-    /// Jobs are claimed ahead of free handlers only while the handlers run
-    /// dry waiting for claims, so slow handlers do not hold this many. A
-    /// higher-priority job pushed meanwhile starts after the jobs already
+    /// A higher-priority job pushed meanwhile starts after the jobs already
     /// claimed: 512 made the loop faster (10 % on SQLite, 27 % on
     /// PostgreSQL) but such a job's start 2 to 5 times later (BENCHMARKS.md).
     pub batch: usize,

@@ -215,53 +215,6 @@ fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs
     assert_eq!(max_of(&a), Some(2), "no growth: {a:?}");
 }
 
-/// Handlers that stop running dry bring the prefetch back down: after fast
-/// handlers grew it to `batch_max`, each full claim that no handler waited
-/// for halves it, so a worker whose handlers turned slow soon claims no
-/// more than its handlers and the configured prefetch leave room for.
-#[test]
-fn prefetch_shrinks_once_handlers_no_longer_wait_for_claims() {
-    let max_of = |a: &[WorkerAction]| {
-        requests(a).iter().find_map(|r| match r {
-            WorkerRequest::Claim { max } => Some(*max),
-            _ => None,
-        })
-    };
-    let mut m = WorkerMachine::new(worker(2, 1, 16), LocalMs(0));
-    let mut max = max_of(&drain(&mut m)).unwrap();
-    let mut next = 1u64;
-    let mut batch = |n: usize| -> Vec<JobRecord> {
-        let jobs = (0..n).map(|i| job(next + i as u64, 1)).collect();
-        next += n as u64;
-        jobs
-    };
-    let mut t = LocalMs(1);
-    for _ in 0..8 {
-        m.handle_reply(t, WorkerReply::Claimed(Ok(batch(max))));
-        max = max_of(&run_dry(&mut m, &mut t)).unwrap();
-    }
-    assert_eq!(max, 9, "grown to batch_max: half of 2 + 16");
-    // Slow handlers: one job ends at a time, and none while a claim is out.
-    let mut running = std::collections::VecDeque::new();
-    let mut asked = Vec::new();
-    for _ in 0..6 {
-        m.handle_reply(t, WorkerReply::Claimed(Ok(batch(max))));
-        loop {
-            let a = drain(&mut m);
-            running.extend(started(&a));
-            if let Some(next_max) = max_of(&a) {
-                max = next_max;
-                break;
-            }
-            let id = running.pop_front().expect("a running job");
-            t += 100;
-            m.handler_done(t, c(id, 1), Ok(()));
-        }
-        asked.push(max);
-    }
-    assert_eq!(asked, [9, 5, 3, 2, 2, 2], "{asked:?}");
-}
-
 /// Fast handlers: finish every job started, and every job that starts
 /// after, at `t`; the actions seen on the way.
 fn run_dry(m: &mut WorkerMachine, t: &mut LocalMs) -> Vec<WorkerAction> {

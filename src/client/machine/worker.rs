@@ -24,12 +24,9 @@
 //! - **Prefetch adapts**: `ahead` starts at `prefetch`. A claim that came
 //!   back full while handlers ran out of work during its round trip (the
 //!   loop is waiting on claims, not on handlers) doubles it, up to
-//!   `batch_max`; a full claim during which no handler ran out halves it,
-//!   down to `prefetch` (the handlers, not the claims, are what the loop
-//!   waits on); a claim that came back short (the queue is running dry)
+//!   `batch_max`; a claim that came back short (the queue is running dry)
 //!   resets it to `prefetch`. Slow handlers never starve during a claim, so
-//!   they bring `ahead` back down and never make a worker hoard jobs
-//!   another process could run.
+//!   they never make a worker hoard jobs another process could run.
 //! - **Start** queued jobs in claim order while fewer than `concurrency`
 //!   run, if still valid; a queued job whose local deadline passed is
 //!   given back unstarted.

@@ -112,16 +112,13 @@ impl WorkerMachine {
     }
 
     /// The prefetch rule (module docs of `worker.rs`): a full claim that
-    /// handlers starved for doubles `ahead`; a full one they did not halves
-    /// it; a short one resets it.
+    /// handlers starved for doubles `ahead`; a short one resets it.
     fn adapt_ahead(&mut self, got: usize) {
         if got < self.claim_asked {
             self.ahead = self.cfg.prefetch;
         } else if self.starved > 0 {
             let cap = self.cfg.batch_max.max(self.cfg.prefetch);
             self.ahead = (self.ahead.max(1) * 2).min(cap);
-        } else {
-            self.ahead = (self.ahead / 2).max(self.cfg.prefetch);
         }
         self.starved = 0;
     }
