@@ -2,32 +2,17 @@
 //! claimed job gets `Forked` from each, and dropping them in the child
 //! leaves the parent's lease and claim untouched.
 
-use leasehold::{Client, Error, JobSpec, JobState, MemStore};
+#[path = "support/fork.rs"]
+mod fork_support;
+
+use fork_support::{child_passed, child_refuses};
+use leasehold::{Client, JobSpec, JobState, MemStore};
 use std::time::Duration;
 
 fn child_checks(client: &Client, guard: leasehold::LeaseGuard, job: leasehold::ClaimedJob) -> i32 {
-    let forked = |r: leasehold::Result<()>| matches!(r, Err(Error::Forked { .. }));
-    if !forked(guard.renew()) {
-        return 10;
-    }
-    if guard.is_valid() {
-        return 11;
-    }
-    if !forked(job.complete()) {
-        return 12;
-    }
-    if !forked(job.heartbeat().map(|_| ())) {
-        return 13;
-    }
-    if !forked(
-        client
-            .try_acquire("other", Duration::from_secs(1))
-            .map(|_| ()),
-    ) {
-        return 14;
-    }
-    if !forked(guard.keep_alive(|_| {})) {
-        return 15;
+    let refused = child_refuses(client, &guard, &job);
+    if refused != 0 {
+        return refused;
     }
     // Dropping in the child must do nothing to the parent's lease and claim.
     drop(guard);
@@ -52,12 +37,7 @@ fn forked_child_cannot_touch_parent_handles() {
         let code = child_checks(&client, guard, job);
         unsafe { libc::_exit(code) };
     }
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert_eq!(waited, pid);
-    assert!(libc::WIFEXITED(status), "child died: status {status}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
+    child_passed(pid);
 
     // The parent still holds its lease and completes its job.
     assert!(guard.is_valid());

@@ -5,33 +5,21 @@
 //! heartbeat, `is_valid`). Its own binary, so that no other test thread is
 //! running when the child is made.
 
-use leasehold::{Client, Error, JobSpec, JobState, MemStore};
+#[path = "support/fork.rs"]
+mod fork_support;
+
+use fork_support::{child_passed, child_refuses, forked};
+use leasehold::{Client, JobSpec, JobState, MemStore};
 use std::time::Duration;
 
 /// What the child checks; 0 when every handle refused it.
 fn child_checks(client: &Client, guard: leasehold::LeaseGuard, job: leasehold::ClaimedJob) -> i32 {
-    let forked = |r: leasehold::Result<()>| matches!(r, Err(Error::Forked { .. }));
-    if !forked(guard.renew()) {
-        return 10;
-    }
-    if guard.is_valid() {
-        return 11;
-    }
-    if !forked(job.heartbeat().map(|_| ())) {
-        return 12;
-    }
-    if !forked(
-        client
-            .try_acquire("other", Duration::from_secs(1))
-            .map(|_| ()),
-    ) {
-        return 13;
-    }
-    if !forked(job.complete()) {
-        return 14;
+    let refused = child_refuses(client, &guard, &job);
+    if refused != 0 {
+        return refused;
     }
     if !forked(guard.release()) {
-        return 15;
+        return 16;
     }
     0
 }
@@ -63,13 +51,7 @@ fn a_child_of_a_raw_clone_cannot_touch_parent_handles() {
         let code = child_checks(&client, guard, job);
         unsafe { libc::_exit(code) };
     }
-    let pid = libc::pid_t::try_from(pid).unwrap();
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert_eq!(waited, pid);
-    assert!(libc::WIFEXITED(status), "child died: status {status}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
+    child_passed(libc::pid_t::try_from(pid).unwrap());
 
     // The parent's handles still work (the child's refusals are the checks:
     // a mem store is the child's own copy after the fork).

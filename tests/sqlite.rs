@@ -57,6 +57,23 @@ DROP TABLE lease_rows;
 PRAGMA user_version = 13;
 ";
 
+/// The database at `d` taken back to an older schema ([`UNDO_V14`], then
+/// `older`, which sets the version it leaves), then opened again: the
+/// store, once opening has migrated it to the current version.
+fn reopened_from_older(d: &Dir, clock: &ManualClock, older: &str) -> SqliteStore {
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V14).unwrap();
+    conn.execute_batch(older).unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(d.db(), opts(clock, "b")).unwrap();
+    let v: i64 = rusqlite::Connection::open(d.db())
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    store
+}
+
 fn opts(clock: &ManualClock, boot: &str) -> SqliteOptions {
     SqliteOptions {
         clock: Some(Arc::new(clock.clone())),
@@ -414,15 +431,7 @@ fn a_version_13_database_keeps_its_leases_in_one_table() {
                 .unwrap();
         }
     }
-    let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch(UNDO_V14).unwrap();
-    drop(conn);
-    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
-    let v: i64 = rusqlite::Connection::open(d.db())
-        .unwrap()
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, SCHEMA_VERSION);
+    let store = reopened_from_older(&d, &clock, "");
     let counted = store.txn(|tx| core::lease::inspect(tx, "counted")).unwrap();
     let holders: Vec<(HolderId, u64, u64)> = counted
         .holders
@@ -467,20 +476,8 @@ fn a_version_1_database_is_upgraded_in_place() {
             .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("p"), &QueuePolicy::default()))
             .unwrap();
     }
-    let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch(UNDO_V14).unwrap();
-    conn.execute_batch(
-        "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
-         ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 1;",
-    )
-    .unwrap();
-    drop(conn);
-    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
-    let conn = rusqlite::Connection::open(d.db()).unwrap();
-    let v: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, SCHEMA_VERSION);
+    let store = reopened_from_older(&d, &clock, "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP INDEX jobs_retrying; ALTER TABLE leases DROP COLUMN lease_limit;
+         ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 1;");
     let info = store.txn(|tx| core::lease::inspect(tx, "k")).unwrap();
     assert_eq!((info.last_token, info.limit, info.holders.len()), (1, 0, 1));
     let h2 = Holder::new(HolderId(2));
@@ -519,17 +516,8 @@ fn a_version_3_database_gains_schedules_in_place() {
             .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("p"), &QueuePolicy::default()))
             .unwrap();
     }
-    let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch(UNDO_V14).unwrap();
-    conn.execute_batch("DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;")
-        .unwrap();
-    drop(conn);
-    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
-    let conn = rusqlite::Connection::open(d.db()).unwrap();
-    let v: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!((v, SCHEMA_VERSION), (14, 14));
+    let store = reopened_from_older(&d, &clock, "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;");
+    assert_eq!(SCHEMA_VERSION, 14);
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -563,18 +551,11 @@ fn a_version_5_database_gains_limits_in_place() {
             .txn(|tx| core::job::set_paused(tx, "q", true))
             .unwrap();
     }
-    let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch(UNDO_V14).unwrap();
-    conn.execute_batch(
-        "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key;
+    let store = reopened_from_older(&d, &clock, "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key;
          ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; ALTER TABLE queues DROP COLUMN concurrency;
          ALTER TABLE queues DROP COLUMN per_key; DROP TABLE rates; DROP INDEX jobs_unique_all; ALTER TABLE queues DROP COLUMN rate_count;
          ALTER TABLE queues DROP COLUMN rate_ms; ALTER TABLE queues DROP COLUMN key_rate_count;
-         ALTER TABLE queues DROP COLUMN key_rate_ms; PRAGMA user_version = 5;",
-    )
-    .unwrap();
-    drop(conn);
-    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+         ALTER TABLE queues DROP COLUMN key_rate_ms; PRAGMA user_version = 5;");
     let config = store.txn(|tx| core::job::queue_config(tx, "q")).unwrap();
     assert!(config.paused && !config.limits.any(), "{config:?}");
     store
@@ -754,19 +735,7 @@ fn a_version_2_database_is_upgraded_in_place() {
                 .unwrap();
         }
     }
-    let conn = rusqlite::Connection::open(d.db()).unwrap();
-    conn.execute_batch(UNDO_V14).unwrap();
-    conn.execute_batch(
-        "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;",
-    )
-    .unwrap();
-    drop(conn);
-    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
-    let v: i64 = rusqlite::Connection::open(d.db())
-        .unwrap()
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, SCHEMA_VERSION);
+    let store = reopened_from_older(&d, &clock, "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; ALTER TABLE jobs DROP COLUMN result; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 2;");
     let policy = QueuePolicy::default();
     let jobs = store
         .txn(|tx| core::job::claim(tx, "q", HolderId(9), 10_000, 2, &policy))
