@@ -4,7 +4,8 @@
 //! brief's queue report (SELECT a ready row outside the write transaction,
 //! then UPDATE it) with its double claims and BUSY errors counted, and the
 //! mem store as the ceiling. Also lease acquire+release pairs with 1 to 8
-//! threads.
+//! threads, and pushes: one per transaction through `Queue::push`, and a
+//! thousand per transaction (`core::job::enqueue`, as an import would).
 //!
 //! Run: `cargo bench --bench sqlite` (results: BENCHMARKS.md).
 
@@ -230,6 +231,30 @@ fn leases(c: &mut Criterion) {
     g.finish();
 }
 
+/// Pushing jobs (8-byte payloads): `Queue::push` (a transaction each) and
+/// a thousand to a transaction.
+fn pushes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sqlite_push");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(3));
+    let store = sqlite(&temp_db("push"), Synchronous::Normal);
+    let q = leasehold::Client::builder_shared(store.clone())
+        .build()
+        .queue("push")
+        .unwrap();
+    let spec = leasehold::JobSpec::new(&b"payload!"[..]);
+    g.bench_function("client/one_per_txn", |b| b.iter(|| q.push(&spec).unwrap()));
+    g.bench_function("store/txn_of_1000", |b| {
+        b.iter_custom(|n| {
+            let start = Instant::now();
+            harness::push_jobs_batched(&store, "push", n, 1000);
+            start.elapsed()
+        })
+    });
+    g.finish();
+}
+
 fn main() {
     if let Ok(path) = std::env::var("LEASEHOLD_BENCH_WORKER") {
         let store = sqlite(&PathBuf::from(path), Synchronous::Normal);
@@ -239,6 +264,7 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     threads(&mut c);
     leases(&mut c);
+    pushes(&mut c);
     processes(&mut c);
     naive(&mut c);
     c.final_summary();
