@@ -599,6 +599,44 @@ fn worker_loop_runs_jobs_concurrently() {
     assert_eq!(seen, (0..12).collect::<Vec<u8>>(), "each job once");
 }
 
+/// A panic of `observe` ends the loop and reaches the caller: on 6178e9f it
+/// unwound the driver while the handler threads waited on a pool nobody
+/// closed, and `work_with` never returned.
+#[test]
+fn a_panicking_observer_ends_the_worker_loop_with_its_panic() {
+    let client = Client::new(MemStore::new());
+    let q = client.queue("q").unwrap();
+    for i in 0..20u8 {
+        q.push(&JobSpec::new(vec![i])).unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let stop = AtomicBool::new(false);
+        let opts = WorkOptions {
+            concurrency: 4,
+            drain: true,
+            ..WorkOptions::default()
+        };
+        let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            q.work_with(
+                &opts,
+                &stop,
+                |_| Ok(()),
+                |_: &leasehold::JobRecord, _| panic!("observer says no"),
+            )
+        }));
+        let _ = tx.send(ended.map(|r| r.is_ok()).map_err(|p| {
+            p.downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .unwrap_or_default()
+        }));
+    });
+    let ended = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("work_with returned within 20 s");
+    assert_eq!(ended, Err("observer says no".to_owned()));
+}
+
 /// Found by the history checker (`leasehold-history`, SQLite, kills and
 /// pauses): a lease lost and then released left its key marked held by
 /// the client, so every later acquire of that key by the same client was

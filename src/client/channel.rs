@@ -126,6 +126,21 @@ impl<T> Channel<T> {
         }
     }
 
+    /// Queue `item` and take the oldest item in one step, for a popper
+    /// that pushes work it would pop at once: order is kept (the oldest
+    /// goes first) and nobody is woken (the count of items is unchanged,
+    /// so every item left has the popper it had).
+    pub fn swap(&self, item: T) -> T {
+        let mut state = lock(&self.state);
+        match state.items.pop_front() {
+            Some(oldest) => {
+                state.items.push_back(item);
+                oldest
+            }
+            None => item,
+        }
+    }
+
     /// Close: poppers get what is queued, then `None`.
     pub fn close(&self) {
         lock(&self.state).closed = true;

@@ -152,7 +152,7 @@ fn claims_fill_handler_slots_and_the_bounded_prefetch() {
 }
 
 /// The prefetch adapts: a full claim that handlers ran dry during doubles
-/// it (up to `batch_max`); a short claim resets it; handlers that never
+/// it (up to twice `batch_max`); a short claim resets it; handlers that never
 /// starve during a claim never raise it.
 #[test]
 fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs_dry() {
@@ -180,10 +180,12 @@ fn prefetch_grows_while_claims_are_the_bottleneck_and_resets_when_the_queue_runs
         max = max_of(&a).unwrap_or_else(|| panic!("a claim: {a:?}"));
         asked.push(max);
     }
-    // Growing while handlers starve, until `ahead` reaches batch_max (16):
-    // then each claim goes out once half the room (2 + 16) is free.
+    // Growing while handlers starve, until `ahead` reaches twice
+    // batch_max (32): then each claim goes out once half the room (2 + 32)
+    // is free, and asks for a whole batch (capped at `ahead` = batch_max,
+    // claims asked for 9: every transaction carried half a batch).
     assert_eq!(asked[..5], [2, 2, 4, 6, 12], "{asked:?}");
-    assert_eq!(asked[5..], [9, 9, 9], "{asked:?}");
+    assert_eq!(asked[5..], [16, 16, 16], "{asked:?}");
     // A short claim: back to the configured prefetch.
     m.handle_reply(t, WorkerReply::Claimed(Ok(batch(max - 1))));
     let a = run_dry(&mut m, &mut t);

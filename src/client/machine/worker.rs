@@ -23,8 +23,11 @@
 //!   once, unstarted, costing no attempt.
 //! - **Prefetch adapts**: `ahead` starts at `prefetch`. A claim that came
 //!   back full while handlers ran out of work during its round trip (the
-//!   loop is waiting on claims, not on handlers) doubles it, up to
-//!   `batch_max`; a claim that came back short (the queue is running dry)
+//!   loop is waiting on claims, not on handlers) doubles it, up to twice
+//!   `batch_max` (a claim goes out once half the room is free: at this
+//!   cap it asks for a whole batch; at `batch_max` it asked for half of
+//!   one, and each job paid twice its share of a transaction's fixed
+//!   cost); a claim that came back short (the queue is running dry)
 //!   resets it to `prefetch`. Slow handlers never starve during a claim, so
 //!   they never make a worker hoard jobs another process could run.
 //! - **Start** queued jobs in claim order while fewer than `concurrency`

@@ -117,7 +117,7 @@ impl WorkerMachine {
         if got < self.claim_asked {
             self.ahead = self.cfg.prefetch;
         } else if self.starved > 0 {
-            let cap = self.cfg.batch_max.max(self.cfg.prefetch);
+            let cap = (2 * self.cfg.batch_max).max(self.cfg.prefetch);
             self.ahead = (self.ahead.max(1) * 2).min(cap);
         }
         self.starved = 0;
