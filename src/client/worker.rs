@@ -180,7 +180,8 @@ struct Core {
     over: bool,
     /// How the loop ended, once a step found out, for the driver.
     end: Option<Result<WorkReport>>,
-    /// A panic of `observe` on any thread, resumed by the driver.
+    /// A panic of a step (`observe` is the user's code in it) on any
+    /// thread, resumed by the driver.
     panic: Option<Box<dyn std::any::Any + Send>>,
 }
 
@@ -364,9 +365,9 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
     /// any wake-up, then do what it says: requests go to the store
     /// threads, started jobs to the handler threads (with `keep`, the
     /// caller, a handler thread, takes the oldest waiting one), the end
-    /// and a panic of `observe` to the driver. The driver is woken when
-    /// it must act sooner than it planned. Nothing is stepped once the
-    /// loop has ended.
+    /// and a panic (of `observe`, or of the step itself) to the driver.
+    /// The driver is woken when it must act sooner than it planned.
+    /// Nothing is stepped once the loop has ended.
     fn step(
         &self,
         keep: bool,
@@ -377,21 +378,21 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
         if core.over {
             return None;
         }
-        let now = core.session.now();
-        let machine = &mut core.session.machine;
-        // The stop flag first: a handler that finished because of the
-        // same shutdown must not free a slot for a queued job.
-        if !core.stopping && self.stop.load(Ordering::SeqCst) {
-            core.stopping = true;
-            machine.shutdown(now, now.saturating_add(self.grace_ms));
-        }
-        if std::mem::take(&mut core.woke) {
-            machine.wake(now);
-        }
-        event(&mut core.session, now);
-        core.session.machine.handle_timeout(now);
         let mut kept = None;
-        let pumped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let now = core.session.now();
+            let machine = &mut core.session.machine;
+            // The stop flag first: a handler that finished because of the
+            // same shutdown must not free a slot for a queued job.
+            if !core.stopping && self.stop.load(Ordering::SeqCst) {
+                core.stopping = true;
+                machine.shutdown(now, now.saturating_add(self.grace_ms));
+            }
+            if std::mem::take(&mut core.woke) {
+                machine.wake(now);
+            }
+            event(&mut core.session, now);
+            core.session.machine.handle_timeout(now);
             while let Some(next) = core.session.next(self.observe) {
                 match next {
                     Next::Send(request) => self.requests.push(request),
@@ -406,7 +407,7 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
             }
             None
         }));
-        match pumped {
+        match stepped {
             Ok(end) => core.end = end,
             Err(panic) => core.panic = Some(panic),
         }
@@ -429,8 +430,8 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
 
     /// The calling thread's part: step when a timer is due, a wake-up
     /// came or the stop flag may be set (polled every [`STOP_POLL_MS`]),
-    /// sleep otherwise; return how the loop ended, or the panic of
-    /// `observe` that ended it.
+    /// sleep otherwise; return how the loop ended, or the panic that
+    /// ended it (resumed by the caller once the threads are done).
     fn drive(&self) -> std::thread::Result<Result<WorkReport>> {
         loop {
             self.step(false, |_, _| {});
