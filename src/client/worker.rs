@@ -176,7 +176,7 @@ struct Core {
     /// When the sleeping driver wakes by itself (`None`: it is awake). A
     /// step that arms an earlier timer or ends the loop wakes it.
     driver_until: Option<LocalMs>,
-    /// The loop has ended (or `observe` panicked): nothing steps it again.
+    /// The loop has ended (or a step panicked): nothing steps it again.
     over: bool,
     /// How the loop ended, once a step found out, for the driver.
     end: Option<Result<WorkReport>>,
