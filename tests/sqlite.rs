@@ -44,6 +44,21 @@ impl Drop for Dir {
     }
 }
 
+/// Schema v15 undone: one partial index per state again instead of the
+/// bands.
+const UNDO_V15: &str = "
+DROP INDEX jobs_bands;
+ALTER TABLE jobs DROP COLUMN band_k2;
+ALTER TABLE jobs DROP COLUMN band_k1;
+ALTER TABLE jobs DROP COLUMN band;
+CREATE INDEX jobs_ready ON jobs (queue, parked, priority DESC, run_at, id) WHERE state = 0;
+CREATE INDEX jobs_scheduled ON jobs (queue, run_at, id) WHERE state = 1;
+CREATE INDEX jobs_running ON jobs (queue, lease_until, id) WHERE state = 2;
+CREATE INDEX jobs_finished ON jobs (queue, finished_at, id, state) WHERE state >= 3 AND state <= 5;
+CREATE INDEX jobs_waiting ON jobs (queue, id) WHERE state = 6;
+PRAGMA user_version = 14;
+";
+
 /// Schema v14 undone: the lease heads and slots back in their own tables
 /// (the tests of older versions start from a v13 database).
 const UNDO_V14: &str = "
@@ -57,11 +72,13 @@ DROP TABLE lease_rows;
 PRAGMA user_version = 13;
 ";
 
-/// The database at `d` taken back to an older schema ([`UNDO_V14`], then
+/// The database at `d` taken back to an older schema ([`UNDO_V15`],
+/// [`UNDO_V14`], then
 /// `older`, which sets the version it leaves), then opened again: the
 /// store, once opening has migrated it to the current version.
 fn reopened_from_older(d: &Dir, clock: &ManualClock, older: &str) -> SqliteStore {
     let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V15).unwrap();
     conn.execute_batch(UNDO_V14).unwrap();
     conn.execute_batch(older).unwrap();
     drop(conn);
@@ -112,10 +129,10 @@ fn wal_is_on_and_scans_use_their_index_in_order() {
         .unwrap();
     assert_eq!(mode, "wal");
     let expected = [
-        "jobs_running",
-        "jobs_scheduled",
-        "jobs_ready",
-        "jobs_finished",
+        "jobs_bands",
+        "jobs_bands",
+        "jobs_bands",
+        "jobs_bands",
         "jobs_retrying",
         "jobs_parked",
         "jobs_parked",
@@ -405,6 +422,116 @@ fn group_commit_keeps_every_transaction_atomic_and_visible_on_return() {
     );
 }
 
+/// Every job of a queue as the listings show it: the counts, then each
+/// state's page of ids in its listing order.
+fn jobs_by_state(store: &SqliteStore, queue: &str) -> Vec<(JobState, u64, Vec<u64>)> {
+    let p = QueuePolicy::default();
+    let counts = store.txn(|tx| core::job::stats(tx, queue, &p)).unwrap();
+    JobState::ALL
+        .iter()
+        .map(|&state| {
+            let page = store
+                .txn(|tx| core::job::page(tx, queue, state, None, 50, 0, &p))
+                .unwrap();
+            (
+                state,
+                counts.get(state),
+                page.iter().map(|j| j.job.id.0).collect(),
+            )
+        })
+        .collect()
+}
+
+/// A database of schema version 14 (one partial index per state) gains
+/// the bands in place: every job keeps its state and its place in its
+/// state's order, counts and listings read the same, and claims go on in
+/// claim order (priority first) from the new index.
+#[test]
+fn a_version_14_database_moves_its_jobs_into_the_bands() {
+    let d = Dir::new("v14");
+    let clock = ManualClock::new(1_000);
+    let p = QueuePolicy::default();
+    let holder = HolderId(7);
+    let before = {
+        let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+        let push = |spec: JobSpec| {
+            store
+                .txn(|tx| core::job::enqueue(tx, "q", &spec, &p))
+                .unwrap()
+                .id
+        };
+        for max_attempts in [3, 1, 3] {
+            push(JobSpec {
+                max_attempts,
+                ..JobSpec::new("x")
+            });
+        }
+        let claimed = store
+            .txn(|tx| core::job::claim(tx, "q", holder, 30_000, 3, &p))
+            .unwrap();
+        let token = |i: usize| claimed[i].claim.unwrap().token;
+        store
+            .txn(|tx| core::job::complete(tx, claimed[2].id, holder, token(2)))
+            .unwrap();
+        clock.advance(5);
+        let last_try = store
+            .txn(|tx| core::job::fail(tx, claimed[1].id, holder, token(1), "boom", &p))
+            .unwrap();
+        assert_eq!(last_try, JobState::Dead);
+        let cancelled = push(JobSpec::new("x"));
+        store
+            .txn(|tx| core::job::cancel(tx, cancelled, &p))
+            .unwrap();
+        let later = push(JobSpec {
+            delay_ms: 60_000,
+            ..JobSpec::new("x")
+        });
+        push(JobSpec {
+            after: vec![later],
+            ..JobSpec::new("x")
+        });
+        for priority in [1, 5, 5] {
+            push(JobSpec {
+                priority,
+                ..JobSpec::new("x")
+            });
+        }
+        jobs_by_state(&store, "q")
+    };
+    assert!(
+        before
+            .iter()
+            .all(|(_, n, ids)| *n > 0 && ids.len() as u64 == *n),
+        "{before:?}"
+    );
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    conn.execute_batch(UNDO_V15).unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(d.db(), opts(&clock, "b")).unwrap();
+    let conn = rusqlite::Connection::open(d.db()).unwrap();
+    let (version, bands): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT user_version FROM pragma_user_version),
+                    (SELECT count(*) FROM sqlite_master WHERE name = 'jobs_bands')",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((version, bands), (SCHEMA_VERSION, 1));
+    assert_eq!(jobs_by_state(&store, "q"), before);
+    let ready = &before.iter().find(|b| b.0 == JobState::Ready).unwrap().2;
+    let claimed: Vec<u64> = store
+        .txn(|tx| core::job::claim(tx, "q", holder, 30_000, 5, &p))
+        .unwrap()
+        .iter()
+        .map(|j| j.id.0)
+        .collect();
+    assert_eq!(&claimed, ready);
+    assert_eq!(claimed.len(), 3);
+    let names = store.txn(|tx| core::job::queues(tx, "", 10)).unwrap();
+    assert_eq!(names, ["q"]);
+}
+
 /// A database of schema version 13 (a lease's head and its slots in two
 /// tables) moves them into one in place: held slots, their holders and
 /// expiries, a released key's token floor and a counting lease's limit
@@ -517,7 +644,7 @@ fn a_version_3_database_gains_schedules_in_place() {
             .unwrap();
     }
     let store = reopened_from_older(&d, &clock, "DROP INDEX jobs_ready; CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE state = 0; DROP INDEX jobs_parked; ALTER TABLE jobs DROP COLUMN conc_key; ALTER TABLE jobs DROP COLUMN parked; ALTER TABLE jobs DROP COLUMN timeout_ms; ALTER TABLE jobs DROP COLUMN claim_deadline; ALTER TABLE jobs DROP COLUMN progress; ALTER TABLE jobs DROP COLUMN progress_msg; ALTER TABLE jobs DROP COLUMN after_ids; ALTER TABLE jobs DROP COLUMN after_any; ALTER TABLE jobs DROP COLUMN waiting_on; ALTER TABLE jobs DROP COLUMN has_children; DROP TABLE job_deps; DROP INDEX jobs_waiting; DROP TABLE rates; DROP INDEX jobs_unique_all; DROP TABLE schedules; DROP TABLE queues; PRAGMA user_version = 3;");
-    assert_eq!(SCHEMA_VERSION, 14);
+    assert_eq!(SCHEMA_VERSION, 15);
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),

@@ -4,17 +4,19 @@
 //! one index in its order (a unit test checks the plans), so a page costs
 //! its own rows whatever else the database holds.
 //!
-//! Two partial indexes serve the dead and the cancelled jobs' pages and
-//! counts (done jobs read `jobs_finished`, whose rows they dominate). They
-//! are created on open when missing, not by a schema version, and are
-//! only written when a job enters or leaves those states.
+//! Every state's jobs are one band (or two: ready and parked) of
+//! `jobs_bands` (schema v15). Two partial indexes serve the dead and the
+//! cancelled jobs' pages and counts (done jobs read the finished band,
+//! whose rows they dominate). They are created on open when missing, not
+//! by a schema version, and are only written when a job enters or leaves
+//! those states.
 
 use super::conn::sql_err;
 use super::rows::{job_from_row_at, JOB_COLUMNS};
 use crate::core::{JobCursor, JobPeek, JobState, StateCounts};
 use crate::error::Result;
 use crate::store::u64_of;
-use rusqlite::{params, Connection, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row};
 
 /// The listings' own indexes, created on open if missing.
 pub(super) const LISTING_INDEXES: &str = "
@@ -45,18 +47,13 @@ pub(super) fn lease_keys(conn: &Connection, after: &str, limit: usize) -> Result
         .map_err(fail)
 }
 
-/// The first queue name after `?1` in each state's index: every job is in
-/// exactly one of them, so the least of the five is the next queue.
-pub(super) const NEXT_QUEUE: [&str; 5] = [
-    "SELECT queue FROM jobs WHERE state = 0 AND queue > ?1 ORDER BY queue LIMIT 1",
-    "SELECT queue FROM jobs WHERE state = 1 AND queue > ?1 ORDER BY queue LIMIT 1",
-    "SELECT queue FROM jobs WHERE state = 2 AND queue > ?1 ORDER BY queue LIMIT 1",
-    "SELECT queue FROM jobs WHERE state >= 3 AND state <= 5 AND queue > ?1 ORDER BY queue LIMIT 1",
-    "SELECT queue FROM jobs WHERE state = 6 AND queue > ?1 ORDER BY queue LIMIT 1",
-];
+/// The first queue name after `?1`: every job is in `jobs_bands`, which
+/// leads with the queue.
+pub(super) const NEXT_QUEUE: &str =
+    "SELECT queue FROM jobs INDEXED BY jobs_bands WHERE queue > ?1 ORDER BY queue LIMIT 1";
 
-/// Up to `limit` queue names after `after`: five index probes per name
-/// (a loose index scan), however many jobs each queue has.
+/// Up to `limit` queue names after `after`: one index probe per name (a
+/// loose index scan), however many jobs each queue has.
 pub(super) fn queue_names(
     conn: &Connection,
     after: &str,
@@ -66,17 +63,10 @@ pub(super) fn queue_names(
     let fail = |e| sql_err(|| "listing queues".to_owned(), e);
     let mut last = after.to_owned();
     for _ in 0..limit {
-        let mut next: Option<String> = None;
-        for sql in NEXT_QUEUE {
-            let mut stmt = conn.prepare_cached(sql).map_err(fail)?;
-            let mut rows = stmt.query([&last]).map_err(fail)?;
-            if let Some(row) = rows.next().map_err(fail)? {
-                let name: String = row.get(0).map_err(fail)?;
-                if next.as_ref().is_none_or(|n| name < *n) {
-                    next = Some(name);
-                }
-            }
-        }
+        let next: Option<String> = conn
+            .prepare_cached(NEXT_QUEUE)
+            .and_then(|mut s| s.query_row([&last], |r| r.get(0)).optional())
+            .map_err(fail)?;
         let Some(name) = next else { break };
         out.push(name.clone());
         last = name;
@@ -86,18 +76,20 @@ pub(super) fn queue_names(
 
 /// The page statements: `{cols}` is the job columns with the payload cut
 /// to a preview, then its length. Ready jobs page in two steps (the rest
-/// of the cursor's priority band, then the lower bands), once for the
-/// claimable ones and once for the parked ones (`?7`), merged; every other
-/// state in one; terminal jobs newest first.
+/// of the cursor's priority, then the lower priorities), once for the
+/// claimable ones and once for the parked ones (`?7`: bands 3 and 4),
+/// merged; every other state in one; terminal jobs newest first. A band's
+/// second key is 0 but in the ready bands (`run_at`), so the other
+/// cursors compare it with 0.
 pub(super) const PAGE_SQL: [&str; 8] = [
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND parked = ?7 AND priority = ?2 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 0 AND parked = ?7 AND priority < ?2 ORDER BY priority DESC, run_at, id LIMIT ?5",
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 1 AND (run_at, id) > (?3, ?4) ORDER BY run_at, id LIMIT ?5",
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 2 AND (lease_until, id) > (?3, ?4) ORDER BY lease_until, id LIMIT ?5",
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state >= 3 AND state <= 5 AND state = 3 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 3 + ?7 AND band_k1 = -?2 AND (band_k2, id) > (?3, ?4) ORDER BY band_k2, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 3 + ?7 AND band_k1 > -?2 ORDER BY band_k1, band_k2, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 5 AND (band_k1, band_k2, id) > (?3, 0, ?4) ORDER BY band_k1, band_k2, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 2 AND (band_k1, band_k2, id) > (?3, 0, ?4) ORDER BY band_k1, band_k2, id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 1 AND state = 3 AND (band_k1, band_k2, id) < (?3, 0, ?4) ORDER BY band_k1 DESC, band_k2 DESC, id DESC LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 4 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 5 AND (finished_at, id) < (?3, ?4) ORDER BY finished_at DESC, id DESC LIMIT ?5",
-    "SELECT {cols} FROM jobs WHERE queue = ?1 AND state = 6 AND id > ?4 ORDER BY id LIMIT ?5",
+    "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 6 AND band_k1 = 0 AND band_k2 = 0 AND id > ?4 ORDER BY id LIMIT ?5",
 ];
 
 /// A database integer for a cursor's field (past `i64::MAX`: the largest,
@@ -189,15 +181,15 @@ fn peek_from_row(r: &Row<'_>) -> rusqlite::Result<JobPeek> {
     })
 }
 
-/// Each state's count, up to `?2`, each from the state's index.
+/// Each state's count, up to `?2`, each from the state's band (or index).
 pub(super) const COUNTS_CAPPED: &str = "SELECT
-    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 0 LIMIT ?2)),
-    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 1 LIMIT ?2)),
-    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 2 LIMIT ?2)),
-    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state >= 3 AND state <= 5 AND state = 3 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND band >= 3 AND band <= 4 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND band = 5 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND band = 2 LIMIT ?2)),
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND band = 1 AND state = 3 LIMIT ?2)),
     (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 4 LIMIT ?2)),
     (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 5 LIMIT ?2)),
-    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND state = 6 LIMIT ?2))";
+    (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND band = 6 LIMIT ?2))";
 
 /// Jobs of `queue` per state, each counted up to `cap`.
 pub(super) fn counts_capped(conn: &Connection, queue: &str, cap: u64) -> Result<StateCounts> {
@@ -219,12 +211,12 @@ pub(super) fn counts_capped(conn: &Connection, queue: &str, cap: u64) -> Result<
     Ok(StateCounts(row.map(u64_of)))
 }
 
-/// Terminal jobs finished in `[?2, ?3)`: all of them (`jobs_finished`),
+/// Terminal jobs finished in `[?2, ?3)`: all of them (the finished band),
 /// the dead and the cancelled (their own indexes); done is the rest. A
 /// `count(*)` over an index range (no grouping, no column read) is about
 /// five times faster here than one grouped scan of the window.
 pub(super) const HISTOGRAM: [&str; 3] = [
-    "SELECT count(*) FROM jobs WHERE queue = ?1 AND state >= 3 AND state <= 5 AND finished_at >= ?2 AND finished_at < ?3",
+    "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 1 AND band_k1 >= ?2 AND band_k1 < ?3",
     "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 4 AND finished_at >= ?2 AND finished_at < ?3",
     "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 5 AND finished_at >= ?2 AND finished_at < ?3",
 ];
@@ -307,7 +299,7 @@ mod tests {
             .iter()
             .map(|s| s.replacen("{cols}", &cols, 1))
             .collect();
-        statements.extend(NEXT_QUEUE.iter().map(|s| s.to_string()));
+        statements.push(NEXT_QUEUE.to_owned());
         statements.extend(HISTOGRAM.iter().map(|s| s.to_string()));
         statements.extend([COUNTS_CAPPED, LEASE_KEYS].map(str::to_owned));
         for sql in &statements {

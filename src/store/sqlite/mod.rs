@@ -23,9 +23,12 @@
 //!   a power loss or OS crash the last transactions before the latest WAL
 //!   checkpoint may be lost, never half-applied. `FULL` syncs the WAL on
 //!   every commit and loses nothing that was acknowledged.
-//! - **Indexes match the scans exactly**: one partial index per job state,
-//!   ordered as the query orders (`priority DESC, run_at, id` for ready
-//!   jobs), so a claim costs O(log n) whatever the number of finished jobs.
+//! - **Indexes match the scans exactly**: one index of every job by queue,
+//!   band (its state, roughly) and the band's own order (`priority DESC,
+//!   run_at, id` for ready jobs, `lease_until` for running ones), so a
+//!   claim costs O(log n) whatever the number of finished jobs. The bands
+//!   lie finished | running | ready, so a claim and a completion each move
+//!   an entry within one index page (schema v15; see `schema`).
 //! - **The clock** is the machine's boot-time clock (`CLOCK_BOOTTIME`), the
 //!   same for every process on the machine and immune to wall-clock steps.
 //!   The database stores the boot id, an offset and a high water, which a

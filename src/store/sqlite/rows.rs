@@ -87,9 +87,10 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
 
 /// The indexed reads: expired, due and ready jobs (for
 /// [`JobTxn::pending`](crate::core::JobTxn::pending)), then the retrying
-/// and finished scans. Each has its state as a literal so SQLite picks the
-/// matching partial index, whose order is exactly the ORDER BY, and
-/// streams rows in that order; the time bound is checked on
+/// and finished scans. Each names its band (schema v15) or its state as a
+/// literal, so SQLite reads one range of `jobs_bands` (or the matching
+/// partial index), whose order is exactly the ORDER BY, and streams rows
+/// in that order; the time bound is checked on
 /// each row (`bound` column) and reading stops at the first row past it. A
 /// bound parameter in the SQL would make SQLite (built with STAT4)
 /// re-prepare the statement on every call as `now` changes. `{queue}` is
@@ -98,10 +99,10 @@ pub(super) fn job_from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<JobRec
 /// statements on every execution (measured: a fifth of a claim's cost).
 /// The statement cache keeps one per queue and limit.
 pub const SCAN_SQL: [&str; 7] = [
-    "SELECT lease_until, {cols} FROM jobs WHERE queue = {queue} AND state = 2 ORDER BY lease_until, id LIMIT {limit}",
-    "SELECT run_at, {cols} FROM jobs WHERE queue = {queue} AND state = 1 ORDER BY run_at, id LIMIT {limit}",
-    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND state = 0 AND parked = 0 ORDER BY priority DESC, run_at, id LIMIT {limit}",
-    "SELECT finished_at, id FROM jobs WHERE queue = {queue} AND state >= 3 AND state <= 5 ORDER BY finished_at, id LIMIT {limit}",
+    "SELECT lease_until, {cols} FROM jobs WHERE queue = {queue} AND band = 2 ORDER BY band_k1, band_k2, id LIMIT {limit}",
+    "SELECT run_at, {cols} FROM jobs WHERE queue = {queue} AND band = 5 ORDER BY band_k1, band_k2, id LIMIT {limit}",
+    "SELECT 0, {cols} FROM jobs WHERE queue = {queue} AND band = 3 ORDER BY band_k1, band_k2, id LIMIT {limit}",
+    "SELECT finished_at, id FROM jobs WHERE queue = {queue} AND band = 1 ORDER BY band_k1, band_k2, id LIMIT {limit}",
     "SELECT 0, id FROM jobs WHERE queue = {queue} AND state = 1 AND attempts > 0 ORDER BY run_at, id LIMIT {limit}",
     // Parked jobs: one key's in claim order; any key's by key, then so.
     "SELECT 0, {cols} FROM jobs INDEXED BY jobs_parked WHERE queue = {queue} AND state = 0 AND parked = 1 AND conc_key = ?1 ORDER BY priority DESC, run_at, id LIMIT {limit}",

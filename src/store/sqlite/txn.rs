@@ -647,8 +647,8 @@ impl JobTxn for SqlTxn<'_> {
     fn running_count(&mut self, queue: &str, key: Option<&str>) -> Result<u64> {
         self.conn
             .prepare_cached(
-                "SELECT count(*) FROM jobs INDEXED BY jobs_running
-                 WHERE queue = ?1 AND state = 2 AND (?2 IS NULL OR conc_key = ?2)",
+                "SELECT count(*) FROM jobs INDEXED BY jobs_bands
+                 WHERE queue = ?1 AND band = 2 AND (?2 IS NULL OR conc_key = ?2)",
             )
             .and_then(|mut s| s.query_row(params![queue, key], |r| r.get::<_, i64>(0)))
             .map(u64_of)
@@ -676,24 +676,24 @@ impl JobTxn for SqlTxn<'_> {
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {
-        // Each count reads one partial index (no index is kept just for
-        // counting: every state change would have to update it).
+        // Each count reads one band of `jobs_bands` (no index is kept just
+        // for counting: every state change would have to update it).
         const LIVE: [(JobState, &str); 4] = [
             (
                 JobState::Ready,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 0",
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band >= 3 AND band <= 4",
             ),
             (
                 JobState::Scheduled,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 1",
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 5",
             ),
             (
                 JobState::Running,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 2",
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 2",
             ),
             (
                 JobState::Waiting,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND state = 6",
+                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 6",
             ),
         ];
         let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
@@ -709,8 +709,8 @@ impl JobTxn for SqlTxn<'_> {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT state, count(*) FROM jobs INDEXED BY jobs_finished
-                 WHERE queue = ?1 AND state >= 3 AND state <= 5 GROUP BY state",
+                "SELECT state, count(*) FROM jobs INDEXED BY jobs_bands
+                 WHERE queue = ?1 AND band = 1 GROUP BY state",
             )
             .map_err(fail)?;
         let rows = stmt
