@@ -4,7 +4,8 @@
 //! - leasehold's worker loop (`Queue::work`) with 1 and 8 handlers, on
 //!   SQLite and (with `LEASEHOLD_TEST_PG`) PostgreSQL, and the tokio loop
 //!   (`leasehold::tokio::Queue::work`, async handlers) beside it;
-//! - leasehold's own `claim` + `complete` in a plain loop (no worker loop);
+//! - leasehold's own `claim` + `complete` in a plain loop (no worker loop),
+//!   one transaction each, on SQLite and PostgreSQL;
 //! - a hand-written best-practice SQLite loop (BEGIN IMMEDIATE, one UPDATE
 //!   ... RETURNING with an ordered sub-select, a fenced complete), one job
 //!   per transaction and 64 per transaction;
@@ -414,6 +415,9 @@ fn same_work(c: &mut Criterion) {
                 b.iter_custom(|iters| runs(iters, || tokio_work_loop(&pg, n)))
             });
         }
+        g.bench_function("postgres/plain_claim_complete/1", |b| {
+            b.iter_custom(|iters| runs(iters, || plain_loop(&pg)))
+        });
         hand_pg::setup(&url, &schema);
         for n in [1usize, 8] {
             g.bench_function(format!("postgres/hand_written/{n}"), |b| {

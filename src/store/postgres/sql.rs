@@ -152,69 +152,29 @@ impl Sql {
     /// The fields of `jobs` that can change, as one array literal per
     /// column of [`UPDATE_FIELDS`] (typed by the prepared statement).
     fn job_arrays(&mut self, jobs: &[&JobRecord]) -> Result<&mut Self> {
-        use std::fmt::Write;
-        type Each<'f> = &'f dyn Fn(&mut String, &&JobRecord) -> Result<()>;
-        let int = |out: &mut String, field, v: Option<u64>| -> Result<()> {
-            match v {
-                Some(v) => write!(out, "{}", i64_of(field, v)?).map_err(fmt_err),
-                None => {
-                    out.push_str("NULL");
-                    Ok(())
-                }
-            }
-        };
-        let columns: [Each<'_>; 21] = [
-            &|o, j| int(o, Field::Id, Some(j.id.0)),
-            &|o, j| write!(o, "{}", j.priority).map_err(fmt_err),
-            &|o, j| int(o, Field::RunAt, Some(j.run_at_ms)),
-            &|o, j| int(o, Field::MaxAttempts, Some(j.max_attempts.into())),
-            &|o, j| int(o, Field::Attempts, Some(j.attempts.into())),
-            &|o, j| int(o, Field::Expiries, Some(j.expiries.into())),
-            &|o, j| int(o, Field::Token, Some(j.last_token)),
-            &|o, j| write!(o, "{}", j.state.code()).map_err(fmt_err),
-            &|o, j| {
-                match j.claim {
-                    Some(c) => array_bytes(o, &holder_bytes(c.holder)),
-                    None => o.push_str("NULL"),
-                }
-                Ok(())
-            },
-            &|o, j| int(o, Field::Token, j.claim.map(|c| c.token)),
-            &|o, j| int(o, Field::LeaseUntil, j.claim.map(|c| c.lease_until_ms)),
-            &|o, j| {
-                o.push(if j.cancel_requested { 't' } else { 'f' });
-                Ok(())
-            },
-            &|o, j| array_text(o, Field::LastError, j.last_error.as_deref()),
-            &|o, j| int(o, Field::FinishedAt, j.finished_at_ms),
-            &|o, j| {
-                match &j.result {
-                    Some(result) => array_bytes(o, result),
-                    None => o.push_str("NULL"),
-                }
-                Ok(())
-            },
-            &|o, j| {
-                o.push(if j.parked { 't' } else { 'f' });
-                Ok(())
-            },
-            &|o, j| int(o, Field::Timeout, j.claim.and_then(|c| c.deadline_ms)),
-            &|o, j| {
-                let permyriad = j.progress.as_ref().map(|p| u64::from(p.permyriad));
-                int(o, Field::Progress, permyriad)
-            },
-            &|o, j| {
-                let message = j.progress.as_ref().map(|p| &*p.message);
-                array_text(o, Field::Progress, message)
-            },
-            &|o, j| write!(o, "{}", j.waiting_on).map_err(fmt_err),
-            &|o, j| {
-                o.push(if j.has_children { 't' } else { 'f' });
-                Ok(())
-            },
-        ];
-        for (i, each) in columns.iter().enumerate() {
-            self.raw(if i == 0 { "" } else { ", " }).array(jobs, each)?;
+        let rows = jobs
+            .iter()
+            .map(|j| update_values(j))
+            .collect::<Result<Vec<_>>>()?;
+        for column in 0..UPDATE_TYPES.len() {
+            self.raw(if column == 0 { "" } else { ", " })
+                .array(&rows, |out, row| row[column].array_element(out))?;
+        }
+        Ok(self)
+    }
+
+    /// The fields of `job` that can change, as one literal per column of
+    /// [`UPDATE_FIELDS`] (typed by the prepared statement).
+    fn job_scalars(&mut self, job: &JobRecord) -> Result<&mut Self> {
+        for (i, value) in update_values(job)?.iter().enumerate() {
+            self.raw(if i == 0 { "" } else { ", " });
+            match value {
+                Value::Int(Some(v)) => self.raw(&v.to_string()),
+                Value::Bool(b) => self.raw(if *b { "true" } else { "false" }),
+                Value::Text(field, Some(t)) => self.text(*field, t)?,
+                Value::Bytes(Some(b)) => self.bytes(b),
+                Value::Int(None) | Value::Text(_, None) | Value::Bytes(None) => self.raw("NULL"),
+            };
         }
         Ok(self)
     }
@@ -252,32 +212,102 @@ const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expir
 /// The assignments of an UPDATE from a row source `u` of [`UPDATE_FIELDS`].
 const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked, claim_deadline = u.claim_deadline, progress = u.progress, progress_msg = u.progress_msg, waiting_on = u.waiting_on, has_children = u.has_children";
 
-/// The types of [`UPDATE_FIELDS`], as arrays.
-const UPDATE_ARRAY_TYPES: [&str; 21] = [
-    "int8[]", "int4[]", "int8[]", "int8[]", "int8[]", "int8[]", "int8[]", "int2[]", "bytea[]",
-    "int8[]", "int8[]", "bool[]", "text[]", "int8[]", "bytea[]", "bool[]", "int8[]", "int4[]",
-    "text[]", "int4[]", "bool[]",
+/// The types of [`UPDATE_FIELDS`].
+const UPDATE_TYPES: [&str; 21] = [
+    "int8", "int4", "int8", "int8", "int8", "int8", "int8", "int2", "bytea", "int8", "int8",
+    "bool", "text", "int8", "bytea", "bool", "int8", "int4", "text", "int4", "bool",
 ];
 
-/// The name of the UPDATE each session prepares (SQL-level `PREPARE`).
+/// One field of [`UPDATE_FIELDS`], before it is written as an SQL literal
+/// or as an element of an array literal.
+enum Value<'a> {
+    Int(Option<i64>),
+    Bool(bool),
+    /// Text, and the field a NUL in it is reported against.
+    Text(Field, Option<&'a str>),
+    Bytes(Option<std::borrow::Cow<'a, [u8]>>),
+}
+
+impl Value<'_> {
+    /// This value as an element of an array literal.
+    fn array_element(&self, out: &mut String) -> Result<()> {
+        use std::fmt::Write;
+        match self {
+            Value::Int(Some(v)) => write!(out, "{v}").map_err(fmt_err)?,
+            Value::Bool(b) => out.push(if *b { 't' } else { 'f' }),
+            Value::Text(field, text) => array_text(out, *field, *text)?,
+            Value::Bytes(Some(b)) => array_bytes(out, b),
+            Value::Int(None) | Value::Bytes(None) => out.push_str("NULL"),
+        }
+        Ok(())
+    }
+}
+
+/// The fields of `j` that can change, in the order of [`UPDATE_FIELDS`].
+fn update_values(j: &JobRecord) -> Result<[Value<'_>; 21]> {
+    let int = |field, v: u64| i64_of(field, v).map(|v| Value::Int(Some(v)));
+    let opt_int = |field, v: Option<u64>| v.map(|v| i64_of(field, v)).transpose().map(Value::Int);
+    let claim = j.claim;
+    let progress = j.progress.as_ref();
+    Ok([
+        int(Field::Id, j.id.0)?,
+        Value::Int(Some(i64::from(j.priority))),
+        int(Field::RunAt, j.run_at_ms)?,
+        Value::Int(Some(i64::from(j.max_attempts))),
+        Value::Int(Some(i64::from(j.attempts))),
+        Value::Int(Some(i64::from(j.expiries))),
+        int(Field::Token, j.last_token)?,
+        Value::Int(Some(i64::from(j.state.code()))),
+        Value::Bytes(claim.map(|c| holder_bytes(c.holder).to_vec().into())),
+        opt_int(Field::Token, claim.map(|c| c.token))?,
+        opt_int(Field::LeaseUntil, claim.map(|c| c.lease_until_ms))?,
+        Value::Bool(j.cancel_requested),
+        Value::Text(Field::LastError, j.last_error.as_deref()),
+        opt_int(Field::FinishedAt, j.finished_at_ms)?,
+        Value::Bytes(j.result.as_deref().map(Into::into)),
+        Value::Bool(j.parked),
+        opt_int(Field::Timeout, claim.and_then(|c| c.deadline_ms))?,
+        Value::Int(progress.map(|p| i64::from(p.permyriad))),
+        Value::Text(Field::Progress, progress.map(|p| &*p.message)),
+        Value::Int(Some(i64::from(j.waiting_on))),
+        Value::Bool(j.has_children),
+    ])
+}
+
+/// The name of the many-row UPDATE each session prepares (SQL-level
+/// `PREPARE`).
 const PREPARED_UPDATE: &str = "leasehold_jobs_update";
 
-/// The `PREPARE` of [`PREPARED_UPDATE`] for the quoted `schema`: one
-/// UPDATE joining the rows of 21 parallel arrays to the jobs by id.
+/// The name of the one-row UPDATE each session prepares.
+const PREPARED_UPDATE_ONE: &str = "leasehold_job_update";
+
+/// The `PREPARE`s, for the quoted `schema`, of [`PREPARED_UPDATE`] (one
+/// UPDATE joining the rows of 21 parallel arrays to the jobs by id) and of
+/// [`PREPARED_UPDATE_ONE`] (one row by its id, from 21 plain parameters).
 ///
 /// Measured against the literal `UPDATE ... FROM (VALUES ...)` it replaced,
 /// literal arrays, and a protocol-level prepared statement with binary
 /// arrays (one more round trip): prepared and executed with array literals
 /// inside the commit script costs the server the least (no parse or plan
-/// per batch) and keeps the writes and the COMMIT in one round trip.
+/// per batch) and keeps the writes and the COMMIT in one round trip. For a
+/// single row the join of arrays cost the server 0.06 ms more than a plain
+/// `UPDATE ... WHERE id =` (BENCHMARKS.md), hence the second statement.
 pub(super) fn prepare_update(schema: &str) -> String {
-    let params: Vec<String> = (1..=UPDATE_ARRAY_TYPES.len())
-        .map(|i| format!("${i}"))
+    let params: Vec<String> = (1..=UPDATE_TYPES.len()).map(|i| format!("${i}")).collect();
+    let arrays: Vec<String> = UPDATE_TYPES.iter().map(|t| format!("{t}[]")).collect();
+    let set_one: Vec<String> = UPDATE_FIELDS
+        .split(", ")
+        .zip(&params)
+        .skip(1)
+        .map(|(field, param)| format!("{field} = {param}"))
         .collect();
     format!(
-        "PREPARE {PREPARED_UPDATE}({}) AS UPDATE {schema}.jobs AS j SET {SET_FROM_U} FROM unnest({}) AS u({UPDATE_FIELDS}) WHERE j.id = u.id",
-        UPDATE_ARRAY_TYPES.join(", "),
-        params.join(", ")
+        "PREPARE {PREPARED_UPDATE}({}) AS UPDATE {schema}.jobs AS j SET {SET_FROM_U} FROM unnest({}) AS u({UPDATE_FIELDS}) WHERE j.id = u.id;
+         PREPARE {PREPARED_UPDATE_ONE}({}) AS UPDATE {schema}.jobs SET {} WHERE id = $1",
+        arrays.join(", "),
+        params.join(", "),
+        UPDATE_TYPES.join(", "),
+        set_one.join(", "),
     )
 }
 
@@ -332,11 +362,19 @@ pub(super) fn render_job_writes(
         sql.raw(");\n");
     }
     for group in update_groups(writes) {
-        sql.raw("EXECUTE ")
-            .raw(PREPARED_UPDATE)
-            .raw("(")
-            .job_arrays(&group)?
-            .raw(");\n");
+        match group.as_slice() {
+            [one] => sql
+                .raw("EXECUTE ")
+                .raw(PREPARED_UPDATE_ONE)
+                .raw("(")
+                .job_scalars(one)?,
+            _ => sql
+                .raw("EXECUTE ")
+                .raw(PREPARED_UPDATE)
+                .raw("(")
+                .job_arrays(&group)?,
+        }
+        .raw(");\n");
     }
     let mut inserts = writes.iter().filter(|w| !w.in_db).peekable();
     if inserts.peek().is_some() {
@@ -477,8 +515,14 @@ mod tests {
         let sql = render(&writes, &[]);
         let lines: Vec<&str> = sql.lines().collect();
         assert_eq!(lines.len(), 2, "{sql}");
-        assert!(lines[0].contains("('{2}'"), "the leaving row first: {sql}");
-        assert!(lines[1].contains("('{1}'"), "{sql}");
+        assert!(
+            lines[0].starts_with("EXECUTE leasehold_job_update(2, "),
+            "the leaving row first: {sql}"
+        );
+        assert!(
+            lines[1].starts_with("EXECUTE leasehold_job_update(1, "),
+            "{sql}"
+        );
         // Without a row entering the range, one statement whatever the states.
         let claimed = job(1, JobState::Running, Some("k"));
         let writes = [
@@ -486,6 +530,36 @@ mod tests {
             existing(&finished, JobState::Running),
         ];
         assert_eq!(render(&writes, &[]).lines().count(), 1);
+    }
+
+    /// One row is written by the one-row statement, its fields as plain
+    /// literals in the order of the prepared parameters; two or more by
+    /// the array statement.
+    #[test]
+    fn one_row_is_written_with_plain_literals() {
+        let mut failed = job(4, JobState::Scheduled, None);
+        failed.last_error = Some(Arc::from("it's"));
+        failed.result = Some(Arc::from(&b"\x01"[..]));
+        let sql = render(&[existing(&failed, JobState::Running)], &[]);
+        assert_eq!(
+            sql.trim_end(),
+            "EXECUTE leasehold_job_update(4, -7, 10, 3, 1, 0, 1, 1, NULL, NULL, NULL, false, 'it''s', NULL, '\\x01'::bytea, false, NULL, NULL, NULL, 0, false);"
+        );
+        let other = job(5, JobState::Done, None);
+        let writes = [
+            existing(&failed, JobState::Running),
+            existing(&other, JobState::Running),
+        ];
+        assert!(render(&writes, &[]).starts_with("EXECUTE leasehold_jobs_update('{4,5}'"));
+        let prepared = prepare_update("\"s\"");
+        assert!(
+            prepared.contains("PREPARE leasehold_job_update(int8, int4, int8, int8, int8, int8, int8, int2, bytea, int8, int8, bool, text, int8, bytea, bool, int8, int4, text, int4, bool) AS UPDATE \"s\".jobs SET priority = $2, run_at = $3,"),
+            "{prepared}"
+        );
+        assert!(
+            prepared.contains("has_children = $21 WHERE id = $1"),
+            "{prepared}"
+        );
     }
 
     #[test]
