@@ -78,9 +78,9 @@ pub(super) fn queue_names(
 /// to a preview, then its length. Ready jobs page in two steps (the rest
 /// of the cursor's priority, then the lower priorities), once for the
 /// claimable ones and once for the parked ones (`?7`: bands 3 and 4),
-/// merged; every other state in one; terminal jobs newest first. A band's
-/// second key is 0 but in the ready bands (`run_at`), so the other
-/// cursors compare it with 0.
+/// merged; every other state in one; terminal jobs newest first. Outside
+/// the ready bands a job's second key is always 0, so those cursors
+/// compare it with 0.
 pub(super) const PAGE_SQL: [&str; 8] = [
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 3 + ?7 AND band_k1 = -?2 AND (band_k2, id) > (?3, ?4) ORDER BY band_k2, id LIMIT ?5",
     "SELECT {cols} FROM jobs WHERE queue = ?1 AND band = 3 + ?7 AND band_k1 > -?2 ORDER BY band_k1, band_k2, id LIMIT ?5",
