@@ -166,15 +166,22 @@ impl Sql {
     /// The fields of `job` that can change, as one literal per column of
     /// [`UPDATE_FIELDS`] (typed by the prepared statement).
     fn job_scalars(&mut self, job: &JobRecord) -> Result<&mut Self> {
+        use std::fmt::Write;
         for (i, value) in update_values(job)?.iter().enumerate() {
             self.raw(if i == 0 { "" } else { ", " });
             match value {
-                Value::Int(Some(v)) => self.raw(&v.to_string()),
-                Value::Bool(b) => self.raw(if *b { "true" } else { "false" }),
-                Value::Text(field, Some(t)) => self.text(*field, t)?,
-                Value::Bytes(Some(b)) => self.bytes(b),
-                Value::Int(None) | Value::Text(_, None) | Value::Bytes(None) => self.raw("NULL"),
-            };
+                Value::Int(Some(v)) => write!(self.0, "{v}").map_err(fmt_err)?,
+                Value::Bool(b) => self.0.push_str(if *b { "true" } else { "false" }),
+                Value::Text(field, Some(t)) => {
+                    self.text(*field, t)?;
+                }
+                Value::Bytes(Some(b)) => {
+                    self.bytes(b);
+                }
+                Value::Int(None) | Value::Text(_, None) | Value::Bytes(None) => {
+                    self.0.push_str("NULL")
+                }
+            }
         }
         Ok(self)
     }
@@ -208,9 +215,6 @@ impl Sql {
 /// The columns of a job that can change after it is created (the id first,
 /// to find the row), in the order of the prepared UPDATE's parameters.
 const UPDATE_FIELDS: &str = "id, priority, run_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, finished_at, result, parked, claim_deadline, progress, progress_msg, waiting_on, has_children";
-
-/// The assignments of an UPDATE from a row source `u` of [`UPDATE_FIELDS`].
-const SET_FROM_U: &str = "priority = u.priority, run_at = u.run_at, max_attempts = u.max_attempts, attempts = u.attempts, expiries = u.expiries, last_token = u.last_token, state = u.state, claim_holder = u.claim_holder, claim_token = u.claim_token, lease_until = u.lease_until, cancel_requested = u.cancel_requested, last_error = u.last_error, finished_at = u.finished_at, result = u.result, parked = u.parked, claim_deadline = u.claim_deadline, progress = u.progress, progress_msg = u.progress_msg, waiting_on = u.waiting_on, has_children = u.has_children";
 
 /// The types of [`UPDATE_FIELDS`].
 const UPDATE_TYPES: [&str; 21] = [
@@ -295,19 +299,24 @@ const PREPARED_UPDATE_ONE: &str = "leasehold_job_update";
 pub(super) fn prepare_update(schema: &str) -> String {
     let params: Vec<String> = (1..=UPDATE_TYPES.len()).map(|i| format!("${i}")).collect();
     let arrays: Vec<String> = UPDATE_TYPES.iter().map(|t| format!("{t}[]")).collect();
-    let set_one: Vec<String> = UPDATE_FIELDS
-        .split(", ")
-        .zip(&params)
-        .skip(1)
-        .map(|(field, param)| format!("{field} = {param}"))
-        .collect();
+    // Every field but the id, assigned from `value(field, its parameter)`.
+    let set = |value: &dyn Fn(&str, &str) -> String| {
+        let assignments: Vec<String> = UPDATE_FIELDS
+            .split(", ")
+            .zip(&params)
+            .skip(1)
+            .map(|(field, param)| format!("{field} = {}", value(field, param)))
+            .collect();
+        assignments.join(", ")
+    };
     format!(
-        "PREPARE {PREPARED_UPDATE}({}) AS UPDATE {schema}.jobs AS j SET {SET_FROM_U} FROM unnest({}) AS u({UPDATE_FIELDS}) WHERE j.id = u.id;
+        "PREPARE {PREPARED_UPDATE}({}) AS UPDATE {schema}.jobs AS j SET {} FROM unnest({}) AS u({UPDATE_FIELDS}) WHERE j.id = u.id;
          PREPARE {PREPARED_UPDATE_ONE}({}) AS UPDATE {schema}.jobs SET {} WHERE id = $1",
         arrays.join(", "),
+        set(&|field, _| format!("u.{field}")),
         params.join(", "),
         UPDATE_TYPES.join(", "),
-        set_one.join(", "),
+        set(&|_, param| param.to_owned()),
     )
 }
 
@@ -558,6 +567,16 @@ mod tests {
         );
         assert!(
             prepared.contains("has_children = $21 WHERE id = $1"),
+            "{prepared}"
+        );
+        assert!(
+            prepared.contains(
+                "AS UPDATE \"s\".jobs AS j SET priority = u.priority, run_at = u.run_at,"
+            ),
+            "{prepared}"
+        );
+        assert!(
+            prepared.contains("has_children = u.has_children FROM unnest($1, $2,"),
             "{prepared}"
         );
     }
