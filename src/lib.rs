@@ -94,7 +94,7 @@ pub use core::{
     Limits, QueueConfig, QueuePolicy, Rate, StateCounts, StateSet,
 };
 pub use error::{Cause, Error, Field, LostReason, Result, StoreFailure, Target};
-pub use store::{FileOptions, FileStore, MemStore, Store, StoreExt, Wake};
+pub use store::{FileOptions, FileStore, FirstRead, MemStore, Store, StoreExt, Wake};
 #[cfg(all(feature = "postgres", not(loom)))]
 pub use store::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]

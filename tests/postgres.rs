@@ -382,6 +382,107 @@ fn a_batch_costs_three_round_trips_whatever_its_size() {
     }
 }
 
+/// What users call sends a transaction's first read with its BEGIN when
+/// it is one row ([`FirstRead`]): a job's renewal and completion, and a
+/// lease's acquire (of a key with no row yet, and of one with a row),
+/// renewal and release, are two round trips each (BEGIN with the clock and
+/// the row; the writes with COMMIT), not three. A claim and a batch settle
+/// keep their three (measured slower sent early: BENCHMARKS.md). A hint of
+/// a job that is not the one the transaction reads costs the third round
+/// trip and changes nothing.
+#[test]
+fn the_api_sends_a_one_row_read_with_its_begin() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("early");
+    let proxy = pg::RoundTrips::start();
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let opts = PostgresOptions {
+        max_connections: 1,
+        clock: Some(clock.clone()),
+        ..PostgresOptions::default()
+    };
+    let store = Arc::new(PostgresStore::open_with(&proxy.url(&schema), opts).unwrap());
+    let client = Client::builder_shared(store.clone())
+        .clock(clock.clone())
+        .build();
+    let q = client.queue("q").unwrap();
+    let trips = |f: &mut dyn FnMut()| {
+        let (before, early) = (proxy.count(), store.early_reads());
+        f();
+        (proxy.count() - before, store.early_reads() - early)
+    };
+    for i in 0..70u8 {
+        q.push(&JobSpec::new(vec![i])).unwrap();
+    }
+    let mut one = None;
+    let claim = trips(&mut || one = q.claim(Duration::from_secs(60)).unwrap());
+    let one = one.expect("a job");
+    let beat = trips(&mut || assert!(!one.heartbeat().unwrap(), "no cancel asked"));
+    let done = trips(&mut || one.complete().unwrap());
+    let mut batch = Vec::new();
+    let claim_64 = trips(&mut || batch = q.claim_batch(64, Duration::from_secs(60)).unwrap());
+    assert_eq!(batch.len(), 64);
+    let settle_64 = trips(&mut || {
+        let outcomes = q.complete_many(&batch).unwrap();
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    });
+    assert_eq!(
+        [claim, beat, done, claim_64, settle_64],
+        [(3, 0), (2, 1), (2, 1), (3, 0), (3, 0)],
+        "(round trips, early reads used) of a claim, a renewal, a completion, \
+         a claim of 64 and their settle"
+    );
+
+    let mut tokens = Vec::new();
+    for key in ["lease-new", "lease-new"] {
+        let mut guard = None;
+        let acquire =
+            trips(&mut || guard = Some(client.try_acquire(key, Duration::from_secs(60)).unwrap()));
+        let renew = trips(&mut || guard.as_ref().unwrap().renew().unwrap());
+        tokens.push(guard.as_ref().unwrap().token());
+        let release = trips(&mut || guard.take().unwrap().release().unwrap());
+        assert_eq!(
+            [acquire, renew, release],
+            [(2, 1); 3],
+            "{key}: acquire, renew, release"
+        );
+    }
+    assert!(tokens[1] > tokens[0], "tokens grow: {tokens:?}");
+
+    // A hint that misses: job `one` read early, `two` completed.
+    let two = q.claim(Duration::from_secs(60)).unwrap().expect("a job");
+    let ids = [one.id()];
+    let policy = QueuePolicy::default();
+    let (holder, token) = (client.holder().id, two.token());
+    let missed = trips(&mut || {
+        store
+            .txn_reading("complete", Some(leasehold::FirstRead::Jobs(&ids)), |tx| {
+                core::job::settle_many(tx, holder, &[(two.id(), token, Settle::Complete)], &policy)
+            })
+            .unwrap()
+            .into_iter()
+            .for_each(|s| assert_eq!(s.unwrap(), JobState::Done));
+    });
+    assert_eq!(missed, (3, 1));
+    assert_eq!(client.job(one.id()).unwrap().state, JobState::Done);
+
+    // On the server's clock too.
+    let served = Arc::new(PostgresStore::open(&schema.url()).unwrap());
+    let q = Client::builder_shared(served.clone())
+        .build()
+        .queue("q")
+        .unwrap();
+    let before = served.early_reads();
+    let job = q
+        .claim(Duration::from_secs(60))
+        .unwrap()
+        .expect("a ready job");
+    job.complete().unwrap();
+    assert_eq!(served.early_reads() - before, 1, "the completion");
+}
+
 /// A batch's writes carry text and bytes inside array literals: hostile
 /// reasons come back exactly as given.
 #[test]

@@ -16,7 +16,7 @@ use super::{ms_of, Client, LeaseOptions};
 use crate::core::{self, HolderInfo};
 use crate::error::{LostReason, Result};
 use crate::fork::ForkGuard;
-use crate::store::{StoreExt, Wake};
+use crate::store::{FirstRead, StoreExt, Wake};
 use crate::sync::{lock, thread, Mutex};
 use crate::time::LocalMs;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -156,12 +156,16 @@ impl ElectionExec {
             HolderRequest::Acquire => {
                 HolderReply::Acquired(self.client.try_acquire_once(key, ttl_ms, 1))
             }
-            HolderRequest::Renew { token } => HolderReply::Renewed(
-                store.txn_as("renew", |tx| core::lease::renew(tx, key, id, token, ttl_ms)),
-            ),
-            HolderRequest::Release { token } => HolderReply::Released(
-                store.txn_as("release", |tx| core::lease::release(tx, key, id, token)),
-            ),
+            HolderRequest::Renew { token } => HolderReply::Renewed(store.txn_reading(
+                "renew",
+                Some(FirstRead::Lease(key)),
+                |tx| core::lease::renew(tx, key, id, token, ttl_ms),
+            )),
+            HolderRequest::Release { token } => HolderReply::Released(store.txn_reading(
+                "release",
+                Some(FirstRead::Lease(key)),
+                |tx| core::lease::release(tx, key, id, token),
+            )),
         }
     }
 }

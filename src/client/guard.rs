@@ -7,6 +7,7 @@ use super::machine::Lifetime;
 use super::Client;
 use crate::core;
 use crate::error::{Error, LostReason, Result};
+use crate::store::FirstRead;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,7 +181,8 @@ impl LeaseGuard {
         }
         let id = self.client.inner.holder.id;
         // The callers (release, drop) unmark the key, however this ended.
-        self.client.run("release", |tx| {
+        let first = FirstRead::Lease(&self.key);
+        self.client.run_reading("release", first, |tx| {
             core::lease::release(tx, &self.key, id, self.token)
         })
     }
@@ -214,9 +216,12 @@ pub(crate) fn lease_renewer(client: &Client, key: &str, token: u64, ttl_ms: u64)
             return Ok(false);
         }
         client
-            .run_until("renew", Some(deadline), |tx| {
-                core::lease::renew(tx, &key, id, token, ttl_ms)
-            })
+            .run_until(
+                "renew",
+                Some(deadline),
+                Some(FirstRead::Lease(&key)),
+                |tx| core::lease::renew(tx, &key, id, token, ttl_ms),
+            )
             .map(|_| false)
     })
 }

@@ -14,6 +14,7 @@ use crate::core::QueuePolicy;
 use crate::core::{self, HolderId, JobId, JobRecord, JobState};
 use crate::error::Field;
 use crate::error::{Error, LostReason, Result, Target};
+use crate::store::FirstRead;
 use crate::sync::{lock, Mutex};
 use crate::time::LocalMs;
 use std::collections::HashMap;
@@ -251,10 +252,15 @@ impl ClaimedJob {
                 return Ok(false);
             }
             let renewed = board.send([(id, token)], |reports| {
-                client.run_until("heartbeat", Some(deadline), |tx| {
-                    record_reports(tx, holder, reports)?;
-                    core::job::heartbeat(tx, id, holder, token, lease_ms)
-                })
+                client.run_until(
+                    "heartbeat",
+                    Some(deadline),
+                    Some(FirstRead::Jobs(&[id])),
+                    |tx| {
+                        record_reports(tx, holder, reports)?;
+                        core::job::heartbeat(tx, id, holder, token, lease_ms)
+                    },
+                )
             });
             renewed.map(|reply| reply.cancel_requested)
         })
@@ -338,8 +344,9 @@ impl ClaimedJob {
         mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
         let holder = self.client.inner.holder.id;
+        let ids = [self.job.id];
         self.board.send([(self.job.id, self.token)], |reports| {
-            self.client.run(op, |tx| {
+            self.client.run_reading(op, FirstRead::Jobs(&ids), |tx| {
                 record_reports(tx, holder, reports)?;
                 f(tx)
             })

@@ -305,7 +305,18 @@ impl Client {
         op: &'static str,
         f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
-        self.run_until(op, None, f)
+        self.run_until(op, None, None, f)
+    }
+
+    /// [`Client::run`], telling the store what `f` reads first
+    /// ([`crate::FirstRead`]).
+    pub(crate) fn run_reading<R>(
+        &self,
+        op: &'static str,
+        first: crate::FirstRead<'_>,
+        f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.run_until(op, None, Some(first), f)
     }
 
     /// [`Client::run`], but retrying no later than `until` on the
@@ -314,6 +325,7 @@ impl Client {
         &self,
         op: &'static str,
         until: Option<LocalMs>,
+        first: Option<crate::FirstRead<'_>>,
         mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
         self.inner.fork.check()?;
@@ -324,7 +336,7 @@ impl Client {
         // The jitter is drawn only once a transaction failed (most never do).
         let mut backoff: Option<core::Backoff> = None;
         loop {
-            match self.inner.store.txn_as(op, &mut f) {
+            match self.inner.store.txn_reading(op, first, &mut f) {
                 Err(e) if e.is_transient() => {
                     let now_ms = self.local_now();
                     let backoff = backoff.get_or_insert_with(|| {
@@ -452,7 +464,8 @@ impl Client {
             });
         }
         let holder = &self.inner.holder;
-        self.inner.store.txn_as("acquire", |tx| {
+        let first = Some(crate::FirstRead::Lease(key));
+        self.inner.store.txn_reading("acquire", first, |tx| {
             core::lease::acquire(tx, key, holder, ttl_ms, limit)
         })
     }
@@ -491,7 +504,7 @@ impl Client {
     /// themselves, like the CLI). Returns the grant with its store expiry.
     pub fn renew(&self, key: &str, token: u64, ttl: Duration) -> Result<core::Grant> {
         let id = self.inner.holder.id;
-        self.run("renew", |tx| {
+        self.run_reading("renew", crate::FirstRead::Lease(key), |tx| {
             core::lease::renew(tx, key, id, token, ms_of(ttl))
         })
     }
@@ -499,7 +512,9 @@ impl Client {
     /// Release a lease by key and token.
     pub fn release(&self, key: &str, token: u64) -> Result<()> {
         let id = self.inner.holder.id;
-        self.run("release", |tx| core::lease::release(tx, key, id, token))
+        self.run_reading("release", crate::FirstRead::Lease(key), |tx| {
+            core::lease::release(tx, key, id, token)
+        })
     }
 
     /// One job by id, as of the store's clock.

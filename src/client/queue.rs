@@ -9,6 +9,7 @@ use crate::core::{
     ScheduleSpec, StateCounts,
 };
 use crate::error::{Error, LostReason, Result};
+use crate::store::FirstRead;
 use crate::time::WallMs;
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,11 +125,12 @@ impl Queue {
             .filter(|(_, ok)| ok.is_ok())
             .map(|(job, _)| (job.id(), job.token(), core::job::Settle::Complete))
             .collect();
+        let ids: Vec<JobId> = settles.iter().map(|s| s.0).collect();
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
         let mut states = self
             .client
-            .run("settle", |tx| {
+            .run_reading("settle", FirstRead::Jobs(&ids), |tx| {
                 core::job::settle_many(tx, holder, &settles, &policy)
             })?
             .into_iter();

@@ -28,9 +28,9 @@ use super::machine::{
 use super::worker::{WorkOptions, WorkReport};
 use super::{ms_of, Client};
 use crate::clock::Clock;
-use crate::core::{self, HolderId, JobRecord, QueuePolicy};
+use crate::core::{self, HolderId, JobId, JobRecord, QueuePolicy};
 use crate::error::{LostReason, Result};
-use crate::store::{Store, StoreExt};
+use crate::store::{FirstRead, Store, StoreExt};
 use crate::time::{LocalMs, WallMs};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -101,8 +101,9 @@ impl Exec {
                 }
             }
             WorkerRequest::Heartbeat { claims } => {
+                let ids: Vec<JobId> = claims.iter().map(|c| c.0).collect();
                 let renewed = self.board.send(claims.iter().copied(), |reports| {
-                    store.txn_as("heartbeat", |tx| {
+                    store.txn_reading("heartbeat", Some(FirstRead::Jobs(&ids)), |tx| {
                         record_reports(tx, holder, reports)?;
                         core::job::heartbeat_many(tx, holder, &claims, lease_ms)
                     })
@@ -116,8 +117,9 @@ impl Exec {
             }
             WorkerRequest::Settle { settles } => {
                 let ids = settles.iter().map(|s| (s.0, s.1));
+                let first: Vec<JobId> = settles.iter().map(|s| s.0).collect();
                 let settled = self.board.send(ids.clone(), |reports| {
-                    store.txn_as("settle", |tx| {
+                    store.txn_reading("settle", Some(FirstRead::Jobs(&first)), |tx| {
                         record_reports(tx, holder, reports)?;
                         core::job::settle_many(tx, holder, &settles, policy)
                     })

@@ -5,8 +5,9 @@
 use super::error::{pg_err, Stage};
 use super::listing;
 use super::pool::Conn;
-use super::statements::{queue_config, JOB_COLUMN_COUNT};
-use super::txn::{job_from_row, CachedJob, PgTxn};
+use super::rows::{job_from_row, queue_config};
+use super::statements::JOB_COLUMN_COUNT;
+use super::txn::{CachedJob, PgTxn};
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, Pending,
     QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet,
@@ -178,15 +179,11 @@ impl JobTxn for PgTxn<'_> {
         let mut read = Pending::default();
         let mut jobs = &rows[..];
         if let (true, Some(row)) = (ready > 0, rows.first()) {
-            // One row at least, the settings in the last column of each;
+            // One row at least, the settings in the last columns of each;
             // a lone row without a job id says no job was read.
-            let decode = || -> std::result::Result<_, postgres::Error> {
-                Ok((
-                    queue_config(row, JOB_COLUMN_COUNT)?,
-                    row.try_get::<_, Option<i64>>(0)?,
-                ))
-            };
-            let (config, id) = decode().map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
+            let config = queue_config(row, JOB_COLUMN_COUNT)?;
+            let id = row.try_get::<_, Option<i64>>(0);
+            let id = id.map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
             self.configs.insert(Arc::from(queue), config.clone());
             read.config = config;
             if id.is_none() {
@@ -266,7 +263,7 @@ impl JobTxn for PgTxn<'_> {
         let what = format!("reading the settings of queue {queue:?}");
         let rows = self.query(&what, |st| &st.queue_get, &[&queue])?;
         let config = match rows.first() {
-            Some(row) => queue_config(row, 0).map_err(|e| pg_err(what, e, Stage::Work))?,
+            Some(row) => queue_config(row, 0)?,
             None => QueueConfig::default(),
         };
         self.configs.insert(Arc::from(queue), config.clone());

@@ -12,15 +12,12 @@
 
 use super::error::{pg_err, Stage};
 use super::migrate::ADVISORY_CLASS;
+use super::rows::{job_from_row, lease_from_row};
 use super::statements::COLUMNS;
-use super::txn::job_from_row;
-use crate::core::{JobCursor, JobPeek, JobState, LeaseRecord, LeaseSlot, StateCounts};
+use crate::core::{JobCursor, JobPeek, JobState, LeaseRecord, StateCounts};
 use crate::error::Result;
-use crate::store::{holder_from, u64_of};
-use crate::Holder;
 use postgres::types::ToSql;
-use postgres::{Client, Row};
-use std::sync::Arc;
+use postgres::Client;
 
 /// The listings' own indexes (name, definition after `ON`).
 const INDEXES: [(&str, &str); 2] = [
@@ -73,37 +70,6 @@ pub(super) fn ensure_indexes(client: &mut Client, schema: &str, shown: &str) -> 
     client.batch_execute(&script).map_err(fail)
 }
 
-/// A lease record from the columns `last_token, tokens, holders, labels,
-/// expires, lease_limit` starting at column `at`.
-pub(super) fn lease_from_row(
-    row: &Row,
-    at: usize,
-) -> std::result::Result<LeaseRecord, postgres::Error> {
-    let tokens: Vec<i64> = row.try_get(at + 1)?;
-    let holders: Vec<Vec<u8>> = row.try_get(at + 2)?;
-    let labels: Vec<Option<String>> = row.try_get(at + 3)?;
-    let expires: Vec<i64> = row.try_get(at + 4)?;
-    let slots = tokens
-        .iter()
-        .zip(&holders)
-        .zip(labels)
-        .zip(&expires)
-        .map(|(((&t, h), label), &e)| LeaseSlot {
-            token: u64_of(t),
-            holder: Holder {
-                id: holder_from(h),
-                label: label.map(|l| Arc::from(l.as_str())),
-            },
-            expires_at_ms: u64_of(e),
-        })
-        .collect();
-    Ok(LeaseRecord {
-        last_token: u64_of(row.try_get(at)?),
-        limit: u32::try_from(row.try_get::<_, i32>(at + 5)?).unwrap_or(0),
-        slots,
-    })
-}
-
 /// Up to `limit` lease records with slots after `after`, by the primary key.
 pub(super) fn lease_scan(
     client: &mut Client,
@@ -120,9 +86,8 @@ pub(super) fn lease_scan(
         .query(&sql, &[&after, &sat(limit as u64)])
         .map_err(fail)?;
     rows.iter()
-        .map(|r| Ok((r.try_get(0)?, lease_from_row(r, 1)?)))
-        .collect::<std::result::Result<Vec<_>, postgres::Error>>()
-        .map_err(fail)
+        .map(|r| Ok((r.try_get(0).map_err(fail)?, lease_from_row(r, 1)?)))
+        .collect()
 }
 
 /// The next queue name after `x`: the least of the first names after it

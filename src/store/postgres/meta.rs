@@ -4,14 +4,16 @@
 //! for), and the waits of a migration's cut-over. The schema's versions
 //! are `migrate.rs`'s.
 
+use super::early;
 use super::error::{pg_err, Stage};
 use super::migrate::{Target, ADVISORY_CLASS};
 use super::pool::{Conn, MetaRead};
 use super::PostgresStore;
 use crate::error::{Error, Result};
 use crate::store::marks::MARKS_FRESH_MS;
+use crate::store::FirstRead;
 use crate::sync::Ordering;
-use postgres::{Client, SimpleQueryMessage};
+use postgres::{Client, SimpleQueryMessage, SimpleQueryRow};
 
 /// `txn_meta()`: [`meta_read`]'s lines. A function, so that its plan is
 /// kept by the session: the same read inline in BEGIN's statement is
@@ -264,6 +266,16 @@ pub(super) fn begin_sql(opts: &super::PostgresOptions, meta: &str) -> [String; 2
     ]
 }
 
+/// What [`PostgresStore::begin`] found.
+pub(super) struct Begun {
+    /// The store time of the transaction.
+    pub now_ms: u64,
+    /// Every token granted is above it (the failover fence).
+    pub floor: u64,
+    /// The rows of the read sent with BEGIN, if one was.
+    pub early: Option<Vec<SimpleQueryRow>>,
+}
+
 impl PostgresStore {
     /// BEGIN and read the clock and the server's timeline in one round
     /// trip, with, when this session's last reading is older than
@@ -283,7 +295,11 @@ impl PostgresStore {
     /// The marks' freshness is judged by the server's clock, read in the
     /// transaction itself: a cut-over's barrier (`wait_for_older`) counts
     /// on it, whatever delayed the transaction on its way.
-    pub(super) fn begin(&self, conn: &mut Conn) -> Result<(u64, u64)> {
+    ///
+    /// With `first`, that read is sent in the same round trip, after the
+    /// clock's statement (`early.rs`); its rows come back in
+    /// [`Begun::early`].
+    pub(super) fn begin(&self, conn: &mut Conn, first: Option<&FirstRead<'_>>) -> Result<Begun> {
         let shown = &self.pool.cfg.shown;
         let fail = |e: postgres::Error| {
             pg_err(
@@ -297,15 +313,19 @@ impl PostgresStore {
         let mut kept = conn.meta_read.take().filter(|_| !injected);
         for fenced in [false, true] {
             let asked = kept.is_none();
-            let sql = &self.begin_sql[usize::from(asked)];
-            let msgs = conn.client.simple_query(sql).map_err(fail)?;
-            let row = msgs.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(r) if r.len() == 3 => Some(r),
-                _ => None,
-            });
+            let begin = &self.begin_sql[usize::from(asked)];
+            let early = first.and_then(early::render);
+            let msgs = match &early {
+                Some(read) => conn.client.simple_query(&format!("{begin};\n{read}")),
+                None => conn.client.simple_query(begin),
+            }
+            .map_err(fail)?;
+            let (row, early_rows) = early::split(msgs);
+            let row = row.as_ref();
             let server_now = row
                 .and_then(|r| r.get(0))
                 .and_then(|v| v.parse::<u64>().ok());
+            let early = early.map(|_| early_rows);
             let now = match &self.opts.clock {
                 Some(clock) => clock.now_ms(),
                 None => server_now.ok_or_else(|| {
@@ -317,8 +337,13 @@ impl PostgresStore {
             };
             let now = now.max(self.high_water_ms.fetch_max(now, Ordering::SeqCst));
             let text = row.and_then(|r| r.get(1)).map(str::to_owned);
+            let begun = |floor| Begun {
+                now_ms: now,
+                floor,
+                early,
+            };
             if self.opts.ignore_marks {
-                return Ok((now, Meta::parse(text.as_deref()).token_floor));
+                return Ok(begun(Meta::parse(text.as_deref()).token_floor));
             }
             let Some(timeline) = row.and_then(|r| r.get(2)).map(str::to_owned) else {
                 return Err(Error::transient(
@@ -333,7 +358,7 @@ impl PostgresStore {
                 if fresh && read.timeline == timeline {
                     let floor = read.floor;
                     conn.meta_read = Some(read);
-                    return Ok((now, floor));
+                    return Ok(begun(floor));
                 }
             }
             // Read now (a kept reading ran out): in this transaction.
@@ -366,7 +391,7 @@ impl PostgresStore {
                     timeline,
                 });
             }
-            return Ok((now, meta.token_floor));
+            return Ok(begun(meta.token_floor));
         }
         Err(Error::transient(
             format!("beginning a transaction on {shown}"),

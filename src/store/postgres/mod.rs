@@ -30,7 +30,11 @@
 //!   each session prepared, its arrays written as literals). So a claim of
 //!   1 or 64 jobs is three round trips (BEGIN with the clock; the scans;
 //!   the writes with COMMIT), and so is a heartbeat round or a settle
-//!   (BEGIN; the jobs' rows; the writes with COMMIT). The one exception to
+//!   (BEGIN; the jobs' rows; the writes with COMMIT); two where the caller
+//!   says it reads one row first ([`FirstRead`]: a lease's acquire,
+//!   renewal and release, a job's completion or renewal, as the client
+//!   does them), since that row then travels with BEGIN (`early.rs`). The
+//!   one exception to
 //!   one UPDATE: a row that takes a unique key back (a retried job) while
 //!   another gives it up (a job becoming terminal) is written after it, in
 //!   a second statement, since the unique index is checked row by row. A
@@ -64,6 +68,7 @@
 //!   start at once. A schema from a newer version, or a schema that holds
 //!   other tables and no leasehold marker, is refused and left untouched.
 
+mod early;
 mod error;
 mod jobs;
 mod listen;
@@ -72,6 +77,7 @@ mod meta;
 mod migrate;
 mod pool;
 mod push_in;
+mod rows;
 mod sql;
 mod statements;
 mod tls;
@@ -87,8 +93,8 @@ use crate::core::Txn;
 use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
-use crate::store::{Store, Wake};
-use crate::sync::AtomicU64;
+use crate::store::{FirstRead, Store, Wake};
+use crate::sync::{AtomicU64, Ordering};
 use error::{pg_err, Stage};
 use listen::Listener;
 use pool::{Checkout, Conn, Connector, Pool, PoolConfig};
@@ -250,6 +256,8 @@ pub struct PostgresStore {
     fork: ForkGuard,
     /// Highest store time this handle handed out.
     high_water_ms: AtomicU64,
+    /// Transactions whose BEGIN carried their first read (`early.rs`).
+    early_reads: AtomicU64,
     listener: Arc<Listener>,
 }
 
@@ -352,6 +360,7 @@ impl PostgresStore {
             opts,
             fork: ForkGuard::new(),
             high_water_ms: AtomicU64::new(0),
+            early_reads: AtomicU64::new(0),
             listener: Arc::new(Listener::default()),
         };
         let mut client = store.pool.connect_raw()?;
@@ -385,15 +394,46 @@ impl PostgresStore {
         &self.opts.schema
     }
 
-    fn run(&self, conn: &mut Conn, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
-        let (now_ms, floor) = self.begin(conn).inspect_err(|_| {
+    /// How many transactions of this handle sent their first read with
+    /// their BEGIN ([`FirstRead`]), a round trip saved when the hint was
+    /// right. For tests and benchmarks.
+    #[doc(hidden)]
+    pub fn early_reads(&self) -> u64 {
+        self.early_reads.load(Ordering::Relaxed)
+    }
+
+    fn run(
+        &self,
+        conn: &mut Conn,
+        first: Option<&FirstRead<'_>>,
+        f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>,
+    ) -> Result<()> {
+        let begun = self.begin(conn, first).inspect_err(|_| {
             // Never hand a session with an open (aborted) transaction back
             // to the pool.
             let _ = conn.client.batch_execute("ROLLBACK");
         })?;
-        let mut tx = PgTxn::new(&mut *conn, &self.pool.cfg.schema, now_ms);
-        tx.token_floor = floor;
-        let script = f(&mut tx).and_then(|()| tx.commit_script(&self.channel));
+        let mut tx = PgTxn::new(&mut *conn, &self.pool.cfg.schema, begun.now_ms);
+        tx.token_floor = begun.floor;
+        let early = match (first, begun.early) {
+            (Some(FirstRead::Lease(key)), Some(rows)) => {
+                let loaded = rows.first().map(|row| rows::lease_from_row(row, 0));
+                loaded.transpose().map(|loaded| {
+                    tx.early_lease = Some(((*key).to_owned(), loaded));
+                })
+            }
+            (Some(FirstRead::Jobs(_)), Some(rows)) => {
+                tx.early_used = true;
+                tx.absorb_with(&rows, &mut Vec::new(), true)
+            }
+            _ => Ok(()),
+        };
+        let script = early
+            .and_then(|()| f(&mut tx))
+            .and_then(|()| tx.commit_script(&self.channel));
+        if tx.early_used {
+            self.early_reads.fetch_add(1, Ordering::Relaxed);
+        }
         match script {
             // The writes and COMMIT in one round trip.
             Ok(script) => conn.client.batch_execute(&script).map_err(|e| {
@@ -412,6 +452,30 @@ impl PostgresStore {
                 Err(e)
             }
         }
+    }
+
+    /// Check out a session and run `f` on it, sending `first` with BEGIN.
+    fn transact_first(
+        &self,
+        first: Option<&FirstRead<'_>>,
+        f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>,
+    ) -> Result<()> {
+        self.fork.check()?;
+        let mut out = Checkout {
+            pool: &self.pool,
+            conn: Some(self.pool.checkout()?),
+        };
+        let result = match out.conn.as_mut() {
+            Some(conn) => self.run(conn, first, f),
+            None => Err(Error::store("running a transaction", "no connection")),
+        };
+        if let Some(mut conn) = out.conn.take() {
+            // After a store error, keep the connection only if it still works.
+            let broken = matches!(result, Err(Error::Store { .. }))
+                && conn.client.is_valid(Duration::from_secs(1)).is_err();
+            self.pool.checkin(conn, broken);
+        }
+        result
     }
 }
 
@@ -439,22 +503,16 @@ impl Drop for PostgresStore {
 
 impl Store for PostgresStore {
     fn transact(&self, f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>) -> Result<()> {
-        self.fork.check()?;
-        let mut out = Checkout {
-            pool: &self.pool,
-            conn: Some(self.pool.checkout()?),
-        };
-        let result = match out.conn.as_mut() {
-            Some(conn) => self.run(conn, f),
-            None => Err(Error::store("running a transaction", "no connection")),
-        };
-        if let Some(mut conn) = out.conn.take() {
-            // After a store error, keep the connection only if it still works.
-            let broken = matches!(result, Err(Error::Store { .. }))
-                && conn.client.is_valid(Duration::from_secs(1)).is_err();
-            self.pool.checkin(conn, broken);
-        }
-        result
+        self.transact_first(None, f)
+    }
+
+    /// The read goes with `BEGIN` (`early.rs`): one round trip fewer.
+    fn transact_reading(
+        &self,
+        first: FirstRead<'_>,
+        f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>,
+    ) -> Result<()> {
+        self.transact_first(Some(&first), f)
     }
 
     fn describe(&self) -> String {

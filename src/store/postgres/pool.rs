@@ -2,6 +2,7 @@
 //! statements, and the small pool a store handle keeps (threads sharing a
 //! handle each take a connection for the length of a transaction).
 
+use super::early::prepare_early;
 use super::error::{pg_err, Stage};
 use super::sql::prepare_update;
 use super::statements::Statements;
@@ -104,11 +105,17 @@ impl Pool {
     }
 
     /// Prepare the statements of a configured session (after the schema
-    /// exists): the reads, and the UPDATE of the commit scripts.
+    /// exists): the reads, the reads sent with BEGIN (`early.rs`), and the
+    /// UPDATE of the commit scripts.
     pub fn prepare(&self, mut client: Client) -> Result<Conn> {
         let st = Statements::prepare(&mut client, &self.cfg.schema)
             .and_then(|st| {
-                client.batch_execute(&prepare_update(&self.cfg.schema))?;
+                let schema = &self.cfg.schema;
+                client.batch_execute(&format!(
+                    "{};\n{}",
+                    prepare_update(schema),
+                    prepare_early(schema)
+                ))?;
                 Ok(st)
             })
             .map_err(|e| {

@@ -61,29 +61,20 @@ pub(super) const JOB_COLUMN_COUNT: usize = {
 pub(super) const QUEUE_COLUMNS: &str =
     "c.paused, c.concurrency, c.per_key, c.rate_count, c.rate_ms, c.key_rate_count, c.key_rate_ms";
 
-/// The queue settings in `row` from column `at` (NULL: the default).
-pub(super) fn queue_config(
-    row: &postgres::Row,
-    at: usize,
-) -> std::result::Result<crate::core::QueueConfig, postgres::Error> {
-    let limit = |i: usize| -> std::result::Result<Option<u32>, postgres::Error> {
-        Ok(row
-            .try_get::<_, Option<i32>>(at + i)?
-            .and_then(|v| u32::try_from(v).ok()))
-    };
-    let rate = |i: usize| -> std::result::Result<Option<crate::core::Rate>, postgres::Error> {
-        let count = row.try_get::<_, Option<i32>>(at + i)?;
-        let window_ms = row.try_get::<_, Option<i64>>(at + i + 1)?;
-        Ok(crate::store::rate_of(count.map(i64::from), window_ms))
-    };
-    Ok(crate::core::QueueConfig {
-        paused: row.try_get::<_, Option<bool>>(at)?.unwrap_or(false),
-        limits: crate::core::Limits::none()
-            .with_concurrency(limit(1)?)
-            .with_per_key(limit(2)?)
-            .with_rate(rate(3)?)
-            .with_per_key_rate(rate(5)?),
-    })
+/// A lease's row, locked ($1 the key).
+pub(super) const LEASE_GET: &str =
+    "SELECT last_token, tokens, holders, labels, expires, lease_limit
+     FROM {s}.leases WHERE key = $1 FOR UPDATE";
+
+/// A job by id ($1), locked, for a change: with its queue's settings
+/// ([`QUEUE_COLUMNS`] after the job's), so the end of an attempt knows its
+/// queue's limits without another round trip.
+pub(super) fn job_get_sql() -> String {
+    let j = job_columns_of_j();
+    format!(
+        "SELECT {j}, {QUEUE_COLUMNS} FROM {{s}}.jobs j LEFT JOIN {{s}}.queues c ON c.queue = j.queue
+         WHERE j.id = $1 FOR UPDATE OF j"
+    )
 }
 
 /// [`COLUMNS`], each prefixed with `j.` (for a join with the queues).
@@ -120,14 +111,8 @@ impl Statements {
         };
         let j = job_columns_of_j();
         Ok(Statements {
-            lease_get: p("SELECT last_token, tokens, holders, labels, expires, lease_limit FROM {s}.leases WHERE key = $1 FOR UPDATE".into())?,
-            // A job read for a change comes with its queue's settings
-            // ([`QUEUE_COLUMNS`] after the job's), so the end of an attempt
-            // knows its queue's limits without another round trip.
-            job_get: p(format!(
-                "SELECT {j}, {QUEUE_COLUMNS} FROM {{s}}.jobs j LEFT JOIN {{s}}.queues c ON c.queue = j.queue
-                 WHERE j.id = $1 FOR UPDATE OF j"
-            ))?,
+            lease_get: p(LEASE_GET.into())?,
+            job_get: p(job_get_sql())?,
             // Locked in id order, so two batches that share jobs never
             // deadlock (the lock is taken above the sort).
             jobs_get: p(format!(

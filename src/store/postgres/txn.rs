@@ -7,14 +7,13 @@
 use super::error::{pg_err, Stage};
 use super::listing;
 use super::pool::Conn;
+use super::rows::{job_from_row, lease_from_row, queue_config, Cells};
 use super::sql::{render_job_writes, JobWrite, Sql};
-use super::statements::{queue_config, Statements, JOB_COLUMN_COUNT};
-use crate::core::{
-    Claim, JobId, JobRecord, JobState, JobTxn, Journal, LeaseRecord, QueueConfig, Txn,
-};
+use super::statements::{Statements, JOB_COLUMN_COUNT};
+use crate::core::{JobId, JobRecord, JobState, JobTxn, Journal, LeaseRecord, QueueConfig, Txn};
 use crate::error::Field;
-use crate::error::{Error, Result};
-use crate::store::{after_of, holder_from, progress_of, u64_of, LeaseCache, Wake};
+use crate::error::Result;
+use crate::store::{LeaseCache, Wake};
 use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use std::collections::HashMap;
@@ -48,71 +47,11 @@ pub(super) struct PgTxn<'c> {
     pub(super) configs: HashMap<Arc<str>, QueueConfig>,
     /// The wake-ups and events this transaction causes.
     pub(super) journal: Journal,
-}
-
-/// A job from a row of [`COLUMNS`](super::statements::COLUMNS); a state code no state has is an error
-/// naming the row (never guessed).
-pub(super) fn job_from_row(r: &Row) -> Result<JobRecord> {
-    let (mut job, code) = decode_job(r).map_err(|e| pg_err("decoding a job", e, Stage::Work))?;
-    job.state = JobState::from_code(i64::from(code)).ok_or_else(|| {
-        Error::store(
-            format!("reading job {}", job.id),
-            format!("state code {code} is unknown to this build (written by a newer leasehold?)"),
-        )
-    })?;
-    Ok(job)
-}
-
-/// The row's fields, and its state code (the state is set by the caller).
-fn decode_job(r: &Row) -> std::result::Result<(JobRecord, i16), postgres::Error> {
-    let state_code: i16 = r.try_get(10)?;
-    let state = JobState::Ready;
-    let claim = match (
-        r.try_get::<_, Option<Vec<u8>>>(11)?,
-        r.try_get::<_, Option<i64>>(12)?,
-        r.try_get::<_, Option<i64>>(13)?,
-    ) {
-        (Some(h), Some(t), Some(u)) => Some(Claim {
-            holder: holder_from(&h),
-            token: u64_of(t),
-            lease_until_ms: u64_of(u),
-            deadline_ms: r.try_get::<_, Option<i64>>(22)?.map(u64_of),
-        }),
-        _ => None,
-    };
-    let u32_of = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-    let payload: Vec<u8> = r.try_get(2)?;
-    let job = JobRecord {
-        id: JobId(u64_of(r.try_get(0)?)),
-        queue: Arc::from(r.try_get::<_, &str>(1)?),
-        payload: Arc::from(payload),
-        priority: r.try_get(3)?,
-        run_at_ms: u64_of(r.try_get(4)?),
-        created_at_ms: u64_of(r.try_get(5)?),
-        max_attempts: u32_of(r.try_get(6)?),
-        attempts: u32_of(r.try_get(7)?),
-        expiries: u32_of(r.try_get(8)?),
-        last_token: u64_of(r.try_get(9)?),
-        state,
-        claim,
-        cancel_requested: r.try_get(14)?,
-        last_error: r.try_get::<_, Option<&str>>(15)?.map(Arc::from),
-        unique_key: r.try_get::<_, Option<&str>>(16)?.map(Arc::from),
-        finished_at_ms: r.try_get::<_, Option<i64>>(17)?.map(u64_of),
-        result: r.try_get::<_, Option<Vec<u8>>>(18)?.map(Arc::from),
-        key: r.try_get::<_, Option<&str>>(19)?.map(Arc::from),
-        parked: r.try_get(20)?,
-        timeout_ms: r.try_get::<_, Option<i64>>(21)?.map(u64_of),
-        progress: progress_of(
-            r.try_get::<_, Option<i32>>(23)?.map(i64::from),
-            r.try_get(24)?,
-        ),
-        after: after_of(r.try_get::<_, Option<&str>>(25)?),
-        after_any: r.try_get(26)?,
-        waiting_on: u32_of(r.try_get::<_, i32>(27)?.into()),
-        has_children: r.try_get(28)?,
-    };
-    Ok((job, state_code))
+    /// A lease's row (none: no row), locked, read with BEGIN
+    /// ([`crate::FirstRead::Lease`]).
+    pub(super) early_lease: Option<(String, Option<LeaseRecord>)>,
+    /// A read sent with BEGIN served this transaction.
+    pub(super) early_used: bool,
 }
 
 fn ctx_key(what: &str, key: &str) -> String {
@@ -133,6 +72,8 @@ impl<'c> PgTxn<'c> {
             deleted: Vec::new(),
             configs: HashMap::new(),
             journal: Journal::default(),
+            early_lease: None,
+            early_used: false,
         }
     }
 
@@ -221,13 +162,11 @@ impl<'c> PgTxn<'c> {
             .query_opt(&self.conn.st.lease_get, &[&key])
             .map_err(|e| pg_err(ctx_key("reading", key), e, Stage::Work))?;
         let Some(row) = row else { return Ok(None) };
-        listing::lease_from_row(&row, 0)
-            .map(Some)
-            .map_err(|e| pg_err(ctx_key("decoding", key), e, Stage::Work))
+        lease_from_row(&row, 0).map(Some)
     }
 
     /// Cache rows a locking query returned; their ids are appended to `out`.
-    pub(super) fn absorb(&mut self, rows: &[Row], out: &mut Vec<JobId>) -> Result<()> {
+    pub(super) fn absorb(&mut self, rows: &[impl Cells], out: &mut Vec<JobId>) -> Result<()> {
         self.absorb_with(rows, out, false)
     }
 
@@ -235,15 +174,14 @@ impl<'c> PgTxn<'c> {
     /// settings after the job's columns, cached too.
     pub(super) fn absorb_with(
         &mut self,
-        rows: &[Row],
+        rows: &[impl Cells],
         out: &mut Vec<JobId>,
         configs: bool,
     ) -> Result<()> {
         for row in rows {
             let job = job_from_row(row)?;
             if configs && !self.configs.contains_key(&*job.queue) {
-                let config = queue_config(row, JOB_COLUMN_COUNT)
-                    .map_err(|e| pg_err("decoding a queue's settings", e, Stage::Work))?;
+                let config = queue_config(row, JOB_COLUMN_COUNT)?;
                 self.configs.insert(job.queue.clone(), config);
             }
             out.push(job.id);
@@ -280,7 +218,13 @@ impl Txn for PgTxn<'_> {
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
         if !self.leases.contains(key) {
-            let loaded = self.load_lease(key)?;
+            let loaded = match self.early_lease.take() {
+                Some((early, loaded)) if early == key => {
+                    self.early_used = true;
+                    loaded
+                }
+                _ => self.load_lease(key)?,
+            };
             if !self.leases.add(key, loaded, create) {
                 return Ok(None);
             }
