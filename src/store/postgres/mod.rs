@@ -34,13 +34,13 @@
 //!   says it reads one row first ([`FirstRead`]: a lease's acquire,
 //!   renewal and release, a job's completion or renewal, as the client
 //!   does them), since that row then travels with BEGIN (`early.rs`). The
-//!   one exception to
-//!   one UPDATE: a row that takes a unique key back (a retried job) while
-//!   another gives it up (a job becoming terminal) is written after it, in
-//!   a second statement, since the unique index is checked row by row. A
-//!   pending write is flushed before any query that could see it. Literals
-//!   are rendered with `standard_conforming_strings` on: text quoted with
-//!   its quotes doubled, bytes in hex, numbers by Rust.
+//!   one exception to one UPDATE: a row that takes a unique key back (a
+//!   retried job) while another gives it up (a job becoming terminal) is
+//!   written after it, in a second statement, since the unique index is
+//!   checked row by row. A pending write is flushed before any query that
+//!   could see it. Literals are rendered with `standard_conforming_strings`
+//!   on: text quoted with its quotes doubled, bytes in hex, numbers by
+//!   Rust.
 //! - **Indexes match the scans**: one partial index per job state, ordered
 //!   as the scan orders, so claim cost does not grow with finished jobs.
 //! - **Wake-ups**: a transaction that frees a lease slot or makes a job

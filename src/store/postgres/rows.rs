@@ -1,7 +1,7 @@
-//! Decoding rows: a job and a queue's settings from either kind of row the
-//! driver returns, a prepared statement's (binary values) or a simple
-//! query's (text, the form a read sent with `BEGIN` comes back in; see
-//! `PostgresStore::begin`). One decoder serves both through [`Cells`].
+//! Decoding rows: a job, a queue's settings and a lease from either kind
+//! of row the driver returns, a prepared statement's (binary values) or a
+//! simple query's (text, the form a read sent with `BEGIN` comes back in;
+//! see `early.rs`). One decoder serves both through [`Cells`].
 
 use crate::core::{Claim, JobId, JobRecord, JobState, LeaseRecord, LeaseSlot, Limits, QueueConfig};
 use crate::error::{Error, Result};
@@ -32,10 +32,9 @@ pub(super) trait Cells {
 
 impl Cells for Row {
     fn int(&self, i: usize) -> std::result::Result<Option<i64>, String> {
-        let ty = self.columns().get(i).map(|c| c.type_().clone());
-        let v = match ty {
-            Some(Type::INT2) => self.try_get::<_, Option<i16>>(i).map(|v| v.map(i64::from)),
-            Some(Type::INT4) => self.try_get::<_, Option<i32>>(i).map(|v| v.map(i64::from)),
+        let v = match self.columns().get(i).map(|c| c.type_()) {
+            Some(&Type::INT2) => self.try_get::<_, Option<i16>>(i).map(|v| v.map(i64::from)),
+            Some(&Type::INT4) => self.try_get::<_, Option<i32>>(i).map(|v| v.map(i64::from)),
             _ => self.try_get::<_, Option<i64>>(i),
         };
         v.map_err(|e| e.to_string())
