@@ -51,7 +51,7 @@ pub(super) fn render(first: &FirstRead<'_>) -> Option<String> {
 
 /// The row of `BEGIN`'s own statement and the rows of the read sent after
 /// it: a simple query's messages, each statement's rows ended by its
-/// `CommandComplete` (`BEGIN` has none).
+/// `CommandComplete` (`BEGIN`'s comes first, with no rows).
 pub(super) fn split(
     msgs: Vec<SimpleQueryMessage>,
 ) -> (Option<SimpleQueryRow>, Vec<SimpleQueryRow>) {
