@@ -428,6 +428,20 @@ pub(crate) fn holder_bytes(id: crate::core::HolderId) -> [u8; 16] {
     id.0.to_be_bytes()
 }
 
+/// Bytes from two hex digits each (either case); `None` for anything
+/// else (the file store's records, PostgreSQL's bytea in text form).
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.as_bytes();
+    if digits.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    digits
+        .chunks_exact(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
 /// The holder id of a database blob (see [`holder_bytes`]).
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) fn holder_from(bytes: &[u8]) -> crate::core::HolderId {

@@ -3,6 +3,7 @@
 //! the file name a key is kept under.
 
 use crate::core::{mix64, HolderId, LeaseRecord, LeaseSlot};
+use crate::store::unhex;
 use crate::Holder;
 use std::sync::Arc;
 
@@ -44,16 +45,6 @@ pub fn encode_key(key: &str) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 pub(super) fn checksum(body: &str) -> u64 {

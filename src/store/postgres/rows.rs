@@ -5,7 +5,7 @@
 
 use crate::core::{Claim, JobId, JobRecord, JobState, LeaseRecord, LeaseSlot, Limits, QueueConfig};
 use crate::error::{Error, Result};
-use crate::store::{after_of, holder_from, progress_of, rate_of, u64_of};
+use crate::store::{after_of, holder_from, progress_of, rate_of, u64_of, unhex};
 use crate::Holder;
 use postgres::types::Type;
 use postgres::{Row, SimpleQueryRow};
@@ -83,8 +83,6 @@ impl Cells for SimpleQueryRow {
     fn text(&self, i: usize) -> std::result::Result<Option<&str>, String> {
         self.try_get(i).map_err(|e| e.to_string())
     }
-    /// Text as the server writes bytea (`bytea_output = hex`, the default
-    /// since PostgreSQL 9.0): `\x` and two hex digits a byte.
     fn bytes(&self, i: usize) -> std::result::Result<Option<Vec<u8>>, String> {
         self.text(i)?.map(|t| bytea_of(i, t)).transpose()
     }
@@ -113,14 +111,7 @@ impl Cells for SimpleQueryRow {
 /// PostgreSQL 9.0): `\x` and two hex digits a byte.
 fn bytea_of(i: usize, t: &str) -> std::result::Result<Vec<u8>, String> {
     let bad = || format!("column {i}: not bytea in hex form");
-    let hex = t.strip_prefix("\\x").ok_or_else(bad)?.as_bytes();
-    if hex.len() % 2 != 0 {
-        return Err(bad());
-    }
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8).ok_or_else(bad);
-    hex.chunks_exact(2)
-        .map(|p| Ok(digit(p[0])? << 4 | digit(p[1])?))
-        .collect()
+    unhex(t.strip_prefix("\\x").ok_or_else(bad)?).ok_or_else(bad)
 }
 
 /// The elements of a one-dimensional array in its text form: `{a,b}`,
