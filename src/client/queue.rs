@@ -104,7 +104,11 @@ impl Queue {
         let holder = self.client.inner.holder.id;
         let policy = self.client.inner.policy;
         let sent_at = self.client.local_now();
-        let jobs = self.client.run("claim", |tx| {
+        let first = crate::FirstRead::Claim {
+            queue: &self.name,
+            ready: max,
+        };
+        let jobs = self.client.run_reading("claim", first, |tx| {
             core::job::claim(tx, &self.name, holder, lease_ms, max, &policy)
         })?;
         Ok(jobs

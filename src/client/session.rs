@@ -85,7 +85,8 @@ impl Exec {
             WorkerRequest::Claim { max } => {
                 // Nothing claimed: when to look again, in the same
                 // transaction (what it saw is what the hint is about).
-                let claimed = store.txn_as("claim", |tx| {
+                let first = FirstRead::Claim { queue, ready: max };
+                let claimed = store.txn_reading("claim", Some(first), |tx| {
                     let jobs = core::job::claim(tx, queue, holder, lease_ms, max, policy)?;
                     let change_in = match jobs.is_empty() {
                         true => core::job::next_change_in(tx, queue)?,

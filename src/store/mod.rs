@@ -53,6 +53,15 @@ pub enum FirstRead<'a> {
     /// The record of this lease key, locked (an acquire, a renewal, a
     /// release).
     Lease(&'a str),
+    /// A claim's: the queue's expired and due jobs and its first `ready`
+    /// claimable ones, locked, with its settings (`core::job::claim`
+    /// reads these first, at the transaction's time).
+    Claim {
+        /// The queue.
+        queue: &'a str,
+        /// How many jobs the claim asks for.
+        ready: usize,
+    },
 }
 
 /// Atomic transactions over lease and job records.

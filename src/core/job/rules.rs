@@ -18,8 +18,9 @@ use crate::error::{Error, Result};
 use crate::time::StoreMs;
 use std::sync::Arc;
 
-/// Expired and due jobs handled per read while bringing a queue up to date.
-const CHUNK: usize = 256;
+/// Expired and due jobs handled per read while bringing a queue up to date
+/// (a store sending a claim's first read early renders it with this).
+pub(crate) const CHUNK: usize = 256;
 
 fn check_queue(queue: &str) -> Result<()> {
     check_key(Field::Queue, queue)

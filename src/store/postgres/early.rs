@@ -1,38 +1,55 @@
 //! A transaction's first read sent with its `BEGIN` ([`FirstRead`]): one
 //! round trip fewer for what starts by locking one known row (a lease's
-//! acquire, renewal and release; a job's completion, failure or renewal).
+//! acquire, renewal and release; a job's completion, failure or renewal)
+//! or by a claim's scans (a claim of a few jobs).
 //!
 //! The read goes in the same simple query as `BEGIN` and the clock, as an
 //! `EXECUTE` of a statement each session prepares at the SQL level (the
 //! same text as the binary-protocol statement the transaction would use),
-//! so its row comes back as text ([`super::rows::Cells`] decodes both
-//! forms). Only single rows go this way: measured on a claim's scans and on
-//! batches of 128 jobs (BENCHMARKS.md), the text form and the statement's
-//! planning cost the server more than the round trip saves.
+//! so its rows come back as text ([`super::rows::Cells`] decodes both
+//! forms). A claim's scans take their time from the same clock expression
+//! as BEGIN's statement (the transaction's start), so they ran at the
+//! transaction's time unless this process had already handed out a later
+//! one; `PgTxn::pending` uses them only then, and only for the
+//! transaction's first read. Batches (of jobs, or claims of more than
+//! [`EARLY_CLAIM_MAX`]) are read apart in binary: measured on batches of
+//! 128 (BENCHMARKS.md), the text form of many rows costs the server more
+//! than the round trip saves.
 
 use super::sql::Sql;
-use super::statements::{job_get_sql, LEASE_GET};
+use super::statements::{job_get_sql, pending_ready_sql, LEASE_GET};
 use crate::error::Field;
 use crate::store::FirstRead;
 use postgres::{SimpleQueryMessage, SimpleQueryRow};
 
-/// The SQL-level names of the two statements.
+/// The SQL-level names of the statements.
 const EARLY_JOB: &str = "leasehold_early_job";
 const EARLY_LEASE: &str = "leasehold_early_lease";
+const EARLY_CLAIM: &str = "leasehold_early_claim";
 
-/// `PREPARE` of both, run once per session.
+/// A claim asking for more jobs than this reads them in binary form, apart
+/// (the text form of many rows costs more than the round trip saves).
+const EARLY_CLAIM_MAX: usize = 4;
+
+/// `PREPARE` of each, run once per session.
 pub(super) fn prepare_early(schema: &str) -> String {
     format!(
-        "PREPARE {EARLY_JOB}(int8) AS {};\nPREPARE {EARLY_LEASE}(text) AS {}",
+        "PREPARE {EARLY_JOB}(int8) AS {};\nPREPARE {EARLY_LEASE}(text) AS {};
+         PREPARE {EARLY_CLAIM}(text, int8, int8, int8) AS {}",
         job_get_sql().replace("{s}", schema),
         LEASE_GET.replace("{s}", schema),
+        pending_ready_sql().replace("{s}", schema),
     )
 }
 
 /// The statement reading `first`; `None` when it is not read early (more
-/// than one job) or a value cannot be sent (the read then happens as it
-/// always did, and reports its own error).
-pub(super) fn render(first: &FirstRead<'_>) -> Option<String> {
+/// than one job, a claim of many, or a claim when the transaction's time
+/// is not the server's `clock`) or a value cannot be sent (the read then
+/// happens as it always did, and reports its own error). A claim's scans
+/// run at `clock`, BEGIN's own reading of the server's clock (the
+/// transaction's time unless this process has seen a later one:
+/// `PgTxn::pending` then reads again).
+pub(super) fn render(first: &FirstRead<'_>, clock: Option<&str>) -> Option<String> {
     let mut sql = Sql(String::with_capacity(64));
     match first {
         FirstRead::Jobs([id]) => {
@@ -44,6 +61,12 @@ pub(super) fn render(first: &FirstRead<'_>) -> Option<String> {
             sql.raw("EXECUTE ").raw(EARLY_LEASE).raw("(");
             sql.text(Field::Key, key).ok()?;
             sql.raw(")");
+        }
+        FirstRead::Claim { queue, ready } => {
+            let clock = clock.filter(|_| (1..=EARLY_CLAIM_MAX).contains(ready))?;
+            sql.raw("EXECUTE ").raw(EARLY_CLAIM).raw("(");
+            sql.text(Field::Queue, queue).ok()?;
+            sql.raw(&format!(", {clock}, {}, {ready})", crate::core::job::CHUNK));
         }
     }
     Some(sql.0)

@@ -5,15 +5,14 @@
 use super::error::{pg_err, Stage};
 use super::listing;
 use super::pool::Conn;
-use super::rows::{job_from_row, queue_config};
+use super::rows::{job_from_row, queue_config, Cells};
 use super::statements::JOB_COLUMN_COUNT;
 use super::txn::{CachedJob, PgTxn};
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, Pending,
     QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet,
 };
-use crate::error::Field;
-use crate::error::Result;
+use crate::error::{Error, Field, Result};
 use crate::store::{i64_of, rate_columns, schedule_of_row, u64_of};
 use postgres::types::ToSql;
 use postgres::Row;
@@ -161,9 +160,19 @@ impl JobTxn for PgTxn<'_> {
 
     /// One round trip: the expired, due and (when asked) ready scans of
     /// the queue together, each locking its rows `FOR UPDATE SKIP LOCKED`.
+    /// A claim's scans sent with BEGIN serve its first call if they ran at
+    /// this time, with these limits, before this transaction read or
+    /// wrote anything else.
     fn pending(&mut self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> Result<Pending> {
-        self.flush_jobs()?;
         let what = format!("reading queue {queue:?}");
+        if let Some(early) = self.early_claim.take() {
+            let untouched = self.jobs.is_empty() && self.deleted.is_empty();
+            if untouched && early.serves(queue, now_ms, chunk, ready) {
+                self.early_used = true;
+                return self.read_pending(&early.rows, &what, queue, ready);
+            }
+        }
+        self.flush_jobs()?;
         let at = i64_of(Field::Now, now_ms)?;
         let n = i64::try_from(chunk).unwrap_or(i64::MAX);
         let rows = if ready > 0 {
@@ -176,31 +185,7 @@ impl JobTxn for PgTxn<'_> {
         } else {
             self.query(&what, |st| &st.scan_maintenance, &[&queue, &at, &n])?
         };
-        let mut read = Pending::default();
-        let mut jobs = &rows[..];
-        if let (true, Some(row)) = (ready > 0, rows.first()) {
-            // One row at least, the settings in the last columns of each;
-            // a lone row without a job id says no job was read.
-            let config = queue_config(row, JOB_COLUMN_COUNT)?;
-            let id = row.try_get::<_, Option<i64>>(0);
-            let id = id.map_err(|e| pg_err(what.clone(), e, Stage::Work))?;
-            self.configs.insert(Arc::from(queue), config.clone());
-            read.config = config;
-            if id.is_none() {
-                jobs = &[];
-            }
-        }
-        let mut ids = Vec::new();
-        self.absorb(jobs, &mut ids)?;
-        for id in ids {
-            let job = self.jobs[&id].record.clone();
-            match job.state {
-                JobState::Running => read.expired.push(job),
-                JobState::Scheduled => read.due.push(job),
-                _ => read.ready.push(job),
-            }
-        }
-        Ok(read)
+        self.read_pending(&rows, &what, queue, ready)
     }
 
     fn scan(
@@ -484,5 +469,43 @@ impl JobTxn for PgTxn<'_> {
         self.flush_jobs()?;
         let window = (from_ms, bucket_ms);
         listing::finished_histogram(&mut self.conn.client, self.schema, queue, window, out)
+    }
+}
+
+impl PgTxn<'_> {
+    /// A claim's or maintenance's rows ([`JobTxn::pending`]), binary or
+    /// text: cached and locked, sorted by what they were read as.
+    fn read_pending(
+        &mut self,
+        rows: &[impl Cells],
+        what: &str,
+        queue: &str,
+        ready: usize,
+    ) -> Result<Pending> {
+        let mut read = Pending::default();
+        let mut jobs = rows;
+        if let (true, Some(row)) = (ready > 0, rows.first()) {
+            // One row at least, the settings in the last columns of each;
+            // a lone row without a job id says no job was read.
+            let config = queue_config(row, JOB_COLUMN_COUNT)?;
+            let id = row.int(0).map_err(|e| Error::store(what.to_owned(), e))?;
+            self.configs.insert(Arc::from(queue), config.clone());
+
+            read.config = config;
+            if id.is_none() {
+                jobs = &[];
+            }
+        }
+        let mut ids = Vec::new();
+        self.absorb(jobs, &mut ids)?;
+        for id in ids {
+            let job = self.jobs[&id].record.clone();
+            match job.state {
+                JobState::Running => read.expired.push(job),
+                JobState::Scheduled => read.due.push(job),
+                _ => read.ready.push(job),
+            }
+        }
+        Ok(read)
     }
 }

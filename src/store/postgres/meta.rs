@@ -246,6 +246,12 @@ fn wait_for_older(client: &mut Client, to: &Target<'_>) -> Result<()> {
     }
 }
 
+/// The server's clock as a transaction reads it, in ms: the start of the
+/// transaction (`now()`), the same in every statement of it, so a read
+/// sent with BEGIN (a claim's scans, `early.rs`) runs at the very time
+/// BEGIN's statement returns.
+pub(super) const SERVER_CLOCK: &str = "floor(extract(epoch FROM now()) * 1000)::int8";
+
 /// The two BEGIN statements of a store with these options: `[0]` for a
 /// session that keeps its last reading (the clock and the timeline), `[1]`
 /// reading the marks and the fence too; `meta` is the call that reads
@@ -253,7 +259,7 @@ fn wait_for_older(client: &mut Client, to: &Target<'_>) -> Result<()> {
 pub(super) fn begin_sql(opts: &super::PostgresOptions, meta: &str) -> [String; 2] {
     let clock = match opts.clock {
         Some(_) => "NULL::int8",
-        None => "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
+        None => SERVER_CLOCK,
     };
     let timeline = if opts.ignore_marks {
         "NULL"
@@ -270,6 +276,9 @@ pub(super) fn begin_sql(opts: &super::PostgresOptions, meta: &str) -> [String; 2
 pub(super) struct Begun {
     /// The store time of the transaction.
     pub now_ms: u64,
+    /// The server's clock as BEGIN read it (none with an injected clock):
+    /// `now_ms` unless this process saw a later time.
+    pub server_ms: Option<u64>,
     /// Every token granted is above it (the failover fence).
     pub floor: u64,
     /// The rows of the read sent with BEGIN, if one was.
@@ -314,7 +323,8 @@ impl PostgresStore {
         for fenced in [false, true] {
             let asked = kept.is_none();
             let begin = &self.begin_sql[usize::from(asked)];
-            let early = first.and_then(early::render);
+            let clock = (!injected).then_some(SERVER_CLOCK);
+            let early = first.and_then(|first| early::render(first, clock));
             let msgs = match &early {
                 Some(read) => conn.client.simple_query(&format!("{begin};\n{read}")),
                 None => conn.client.simple_query(begin),
@@ -331,7 +341,7 @@ impl PostgresStore {
                 None => server_now.ok_or_else(|| {
                     Error::store(
                         format!("reading the clock of {shown}"),
-                        "clock_timestamp() returned no usable value",
+                        "now() returned no usable value",
                     )
                 })?,
             };
@@ -339,6 +349,7 @@ impl PostgresStore {
             let text = row.and_then(|r| r.get(1)).map(str::to_owned);
             let begun = |floor| Begun {
                 now_ms: now,
+                server_ms: server_now.filter(|_| !injected),
                 floor,
                 early,
             };

@@ -1,8 +1,9 @@
 //! The PostgreSQL store: leases and jobs shared by many machines.
 //!
 //! # Design
-//! - **Time is the database's.** Each transaction reads `clock_timestamp()`
-//!   once, in the same round trip as its `BEGIN`, and the rules compare and
+//! - **Time is the database's.** Each transaction reads the server's clock
+//!   once, in the same round trip as its `BEGIN` (`now()`, the instant the
+//!   transaction began), and the rules compare and
 //!   compute every expiry with that instant, so machines whose clocks
 //!   disagree still agree on who holds what. A handle never hands out a
 //!   time below one it handed out before. (A holder's own validity deadline
@@ -28,12 +29,13 @@
 //!   round trip, with one statement per kind of write (a DELETE, an INSERT,
 //!   and the updates as one `EXECUTE` of an `UPDATE ... FROM unnest(...)`
 //!   each session prepared, its arrays written as literals). So a claim of
-//!   1 or 64 jobs is three round trips (BEGIN with the clock; the scans;
-//!   the writes with COMMIT), and so is a heartbeat round or a settle
-//!   (BEGIN; the jobs' rows; the writes with COMMIT); two where the caller
-//!   says it reads one row first ([`FirstRead`]: a lease's acquire,
-//!   renewal and release, a job's completion or renewal, as the client
-//!   does them), since that row then travels with BEGIN (`early.rs`). The
+//!   64 jobs is three round trips (BEGIN with the clock; the scans; the
+//!   writes with COMMIT), and so is a heartbeat round or a settle (BEGIN;
+//!   the jobs' rows; the writes with COMMIT); two where the caller says
+//!   what it reads first and that is a few rows ([`FirstRead`]: a lease's
+//!   acquire, renewal and release, a job's completion or renewal, a claim
+//!   of up to four jobs, as the client does them), since the read then
+//!   travels with BEGIN (`early.rs`; a claim's scans run at BEGIN's time). The
 //!   one exception to one UPDATE: a row that takes a unique key back (a
 //!   retried job) while another gives it up (a job becoming terminal) is
 //!   written after it, in a second statement, since the unique index is
@@ -102,7 +104,7 @@ use postgres::Config;
 use std::sync::Arc;
 use std::time::Duration;
 use tls::{SslMode, TlsParams};
-use txn::PgTxn;
+use txn::{EarlyClaim, PgTxn};
 
 /// The longest schema name: the notification channel
 /// (`leasehold_<schema>`) must fit PostgreSQL's 63-byte identifiers.
@@ -127,7 +129,7 @@ pub struct PostgresOptions {
     /// transaction (a paused process) loses its session and its locks.
     pub idle_in_transaction_timeout: Duration,
     /// Replaces the database clock (tests use a manual clock for exact
-    /// boundaries). `None`: `clock_timestamp()` of the server.
+    /// boundaries). `None`: the server's clock (`now()`).
     pub clock: Option<Arc<dyn Clock>>,
     /// Work on the schema whatever its migration marks say (the handles
     /// of `leasehold migrate`).
@@ -415,6 +417,7 @@ impl PostgresStore {
         })?;
         let mut tx = PgTxn::new(&mut *conn, &self.pool.cfg.schema, begun.now_ms);
         tx.token_floor = begun.floor;
+        let server_ms = begun.server_ms;
         let early = match (first, begun.early) {
             (Some(FirstRead::Lease(key)), Some(rows)) => {
                 let loaded = rows.first().map(|row| rows::lease_from_row(row, 0));
@@ -425,6 +428,15 @@ impl PostgresStore {
             (Some(FirstRead::Jobs(_)), Some(rows)) => {
                 tx.early_used = true;
                 tx.absorb_with(&rows, &mut Vec::new(), true)
+            }
+            (Some(&FirstRead::Claim { queue, ready }), Some(rows)) => {
+                tx.early_claim = server_ms.map(|at_ms| EarlyClaim {
+                    queue: queue.to_owned(),
+                    ready,
+                    at_ms,
+                    rows,
+                });
+                Ok(())
             }
             _ => Ok(()),
         };

@@ -77,6 +77,39 @@ pub(super) fn job_get_sql() -> String {
     )
 }
 
+/// The job scans, each on the partial index ordered as it orders; the
+/// maintenance statements combine them ($1 queue, $2 now, $3 limit, $4 the
+/// ready limit).
+fn expired_scan() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 2 AND lease_until <= $2
+         ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+    )
+}
+fn due_scan() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
+         ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
+    )
+}
+
+/// A claim's read ($1 queue, $2 now, $3 the expired and due limit, $4 the
+/// ready limit): the expired, due and ready scans, with the queue's
+/// settings riding along as the last columns ([`QUEUE_COLUMNS`]), on a row
+/// of NULL job columns if no job was read.
+pub(super) fn pending_ready_sql() -> String {
+    format!(
+        "WITH e AS ({}), d AS ({}), r AS (SELECT {COLUMNS} FROM {{s}}.jobs
+           WHERE queue = $1 AND state = 0 AND parked = false
+           ORDER BY priority DESC, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED),
+           j AS (SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r)
+         SELECT j.*, {QUEUE_COLUMNS} FROM (SELECT) AS one
+           LEFT JOIN j ON true LEFT JOIN {{s}}.queues c ON c.queue = $1",
+        expired_scan(),
+        due_scan()
+    )
+}
+
 /// [`COLUMNS`], each prefixed with `j.` (for a join with the queues).
 fn job_columns_of_j() -> String {
     COLUMNS
@@ -92,23 +125,6 @@ impl Statements {
         s: &str,
     ) -> std::result::Result<Statements, postgres::Error> {
         let mut p = |sql: String| client.prepare(&sql.replace("{s}", s));
-        // The job scans, each on the partial index ordered as it orders;
-        // the maintenance statements combine them ($1 queue, $2 now, $3
-        // limit, $4 the ready limit).
-        let expired = format!(
-            "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 2 AND lease_until <= $2
-             ORDER BY lease_until, id LIMIT $3 FOR UPDATE SKIP LOCKED"
-        );
-        let due = format!(
-            "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 1 AND run_at <= $2
-             ORDER BY run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED"
-        );
-        let ready = |limit: &str| {
-            format!(
-                "SELECT {COLUMNS} FROM {{s}}.jobs WHERE queue = $1 AND state = 0 AND parked = false
-                 ORDER BY priority DESC, run_at, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
-            )
-        };
         let j = job_columns_of_j();
         Ok(Statements {
             lease_get: p(LEASE_GET.into())?,
@@ -131,18 +147,11 @@ impl Statements {
             // makes two keys take turns).
             lock_unique: p("SELECT pg_advisory_xact_lock(hashtext('{s}.' || $1), hashtext($2))".into())?,
             scan_maintenance: p(format!(
-                "WITH e AS ({expired}), d AS ({due}) SELECT * FROM e UNION ALL SELECT * FROM d"
+                "WITH e AS ({}), d AS ({}) SELECT * FROM e UNION ALL SELECT * FROM d",
+                expired_scan(),
+                due_scan()
             ))?,
-            // A claim's read: the queue's settings ride along as the last
-            // column ([`QUEUE_COLUMNS`]), on a row of NULL job columns if
-            // no job was read.
-            scan_maintenance_ready: p(format!(
-                "WITH e AS ({expired}), d AS ({due}), r AS ({}),
-                   j AS (SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r)
-                 SELECT j.*, {QUEUE_COLUMNS} FROM (SELECT) AS one
-                   LEFT JOIN j ON true LEFT JOIN {{s}}.queues c ON c.queue = $1",
-                ready("$4")
-            ))?,
+            scan_maintenance_ready: p(pending_ready_sql())?,
             scan_finished: p(
                 "SELECT id FROM {s}.jobs WHERE queue = $1 AND state >= 3 AND state <= 5 AND finished_at <= $2
                  ORDER BY finished_at, id LIMIT $3 FOR UPDATE SKIP LOCKED".into(),

@@ -15,7 +15,7 @@ use crate::error::Field;
 use crate::error::Result;
 use crate::store::{LeaseCache, Wake};
 use postgres::types::ToSql;
-use postgres::{Row, Statement};
+use postgres::{Row, SimpleQueryRow, Statement};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -50,8 +50,30 @@ pub(super) struct PgTxn<'c> {
     /// A lease's row (none: no row), locked, read with BEGIN
     /// ([`crate::FirstRead::Lease`]).
     pub(super) early_lease: Option<(String, Option<LeaseRecord>)>,
+    /// A claim's scans, read with BEGIN ([`crate::FirstRead::Claim`]).
+    pub(super) early_claim: Option<EarlyClaim>,
     /// A read sent with BEGIN served this transaction.
     pub(super) early_used: bool,
+}
+
+/// A claim's scans read with BEGIN, at the server's clock then.
+pub(super) struct EarlyClaim {
+    pub(super) queue: String,
+    pub(super) ready: usize,
+    /// The time they ran at (BEGIN's reading of the server's clock).
+    pub(super) at_ms: u64,
+    pub(super) rows: Vec<SimpleQueryRow>,
+}
+
+impl EarlyClaim {
+    /// These rows are what `JobTxn::pending` would read with these
+    /// arguments.
+    pub(super) fn serves(&self, queue: &str, now_ms: u64, chunk: usize, ready: usize) -> bool {
+        self.queue == queue
+            && self.at_ms == now_ms
+            && self.ready == ready
+            && chunk == crate::core::job::CHUNK
+    }
 }
 
 fn ctx_key(what: &str, key: &str) -> String {
@@ -73,6 +95,7 @@ impl<'c> PgTxn<'c> {
             configs: HashMap::new(),
             journal: Journal::default(),
             early_lease: None,
+            early_claim: None,
             early_used: false,
         }
     }
