@@ -31,6 +31,8 @@ pub(super) struct SqlTxn<'c> {
     /// per transaction: a batch of writes skips the cache's lookup (a hash
     /// of the statement's text) and return for every job.
     update: Option<rusqlite::CachedStatement<'c>>,
+    /// The same for the insert of a job (a batch of pushes).
+    insert: Option<rusqlite::CachedStatement<'c>>,
 }
 
 impl<'c> SqlTxn<'c> {
@@ -43,6 +45,7 @@ impl<'c> SqlTxn<'c> {
             loaded: Vec::new(),
             journal: Journal::default(),
             update: None,
+            insert: None,
         }
     }
 
@@ -188,6 +191,28 @@ const UPDATE_JOB_SQL: &str =
    claim_deadline = ?17, progress = ?18, progress_msg = ?19,
    waiting_on = ?20, has_children = ?21
  WHERE id = ?1";
+
+/// [`JobTxn::put_job`]'s statement for a job not read in this transaction
+/// (a new one, or an upsert of a whole record).
+fn insert_job_sql() -> String {
+    format!(
+        "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)
+             ON CONFLICT(id) DO UPDATE SET
+               queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
+               run_at = excluded.run_at, created_at = excluded.created_at,
+               max_attempts = excluded.max_attempts, attempts = excluded.attempts,
+               expiries = excluded.expiries, last_token = excluded.last_token, state = excluded.state,
+               claim_holder = excluded.claim_holder, claim_token = excluded.claim_token,
+               lease_until = excluded.lease_until, cancel_requested = excluded.cancel_requested,
+               last_error = excluded.last_error, unique_key = excluded.unique_key,
+               finished_at = excluded.finished_at, result = excluded.result,
+               conc_key = excluded.conc_key, parked = excluded.parked,
+               timeout_ms = excluded.timeout_ms, claim_deadline = excluded.claim_deadline,
+               progress = excluded.progress, progress_msg = excluded.progress_msg,
+               after_ids = excluded.after_ids, after_any = excluded.after_any,
+               waiting_on = excluded.waiting_on, has_children = excluded.has_children"
+    )
+}
 
 impl SqlTxn<'_> {
     /// Write back a job read in this transaction: only what can change.
@@ -444,23 +469,13 @@ impl JobTxn for SqlTxn<'_> {
         if self.loaded.contains(&job.id) {
             return self.update_job(job);
         }
-        let sql = format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)
-             ON CONFLICT(id) DO UPDATE SET
-               queue = excluded.queue, payload = excluded.payload, priority = excluded.priority,
-               run_at = excluded.run_at, created_at = excluded.created_at,
-               max_attempts = excluded.max_attempts, attempts = excluded.attempts,
-               expiries = excluded.expiries, last_token = excluded.last_token, state = excluded.state,
-               claim_holder = excluded.claim_holder, claim_token = excluded.claim_token,
-               lease_until = excluded.lease_until, cancel_requested = excluded.cancel_requested,
-               last_error = excluded.last_error, unique_key = excluded.unique_key,
-               finished_at = excluded.finished_at, result = excluded.result,
-               conc_key = excluded.conc_key, parked = excluded.parked,
-               timeout_ms = excluded.timeout_ms, claim_deadline = excluded.claim_deadline,
-               progress = excluded.progress, progress_msg = excluded.progress_msg,
-               after_ids = excluded.after_ids, after_any = excluded.after_any,
-               waiting_on = excluded.waiting_on, has_children = excluded.has_children"
-        );
+        let fail = |e| sql_err(|| format!("writing job {}", job.id), e);
+        let stmt = match &mut self.insert {
+            Some(stmt) => stmt,
+            None => self
+                .insert
+                .insert(self.conn.prepare_cached(&insert_job_sql()).map_err(fail)?),
+        };
         let JobRow {
             id,
             run_at,
@@ -473,43 +488,39 @@ impl JobTxn for SqlTxn<'_> {
             timeout,
             deadline,
         } = JobRow::of(job)?;
-        self.conn
-            .prepare_cached(&sql)
-            .and_then(|mut s| {
-                s.execute(params![
-                    id,
-                    &*job.queue,
-                    &*job.payload,
-                    job.priority,
-                    run_at,
-                    created,
-                    job.max_attempts,
-                    job.attempts,
-                    job.expiries,
-                    last_token,
-                    i64::from(job.state.code()),
-                    holder,
-                    token,
-                    until,
-                    i64::from(job.cancel_requested),
-                    job.last_error.as_deref(),
-                    job.unique_key.as_deref(),
-                    finished,
-                    job.result.as_deref(),
-                    job.key.as_deref(),
-                    job.parked,
-                    timeout,
-                    deadline,
-                    job.progress.as_ref().map(|p| p.permyriad),
-                    job.progress.as_ref().map(|p| &*p.message),
-                    job.after.as_deref().map(after_text),
-                    job.after_any,
-                    job.waiting_on,
-                    job.has_children,
-                ])
-            })
-            .map(|_| ())
-            .map_err(|e| sql_err(|| format!("writing job {}", job.id), e))
+        stmt.execute(params![
+            id,
+            &*job.queue,
+            &*job.payload,
+            job.priority,
+            run_at,
+            created,
+            job.max_attempts,
+            job.attempts,
+            job.expiries,
+            last_token,
+            i64::from(job.state.code()),
+            holder,
+            token,
+            until,
+            i64::from(job.cancel_requested),
+            job.last_error.as_deref(),
+            job.unique_key.as_deref(),
+            finished,
+            job.result.as_deref(),
+            job.key.as_deref(),
+            job.parked,
+            timeout,
+            deadline,
+            job.progress.as_ref().map(|p| p.permyriad),
+            job.progress.as_ref().map(|p| &*p.message),
+            job.after.as_deref().map(after_text),
+            job.after_any,
+            job.waiting_on,
+            job.has_children,
+        ])
+        .map(|_| ())
+        .map_err(fail)
     }
 
     fn link(&mut self, parent: JobId, child: JobId) -> Result<()> {
