@@ -490,7 +490,6 @@ impl PgTxn<'_> {
             let config = queue_config(row, JOB_COLUMN_COUNT)?;
             let id = row.int(0).map_err(|e| Error::store(what.to_owned(), e))?;
             self.configs.insert(Arc::from(queue), config.clone());
-
             read.config = config;
             if id.is_none() {
                 jobs = &[];

@@ -35,11 +35,11 @@
 //!   what it reads first and that is a few rows ([`FirstRead`]: a lease's
 //!   acquire, renewal and release, a job's completion or renewal, a claim
 //!   of up to four jobs, as the client does them), since the read then
-//!   travels with BEGIN (`early.rs`; a claim's scans run at BEGIN's time). The
-//!   one exception to one UPDATE: a row that takes a unique key back (a
-//!   retried job) while another gives it up (a job becoming terminal) is
-//!   written after it, in a second statement, since the unique index is
-//!   checked row by row. A pending write is flushed before any query that
+//!   travels with BEGIN (`early.rs`; a claim's scans run at BEGIN's
+//!   time). The one exception to one UPDATE: a row that takes a unique
+//!   key back (a retried job) while another gives it up (a job becoming
+//!   terminal) is written after it, in a second statement, since the
+//!   unique index is checked row by row. A pending write is flushed before any query that
 //!   could see it. Literals are rendered with `standard_conforming_strings`
 //!   on: text quoted with its quotes doubled, bytes in hex, numbers by
 //!   Rust.
