@@ -214,6 +214,19 @@ fn insert_job_sql() -> String {
     )
 }
 
+/// The statement `slot` holds for the transaction, taken from `conn`'s
+/// cache (the text from `sql`) on first use.
+fn held<'s, 'c>(
+    slot: &'s mut Option<rusqlite::CachedStatement<'c>>,
+    conn: &'c Connection,
+    sql: impl FnOnce() -> String,
+) -> rusqlite::Result<&'s mut rusqlite::CachedStatement<'c>> {
+    match slot {
+        Some(stmt) => Ok(stmt),
+        None => Ok(slot.insert(conn.prepare_cached(&sql())?)),
+    }
+}
+
 impl SqlTxn<'_> {
     /// Write back a job read in this transaction: only what can change.
     fn update_job(&mut self, job: &JobRecord) -> Result<()> {
@@ -229,12 +242,7 @@ impl SqlTxn<'_> {
             ..
         } = JobRow::of(job)?;
         let fail = |e| sql_err(|| format!("writing job {}", job.id), e);
-        let stmt = match &mut self.update {
-            Some(stmt) => stmt,
-            None => self
-                .update
-                .insert(self.conn.prepare_cached(UPDATE_JOB_SQL).map_err(fail)?),
-        };
+        let stmt = held(&mut self.update, self.conn, || UPDATE_JOB_SQL.into()).map_err(fail)?;
         stmt.execute(params![
             id,
             job.priority,
@@ -470,12 +478,7 @@ impl JobTxn for SqlTxn<'_> {
             return self.update_job(job);
         }
         let fail = |e| sql_err(|| format!("writing job {}", job.id), e);
-        let stmt = match &mut self.insert {
-            Some(stmt) => stmt,
-            None => self
-                .insert
-                .insert(self.conn.prepare_cached(&insert_job_sql()).map_err(fail)?),
-        };
+        let stmt = held(&mut self.insert, self.conn, insert_job_sql).map_err(fail)?;
         let JobRow {
             id,
             run_at,
