@@ -1,6 +1,7 @@
 //! The connection: error mapping, the busy handler, and the
 //! [`GroupConn`] actions in SQL.
 
+use super::cache::RowCache;
 use super::group::GroupConn;
 use crate::error::{Error, Result, StoreFailure};
 use rusqlite::Connection;
@@ -87,6 +88,17 @@ pub(super) struct SqlConn {
     pub check_marks: bool,
     /// When this connection last found no mark (read after that instant).
     pub marks_checked: Option<std::time::Instant>,
+    /// The running jobs this connection wrote last ([`RowCache`]).
+    pub rows: RowCache,
+}
+
+/// `PRAGMA data_version` inside the open transaction: another
+/// connection's COMMIT since the last reading changes it (`None` if it
+/// cannot be read: then nothing is trusted).
+fn data_version(conn: &Connection) -> Option<i64> {
+    conn.prepare_cached("PRAGMA data_version")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .ok()
 }
 
 use crate::store::marks::MARKS_FRESH;
@@ -105,10 +117,11 @@ impl GroupConn for SqlConn {
         arm_busy(self.busy_timeout);
         if !self.conn.is_autocommit() {
             // A transaction that failed to end left its BEGIN open.
-            let _ = exec_cached(&self.conn, "ROLLBACK");
+            self.rollback();
         }
         exec_cached(&self.conn, "BEGIN IMMEDIATE")
             .map_err(|e| sql_err(|| format!("beginning a transaction on {}", self.shown), e))?;
+        self.rows.begin(data_version(&self.conn));
         if self.check_marks {
             // Real time is this adapter's business (clippy.toml keeps it
             // out of the core).
@@ -124,7 +137,7 @@ impl GroupConn for SqlConn {
             let marked = super::schema::read_marks(&self.conn, &self.shown)
                 .and_then(|marks| marks.check(&self.shown));
             if let Err(e) = marked {
-                let _ = exec_cached(&self.conn, "ROLLBACK");
+                self.rollback();
                 return Err(e);
             }
             self.marks_checked = Some(now);
@@ -133,6 +146,8 @@ impl GroupConn for SqlConn {
     }
 
     fn savepoint(&mut self) -> Result<()> {
+        // The member before this one was kept (a failed one ends the group).
+        self.rows.keep_member();
         arm_busy(self.busy_timeout);
         exec_cached(&self.conn, "SAVEPOINT member")
             .map_err(|e| sql_err(|| "joining a group commit".into(), e))
@@ -140,22 +155,31 @@ impl GroupConn for SqlConn {
 
     fn release(&mut self) -> Result<()> {
         exec_cached(&self.conn, "RELEASE member")
-            .map_err(|e| sql_err(|| "leaving a group commit".into(), e))
+            .map_err(|e| sql_err(|| "leaving a group commit".into(), e))?;
+        self.rows.keep_member();
+        Ok(())
     }
 
     fn rollback_to(&mut self) -> Result<()> {
+        self.rows.undo_member();
         exec_cached(&self.conn, "ROLLBACK TO member")
             .and_then(|()| exec_cached(&self.conn, "RELEASE member"))
             .map_err(|e| sql_err(|| "undoing one member of a group commit".into(), e))
     }
 
     fn rollback(&mut self) {
+        self.rows.rolled_back();
         let _ = exec_cached(&self.conn, "ROLLBACK");
     }
 
     fn commit(&mut self) -> Result<()> {
         arm_busy(self.busy_timeout);
-        exec_cached(&self.conn, "COMMIT").map_err(|e| {
+        let committed = exec_cached(&self.conn, "COMMIT");
+        match &committed {
+            Ok(()) => self.rows.committed(),
+            Err(_) => self.rows.rolled_back(),
+        }
+        committed.map_err(|e| {
             let busy = is_busy(&e);
             let e = sql_err(|| format!("committing to {}", self.shown), e);
             if busy {

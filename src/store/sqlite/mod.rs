@@ -62,6 +62,7 @@
 #[doc(hidden)]
 pub mod group;
 
+mod cache;
 mod conn;
 mod listing;
 mod rows;
@@ -148,6 +149,8 @@ pub struct SqliteStore {
     /// Wake-ups for the waiters of every process that opened the file
     /// (the doorbell `PATH-wake`; this process only if it cannot be made).
     bell: Bell,
+    /// Reads served from the connection's copy of its running jobs.
+    row_hits: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -305,12 +308,15 @@ impl SqliteStore {
                 return Err(Error::Moved { to });
             }
         }
+        let rows = cache::RowCache::default();
+        let row_hits = rows.hits();
         let conn = SqlConn {
             conn,
             shown,
             busy_timeout: opts.busy_timeout,
             check_marks: !opts.ignore_marks,
             marks_checked: None,
+            rows,
         };
         let bell = Bell::at(&wake_path(&path));
         let identity = Identity::of(&path, "database file")?;
@@ -321,7 +327,15 @@ impl SqliteStore {
             clock,
             identity,
             bell,
+            row_hits,
         })
+    }
+
+    /// Job reads served from the connection's copy of the running jobs it
+    /// wrote last, not from the database (tests and benchmarks).
+    #[doc(hidden)]
+    pub fn row_copy_hits(&self) -> u64 {
+        self.row_hits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Group commit at work: (transactions run, COMMITs issued) by this
@@ -353,11 +367,12 @@ impl SqliteStore {
     /// (so that a reboot continues above it).
     fn run_member(
         &self,
-        conn: &Connection,
+        c: &mut SqlConn,
         f: &mut dyn FnMut(&mut dyn Txn) -> Result<()>,
     ) -> Result<SqlNote> {
         let now_ms = self.clock.now_ms();
-        let mut tx = SqlTxn::new(conn, now_ms);
+        let SqlConn { conn, rows, .. } = c;
+        let mut tx = SqlTxn::new(conn, rows, now_ms);
         f(&mut tx)?;
         let woke = tx.finish()?;
         if !self.clock.must_persist(now_ms) {
@@ -398,7 +413,7 @@ impl Store for SqliteStore {
         self.fork.check()?;
         self.identity.check(false)?;
         let done = self.group.run(
-            |c: &mut SqlConn| self.run_member(&c.conn, &mut *f),
+            |c: &mut SqlConn| self.run_member(c, &mut *f),
             |note: SqlNote| {
                 if note.high_water_ms > 0 {
                     self.clock.persisted(note.high_water_ms);

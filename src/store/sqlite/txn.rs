@@ -1,5 +1,6 @@
 //! The transaction: lease and job reads and writes on the connection.
 
+use super::cache::RowCache;
 use super::conn::sql_err;
 use super::listing;
 use super::rows::{
@@ -15,10 +16,14 @@ use crate::error::{Error, Result};
 use crate::store::{after_text, holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
 use crate::Holder;
 use rusqlite::{params, Connection, OptionalExtension, Row};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub(super) struct SqlTxn<'c> {
     conn: &'c Connection,
+    /// The connection's copy of the running jobs it wrote last: a read of
+    /// one of them is served from it, and every job write goes through it.
+    rows: &'c mut RowCache,
     now_ms: u64,
     leases: LeaseCache,
     /// Jobs read in this transaction: writing one back updates only the
@@ -37,9 +42,10 @@ pub(super) struct SqlTxn<'c> {
 
 impl<'c> SqlTxn<'c> {
     /// A transaction's reads and writes on `conn`, at store time `now_ms`.
-    pub(super) fn new(conn: &'c Connection, now_ms: u64) -> Self {
+    pub(super) fn new(conn: &'c Connection, rows: &'c mut RowCache, now_ms: u64) -> Self {
         SqlTxn {
             conn,
+            rows,
             now_ms,
             leases: LeaseCache::default(),
             loaded: Vec::new(),
@@ -266,8 +272,11 @@ impl SqlTxn<'_> {
             job.waiting_on,
             job.has_children,
         ])
-        .map(|_| ())
-        .map_err(fail)
+        .map_err(fail)?;
+        // It was read in this transaction: the columns not written are
+        // the ones read, so `job` is the row as it now stands.
+        self.rows.wrote(job);
+        Ok(())
     }
 }
 
@@ -381,6 +390,48 @@ impl SqlTxn<'_> {
     }
 }
 
+impl SqlTxn<'_> {
+    /// Job `id` from the database.
+    fn read_job(&self, id: JobId) -> Result<Option<JobRecord>> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+        let key = i64_of(Field::Id, id.0)?;
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([key], job_from_row).optional())
+            .map_err(|e| sql_err(|| format!("reading job {id}"), e))
+    }
+
+    /// Jobs `ids` from the database, by id: one statement per chunk
+    /// ([`BY_ID_WIDTHS`]), or one per job for a few.
+    fn read_by_id(&self, ids: &[JobId]) -> Result<HashMap<JobId, JobRecord>> {
+        let mut found = HashMap::with_capacity(ids.len());
+        if ids.len() < BY_ID_WIDTHS[0] / 2 {
+            for &id in ids {
+                found.extend(self.read_job(id)?.map(|job| (id, job)));
+            }
+            return Ok(found);
+        }
+        let fail = |e| sql_err(|| format!("reading {} jobs", ids.len()), e);
+        let widest = BY_ID_WIDTHS[BY_ID_WIDTHS.len() - 1];
+        for chunk in ids.chunks(widest) {
+            let shape = BY_ID_WIDTHS.iter().position(|&w| w >= chunk.len());
+            let shape = shape.unwrap_or(BY_ID_WIDTHS.len() - 1);
+            let sql = &BY_ID_SQL[shape];
+            let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
+            for i in 0..BY_ID_WIDTHS[shape] {
+                let key = chunk.get(i).map(|id| i64_of(Field::Id, id.0)).transpose()?;
+                stmt.raw_bind_parameter(i + 1, key).map_err(fail)?;
+            }
+            let mut rows = stmt.raw_query();
+            while let Some(row) = rows.next().map_err(fail)? {
+                let job = job_from_row(row).map_err(fail)?;
+                found.insert(job.id, job);
+            }
+        }
+        Ok(found)
+    }
+}
+
 impl JobTxn for SqlTxn<'_> {
     fn now_ms(&self) -> u64 {
         self.now_ms
@@ -428,51 +479,32 @@ impl JobTxn for SqlTxn<'_> {
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
-        let key = i64_of(Field::Id, id.0)?;
-        let job = self
-            .conn
-            .prepare_cached(&sql)
-            .and_then(|mut s| s.query_row([key], job_from_row).optional())
-            .map_err(|e| sql_err(|| format!("reading job {id}"), e))?;
+        let job = match self.rows.get(id) {
+            Some(job) => Some(job),
+            None => self.read_job(id)?,
+        };
         if job.is_some() {
             self.remember(id);
         }
         Ok(job)
     }
 
-    /// One statement per chunk of ids ([`BY_ID_WIDTHS`]).
+    /// The connection's copy where it has the job, else one statement per
+    /// chunk of the other ids ([`BY_ID_WIDTHS`]).
     fn jobs_by_id(&mut self, ids: &[JobId]) -> Result<Vec<JobRecord>> {
-        if ids.len() < BY_ID_WIDTHS[0] / 2 {
-            let mut jobs = Vec::with_capacity(ids.len());
-            for &id in ids {
-                jobs.extend(self.job(id)?);
-            }
-            return Ok(jobs);
-        }
-        let fail = |e| sql_err(|| format!("reading {} jobs", ids.len()), e);
-        let mut found = std::collections::HashMap::with_capacity(ids.len());
-        let widest = BY_ID_WIDTHS[BY_ID_WIDTHS.len() - 1];
-        for chunk in ids.chunks(widest) {
-            let shape = BY_ID_WIDTHS.iter().position(|&w| w >= chunk.len());
-            let shape = shape.unwrap_or(BY_ID_WIDTHS.len() - 1);
-            let sql = &BY_ID_SQL[shape];
-            let mut stmt = self.conn.prepare_cached(sql).map_err(fail)?;
-            for i in 0..BY_ID_WIDTHS[shape] {
-                let key = chunk.get(i).map(|id| i64_of(Field::Id, id.0)).transpose()?;
-                stmt.raw_bind_parameter(i + 1, key).map_err(fail)?;
-            }
-            let mut rows = stmt.raw_query();
-            while let Some(row) = rows.next().map_err(fail)? {
-                let job = job_from_row(row).map_err(fail)?;
-                found.insert(job.id, job);
-            }
-        }
-        let jobs: Vec<JobRecord> = ids.iter().filter_map(|id| found.get(id).cloned()).collect();
+        let missing: Vec<JobId> = ids
+            .iter()
+            .copied()
+            .filter(|&id| !self.rows.has(id))
+            .collect();
+        let found = self.read_by_id(&missing)?;
+        let jobs: Vec<JobRecord> = ids
+            .iter()
+            .filter_map(|id| found.get(id).cloned().or_else(|| self.rows.get(*id)))
+            .collect();
         jobs.iter().for_each(|job| self.remember(job.id));
         Ok(jobs)
     }
-
     fn put_job(&mut self, job: &JobRecord) -> Result<()> {
         if self.loaded.contains(&job.id) {
             return self.update_job(job);
@@ -522,8 +554,10 @@ impl JobTxn for SqlTxn<'_> {
             job.waiting_on,
             job.has_children,
         ])
-        .map(|_| ())
-        .map_err(fail)
+        .map_err(fail)?;
+        // Every column was written from `job`.
+        self.rows.wrote(job);
+        Ok(())
     }
 
     fn link(&mut self, parent: JobId, child: JobId) -> Result<()> {
@@ -560,6 +594,7 @@ impl JobTxn for SqlTxn<'_> {
 
     fn delete_job(&mut self, id: JobId) -> Result<()> {
         let key = i64_of(Field::Id, id.0)?;
+        self.rows.forget(id);
         self.conn
             .prepare_cached("DELETE FROM jobs WHERE id = ?1")
             .and_then(|mut s| s.execute([key]))

@@ -1,0 +1,248 @@
+//! The store connection's copy of the running jobs it wrote last, so that
+//! a settle or a renewal of jobs this handle claimed does not read them
+//! back (the worker loop's completions read every job its claims wrote a
+//! moment before: a 29-column row read and decode per job).
+//!
+//! **State.** `rows`: the jobs this connection's committed transactions
+//! left running, each exactly as its row stands after that COMMIT; `seen`:
+//! `PRAGMA data_version` read inside the last transaction; `member` and
+//! `group`: what the running member and the members kept so far in the
+//! open transaction wrote (not yet committed).
+//!
+//! **Transitions.**
+//! - `begin` (after `BEGIN IMMEDIATE` holds the write lock): if another
+//!   connection (of this process or another) committed since `seen`, SQLite
+//!   says so by a different `data_version`, and every row is dropped.
+//! - A write of a job through this connection drops its row at once (a
+//!   later read in the same transaction goes to the database and sees the
+//!   write); a write-back that leaves the job running is staged in
+//!   `member`.
+//! - A member kept (`release`, or the next member joining) moves `member`
+//!   into `group`; a member undone (`ROLLBACK TO`) drops `member`.
+//! - `COMMIT` done: `group` and `member` become rows. `ROLLBACK`, or a
+//!   COMMIT that failed: every row is dropped.
+//!
+//! **Invariant.** A row in `rows` equals what the database holds for that
+//! job whenever a transaction of this connection holds the write lock: no
+//! other connection wrote since `seen` (data_version), and every write of
+//! this connection since either dropped the row or staged its exact
+//! post-image, which enters `rows` only with the COMMIT that made it true.
+
+use crate::core::{JobId, JobRecord, JobState};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Most rows kept: past this the copy starts over (a worker holds far
+/// fewer jobs; a caller that claims more reads the rest back).
+const ROWS_MAX: usize = 8_192;
+
+#[derive(Default)]
+pub(super) struct RowCache {
+    rows: HashMap<JobId, JobRecord>,
+    seen: Option<i64>,
+    member: Vec<JobRecord>,
+    group: Vec<JobRecord>,
+    /// Reads served from `rows` (for tests and benchmarks).
+    hits: Arc<AtomicU64>,
+}
+
+impl RowCache {
+    /// A transaction began holding the write lock, at `data_version`
+    /// `version` (`None`: unknown, trust nothing).
+    pub fn begin(&mut self, version: Option<i64>) {
+        if version.is_none() || version != self.seen {
+            self.rows.clear();
+        }
+        self.seen = version;
+        self.member.clear();
+        self.group.clear();
+    }
+
+    /// Whether `id` is held (without counting a hit).
+    pub fn has(&self, id: JobId) -> bool {
+        self.rows.contains_key(&id)
+    }
+
+    /// `id` as this connection's last committed transaction left it.
+    pub fn get(&self, id: JobId) -> Option<JobRecord> {
+        let job = self.rows.get(&id).cloned();
+        if job.is_some() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        job
+    }
+
+    /// The count of reads served so far, shared.
+    pub fn hits(&self) -> Arc<AtomicU64> {
+        self.hits.clone()
+    }
+
+    /// The open transaction wrote `job` as it now stands (`whole`: every
+    /// column of its row was written from `job`, or it was read in this
+    /// transaction and the columns not written are the ones read).
+    pub fn wrote(&mut self, job: &JobRecord) {
+        self.forget(job.id);
+        if job.state == JobState::Running {
+            self.member.push(job.clone());
+        }
+    }
+
+    /// The open transaction changed or deleted `id` in a way not staged.
+    pub fn forget(&mut self, id: JobId) {
+        self.rows.remove(&id);
+        self.forget_staged(id);
+    }
+
+    fn forget_staged(&mut self, id: JobId) {
+        self.member.retain(|j| j.id != id);
+        self.group.retain(|j| j.id != id);
+    }
+
+    /// The running member's writes stay in the transaction.
+    pub fn keep_member(&mut self) {
+        self.group.append(&mut self.member);
+    }
+
+    /// The running member's writes were undone (`ROLLBACK TO`).
+    pub fn undo_member(&mut self) {
+        self.member.clear();
+    }
+
+    /// The transaction committed: its staged rows now stand.
+    pub fn committed(&mut self) {
+        self.keep_member();
+        if self.rows.len() + self.group.len() > ROWS_MAX {
+            self.rows.clear();
+        }
+        for job in self.group.drain(..) {
+            self.rows.insert(job.id, job);
+        }
+    }
+
+    /// The transaction was rolled back (or its COMMIT failed): trust
+    /// nothing until the next `begin` reads the version again.
+    pub fn rolled_back(&mut self) {
+        self.rows.clear();
+        self.member.clear();
+        self.group.clear();
+        self.seen = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::JobState;
+
+    fn job(id: u64, state: JobState, attempts: u32) -> JobRecord {
+        JobRecord {
+            id: JobId(id),
+            queue: Arc::from("q"),
+            payload: Arc::from(&b"x"[..]),
+            priority: 0,
+            run_at_ms: 0,
+            created_at_ms: 0,
+            max_attempts: 3,
+            attempts,
+            expiries: 0,
+            last_token: 1,
+            state,
+            claim: None,
+            cancel_requested: false,
+            last_error: None,
+            unique_key: None,
+            finished_at_ms: None,
+            result: None,
+            key: None,
+            parked: false,
+            timeout_ms: None,
+            progress: None,
+            after: None,
+            after_any: false,
+            waiting_on: 0,
+            has_children: false,
+        }
+    }
+
+    fn attempts(c: &RowCache, id: u64) -> Option<u32> {
+        c.get(JobId(id)).map(|j| j.attempts)
+    }
+
+    #[test]
+    fn a_committed_write_is_kept_until_another_connection_writes() {
+        let mut c = RowCache::default();
+        c.begin(Some(7));
+        c.wrote(&job(1, JobState::Running, 1));
+        assert_eq!(attempts(&c, 1), None, "not before its COMMIT");
+        c.committed();
+        c.begin(Some(7));
+        assert_eq!(attempts(&c, 1), Some(1));
+        c.committed();
+        c.begin(Some(8));
+        assert_eq!(attempts(&c, 1), None, "another connection committed");
+        c.begin(None);
+        assert_eq!(attempts(&c, 1), None);
+    }
+
+    #[test]
+    fn an_undone_member_leaves_nothing_and_a_kept_one_commits() {
+        let mut c = RowCache::default();
+        c.begin(Some(1));
+        c.wrote(&job(1, JobState::Running, 1));
+        c.committed();
+        c.begin(Some(1));
+        // The first member rewrites job 1, the second joins, writes job 2
+        // and is undone; the third writes job 3 and is kept.
+        c.wrote(&job(1, JobState::Running, 2));
+        assert_eq!(attempts(&c, 1), None, "a write drops the row at once");
+        c.keep_member();
+        c.wrote(&job(2, JobState::Running, 1));
+        c.undo_member();
+        c.wrote(&job(3, JobState::Running, 1));
+        c.keep_member();
+        c.committed();
+        assert_eq!(attempts(&c, 1), Some(2));
+        assert_eq!(attempts(&c, 2), None);
+        assert_eq!(attempts(&c, 3), Some(1));
+    }
+
+    #[test]
+    fn a_rollback_or_a_job_leaving_running_drops_its_row() {
+        let mut c = RowCache::default();
+        c.begin(Some(1));
+        c.wrote(&job(1, JobState::Running, 1));
+        c.wrote(&job(2, JobState::Running, 1));
+        c.committed();
+        c.begin(Some(1));
+        c.wrote(&job(1, JobState::Done, 1));
+        c.forget(JobId(2));
+        c.committed();
+        assert_eq!((attempts(&c, 1), attempts(&c, 2)), (None, None));
+        c.begin(Some(1));
+        c.wrote(&job(3, JobState::Running, 1));
+        c.committed();
+        c.begin(Some(1));
+        c.wrote(&job(4, JobState::Running, 1));
+        c.rolled_back();
+        c.begin(Some(1));
+        assert_eq!((attempts(&c, 3), attempts(&c, 4)), (None, None));
+    }
+
+    #[test]
+    fn past_its_bound_the_copy_starts_over() {
+        let mut c = RowCache::default();
+        c.begin(Some(1));
+        for id in 0..ROWS_MAX as u64 {
+            c.wrote(&job(id, JobState::Running, 1));
+        }
+        c.committed();
+        assert_eq!(attempts(&c, 0), Some(1));
+        c.begin(Some(1));
+        c.wrote(&job(u64::MAX, JobState::Running, 1));
+        c.committed();
+        assert_eq!(attempts(&c, 0), None);
+        assert_eq!(attempts(&c, u64::MAX), Some(1));
+        assert_eq!(c.rows.len(), 1);
+    }
+}
