@@ -12,15 +12,18 @@
 //! **Transitions.**
 //! - `begin` (after `BEGIN IMMEDIATE` holds the write lock): if another
 //!   connection (of this process or another) committed since `seen`, SQLite
-//!   says so by a different `data_version`, and every row is dropped.
+//!   says so by a different `data_version`, and every row is dropped. With
+//!   no rows the version is not read (a transaction of leases alone pays
+//!   nothing); `before_commit` reads it, still inside the transaction, if
+//!   there are rows to keep.
 //! - A write of a job through this connection drops its row at once (a
 //!   later read in the same transaction goes to the database and sees the
 //!   write); a write-back that leaves the job running is staged in
 //!   `member`.
 //! - A member kept (`release`, or the next member joining) moves `member`
 //!   into `group`; a member undone (`ROLLBACK TO`) drops `member`.
-//! - `COMMIT` done: `group` and `member` become rows. `ROLLBACK`, or a
-//!   COMMIT that failed: every row is dropped.
+//! - `COMMIT` done: `group` and `member` become rows (if the version is
+//!   known). `ROLLBACK`, or a COMMIT that failed: every row is dropped.
 //!
 //! **Invariant.** A row in `rows` equals what the database holds for that
 //! job whenever a transaction of this connection holds the write lock: no
@@ -48,15 +51,31 @@ pub(super) struct RowCache {
 }
 
 impl RowCache {
-    /// A transaction began holding the write lock, at `data_version`
-    /// `version` (`None`: unknown, trust nothing).
-    pub fn begin(&mut self, version: Option<i64>) {
-        if version.is_none() || version != self.seen {
-            self.rows.clear();
-        }
-        self.seen = version;
+    /// A transaction began holding the write lock; `version` reads its
+    /// `data_version` (`None`: unknown, trust nothing), only if there are
+    /// rows to check (a transaction of leases alone never pays for it).
+    pub fn begin(&mut self, version: impl FnOnce() -> Option<i64>) {
         self.member.clear();
         self.group.clear();
+        if self.rows.is_empty() {
+            self.seen = None;
+            return;
+        }
+        let now = version();
+        if now.is_none() || now != self.seen {
+            self.rows.clear();
+        }
+        self.seen = now;
+    }
+
+    /// The open transaction is about to commit: if it leaves rows to keep
+    /// and its version is not yet known, `version` reads it (inside the
+    /// transaction: after the COMMIT another connection could already
+    /// have written).
+    pub fn before_commit(&mut self, version: impl FnOnce() -> Option<i64>) {
+        if self.seen.is_none() && !(self.member.is_empty() && self.group.is_empty()) {
+            self.seen = version();
+        }
     }
 
     /// Whether `id` is held (without counting a hit).
@@ -78,8 +97,8 @@ impl RowCache {
         self.hits.clone()
     }
 
-    /// The open transaction wrote `job` as it now stands (`whole`: every
-    /// column of its row was written from `job`, or it was read in this
+    /// The open transaction wrote `job`, which is its row as it now stands
+    /// (every column was written from it, or it was read in this
     /// transaction and the columns not written are the ones read).
     pub fn wrote(&mut self, job: &JobRecord) {
         self.forget(job.id);
@@ -109,9 +128,14 @@ impl RowCache {
         self.member.clear();
     }
 
-    /// The transaction committed: its staged rows now stand.
+    /// The transaction committed: its staged rows now stand (kept if its
+    /// version is known).
     pub fn committed(&mut self) {
         self.keep_member();
+        if self.seen.is_none() {
+            self.group.clear();
+            return;
+        }
         if self.rows.len() + self.group.len() > ROWS_MAX {
             self.rows.clear();
         }
@@ -169,39 +193,57 @@ mod tests {
         c.get(JobId(id)).map(|j| j.attempts)
     }
 
+    /// One transaction that begins at `version` and commits.
+    fn txn(c: &mut RowCache, version: i64, body: impl FnOnce(&mut RowCache)) {
+        c.begin(|| Some(version));
+        body(c);
+        c.before_commit(|| Some(version));
+        c.committed();
+    }
+
     #[test]
     fn a_committed_write_is_kept_until_another_connection_writes() {
         let mut c = RowCache::default();
-        c.begin(Some(7));
+        txn(&mut c, 7, |c| {
+            c.wrote(&job(1, JobState::Running, 1));
+            assert_eq!(attempts(c, 1), None, "not before its COMMIT");
+        });
+        txn(&mut c, 7, |c| assert_eq!(attempts(c, 1), Some(1)));
+        // Another connection committed: version 8.
+        txn(&mut c, 8, |c| assert_eq!(attempts(c, 1), None));
+        txn(&mut c, 8, |c| c.wrote(&job(1, JobState::Running, 2)));
+        c.begin(|| None);
+        assert_eq!(attempts(&c, 1), None, "an unknown version trusts nothing");
+    }
+
+    #[test]
+    fn a_version_is_read_only_when_there_is_something_to_check_or_keep() {
+        let mut c = RowCache::default();
+        c.begin(|| panic!("nothing to check"));
+        c.before_commit(|| panic!("nothing to keep"));
+        c.committed();
+        c.begin(|| panic!("nothing to check"));
         c.wrote(&job(1, JobState::Running, 1));
-        assert_eq!(attempts(&c, 1), None, "not before its COMMIT");
+        c.before_commit(|| None);
         c.committed();
-        c.begin(Some(7));
-        assert_eq!(attempts(&c, 1), Some(1));
-        c.committed();
-        c.begin(Some(8));
-        assert_eq!(attempts(&c, 1), None, "another connection committed");
-        c.begin(None);
-        assert_eq!(attempts(&c, 1), None);
+        assert_eq!(attempts(&c, 1), None, "kept only at a known version");
     }
 
     #[test]
     fn an_undone_member_leaves_nothing_and_a_kept_one_commits() {
         let mut c = RowCache::default();
-        c.begin(Some(1));
-        c.wrote(&job(1, JobState::Running, 1));
-        c.committed();
-        c.begin(Some(1));
-        // The first member rewrites job 1, the second joins, writes job 2
-        // and is undone; the third writes job 3 and is kept.
-        c.wrote(&job(1, JobState::Running, 2));
-        assert_eq!(attempts(&c, 1), None, "a write drops the row at once");
-        c.keep_member();
-        c.wrote(&job(2, JobState::Running, 1));
-        c.undo_member();
-        c.wrote(&job(3, JobState::Running, 1));
-        c.keep_member();
-        c.committed();
+        txn(&mut c, 1, |c| c.wrote(&job(1, JobState::Running, 1)));
+        txn(&mut c, 1, |c| {
+            // The first member rewrites job 1, the second joins, writes
+            // job 2 and is undone; the third writes job 3 and is kept.
+            c.wrote(&job(1, JobState::Running, 2));
+            assert_eq!(attempts(c, 1), None, "a write drops the row at once");
+            c.keep_member();
+            c.wrote(&job(2, JobState::Running, 1));
+            c.undo_member();
+            c.wrote(&job(3, JobState::Running, 1));
+            c.keep_member();
+        });
         assert_eq!(attempts(&c, 1), Some(2));
         assert_eq!(attempts(&c, 2), None);
         assert_eq!(attempts(&c, 3), Some(1));
@@ -210,37 +252,33 @@ mod tests {
     #[test]
     fn a_rollback_or_a_job_leaving_running_drops_its_row() {
         let mut c = RowCache::default();
-        c.begin(Some(1));
-        c.wrote(&job(1, JobState::Running, 1));
-        c.wrote(&job(2, JobState::Running, 1));
-        c.committed();
-        c.begin(Some(1));
-        c.wrote(&job(1, JobState::Done, 1));
-        c.forget(JobId(2));
-        c.committed();
+        txn(&mut c, 1, |c| {
+            c.wrote(&job(1, JobState::Running, 1));
+            c.wrote(&job(2, JobState::Running, 1));
+        });
+        txn(&mut c, 1, |c| {
+            c.wrote(&job(1, JobState::Done, 1));
+            c.forget(JobId(2));
+        });
         assert_eq!((attempts(&c, 1), attempts(&c, 2)), (None, None));
-        c.begin(Some(1));
-        c.wrote(&job(3, JobState::Running, 1));
-        c.committed();
-        c.begin(Some(1));
+        txn(&mut c, 1, |c| c.wrote(&job(3, JobState::Running, 1)));
+        c.begin(|| Some(1));
         c.wrote(&job(4, JobState::Running, 1));
         c.rolled_back();
-        c.begin(Some(1));
+        c.begin(|| Some(1));
         assert_eq!((attempts(&c, 3), attempts(&c, 4)), (None, None));
     }
 
     #[test]
     fn past_its_bound_the_copy_starts_over() {
         let mut c = RowCache::default();
-        c.begin(Some(1));
-        for id in 0..ROWS_MAX as u64 {
-            c.wrote(&job(id, JobState::Running, 1));
-        }
-        c.committed();
+        txn(&mut c, 1, |c| {
+            for id in 0..ROWS_MAX as u64 {
+                c.wrote(&job(id, JobState::Running, 1));
+            }
+        });
         assert_eq!(attempts(&c, 0), Some(1));
-        c.begin(Some(1));
-        c.wrote(&job(u64::MAX, JobState::Running, 1));
-        c.committed();
+        txn(&mut c, 1, |c| c.wrote(&job(u64::MAX, JobState::Running, 1)));
         assert_eq!(attempts(&c, 0), None);
         assert_eq!(attempts(&c, u64::MAX), Some(1));
         assert_eq!(c.rows.len(), 1);

@@ -121,7 +121,7 @@ impl GroupConn for SqlConn {
         }
         exec_cached(&self.conn, "BEGIN IMMEDIATE")
             .map_err(|e| sql_err(|| format!("beginning a transaction on {}", self.shown), e))?;
-        self.rows.begin(data_version(&self.conn));
+        self.rows.begin(|| data_version(&self.conn));
         if self.check_marks {
             // Real time is this adapter's business (clippy.toml keeps it
             // out of the core).
@@ -174,6 +174,7 @@ impl GroupConn for SqlConn {
 
     fn commit(&mut self) -> Result<()> {
         arm_busy(self.busy_timeout);
+        self.rows.before_commit(|| data_version(&self.conn));
         let committed = exec_cached(&self.conn, "COMMIT");
         match &committed {
             Ok(()) => self.rows.committed(),
