@@ -44,8 +44,8 @@ const ROWS_MAX: usize = 8_192;
 pub(super) struct RowCache {
     rows: HashMap<JobId, JobRecord>,
     seen: Option<i64>,
-    member: Vec<JobRecord>,
-    group: Vec<JobRecord>,
+    member: HashMap<JobId, JobRecord>,
+    group: HashMap<JobId, JobRecord>,
     /// Reads served from `rows` (for tests and benchmarks).
     hits: Arc<AtomicU64>,
 }
@@ -103,24 +103,20 @@ impl RowCache {
     pub fn wrote(&mut self, job: &JobRecord) {
         self.forget(job.id);
         if job.state == JobState::Running {
-            self.member.push(job.clone());
+            self.member.insert(job.id, job.clone());
         }
     }
 
     /// The open transaction changed or deleted `id` in a way not staged.
     pub fn forget(&mut self, id: JobId) {
         self.rows.remove(&id);
-        self.forget_staged(id);
-    }
-
-    fn forget_staged(&mut self, id: JobId) {
-        self.member.retain(|j| j.id != id);
-        self.group.retain(|j| j.id != id);
+        self.member.remove(&id);
+        self.group.remove(&id);
     }
 
     /// The running member's writes stay in the transaction.
     pub fn keep_member(&mut self) {
-        self.group.append(&mut self.member);
+        self.group.extend(self.member.drain());
     }
 
     /// The running member's writes were undone (`ROLLBACK TO`).
@@ -139,9 +135,7 @@ impl RowCache {
         if self.rows.len() + self.group.len() > ROWS_MAX {
             self.rows.clear();
         }
-        for job in self.group.drain(..) {
-            self.rows.insert(job.id, job);
-        }
+        self.rows.extend(self.group.drain());
     }
 
     /// The transaction was rolled back (or its COMMIT failed): trust
