@@ -1,7 +1,10 @@
 //! The SQLite connection's copy of the running jobs it wrote last: a read
 //! it serves is exactly the row another connection reads, a write by any
 //! other connection (of this process or another) is seen at once, and a
-//! rolled-back write leaves the row as it was.
+//! rolled-back write leaves the row as it was, alone or as one member of
+//! a group commit.
+
+#![allow(clippy::disallowed_methods)] // real threads in the group commit test
 
 use leasehold::core::job::Progress;
 use leasehold::core::{self, JobRecord};
@@ -185,4 +188,83 @@ fn a_rolled_back_write_leaves_the_row_as_it_was() {
         .unwrap();
     let renewed = same_from_copy(&a, &b, id, "after a committed renewal");
     assert_ne!(renewed, before);
+}
+
+#[test]
+fn a_member_undone_inside_a_group_commit_leaves_nothing_in_the_copy() {
+    let dir = Dir::new("group");
+    let store = std::sync::Arc::new(SqliteStore::open(dir.db()).unwrap());
+    let observer = SqliteStore::open(dir.db()).unwrap();
+    let policy = QueuePolicy::default();
+    const THREADS: usize = 8;
+    const PER_THREAD: usize = 40;
+    store
+        .txn(|tx| {
+            for _ in 0..THREADS * PER_THREAD {
+                core::job::enqueue(tx, "q", &JobSpec::new("x"), &policy)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let jobs = claim(&store, THREADS * PER_THREAD);
+    assert_eq!(jobs.len(), THREADS * PER_THREAD);
+    // The threads' transactions of one group have different fates.
+    let fate = |n: usize| match (n % PER_THREAD + n / PER_THREAD * 3) % 10 {
+        3 | 6 => "fail",
+        7 => "panic",
+        _ => "commit",
+    };
+    // Each thread renews its own jobs, one transaction each, a longer
+    // lease every time; a failing or panicking one is undone inside its
+    // group (ROLLBACK TO) while the others commit.
+    let handles: Vec<_> = jobs
+        .chunks(PER_THREAD)
+        .enumerate()
+        .map(|(t, mine)| {
+            let (store, mine) = (store.clone(), mine.to_vec());
+            std::thread::spawn(move || {
+                for (i, job) in mine.iter().enumerate() {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        store.txn(|tx| {
+                            let lease_ms = 120_000 + 1_000 * i as u64;
+                            core::job::heartbeat(tx, job.id, HOLDER, job.last_token, lease_ms)?;
+                            match fate(t * PER_THREAD + i) {
+                                "fail" => Err(leasehold::Error::store("testing", "undo this")),
+                                "panic" => panic!("panics on purpose"),
+                                _ => Ok(()),
+                            }
+                        })
+                    }));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let (txns, commits) = store.group_stats();
+    assert!(
+        commits < txns,
+        "nothing grouped: {txns} transactions, {commits} commits"
+    );
+    // Every job through the store first (its copy serves them while no
+    // other connection commits), then through the observer.
+    let hits = store.row_copy_hits();
+    let seen: Vec<JobRecord> = jobs.iter().map(|job| read(&store, job.id)).collect();
+    let served = store.row_copy_hits() - hits;
+    for (n, (job, seen)) in jobs.iter().zip(&seen).enumerate() {
+        assert_eq!(seen, &read(&observer, job.id), "job #{n} ({})", fate(n));
+        let renewed = seen.claim.map(|c| c.lease_until_ms) != job.claim.map(|c| c.lease_until_ms);
+        assert_eq!(
+            renewed,
+            fate(n) == "commit",
+            "job #{n} ({}): {seen:?}",
+            fate(n)
+        );
+    }
+    let committed = (0..jobs.len()).filter(|&n| fate(n) == "commit").count() as u64;
+    assert_eq!(
+        served, committed,
+        "the copy serves every renewed job, and only those"
+    );
 }

@@ -23,7 +23,10 @@
 //! - A member kept (`release`, or the next member joining) moves `member`
 //!   into `group`; a member undone (`ROLLBACK TO`) drops `member`.
 //! - `COMMIT` done: `group` and `member` become rows (if the version is
-//!   known). `ROLLBACK`, or a COMMIT that failed: every row is dropped.
+//!   known). `ROLLBACK`: what was staged is dropped, the rows stay (the
+//!   database is back as it was at BEGIN, where they held, and the ones the
+//!   transaction wrote are gone already). A COMMIT that failed: every row
+//!   is dropped.
 //!
 //! **Invariant.** A row in `rows` equals what the database holds for that
 //! job whenever a transaction of this connection holds the write lock: no
@@ -138,12 +141,21 @@ impl RowCache {
         self.rows.extend(self.group.drain());
     }
 
-    /// The transaction was rolled back (or its COMMIT failed): trust
-    /// nothing until the next `begin` reads the version again.
+    /// The transaction was rolled back: what it staged is dropped. The
+    /// rows stay: each was the database's at its BEGIN (the version said
+    /// so), the ones it wrote were dropped when it wrote them, and the
+    /// ROLLBACK puts back the database as it was at that BEGIN.
     pub fn rolled_back(&mut self) {
-        self.rows.clear();
         self.member.clear();
         self.group.clear();
+    }
+
+    /// The COMMIT failed (perhaps after reaching the file): drop
+    /// everything, and trust nothing until the next `begin` reads the
+    /// version again.
+    pub fn commit_failed(&mut self) {
+        self.rolled_back();
+        self.rows.clear();
         self.seen = None;
     }
 }
@@ -256,11 +268,24 @@ mod tests {
         });
         assert_eq!((attempts(&c, 1), attempts(&c, 2)), (None, None));
         txn(&mut c, 1, |c| c.wrote(&job(3, JobState::Running, 1)));
+        // A rollback drops what it wrote and keeps what it did not touch.
         c.begin(|| Some(1));
+        c.wrote(&job(3, JobState::Running, 2));
         c.wrote(&job(4, JobState::Running, 1));
+        c.rolled_back();
+        txn(&mut c, 1, |c| c.wrote(&job(5, JobState::Running, 1)));
+        c.begin(|| Some(1));
+        c.wrote(&job(6, JobState::Running, 1));
         c.rolled_back();
         c.begin(|| Some(1));
         assert_eq!((attempts(&c, 3), attempts(&c, 4)), (None, None));
+        assert_eq!((attempts(&c, 5), attempts(&c, 6)), (Some(1), None));
+        // A failed COMMIT trusts nothing.
+        c.wrote(&job(7, JobState::Running, 1));
+        c.before_commit(|| Some(1));
+        c.commit_failed();
+        c.begin(|| panic!("nothing to check"));
+        assert_eq!((attempts(&c, 5), attempts(&c, 7)), (None, None));
     }
 
     #[test]

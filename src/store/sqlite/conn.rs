@@ -178,7 +178,7 @@ impl GroupConn for SqlConn {
         let committed = exec_cached(&self.conn, "COMMIT");
         match &committed {
             Ok(()) => self.rows.committed(),
-            Err(_) => self.rows.rolled_back(),
+            Err(_) => self.rows.commit_failed(),
         }
         committed.map_err(|e| {
             let busy = is_busy(&e);
