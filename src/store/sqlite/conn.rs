@@ -146,7 +146,8 @@ impl GroupConn for SqlConn {
     }
 
     fn savepoint(&mut self) -> Result<()> {
-        // The member before this one was kept (a failed one ends the group).
+        // The member before this one stays in the group (one that failed
+        // was undone, and its staging dropped, before this one joined).
         self.rows.keep_member();
         arm_busy(self.busy_timeout);
         exec_cached(&self.conn, "SAVEPOINT member")
