@@ -13,35 +13,12 @@ use leasehold::store::file::encode_key;
 use leasehold::{
     Client, Error, FileOptions, FileStore, Holder, HolderId, JobSpec, ManualClock, StoreExt,
 };
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "leasehold-file-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn leases(&self) -> PathBuf {
-        self.0.join("leases")
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "support/dir.rs"]
+mod dir;
+use dir::Dir;
 
 fn opts(clock: &ManualClock, boot: &str) -> FileOptions {
     FileOptions {

@@ -14,35 +14,13 @@ use leasehold::{
     Client, Error, Holder, HolderId, JobSpec, JobState, ManualClock, QueuePolicy, SqliteOptions,
     SqliteStore, StoreExt,
 };
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "leasehold-sqlite-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn db(&self) -> PathBuf {
-        self.0.join("q.db")
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "support/dir.rs"]
+mod dir;
+use dir::Dir;
 
 /// Schema v15 undone: one partial index per state again instead of the
 /// bands.

@@ -9,29 +9,11 @@
 use leasehold::core::job::Progress;
 use leasehold::core::{self, JobRecord};
 use leasehold::{HolderId, JobId, JobSpec, JobState, QueuePolicy, SqliteStore, StoreExt};
-use std::path::PathBuf;
 use std::time::Duration;
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d =
-            std::env::temp_dir().join(format!("leasehold-rowcopy-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn db(&self) -> PathBuf {
-        self.0.join("q.db")
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "support/dir.rs"]
+mod dir;
+use dir::Dir;
 
 fn read(store: &SqliteStore, id: JobId) -> JobRecord {
     store

@@ -7,36 +7,16 @@
 #![allow(clippy::disallowed_methods)] // real processes and threads
 
 use leasehold::{Client, FileStore, JobSpec, SqliteStore, Store, Wake};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "support/dir.rs"]
+mod dir;
+use dir::Dir;
+
 /// Long enough that a waiter that was not woken fails the test clearly.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "leasehold-wake-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn open(url: &str) -> Arc<dyn Store> {
     if let Some(path) = url.strip_prefix("sqlite:") {
