@@ -131,20 +131,9 @@ mod tests {
     use super::*;
     use crate::core::job::Settle;
     use crate::core::{Claim, DriftBound, HolderId, JobRecord, JobState};
-    use std::sync::Arc;
 
     fn job(id: u64) -> JobRecord {
         JobRecord {
-            id: JobId(id),
-            queue: Arc::from("q"),
-            payload: Arc::from(&b"x"[..]),
-            priority: 0,
-            run_at_ms: 0,
-            created_at_ms: 0,
-            max_attempts: 3,
-            attempts: 1,
-            expiries: 0,
-            last_token: 1,
             state: JobState::Running,
             claim: Some(Claim {
                 holder: HolderId(1),
@@ -152,19 +141,7 @@ mod tests {
                 lease_until_ms: 3_000,
                 deadline_ms: None,
             }),
-            cancel_requested: false,
-            last_error: None,
-            unique_key: None,
-            finished_at_ms: None,
-            result: None,
-            key: None,
-            parked: false,
-            timeout_ms: None,
-            progress: None,
-            after: None,
-            after_any: false,
-            waiting_on: 0,
-            has_children: false,
+            ..crate::core::job::sample_job(id)
         }
     }
 

@@ -230,6 +230,39 @@ pub struct JobRecord {
 #[doc(hidden)]
 pub type ClaimRank = (Reverse<i32>, u64, JobId);
 
+/// A ready job of queue `q` (payload `x`, one attempt of three made,
+/// token 1): the record unit tests vary with `..sample_job(id)`.
+#[cfg(test)]
+pub(crate) fn sample_job(id: u64) -> JobRecord {
+    JobRecord {
+        id: JobId(id),
+        queue: Arc::from("q"),
+        payload: Arc::from(&b"x"[..]),
+        priority: 0,
+        run_at_ms: 0,
+        created_at_ms: 0,
+        max_attempts: 3,
+        attempts: 1,
+        expiries: 0,
+        last_token: 1,
+        state: JobState::Ready,
+        claim: None,
+        cancel_requested: false,
+        last_error: None,
+        unique_key: None,
+        finished_at_ms: None,
+        result: None,
+        key: None,
+        parked: false,
+        timeout_ms: None,
+        progress: None,
+        after: None,
+        after_any: false,
+        waiting_on: 0,
+        has_children: false,
+    }
+}
+
 impl JobRecord {
     /// Its position in claim order.
     #[doc(hidden)]

@@ -447,31 +447,12 @@ mod tests {
 
     fn job(id: u64, state: JobState, unique_key: Option<&str>) -> JobRecord {
         JobRecord {
-            id: JobId(id),
-            queue: Arc::from("q"),
-            payload: Arc::from(&b"x"[..]),
             priority: -7,
             run_at_ms: 10,
             created_at_ms: 5,
-            max_attempts: 3,
-            attempts: 1,
-            expiries: 0,
-            last_token: 1,
             state,
-            claim: None,
-            cancel_requested: false,
-            last_error: None,
             unique_key: unique_key.map(Arc::from),
-            finished_at_ms: None,
-            result: None,
-            key: None,
-            parked: false,
-            timeout_ms: None,
-            progress: None,
-            after: None,
-            after_any: false,
-            waiting_on: 0,
-            has_children: false,
+            ..crate::core::job::sample_job(id)
         }
     }
 

@@ -167,31 +167,9 @@ mod tests {
 
     fn job(id: u64, state: JobState, attempts: u32) -> JobRecord {
         JobRecord {
-            id: JobId(id),
-            queue: Arc::from("q"),
-            payload: Arc::from(&b"x"[..]),
-            priority: 0,
-            run_at_ms: 0,
-            created_at_ms: 0,
-            max_attempts: 3,
-            attempts,
-            expiries: 0,
-            last_token: 1,
             state,
-            claim: None,
-            cancel_requested: false,
-            last_error: None,
-            unique_key: None,
-            finished_at_ms: None,
-            result: None,
-            key: None,
-            parked: false,
-            timeout_ms: None,
-            progress: None,
-            after: None,
-            after_any: false,
-            waiting_on: 0,
-            has_children: false,
+            attempts,
+            ..crate::core::job::sample_job(id)
         }
     }
 
