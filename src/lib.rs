@@ -70,6 +70,7 @@ pub mod clock;
 pub mod core;
 mod error;
 mod fork;
+mod hash;
 #[cfg(feature = "serde")]
 mod json;
 pub mod migrate;

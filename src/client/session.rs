@@ -30,9 +30,9 @@ use super::{ms_of, Client};
 use crate::clock::Clock;
 use crate::core::{self, HolderId, JobId, JobRecord, QueuePolicy};
 use crate::error::{LostReason, Result};
+use crate::hash::IdMap;
 use crate::store::{FirstRead, Store, StoreExt};
 use crate::time::{LocalMs, WallMs};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -197,8 +197,8 @@ pub struct Session {
     exec: Exec,
     /// Claims held, as claimed (for the handler and the observer), with
     /// the local instant of the claim's reply (for their run time).
-    records: HashMap<ClaimId, (JobRecord, LocalMs)>,
-    handles: HashMap<ClaimId, Arc<ClaimedJob>>,
+    records: IdMap<ClaimId, (JobRecord, LocalMs)>,
+    handles: IdMap<ClaimId, Arc<ClaimedJob>>,
     report: WorkReport,
     #[cfg(feature = "canaries")]
     breakage: SessionBreakage,
@@ -227,8 +227,8 @@ impl Session {
             client: client.clone(),
             lease_ms,
             exec: Exec::new(client, queue, lease_ms),
-            records: HashMap::new(),
-            handles: HashMap::new(),
+            records: IdMap::default(),
+            handles: IdMap::default(),
             report: WorkReport::default(),
             #[cfg(feature = "canaries")]
             breakage: SessionBreakage::default(),

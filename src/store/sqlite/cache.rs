@@ -5,9 +5,10 @@
 //!
 //! **State.** `rows`: the jobs this connection's committed transactions
 //! left running, each exactly as its row stands after that COMMIT; `seen`:
-//! `PRAGMA data_version` read inside the last transaction; `member` and
-//! `group`: what the running member and the members kept so far in the
-//! open transaction wrote (not yet committed).
+//! `PRAGMA data_version` read inside the last transaction; `staged`: what
+//! the open transaction wrote, in order, each a job's running post-image
+//! to keep or a mark to drop the job, the first `kept` of them from members
+//! kept so far, the rest from the running member (not yet committed).
 //!
 //! **Transitions.**
 //! - `begin` (after `BEGIN IMMEDIATE` holds the write lock): if another
@@ -18,24 +19,30 @@
 //!   there are rows to keep.
 //! - A write of a job through this connection drops its row at once (a
 //!   later read in the same transaction goes to the database and sees the
-//!   write); a write-back that leaves the job running is staged in
-//!   `member`.
-//! - A member kept (`release`, or the next member joining) moves `member`
-//!   into `group`; a member undone (`ROLLBACK TO`) drops `member`.
-//! - `COMMIT` done: `group` and `member` become rows (if the version is
-//!   known). `ROLLBACK`: what was staged is dropped, the rows stay (the
-//!   database is back as it was at BEGIN, where they held, and the ones the
-//!   transaction wrote are gone already). A COMMIT that failed: every row
-//!   is dropped.
+//!   write) and stages its post-image if it leaves the job running, else a
+//!   mark to drop it (over anything staged for it before).
+//! - A member kept (`release`, or the next member joining) moves `kept` to
+//!   the end of `staged`; a member undone (`ROLLBACK TO`) cuts `staged`
+//!   back to `kept` (the database is back where those entries held).
+//! - `COMMIT` done: `staged` is applied to the rows in order (if the
+//!   version is known). `ROLLBACK`: what was staged is dropped, the rows
+//!   stay (the database is back as it was at BEGIN, where they held, and
+//!   the ones the transaction wrote are gone already). A COMMIT that
+//!   failed: every row is dropped.
 //!
 //! **Invariant.** A row in `rows` equals what the database holds for that
 //! job whenever a transaction of this connection holds the write lock: no
 //! other connection wrote since `seen` (data_version), and every write of
 //! this connection since either dropped the row or staged its exact
-//! post-image, which enters `rows` only with the COMMIT that made it true.
+//! post-image, which enters `rows` only with the COMMIT that made it true,
+//! unless a later write of the same transaction staged over it.
+//!
+//! The maps are keyed through [`IdHasher`](crate::hash::IdHasher), and a
+//! write costs one lookup and one push, a commit one insert per entry: a
+//! worker loop does this for every job it claims and settles.
 
 use crate::core::{JobId, JobRecord, JobState};
-use std::collections::HashMap;
+use crate::hash::IdMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -45,10 +52,13 @@ const ROWS_MAX: usize = 8_192;
 
 #[derive(Default)]
 pub(super) struct RowCache {
-    rows: HashMap<JobId, JobRecord>,
+    rows: IdMap<JobId, JobRecord>,
     seen: Option<i64>,
-    member: HashMap<JobId, JobRecord>,
-    group: HashMap<JobId, JobRecord>,
+    /// The open transaction's writes in order: a running post-image, or
+    /// `None` to drop the job.
+    staged: Vec<(JobId, Option<JobRecord>)>,
+    /// How many of `staged` come from members kept.
+    kept: usize,
     /// Reads served from `rows` (for tests and benchmarks).
     hits: Arc<AtomicU64>,
 }
@@ -58,8 +68,7 @@ impl RowCache {
     /// `data_version` (`None`: unknown, trust nothing), only if there are
     /// rows to check (a transaction of leases alone never pays for it).
     pub fn begin(&mut self, version: impl FnOnce() -> Option<i64>) {
-        self.member.clear();
-        self.group.clear();
+        self.rolled_back();
         if self.rows.is_empty() {
             self.seen = None;
             return;
@@ -76,7 +85,7 @@ impl RowCache {
     /// transaction: after the COMMIT another connection could already
     /// have written).
     pub fn before_commit(&mut self, version: impl FnOnce() -> Option<i64>) {
-        if self.seen.is_none() && !(self.member.is_empty() && self.group.is_empty()) {
+        if self.seen.is_none() && self.staged.iter().any(|(_, job)| job.is_some()) {
             self.seen = version();
         }
     }
@@ -104,41 +113,46 @@ impl RowCache {
     /// (every column was written from it, or it was read in this
     /// transaction and the columns not written are the ones read).
     pub fn wrote(&mut self, job: &JobRecord) {
-        self.forget(job.id);
-        if job.state == JobState::Running {
-            self.member.insert(job.id, job.clone());
-        }
+        self.rows.remove(&job.id);
+        let keep = (job.state == JobState::Running).then(|| job.clone());
+        self.staged.push((job.id, keep));
     }
 
     /// The open transaction changed or deleted `id` in a way not staged.
     pub fn forget(&mut self, id: JobId) {
         self.rows.remove(&id);
-        self.member.remove(&id);
-        self.group.remove(&id);
+        // Nothing staged: no earlier entry of this transaction to drop.
+        if !self.staged.is_empty() {
+            self.staged.push((id, None));
+        }
     }
 
     /// The running member's writes stay in the transaction.
     pub fn keep_member(&mut self) {
-        self.group.extend(self.member.drain());
+        self.kept = self.staged.len();
     }
 
     /// The running member's writes were undone (`ROLLBACK TO`).
     pub fn undo_member(&mut self) {
-        self.member.clear();
+        self.staged.truncate(self.kept);
     }
 
     /// The transaction committed: its staged rows now stand (kept if its
     /// version is known).
     pub fn committed(&mut self) {
-        self.keep_member();
         if self.seen.is_none() {
-            self.group.clear();
-            return;
+            return self.rolled_back();
         }
-        if self.rows.len() + self.group.len() > ROWS_MAX {
+        if self.rows.len() + self.staged.len() > ROWS_MAX {
             self.rows.clear();
         }
-        self.rows.extend(self.group.drain());
+        for (id, job) in self.staged.drain(..) {
+            match job {
+                Some(job) => self.rows.insert(id, job),
+                None => self.rows.remove(&id),
+            };
+        }
+        self.kept = 0;
     }
 
     /// The transaction was rolled back: what it staged is dropped. The
@@ -146,8 +160,8 @@ impl RowCache {
     /// so), the ones it wrote were dropped when it wrote them, and the
     /// ROLLBACK puts back the database as it was at that BEGIN.
     pub fn rolled_back(&mut self) {
-        self.member.clear();
-        self.group.clear();
+        self.staged.clear();
+        self.kept = 0;
     }
 
     /// The COMMIT failed (perhaps after reaching the file): drop
@@ -231,6 +245,31 @@ mod tests {
         assert_eq!(attempts(&c, 1), Some(2));
         assert_eq!(attempts(&c, 2), None);
         assert_eq!(attempts(&c, 3), Some(1));
+    }
+
+    #[test]
+    fn the_last_write_of_a_job_in_a_transaction_decides() {
+        let mut c = RowCache::default();
+        txn(&mut c, 1, |c| {
+            // Staged running, then dropped: not kept.
+            c.wrote(&job(1, JobState::Running, 1));
+            c.forget(JobId(1));
+            // Dropped, then staged running again: kept.
+            c.wrote(&job(2, JobState::Running, 1));
+            c.wrote(&job(2, JobState::Done, 1));
+            c.wrote(&job(2, JobState::Running, 2));
+            // A member drops job 3 and is undone: the kept member's
+            // post-image of job 3 is what the database holds again.
+            c.wrote(&job(3, JobState::Running, 1));
+            c.keep_member();
+            c.forget(JobId(3));
+            c.wrote(&job(4, JobState::Running, 1));
+            c.undo_member();
+        });
+        assert_eq!(attempts(&c, 1), None);
+        assert_eq!(attempts(&c, 2), Some(2));
+        assert_eq!(attempts(&c, 3), Some(1));
+        assert_eq!(attempts(&c, 4), None);
     }
 
     #[test]

@@ -13,10 +13,10 @@ use crate::core::{
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
+use crate::hash::{IdMap, IdSet};
 use crate::store::{after_text, holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
 use crate::Holder;
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 pub(super) struct SqlTxn<'c> {
@@ -28,7 +28,7 @@ pub(super) struct SqlTxn<'c> {
     leases: LeaseCache,
     /// Jobs read in this transaction: writing one back updates only the
     /// columns that can change (never the payload).
-    loaded: Vec<JobId>,
+    loaded: IdSet<JobId>,
     /// The wake-ups this member raised (delivered with its group) and
     /// its events.
     journal: Journal,
@@ -48,7 +48,7 @@ impl<'c> SqlTxn<'c> {
             rows,
             now_ms,
             leases: LeaseCache::default(),
-            loaded: Vec::new(),
+            loaded: IdSet::default(),
             journal: Journal::default(),
             update: None,
             insert: None,
@@ -336,9 +336,7 @@ impl Txn for SqlTxn<'_> {
 impl SqlTxn<'_> {
     /// Note `id` as read in this transaction (its write-back updates).
     fn remember(&mut self, id: JobId) {
-        if !self.loaded.contains(&id) {
-            self.loaded.push(id);
-        }
+        self.loaded.insert(id);
     }
 
     /// Run one of [`SCAN_SQL`] with its literals, calling `row` for each
@@ -403,8 +401,8 @@ impl SqlTxn<'_> {
 
     /// Jobs `ids` from the database, by id: one statement per chunk
     /// ([`BY_ID_WIDTHS`]), or one per job for a few.
-    fn read_by_id(&self, ids: &[JobId]) -> Result<HashMap<JobId, JobRecord>> {
-        let mut found = HashMap::with_capacity(ids.len());
+    fn read_by_id(&self, ids: &[JobId]) -> Result<IdMap<JobId, JobRecord>> {
+        let mut found = IdMap::with_capacity_and_hasher(ids.len(), Default::default());
         if ids.len() < BY_ID_WIDTHS[0] / 2 {
             for &id in ids {
                 found.extend(self.read_job(id)?.map(|job| (id, job)));

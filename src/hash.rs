@@ -1,0 +1,71 @@
+//! A hasher for maps keyed by the library's own ids ([`crate::core::JobId`],
+//! [`crate::client::machine::ClaimId`]): the worker loop's store thread
+//! looks such a key up several times per job, and the standard library's
+//! SipHash (built to resist keys an attacker chooses) was a few per cent
+//! of that thread. These keys are integers the store hands out, not
+//! input, so a multiply-and-rotate mix (each word folded in, then spread
+//! by an odd constant) is enough: a bijection of a single word, so distinct
+//! ids never collide in their full hash, and the high bits hashbrown's
+//! control bytes use depend on every bit of the key.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A map keyed by ids ([`IdHasher`]).
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+/// A set of ids ([`IdHasher`]).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
+
+/// 2^64 divided by the golden ratio, odd: multiplying by it spreads a
+/// word's low bits into its high ones.
+const SPREAD: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// See the module docs.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(23) ^ word).wrapping_mul(SPREAD);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::{BuildHasher, Hash};
+
+    fn hash(key: impl Hash) -> u64 {
+        BuildHasherDefault::<IdHasher>::default().hash_one(key)
+    }
+
+    #[test]
+    fn neighbouring_ids_spread_over_the_high_bits_and_never_collide() {
+        let hashes: HashSet<u64> = (0..100_000u64).map(hash).collect();
+        assert_eq!(hashes.len(), 100_000);
+        // hashbrown's control byte is the top 7 bits: consecutive ids
+        // must not share one.
+        let tops: HashSet<u64> = (0..128u64).map(|id| hash(id) >> 57).collect();
+        assert!(tops.len() > 64, "{} distinct of 128", tops.len());
+    }
+
+    #[test]
+    fn a_pair_depends_on_both_words_and_their_order() {
+        assert_ne!(hash((1u64, 2u64)), hash((2u64, 1u64)));
+        assert_ne!(hash((1u64, 2u64)), hash((1u64, 3u64)));
+        assert_ne!(hash(&b"abc"[..]), hash(&b"abd"[..]));
+    }
+}
