@@ -136,6 +136,46 @@ fn a_write_by_another_connection_is_seen_at_once() {
     same_from_copy(&a, &b, id, "after the renewal that saw the request");
 }
 
+/// A batch read (a settle's or a renewal round's) mixing jobs in the copy,
+/// jobs not in it and an id asked for twice answers every one, each the
+/// row as another connection reads it; a read takes the job out of the
+/// copy, so the next one goes to the file.
+#[test]
+fn a_batch_read_answers_every_id_asked_for_even_twice() {
+    let dir = Dir::new("batch");
+    let a = SqliteStore::open(dir.db()).unwrap();
+    let b = SqliteStore::open(dir.db()).unwrap();
+    let policy = QueuePolicy::default();
+    let queued = a
+        .txn(|tx| {
+            (0..3)
+                .map(|_| core::job::enqueue(tx, "q", &JobSpec::new("x"), &policy).map(|p| p.id))
+                .collect::<leasehold::Result<Vec<_>>>()
+        })
+        .unwrap();
+    let jobs = claim(&a, 2);
+    let (one, two, three) = (jobs[0].id, jobs[1].id, queued[2]);
+    assert!(
+        !jobs.iter().any(|j| j.id == three),
+        "job three stays queued"
+    );
+    let ids = [one, three, one, two, JobId(999_999), two];
+    let hits = a.row_copy_hits();
+    let read_a = a.txn(|tx| tx.jobs()?.jobs_by_id(&ids)).unwrap();
+    assert_eq!(
+        a.row_copy_hits() - hits,
+        2,
+        "jobs one and two from the copy"
+    );
+    let read_b = b.txn(|tx| tx.jobs()?.jobs_by_id(&ids)).unwrap();
+    let ids_of = |jobs: &[JobRecord]| jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+    assert_eq!(ids_of(&read_a), [one, three, one, two, two]);
+    assert_eq!(read_a, read_b);
+    let hits = a.row_copy_hits();
+    assert_eq!(read(&a, one), read(&b, one));
+    assert_eq!(a.row_copy_hits(), hits, "taken by the batch read");
+}
+
 #[test]
 fn a_rolled_back_write_leaves_the_row_as_it_was() {
     let dir = Dir::new("rollback");

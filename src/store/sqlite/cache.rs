@@ -95,9 +95,14 @@ impl RowCache {
         self.rows.contains_key(&id)
     }
 
-    /// `id` as this connection's last committed transaction left it.
-    pub fn get(&self, id: JobId) -> Option<JobRecord> {
-        let job = self.rows.get(&id).cloned();
+    /// `id` as this connection's last committed transaction left it,
+    /// taken out of the copy: the transaction reading it is about to
+    /// write it (a settle, a renewal), which would drop it anyway, and a
+    /// second read in the same transaction goes to the database, which
+    /// also sees what the transaction wrote. Dropping a row never breaks
+    /// the invariant.
+    pub fn take(&mut self, id: JobId) -> Option<JobRecord> {
+        let job = self.rows.remove(&id);
         if job.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -188,7 +193,7 @@ mod tests {
     }
 
     fn attempts(c: &RowCache, id: u64) -> Option<u32> {
-        c.get(JobId(id)).map(|j| j.attempts)
+        c.rows.get(&JobId(id)).map(|j| j.attempts)
     }
 
     /// One transaction that begins at `version` and commits.

@@ -477,7 +477,7 @@ impl JobTxn for SqlTxn<'_> {
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobRecord>> {
-        let job = match self.rows.get(id) {
+        let job = match self.rows.take(id) {
             Some(job) => Some(job),
             None => self.read_job(id)?,
         };
@@ -495,11 +495,16 @@ impl JobTxn for SqlTxn<'_> {
             .copied()
             .filter(|&id| !self.rows.has(id))
             .collect();
-        let found = self.read_by_id(&missing)?;
-        let jobs: Vec<JobRecord> = ids
-            .iter()
-            .filter_map(|id| found.get(id).cloned().or_else(|| self.rows.get(*id)))
-            .collect();
+        let mut found = self.read_by_id(&missing)?;
+        let mut jobs: Vec<JobRecord> = Vec::with_capacity(ids.len());
+        for &id in ids {
+            // An id asked for twice is served from its first answer.
+            let job = found
+                .remove(&id)
+                .or_else(|| self.rows.take(id))
+                .or_else(|| jobs.iter().find(|j| j.id == id).cloned());
+            jobs.extend(job);
+        }
         jobs.iter().for_each(|job| self.remember(job.id));
         Ok(jobs)
     }
