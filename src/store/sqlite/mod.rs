@@ -64,6 +64,7 @@ pub mod group;
 
 mod cache;
 mod conn;
+mod lease_rows;
 mod listing;
 mod rows;
 mod schedules;

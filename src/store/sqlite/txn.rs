@@ -1,4 +1,5 @@
-//! The transaction: lease and job reads and writes on the connection.
+//! The transaction: job reads and writes on the connection, and the lease
+//! records it holds (their rows: [`super::lease_rows`]).
 
 use super::cache::RowCache;
 use super::conn::sql_err;
@@ -9,13 +10,12 @@ use super::rows::{
 };
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
-    LeaseSlot, Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet, Txn,
+    Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet, Txn,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::hash::{IdMap, IdSet};
-use crate::store::{after_text, holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
-use crate::Holder;
+use crate::store::{after_text, i64_of, u64_of, LeaseCache};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::sync::Arc;
 
@@ -56,135 +56,9 @@ impl<'c> SqlTxn<'c> {
     }
 
     /// Write back what changed; the wake-ups raised.
-    pub(super) fn finish(mut self) -> Result<[bool; 2]> {
-        self.flush()?;
+    pub(super) fn finish(self) -> Result<[bool; 2]> {
+        super::lease_rows::write_back(self.conn, &self.leases)?;
         Ok(self.journal.woke())
-    }
-}
-
-/// The token of a key's head row in `lease_rows` (slots' tokens are never
-/// negative).
-const HEAD_TOKEN: i64 = -1;
-
-fn ctx_key(what: &str, key: &str) -> String {
-    format!("{what} lease {key:?}")
-}
-
-impl SqlTxn<'_> {
-    fn err<'a>(&self, what: &'a str) -> impl FnOnce(rusqlite::Error) -> Error + 'a {
-        move |e| sql_err(|| what.to_owned(), e)
-    }
-
-    /// The record of `key` in one statement: its rows of `lease_rows`,
-    /// the head (token -1) first, then the slots in token order. Slots
-    /// without a head are no record (a head is written with every grant).
-    fn load_lease(&self, key: &str) -> Result<Option<LeaseRecord>> {
-        let fail = |e| sql_err(|| ctx_key("reading", key), e);
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT token, last_token, lease_limit, holder, label, expires_at
-                 FROM lease_rows WHERE key = ?1 ORDER BY token",
-            )
-            .map_err(fail)?;
-        let mut rows = stmt.query([key]).map_err(fail)?;
-        let mut record: Option<LeaseRecord> = None;
-        let read = |r: &Row<'_>, record: &mut Option<LeaseRecord>| -> rusqlite::Result<()> {
-            let token: i64 = r.get(0)?;
-            if token == HEAD_TOKEN {
-                *record = Some(LeaseRecord {
-                    last_token: u64_of(r.get(1)?),
-                    limit: u32::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
-                    slots: Vec::new(),
-                });
-            } else if let Some(rec) = record {
-                let label: Option<String> = r.get(4)?;
-                rec.slots.push(LeaseSlot {
-                    token: u64_of(token),
-                    holder: Holder {
-                        id: holder_from(&r.get::<_, Vec<u8>>(3)?),
-                        label: label.map(|l| Arc::from(l.as_str())),
-                    },
-                    expires_at_ms: u64_of(r.get(5)?),
-                });
-            }
-            Ok(())
-        };
-        while let Some(r) = rows.next().map_err(fail)? {
-            read(r, &mut record).map_err(fail)?;
-        }
-        Ok(record)
-    }
-
-    /// Write back every lease record this transaction changed, as the
-    /// difference from what it read: the head only if its token or limit
-    /// moved, and only the slots added, dropped or changed (a release is
-    /// one DELETE, a renewal one UPDATE, a grant one INSERT and the head).
-    fn flush(&mut self) -> Result<()> {
-        for c in self.leases.changed() {
-            let key = c.key.as_str();
-            let fail = |e| sql_err(|| ctx_key("writing", key), e);
-            let (before, after) = (c.original.as_ref(), &c.record);
-            let head = |r: &LeaseRecord| (r.last_token, r.limit);
-            if before.map(head) != Some(head(after)) {
-                let last = i64_of(Field::Token, after.last_token)?;
-                self.conn
-                    .prepare_cached(
-                        "INSERT INTO lease_rows (key, token, last_token, lease_limit)
-                         VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT(key, token) DO UPDATE SET last_token = excluded.last_token,
-                                                               lease_limit = excluded.lease_limit",
-                    )
-                    .and_then(|mut s| s.execute(params![key, HEAD_TOKEN, last, after.limit]))
-                    .map_err(fail)?;
-            }
-            let old: &[LeaseSlot] = before.map_or(&[], |b| &b.slots);
-            for gone in old
-                .iter()
-                .filter(|o| !after.slots.iter().any(|n| n.token == o.token))
-            {
-                let token = i64_of(Field::Token, gone.token)?;
-                self.conn
-                    .prepare_cached("DELETE FROM lease_rows WHERE key = ?1 AND token = ?2")
-                    .and_then(|mut s| s.execute(params![key, token]))
-                    .map_err(fail)?;
-            }
-            for slot in &after.slots {
-                let token = i64_of(Field::Token, slot.token)?;
-                let expires = i64_of(Field::ExpiresAt, slot.expires_at_ms)?;
-                match old.iter().find(|o| o.token == slot.token) {
-                    Some(o) if o == slot => {}
-                    Some(o) if o.holder == slot.holder => {
-                        self.conn
-                            .prepare_cached(
-                                "UPDATE lease_rows SET expires_at = ?3 WHERE key = ?1 AND token = ?2",
-                            )
-                            .and_then(|mut s| s.execute(params![key, token, expires]))
-                            .map_err(fail)?;
-                    }
-                    found => {
-                        let sql = if found.is_some() {
-                            "INSERT OR REPLACE INTO lease_rows (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
-                        } else {
-                            "INSERT INTO lease_rows (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
-                        };
-                        self.conn
-                            .prepare_cached(sql)
-                            .and_then(|mut s| {
-                                s.execute(params![
-                                    key,
-                                    token,
-                                    &holder_bytes(slot.holder.id)[..],
-                                    slot.holder.label.as_deref(),
-                                    expires,
-                                ])
-                            })
-                            .map_err(fail)?;
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -287,7 +161,7 @@ impl Txn for SqlTxn<'_> {
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
         if !self.leases.contains(key) {
-            let loaded = self.load_lease(key)?;
+            let loaded = super::lease_rows::load(self.conn, key)?;
             if !self.leases.add(key, loaded, create) {
                 return Ok(None);
             }
@@ -313,7 +187,7 @@ impl Txn for SqlTxn<'_> {
             // A record this transaction changed is shown as changed.
             let record = match self.leases.get_mut(&key) {
                 Some(mine) => Some(mine.clone()),
-                None => self.load_lease(&key)?,
+                None => super::lease_rows::load(self.conn, &key)?,
             };
             if let Some(record) = record {
                 out.push((key, record));
@@ -334,6 +208,10 @@ impl Txn for SqlTxn<'_> {
 }
 
 impl SqlTxn<'_> {
+    fn err<'a>(&self, what: &'a str) -> impl FnOnce(rusqlite::Error) -> Error + 'a {
+        move |e| sql_err(|| what.to_owned(), e)
+    }
+
     /// Note `id` as read in this transaction (its write-back updates).
     fn remember(&mut self, id: JobId) {
         self.loaded.insert(id);
