@@ -190,9 +190,11 @@ fn failover(url: &str, lose: bool) -> (ByKey, ByKey, u64) {
     let granted_before = tokens.lock().unwrap().clone();
     std::thread::sleep(Duration::from_millis(300));
     pair(&["promote"]);
-    // The worker and the holders carry on on the promoted standby.
+    // The worker and the holders carry on on the promoted standby: all 40
+    // jobs end done there (the first 20 may already be, replicated
+    // before the failover, so waiting for 20 would not wait for the rest).
     push(&client, 20);
-    let ok = eventually(Duration::from_secs(30), || done(&client) >= 20);
+    let ok = eventually(Duration::from_secs(30), || done(&client) >= 40);
     assert!(ok, "no job ran after the failover ({} done)", done(&client));
     let after_count = |t: &BTreeMap<String, Vec<u64>>| t.values().map(Vec::len).sum::<usize>();
     let at_failover = after_count(&granted_before);
