@@ -227,7 +227,11 @@ def test_blocking_calls_release_the_gil(store_url, name):
 
 
 WAITER = """
-    import sys, time, leasehold
+    import signal, sys, time, leasehold
+    # What an interactive Python has; a process started in the background
+    # by a shell without job control (as a CI runner may be) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     store = leasehold.open(sys.argv[1])
     what = sys.argv[3]
     print("waiting", flush=True)
