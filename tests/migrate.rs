@@ -11,8 +11,12 @@
 
 #![allow(clippy::disallowed_methods)] // real time
 
+#[path = "support/dir.rs"]
+mod dir;
 #[path = "support/pg.rs"]
 mod pg;
+
+use dir::Dir;
 
 use leasehold::core::{Exported, LeaseRecord, ScheduleRecord};
 use leasehold::migrate::{migrate, MigrateOptions, MigrateReport};
@@ -24,33 +28,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn temp_db(tag: &str) -> (tempdir::Dir, String) {
-    let dir = tempdir::Dir::new(tag);
+fn temp_db(tag: &str) -> (Dir, String) {
+    let dir = Dir::new(&format!("migrate-{tag}"));
     let url = format!("sqlite:{}", dir.0.join("store.db").display());
     (dir, url)
-}
-
-mod tempdir {
-    pub struct Dir(pub std::path::PathBuf);
-    impl Dir {
-        pub fn new(tag: &str) -> Dir {
-            use std::sync::atomic::{AtomicU64, Ordering};
-            static N: AtomicU64 = AtomicU64::new(0);
-            let d = std::env::temp_dir().join(format!(
-                "leasehold-migrate-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::SeqCst)
-            ));
-            let _ = std::fs::remove_dir_all(&d);
-            std::fs::create_dir_all(&d).unwrap();
-            Dir(d)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// Everything a store holds, as the migration's own listing reads it

@@ -2,8 +2,12 @@
 
 #[macro_use]
 mod suite;
+#[path = "../support/dir.rs"]
+mod dir;
 #[path = "../support/pg.rs"]
 mod pg;
+
+pub use dir::Dir;
 
 mod mem {
     use leasehold::{ManualClock, MemStore, Store};
@@ -14,33 +18,9 @@ mod mem {
     });
 }
 
-/// A fresh directory under the system temp dir, removed when dropped.
-pub struct TempDir(pub std::path::PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "leasehold-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A store that keeps what it lives in (a temp directory, a schema) until
 /// it is dropped itself (fields drop in order: the store first).
-pub struct Kept<S, K = TempDir>(pub S, pub K);
+pub struct Kept<S, K = Dir>(pub S, pub K);
 
 impl<S: leasehold::Store, K: Send + Sync> leasehold::Store for Kept<S, K> {
     fn transact(
@@ -64,12 +44,12 @@ impl<S: leasehold::Store, K: Send + Sync> leasehold::Store for Kept<S, K> {
 }
 
 mod sqlite {
-    use super::{Kept, TempDir};
+    use super::{Dir, Kept};
     use leasehold::{ManualClock, SqliteOptions, SqliteStore, Store};
     use std::sync::Arc;
 
     conformance_cases!(|clock: &ManualClock| -> Arc<dyn Store> {
-        let dir = TempDir::new("conformance");
+        let dir = Dir::new("conformance");
         let opts = SqliteOptions {
             clock: Some(Arc::new(clock.clone())),
             boot_id: Some("test-boot".into()),
@@ -81,12 +61,12 @@ mod sqlite {
 }
 
 mod file {
-    use super::{Kept, TempDir};
+    use super::{Dir, Kept};
     use leasehold::{FileOptions, FileStore, ManualClock, Store};
     use std::sync::Arc;
 
     conformance_lease_cases!(|clock: &ManualClock| -> Arc<dyn Store> {
-        let dir = TempDir::new("conformance-file");
+        let dir = Dir::new("conformance-file");
         let opts = FileOptions {
             clock: Some(Arc::new(clock.clone())),
             boot_id: Some("test-boot".into()),

@@ -5,8 +5,12 @@
 #![cfg(not(loom))]
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests read real time and sleep
 
+#[path = "../support/dir.rs"]
+mod dir;
 #[path = "../support/pg.rs"]
 mod pg;
+
+use dir::Dir;
 
 mod cases;
 mod election;
@@ -20,25 +24,9 @@ pub struct Fresh {
     _keep: Box<dyn std::any::Any + Send>,
 }
 
-/// A fresh directory, removed when dropped.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn temp_dir(tag: &str) -> TempDir {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "leasehold-tokio-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    TempDir(dir)
+/// A fresh directory for the async tests, removed when dropped.
+fn temp_dir(tag: &str) -> Dir {
+    Dir::new(&format!("tokio-{tag}"))
 }
 
 /// Generates one `#[test]` per case for a store factory; `$guard` says
