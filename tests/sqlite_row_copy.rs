@@ -45,6 +45,18 @@ fn claim(store: &SqliteStore, n: usize) -> Vec<JobRecord> {
         .unwrap()
 }
 
+/// `n` plain jobs pushed to queue `q` in one transaction; their ids.
+fn push(store: &SqliteStore, n: usize) -> Vec<JobId> {
+    let policy = QueuePolicy::default();
+    store
+        .txn(|tx| {
+            (0..n)
+                .map(|_| core::job::enqueue(tx, "q", &JobSpec::new("x"), &policy).map(|p| p.id))
+                .collect::<leasehold::Result<Vec<_>>>()
+        })
+        .unwrap()
+}
+
 #[test]
 fn a_job_served_from_the_copy_is_the_row_in_every_running_state() {
     let dir = Dir::new("exact");
@@ -104,13 +116,7 @@ fn a_write_by_another_connection_is_seen_at_once() {
     let a = SqliteStore::open(dir.db()).unwrap();
     let b = SqliteStore::open(dir.db()).unwrap();
     let policy = QueuePolicy::default();
-    a.txn(|tx| {
-        for _ in 0..3 {
-            core::job::enqueue(tx, "q", &JobSpec::new("x"), &policy)?;
-        }
-        Ok(())
-    })
-    .unwrap();
+    push(&a, 3);
     let jobs = claim(&a, 3);
     let id = jobs[0].id;
     same_from_copy(&a, &b, id, "after the claim");
@@ -145,14 +151,7 @@ fn a_batch_read_answers_every_id_asked_for_even_twice() {
     let dir = Dir::new("batch");
     let a = SqliteStore::open(dir.db()).unwrap();
     let b = SqliteStore::open(dir.db()).unwrap();
-    let policy = QueuePolicy::default();
-    let queued = a
-        .txn(|tx| {
-            (0..3)
-                .map(|_| core::job::enqueue(tx, "q", &JobSpec::new("x"), &policy).map(|p| p.id))
-                .collect::<leasehold::Result<Vec<_>>>()
-        })
-        .unwrap();
+    let queued = push(&a, 3);
     let jobs = claim(&a, 2);
     let (one, two, three) = (jobs[0].id, jobs[1].id, queued[2]);
     assert!(
@@ -181,11 +180,7 @@ fn a_rolled_back_write_leaves_the_row_as_it_was() {
     let dir = Dir::new("rollback");
     let a = SqliteStore::open(dir.db()).unwrap();
     let b = SqliteStore::open(dir.db()).unwrap();
-    let policy = QueuePolicy::default();
-    let id = a
-        .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new("x"), &policy))
-        .unwrap()
-        .id;
+    let id = push(&a, 1)[0];
     let token = claim(&a, 1)[0].last_token;
     // Only this connection between the claim and the failed renewal (a
     // commit by `b` would drop the copy and hide a stale read).
@@ -217,17 +212,9 @@ fn a_member_undone_inside_a_group_commit_leaves_nothing_in_the_copy() {
     let dir = Dir::new("group");
     let store = std::sync::Arc::new(SqliteStore::open(dir.db()).unwrap());
     let observer = SqliteStore::open(dir.db()).unwrap();
-    let policy = QueuePolicy::default();
     const THREADS: usize = 8;
     const PER_THREAD: usize = 40;
-    store
-        .txn(|tx| {
-            for _ in 0..THREADS * PER_THREAD {
-                core::job::enqueue(tx, "q", &JobSpec::new("x"), &policy)?;
-            }
-            Ok(())
-        })
-        .unwrap();
+    push(&store, THREADS * PER_THREAD);
     let jobs = claim(&store, THREADS * PER_THREAD);
     assert_eq!(jobs.len(), THREADS * PER_THREAD);
     // The threads' transactions of one group have different fates.
