@@ -1,6 +1,7 @@
 //! The listings people look at (`leasehold ui`, `lock list`, `queue
-//! queues`): held keys, queue names, one state's jobs a page at a time,
-//! capped counts and the finished jobs per interval. Each statement reads
+//! queues`, `queue status`, `queue list`): held keys, queue names, one
+//! state's jobs a page at a time, a queue's jobs in id order, counts (all,
+//! or capped) and the finished jobs per interval. Each statement reads
 //! one index in its order (a unit test checks the plans), so a page costs
 //! its own rows whatever else the database holds.
 //!
@@ -12,10 +13,10 @@
 //! those states.
 
 use super::conn::sql_err;
-use super::rows::{job_from_row_at, JOB_COLUMNS};
-use crate::core::{JobCursor, JobPeek, JobState, StateCounts};
-use crate::error::Result;
-use crate::store::u64_of;
+use super::rows::{job_from_row, job_from_row_at, state_of, JOB_COLUMNS};
+use crate::core::{JobCursor, JobId, JobPeek, JobRecord, JobState, StateCounts};
+use crate::error::{Field, Result};
+use crate::store::{i64_of, u64_of};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 /// The listings' own indexes, created on open if missing.
@@ -211,6 +212,87 @@ pub(super) fn counts_capped(conn: &Connection, queue: &str, cap: u64) -> Result<
     Ok(StateCounts(row.map(u64_of)))
 }
 
+/// A queue's live jobs per state, each read from one band of `jobs_bands`
+/// (no index is kept just for counting: every state change would have to
+/// update it).
+pub(super) const COUNTS_LIVE: [(JobState, &str); 4] = [
+    (
+        JobState::Ready,
+        "SELECT count(*) FROM jobs WHERE queue = ?1 AND band >= 3 AND band <= 4",
+    ),
+    (
+        JobState::Scheduled,
+        "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 5",
+    ),
+    (
+        JobState::Running,
+        "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 2",
+    ),
+    (
+        JobState::Waiting,
+        "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 6",
+    ),
+];
+
+/// A queue's finished jobs per state: the finished band.
+pub(super) const COUNTS_FINISHED: &str = "SELECT state, count(*) FROM jobs INDEXED BY jobs_bands
+     WHERE queue = ?1 AND band = 1 GROUP BY state";
+
+/// Jobs of `queue` per state, all of them.
+pub(super) fn counts(conn: &Connection, queue: &str) -> Result<StateCounts> {
+    let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
+    let mut counts = StateCounts::default();
+    for (state, sql) in COUNTS_LIVE {
+        let n: i64 = conn
+            .prepare_cached(sql)
+            .and_then(|mut s| s.query_row([queue], |r| r.get(0)))
+            .map_err(fail)?;
+        counts.add(state, n);
+    }
+    let mut stmt = conn.prepare_cached(COUNTS_FINISHED).map_err(fail)?;
+    let rows = stmt
+        .query_map([queue], |r| {
+            Ok((state_of(0, r.get(0)?)?, r.get::<_, i64>(1)?))
+        })
+        .map_err(fail)?;
+    for row in rows {
+        let (state, n) = row.map_err(fail)?;
+        counts.add(state, n);
+    }
+    Ok(counts)
+}
+
+/// A queue's jobs after an id, in id order, in one state (`?3`) or all
+/// (`?3` below zero). It reads the queue's rows in `jobs_bands` and sorts
+/// them (by id, keeping the first `?4`): a page costs the whole queue
+/// (about 20 ms for 200,000 jobs). The pages people browse are
+/// [`page`]'s, in each state's own order.
+fn list_sql() -> String {
+    format!(
+        "SELECT {JOB_COLUMNS} FROM jobs WHERE queue = ?1 AND id > ?2 AND (?3 < 0 OR state = ?3) ORDER BY id LIMIT ?4"
+    )
+}
+
+/// Up to `limit` jobs of `queue` after id `after` in id order, optionally
+/// in one state.
+pub(super) fn list(
+    conn: &Connection,
+    queue: &str,
+    state: Option<JobState>,
+    after: JobId,
+    limit: usize,
+) -> Result<Vec<JobRecord>> {
+    let fail = |e| sql_err(|| format!("listing queue {queue:?}"), e);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let after = i64_of(Field::After, after.0)?;
+    let state = state.map_or(-1, |s| i64::from(s.code()));
+    let mut stmt = conn.prepare_cached(&list_sql()).map_err(fail)?;
+    let rows = stmt
+        .query_map(params![queue, after, state, limit], job_from_row)
+        .map_err(fail)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+}
+
 /// Terminal jobs finished in `[?2, ?3)`: all of them (the finished band),
 /// the dead and the cancelled (their own indexes); done is the rest. A
 /// `count(*)` over an index range (no grouping, no column read) is about
@@ -287,29 +369,42 @@ pub(super) fn reserve_job_ids(conn: &Connection, last: u64) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// Every listing statement reads an index: no full scan of `jobs`, and
-    /// pages need no sort.
+    /// The plan of `sql`, one line per step (parameters left unbound:
+    /// the plans do not depend on them).
+    fn plan(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let mut rows = stmt.raw_query();
+        let mut plan = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            plan.push(row.get::<_, String>(3).unwrap());
+        }
+        plan
+    }
+
+    /// Every listing statement reads an index: no full scan of `jobs`; and
+    /// pages need no sort (a whole queue's counts group at most three
+    /// finished states, its id-ordered list sorts: see [`list_sql`]).
     #[test]
     fn every_listing_statement_reads_an_index() {
         let conn = Connection::open_in_memory().unwrap();
         super::super::schema::check_schema(&conn, "memory").unwrap();
         ensure_indexes(&conn, "memory").unwrap();
         let cols = JOB_COLUMNS.replacen("payload", "coalesce(substr(payload, 1, ?6), x'')", 1);
-        let mut statements: Vec<String> = PAGE_SQL
+        let mut pages: Vec<String> = PAGE_SQL
             .iter()
             .map(|s| s.replacen("{cols}", &cols, 1))
             .collect();
-        statements.push(NEXT_QUEUE.to_owned());
-        statements.extend(HISTOGRAM.iter().map(|s| s.to_string()));
-        statements.extend([COUNTS_CAPPED, LEASE_KEYS].map(str::to_owned));
-        for sql in &statements {
-            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            // Parameters left unbound (NULL): the plan does not depend on them.
-            let mut rows = stmt.raw_query();
-            let mut plan = Vec::new();
-            while let Some(row) = rows.next().unwrap() {
-                plan.push(row.get::<_, String>(3).unwrap());
-            }
+        pages.push(NEXT_QUEUE.to_owned());
+        pages.extend(HISTOGRAM.iter().map(|s| s.to_string()));
+        pages.extend([COUNTS_CAPPED, LEASE_KEYS].map(str::to_owned));
+        pages.extend(COUNTS_LIVE.iter().map(|(_, s)| s.to_string()));
+        let whole = [COUNTS_FINISHED.to_owned(), list_sql()];
+        for (sql, sorts) in pages
+            .iter()
+            .map(|s| (s, false))
+            .chain(whole.iter().map(|s| (s, true)))
+        {
+            let plan = plan(&conn, sql);
             for line in &plan {
                 let reads_table = line.contains(" jobs") || line.contains(" lease_rows");
                 if reads_table {
@@ -319,18 +414,11 @@ mod tests {
                         "{sql}\n{plan:#?}"
                     );
                 }
-                assert!(!line.contains("TEMP B-TREE"), "{sql}\n{plan:#?}");
+                assert!(sorts || !line.contains("TEMP B-TREE"), "{sql}\n{plan:#?}");
             }
         }
         // The dead and cancelled pages use their own indexes.
-        let mut stmt = conn
-            .prepare(&format!(
-                "EXPLAIN QUERY PLAN {}",
-                PAGE_SQL[5].replacen("{cols}", "id", 1)
-            ))
-            .unwrap();
-        let mut rows = stmt.raw_query();
-        let plan: String = rows.next().unwrap().unwrap().get(3).unwrap();
-        assert!(plan.contains("jobs_dead"), "{plan}");
+        let plan = plan(&conn, &PAGE_SQL[5].replacen("{cols}", "id", 1));
+        assert!(plan[0].contains("jobs_dead"), "{plan:#?}");
     }
 }

@@ -5,8 +5,8 @@ use super::cache::RowCache;
 use super::conn::sql_err;
 use super::listing;
 use super::rows::{
-    job_from_row, job_from_row_at, sql_quote, state_of, JobRow, BY_ID_SQL, BY_ID_WIDTHS,
-    JOB_COLUMNS, SCAN_SQL,
+    job_from_row, job_from_row_at, sql_quote, JobRow, BY_ID_SQL, BY_ID_WIDTHS, JOB_COLUMNS,
+    SCAN_SQL,
 };
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
@@ -606,53 +606,7 @@ impl JobTxn for SqlTxn<'_> {
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {
-        // Each count reads one band of `jobs_bands` (no index is kept just
-        // for counting: every state change would have to update it).
-        const LIVE: [(JobState, &str); 4] = [
-            (
-                JobState::Ready,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band >= 3 AND band <= 4",
-            ),
-            (
-                JobState::Scheduled,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 5",
-            ),
-            (
-                JobState::Running,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 2",
-            ),
-            (
-                JobState::Waiting,
-                "SELECT count(*) FROM jobs WHERE queue = ?1 AND band = 6",
-            ),
-        ];
-        let fail = |e| sql_err(|| format!("counting queue {queue:?}"), e);
-        let mut counts = StateCounts::default();
-        for (state, sql) in LIVE {
-            let n: i64 = self
-                .conn
-                .prepare_cached(sql)
-                .and_then(|mut s| s.query_row([queue], |r| r.get(0)))
-                .map_err(fail)?;
-            counts.add(state, n);
-        }
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT state, count(*) FROM jobs INDEXED BY jobs_bands
-                 WHERE queue = ?1 AND band = 1 GROUP BY state",
-            )
-            .map_err(fail)?;
-        let rows = stmt
-            .query_map([queue], |r| {
-                Ok((state_of(0, r.get(0)?)?, r.get::<_, i64>(1)?))
-            })
-            .map_err(fail)?;
-        for row in rows {
-            let (state, n) = row.map_err(fail)?;
-            counts.add(state, n);
-        }
-        Ok(counts)
+        listing::counts(self.conn, queue)
     }
 
     fn list(
@@ -662,18 +616,7 @@ impl JobTxn for SqlTxn<'_> {
         after: JobId,
         limit: usize,
     ) -> Result<Vec<JobRecord>> {
-        let fail = |e| sql_err(|| format!("listing queue {queue:?}"), e);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let after = i64_of(Field::After, after.0)?;
-        let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE queue = ?1 AND id > ?2 AND (?3 < 0 OR state = ?3) ORDER BY id LIMIT ?4"
-        );
-        let state = state.map_or(-1, |s| i64::from(s.code()));
-        let mut stmt = self.conn.prepare_cached(&sql).map_err(fail)?;
-        let rows = stmt
-            .query_map(params![queue, after, state, limit], job_from_row)
-            .map_err(fail)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+        listing::list(self.conn, queue, state, after, limit)
     }
 
     fn queue_names(&mut self, after: &str, limit: usize, out: &mut Vec<String>) -> Result<()> {
