@@ -13,6 +13,7 @@
 
 mod deps;
 mod flow;
+mod operator;
 mod progress;
 mod rate;
 mod rules;
@@ -22,6 +23,7 @@ mod view;
 
 pub use deps::MAX_AFTER;
 pub use flow::*;
+pub use operator::*;
 pub use progress::{record_progress, Progress, MAX_PROGRESS_MESSAGE};
 pub use rate::{Rate, RateLog, MAX_RATE, MAX_WINDOW_MS, QUEUE_BUCKET};
 pub use rules::*;
