@@ -27,6 +27,7 @@ mod lifetime;
 mod scheduler;
 mod worker;
 mod worker_check;
+mod worker_ends;
 mod worker_io;
 mod worker_replies;
 
