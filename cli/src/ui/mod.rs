@@ -5,7 +5,8 @@
 //!   read the store ([`read::Reader`]), who may ask ([`guard::Guard`]:
 //!   token, CSRF token, host names) and the options. Nothing else lives
 //!   between requests: every answer is read fresh from the store.
-//! - **Answers**: pages rendered on the server ([`pages`]); the same
+//! - **Answers**: pages rendered on the server ([`pages`], in the frame
+//!   of [`frame`]); the same
 //!   page's `<main>` alone when its script asks for a refresh (header
 //!   `X-Leasehold-Fragment`); the JSON API under `/api` (the same reads,
 //!   the CLI's JSON shapes); actions (POST, after a confirmation page);
@@ -19,6 +20,7 @@
 
 mod api;
 mod assets;
+mod frame;
 mod guard;
 mod html;
 mod pages;
@@ -124,7 +126,7 @@ impl IntoResponse for UiError {
     /// A page that says what went wrong (the JSON API answers its own way).
     fn into_response(self) -> Response {
         let (status, message) = self.status();
-        let page = pages::error_page(status, &message, matches!(self, UiError::Unauthorized));
+        let page = frame::error_page(status, &message, matches!(self, UiError::Unauthorized));
         (status, axum::response::Html(page)).into_response()
     }
 }

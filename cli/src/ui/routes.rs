@@ -7,8 +7,9 @@
 //! shows the result (so reloading it repeats nothing).
 
 use super::api;
+use super::frame::{self, Confirm, Frame, Nav};
 use super::html::Href;
-use super::pages::{self, Confirm, Frame, Nav};
+use super::pages;
 use super::read::{blocking, Reader};
 use super::{guard, Ui, UiError};
 use axum::extract::{Form, Path, Query, State};
@@ -92,8 +93,8 @@ async fn queues_page(
     let after = q.after.unwrap_or_default();
     let view = read(&ui, move |r| r.overview(&after)).await?;
     let f = frame(&ui, &headers, Nav::Queues, true);
-    Ok(Page(pages::layout(&f, "Queues", |h| {
-        pages::notice(h, q.done.done.as_deref(), q.done.n);
+    Ok(Page(frame::layout(&f, "Queues", |h| {
+        frame::notice(h, q.done.done.as_deref(), q.done.n);
         pages::queues(h, &ui, &view);
     })))
 }
@@ -137,7 +138,7 @@ async fn jobs_page(
     let queue = q.queue.filter(|s| !s.is_empty());
     let view = read(&ui, move |r| r.jobs(queue.as_deref(), state, after, limit)).await?;
     let f = frame(&ui, &headers, Nav::Jobs, true);
-    Ok(Page(pages::layout(&f, "Jobs", |h| {
+    Ok(Page(frame::layout(&f, "Jobs", |h| {
         pages::jobs(h, &view, after)
     })))
 }
@@ -158,7 +159,7 @@ async fn job_page(
     let view = read(&ui, move |r| r.job(id)).await?;
     let f = frame(&ui, &headers, Nav::Jobs, true);
     let title = format!("Job {id}");
-    Ok(Page(pages::layout(&f, &title, |h| {
+    Ok(Page(frame::layout(&f, &title, |h| {
         pages::job(h, &ui, &view, done.done.as_deref())
     })))
 }
@@ -172,7 +173,7 @@ async fn leases_page(
     let shown = after.clone();
     let view = read(&ui, move |r| r.leases(&after)).await?;
     let f = frame(&ui, &headers, Nav::Leases, true);
-    Ok(Page(pages::layout(&f, "Leases", |h| {
+    Ok(Page(frame::layout(&f, "Leases", |h| {
         pages::leases(h, &view, &shown)
     })))
 }
@@ -244,8 +245,8 @@ async fn confirm_job(
         back: Href::path("/jobs/", id, ""),
     };
     let f = frame(&ui, &headers, Nav::Jobs, false);
-    Ok(Page(pages::layout(&f, title, |h| {
-        pages::confirm(h, &ui, &c)
+    Ok(Page(frame::layout(&f, title, |h| {
+        frame::confirm(h, &ui, &c)
     })))
 }
 
@@ -291,8 +292,8 @@ async fn confirm_pause(
         back: Href::new("/queues"),
     };
     let f = frame(&ui, &headers, Nav::Queues, false);
-    Ok(Page(pages::layout(&f, verb, |h| {
-        pages::confirm(h, &ui, &c)
+    Ok(Page(frame::layout(&f, verb, |h| {
+        frame::confirm(h, &ui, &c)
     })))
 }
 
@@ -366,8 +367,8 @@ async fn confirm_purge(
         back: Href::new("/queues"),
     };
     let f = frame(&ui, &headers, Nav::Queues, false);
-    Ok(Page(pages::layout(&f, "Purge", |h| {
-        pages::confirm(h, &ui, &c)
+    Ok(Page(frame::layout(&f, "Purge", |h| {
+        frame::confirm(h, &ui, &c)
     })))
 }
 
