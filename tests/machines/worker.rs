@@ -1150,6 +1150,40 @@ fn draining_asks_at_once_when_the_last_outcome_settles_after_an_empty_claim() {
     assert!(!requests(&drain(&mut m)).contains(&WorkerRequest::DrainCheck));
 }
 
+/// A queued job whose run-time limit passes leaves the queue alone, and
+/// the jobs queued behind it start in their turn.
+#[test]
+fn a_queued_job_past_its_limit_fails_and_the_rest_stay_queued() {
+    let mut m = WorkerMachine::new(worker(1, 2, 64), LocalMs(0));
+    drain(&mut m);
+    let timed = JobRecord {
+        timeout_ms: Some(1_000),
+        ..job(2, 1)
+    };
+    m.handle_reply(
+        LocalMs(1),
+        WorkerReply::Claimed(Ok(vec![job(1, 1), timed, job(3, 1)])),
+    );
+    assert_eq!(started(&drain(&mut m)), [1]);
+    let limit = leasehold::core::local_deadline_ms(0, 1_000, DRIFT);
+    m.handle_timeout(LocalMs(limit));
+    let mut all = drain(&mut m);
+    assert!(started(&all).is_empty(), "job 1 still runs: {all:?}");
+    m.handler_done(LocalMs(limit + 1), c(1, 1), Ok(()));
+    let a = drain(&mut m);
+    assert_eq!(started(&a), [3], "{a:?}");
+    all.extend(a);
+    // The completer flushes within its delay.
+    m.handle_timeout(LocalMs(limit + 10));
+    all.extend(drain(&mut m));
+    let sent: Vec<(JobId, u64, Settle)> = settles(&all).concat();
+    assert!(
+        sent.iter().any(|(id, _, s)| *id == JobId(2)
+            && matches!(s, Settle::Fail(r) if r.contains("timed out before it started"))),
+        "{sent:?}"
+    );
+}
+
 /// F3 on the worker's side: a running job with a run-time limit is
 /// stopped when the limit passes on the worker's clock (its claim's send
 /// time plus the limit, less the drift allowance), whatever the renewals

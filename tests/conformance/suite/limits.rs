@@ -138,7 +138,8 @@ pub fn queue_per_key_limit_runs_one_per_key(make: &Make) {
 
 /// The claim that finds a full key's running job expired (its holder
 /// died) starts that key's waiting job in the same claim; a waiting job
-/// given the slot and then cancelled passes it on.
+/// given the slot and then cancelled passes it on; a cancel of a job
+/// holding no slot passes nothing on.
 pub fn queue_per_key_slot_frees_on_expiry_and_cancel(make: &Make) {
     let w = World::new(make);
     assert!(set_limits(&w, "q", Limits::none().with_per_key(Some(1))));
@@ -159,6 +160,20 @@ pub fn queue_per_key_slot_frees_on_expiry_and_cancel(make: &Make) {
         .unwrap();
     assert!(!w.get(a[3]).parked);
     assert_eq!(ids(&w.claim("q", 3, 1_000, 10)), [a[3]]);
+    // A cancel passes on only a slot its job held: not a running job's
+    // (it keeps running until its worker sees the request), nor a waiting
+    // job's that had none.
+    let b: Vec<JobId> = (4..6)
+        .map(|i| w.push("q", keyed("a", &format!("a{i}"))))
+        .collect();
+    assert!(w.claim("q", 4, 1_000, 10).is_empty(), "a3 runs");
+    assert!(w.get(b[0]).parked && w.get(b[1]).parked);
+    let cancel = |id| w.tx(|tx| core::job::cancel(tx, id, &QueuePolicy::default()));
+    assert_eq!(cancel(a[3]).unwrap(), JobState::Running);
+    assert!(w.get(b[0]).parked, "a3 still holds the slot");
+    assert_eq!(cancel(b[1]).unwrap(), JobState::Cancelled);
+    assert!(w.get(b[0]).parked, "a5 held no slot");
+    assert!(w.claim("q", 4, 1_000, 10).is_empty());
 }
 
 /// A worker's batch of outcomes frees slots as single settles do, each
