@@ -14,6 +14,11 @@
 //! rules. The `work_loop` rows run `Queue::work` instead of bare claim and
 //! complete.
 //!
+//! The `postgres_txn_forms` rows time one transaction on one row in the
+//! shapes it can take: an autocommit `UPDATE`, and a read `FOR UPDATE`
+//! with the `UPDATE` in one round trip or in two (the library's per-call
+//! shape, its rules running between them).
+//!
 //! After the criterion rows (only under `cargo bench`; `LEASEHOLD_BENCH_COST=0`
 //! leaves it out, `=TEXT` keeps the rows whose name holds TEXT), a cost table: per job, the server's CPU (all
 //! PostgreSQL processes of the machine, exited backends included, and the
@@ -310,6 +315,65 @@ fn commit_ceiling(url: &str, iters: u64, threads: usize) -> Duration {
         h.join().unwrap();
     }
     start.elapsed()
+}
+
+/// The shapes one transaction on one row can take, one connection, one
+/// thread, `iters` transactions: what a per-call transaction of the
+/// library costs against a bare statement, and how much of that is the
+/// second round trip. The statement is the same `UPDATE` in each.
+#[derive(Clone, Copy, Debug)]
+enum TxnForm {
+    /// One autocommit `UPDATE` (what the hand-written loop sends).
+    Autocommit,
+    /// `BEGIN`, the row read `FOR UPDATE`, the `UPDATE`, `COMMIT`: one
+    /// round trip (a simple query of four statements).
+    ReadLockWriteOneTrip,
+    /// The same in two round trips, the library's shape (the rules run
+    /// between them): `BEGIN` with the read, then the write with `COMMIT`.
+    ReadLockWriteTwoTrips,
+}
+
+fn txn_form(url: &str, iters: u64, form: TxnForm) -> Duration {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let rows = format!("{SCHEMA}_ceiling.rows");
+    let read = format!("BEGIN; SELECT n FROM {rows} WHERE id = 0 FOR UPDATE");
+    let write = format!("UPDATE {rows} SET n = n + 1 WHERE id = 0");
+    let both = format!("{read}; {write}; COMMIT");
+    let write_commit = format!("{write}; COMMIT");
+    let start = Instant::now();
+    for _ in 0..iters {
+        match form {
+            TxnForm::Autocommit => c.batch_execute(&write),
+            TxnForm::ReadLockWriteOneTrip => c.batch_execute(&both),
+            TxnForm::ReadLockWriteTwoTrips => c
+                .batch_execute(&read)
+                .and_then(|()| c.batch_execute(&write_commit)),
+        }
+        .unwrap();
+    }
+    start.elapsed()
+}
+
+fn txn_forms(c: &mut Criterion, url: &str) {
+    let mut g = c.benchmark_group("postgres_txn_forms");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    g.warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(3));
+    for (name, form) in [
+        ("autocommit_update", TxnForm::Autocommit),
+        (
+            "read_lock_write/one_round_trip",
+            TxnForm::ReadLockWriteOneTrip,
+        ),
+        (
+            "read_lock_write/two_round_trips",
+            TxnForm::ReadLockWriteTwoTrips,
+        ),
+    ] {
+        g.bench_function(name, |b| b.iter_custom(|n| txn_form(url, n, form)));
+    }
+    g.finish();
 }
 
 fn setup(url: &str) {
@@ -660,6 +724,7 @@ fn main() {
         return;
     };
     setup(&url);
+    txn_forms(&mut c, &url);
     workers(&mut c, &url);
     c.final_summary();
     if std::env::args().any(|a| a == "--bench") {
