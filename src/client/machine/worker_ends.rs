@@ -1,8 +1,10 @@
 //! How a [`WorkerMachine`]'s held job ends (rules as in `worker.rs`): its
 //! handler returns, its local deadline or its run-time limit passes, the
-//! store refuses its claim, or shutdown's grace runs out. Every end but a
-//! loss the store decided puts an outcome in the completer, to be settled
-//! in the next batch; a loss goes out at once (`WorkerAction::Settled`).
+//! store refuses its claim, or shutdown's grace runs out. A handler's
+//! outcome, a passed run-time limit, a queued job's passed deadline and
+//! shutdown's give-back put an outcome in the completer, settled in the
+//! next batch; a loss (a running job's deadline passed, or the store
+//! refused the claim) goes out at once (`WorkerAction::Settled`, lost).
 
 use super::worker::{ClaimId, HandlerOutcome, JobOutcome, StopWhy, WorkerAction, WorkerMachine};
 use crate::core::job::Settle;
