@@ -1,6 +1,7 @@
-//! `Job`: a claimed job, its fields and the calls that settle or renew
-//! it, whether claimed by `Queue.claim` or lent to a `Queue.work`
-//! handler for the call.
+//! `Job`: a claimed job, whether claimed by `Queue.claim` or lent to a
+//! `Queue.work` handler for the call: its fields, whether its claim is
+//! still valid (and a cancel requested), its progress reports, and the
+//! calls that settle it (complete, fail, give back).
 
 use super::*;
 

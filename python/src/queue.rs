@@ -1,7 +1,8 @@
-//! `Queue`: a queue of a store, its pushes, claims and listings, and
-//! `Queue.work`: the crate's worker loop on a thread of its own, calling
-//! the Python handler (which takes the GIL for each call) while the
-//! caller's thread waits without it, looking for signals.
+//! `Queue`: a queue of a store: pushes, claims, its counts, pause and
+//! limits, a job by id and its cancel; and `Queue.work`, the crate's
+//! worker loop on a thread of its own, calling the Python handler (which
+//! takes the GIL for each call) while the caller's thread waits without
+//! it, looking for signals.
 
 use super::*;
 

@@ -1,8 +1,9 @@
 //! What an operator does to jobs (`leasehold queue cancel`, `retry`,
 //! `purge`, the dashboard's buttons): cancel one, give a dead or cancelled
-//! one a fresh start, delete the old finished ones. The rules are the
-//! queue's (Q1-Q5, F1): a cancel frees a concurrency slot its job held, a
-//! retry keeps a unique key unique and waits again for the jobs it names.
+//! one a fresh start, delete the old finished ones, under the queue's
+//! rules: a cancel passes on a concurrency slot its job held (F1), a retry
+//! keeps a unique key unique (U1) and waits again for the jobs it names
+//! (D1).
 
 use super::flow::slot_freed;
 use super::rate::MAX_WINDOW_MS;

@@ -1,9 +1,11 @@
 //! The listings people look at (`leasehold ui`, `lock list`, `queue
-//! queues`, `queue status`, `queue list`): held keys, queue names, one
+//! queues`, `queue stats`, `queue list`): held keys, queue names, one
 //! state's jobs a page at a time, a queue's jobs in id order, counts (all,
-//! or capped) and the finished jobs per interval. Each statement reads
-//! one index in its order (a unit test checks the plans), so a page costs
-//! its own rows whatever else the database holds.
+//! or capped) and the finished jobs per interval. Every statement reads
+//! an index (a unit test checks the plans). A page's statements read one
+//! index in its order, so a page costs its own rows whatever else the
+//! database holds; the whole queue's counts and its id-ordered list cost
+//! the queue's rows.
 //!
 //! Every state's jobs are one band (or two: ready and parked) of
 //! `jobs_bands` (schema v15). Two partial indexes serve the dead and the
