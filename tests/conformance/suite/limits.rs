@@ -156,8 +156,7 @@ pub fn queue_per_key_slot_frees_on_expiry_and_cancel(make: &Make) {
     // a2 has the slot; cancelled before any claim, it passes it to a3.
     assert!(!w.get(a[2]).parked);
     assert!(w.get(a[3]).parked);
-    w.tx(|tx| core::job::cancel(tx, a[2], &QueuePolicy::default()))
-        .unwrap();
+    assert_eq!(w.cancel(a[2]), JobState::Cancelled);
     assert!(!w.get(a[3]).parked);
     assert_eq!(ids(&w.claim("q", 3, 1_000, 10)), [a[3]]);
     // A cancel passes on only a slot its job held: not a running job's
@@ -168,10 +167,9 @@ pub fn queue_per_key_slot_frees_on_expiry_and_cancel(make: &Make) {
         .collect();
     assert!(w.claim("q", 4, 1_000, 10).is_empty(), "a3 runs");
     assert!(w.get(b[0]).parked && w.get(b[1]).parked);
-    let cancel = |id| w.tx(|tx| core::job::cancel(tx, id, &QueuePolicy::default()));
-    assert_eq!(cancel(a[3]).unwrap(), JobState::Running);
+    assert_eq!(w.cancel(a[3]), JobState::Running);
     assert!(w.get(b[0]).parked, "a3 still holds the slot");
-    assert_eq!(cancel(b[1]).unwrap(), JobState::Cancelled);
+    assert_eq!(w.cancel(b[1]), JobState::Cancelled);
     assert!(w.get(b[0]).parked, "a5 held no slot");
     assert!(w.claim("q", 4, 1_000, 10).is_empty());
 }
