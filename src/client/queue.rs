@@ -40,6 +40,24 @@ impl Queue {
         })
     }
 
+    /// Enqueue many jobs in one transaction (one commit, one fsync, for
+    /// all), in order: all of them or, if one is refused, none. Each
+    /// outcome is what [`Queue::push`] of that spec would return (a unique
+    /// key repeated in the batch returns the first job's id). At most
+    /// [`MAX_BATCH`](crate::core::MAX_BATCH) jobs a call; an error names
+    /// the spec at fault by its place in `specs` (from 0). An empty batch
+    /// does nothing.
+    pub fn push_many(&self, specs: &[JobSpec]) -> Result<Vec<EnqueueOutcome>> {
+        if specs.is_empty() {
+            self.client.inner.fork.check()?;
+            return Ok(Vec::new());
+        }
+        let policy = self.client.inner.policy;
+        self.client.run("enqueue", |tx| {
+            core::job::enqueue_many(tx, &self.name, specs, &policy)
+        })
+    }
+
     /// Enqueue a job inside the caller's own PostgreSQL transaction: the
     /// job exists when `tx` commits and never if it rolls back (or a
     /// savepoint it was pushed in does); idle workers wake at the commit.

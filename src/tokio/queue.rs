@@ -44,6 +44,12 @@ impl Queue {
         self.call(move |q| q.push(&spec)).await
     }
 
+    /// Enqueue many jobs in one transaction ([`crate::Queue::push_many`]).
+    pub async fn push_many(&self, specs: &[JobSpec]) -> Result<Vec<EnqueueOutcome>> {
+        let specs = specs.to_vec();
+        self.call(move |q| q.push_many(&specs)).await
+    }
+
     /// [`crate::Queue::push_in`] on a `tokio-postgres` transaction: the
     /// job exists when `tx` commits and never if it rolls back.
     #[cfg(all(feature = "postgres", not(loom)))]

@@ -61,6 +61,7 @@ macro_rules! tokio_cases {
             elections_hand_over_on_resign,
             async_workers_fire_each_tick_once,
             a_handlers_result_is_kept_with_its_job,
+            a_batch_push_wakes_an_idle_worker_and_keeps_its_order,
         );
     };
 }

@@ -210,6 +210,62 @@ pub fn enqueue(
     Ok(EnqueueOutcome { id, created: true })
 }
 
+/// Enqueue `specs` in order in this one transaction, as many
+/// [`enqueue`]s one after the other would (a unique key repeated in the
+/// batch returns the first job's id): their outcomes, in order. At most
+/// [`MAX_BATCH`](crate::core::MAX_BATCH) specs. Every spec is checked
+/// before anything is written, and an error names the spec at fault by its
+/// place in the batch (from 0); the caller's transaction then rolls back,
+/// so it is all the jobs or none.
+pub fn enqueue_many(
+    tx: &mut dyn Txn,
+    queue: &str,
+    specs: &[JobSpec],
+    policy: &QueuePolicy,
+) -> Result<Vec<EnqueueOutcome>> {
+    check_queue(queue)?;
+    if specs.len() > crate::core::MAX_BATCH {
+        return Err(Error::invalid(
+            Field::Batch,
+            format!(
+                "{} jobs is more than {} in one push",
+                specs.len(),
+                crate::core::MAX_BATCH
+            ),
+        ));
+    }
+    let at = |i: usize| {
+        move |e| match e {
+            Error::Invalid { field, reason } => Error::Invalid {
+                field,
+                reason: format!("job {i} of the batch: {reason}"),
+            },
+            e => e,
+        }
+    };
+    for (i, spec) in specs.iter().enumerate() {
+        check_spec(spec).map_err(at(i))?;
+    }
+    // The batch's unique keys locked in one order (a store that locks a
+    // key until the commit waits on it, as each push then does), so two
+    // batches sharing keys wait for each other instead of deadlocking.
+    let mut keys: Vec<&str> = specs
+        .iter()
+        .filter_map(|s| s.unique_key.as_deref())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let jobs = tx.jobs()?;
+    for key in keys {
+        jobs.lock_unique(queue, key)?;
+    }
+    let mut outcomes = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        outcomes.push(enqueue(tx, queue, spec, policy).map_err(at(i))?);
+    }
+    Ok(outcomes)
+}
+
 /// Check what an enqueue of `spec` would check (payload, attempts, key).
 pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
     if spec.payload.len() > MAX_PAYLOAD_BYTES {

@@ -439,3 +439,91 @@ pub fn job_settle_again_finds_its_own_outcome(make: &Make) {
     let r = w.tx(|tx| core::job::abandon(tx, id, HolderId(1), token, true));
     assert!(matches!(r, Err(Error::Lost { .. })), "{r:?}");
 }
+
+/// A batch push: in order, in one transaction, each outcome what one push
+/// would give; a refused spec (checked up front, or only when enqueued)
+/// leaves nothing and is named by its place; ids stay unique and
+/// increasing across batches of every size.
+pub fn job_push_many_is_all_or_nothing_in_order(make: &Make) {
+    let w = World::new(make);
+    let policy = w.policy;
+    let push_many = |specs: &[JobSpec]| w.tx(|tx| core::job::enqueue_many(tx, "q", specs, &policy));
+    let unique = |payload: &str, key: &str| JobSpec {
+        unique_key: Some(key.into()),
+        ..JobSpec::new(payload)
+    };
+    let before = w.push("q", unique("old", "u"));
+    let out = push_many(&[
+        unique("a", "u"),
+        JobSpec::new("b"),
+        unique("c", "v"),
+        unique("d", "v"),
+    ])
+    .unwrap();
+    let ids: Vec<(JobId, bool)> = out.iter().map(|o| (o.id, o.created)).collect();
+    assert_eq!(
+        ids[0],
+        (before, false),
+        "an existing key blocks, as in a push"
+    );
+    assert!(ids[1].1 && ids[2].1 && ids[1].0 > before && ids[2].0 > ids[1].0);
+    assert_eq!(ids[3], (ids[2].0, false), "a key repeated in the batch");
+    let claimed: Vec<JobId> = w.claim("q", 1, 100, 10).iter().map(|j| j.id).collect();
+    assert_eq!(
+        claimed,
+        vec![before, ids[1].0, ids[2].0],
+        "claimed in push order"
+    );
+    let stats = w.stats("q");
+
+    // Refused before anything is written.
+    let bad = JobSpec {
+        max_attempts: 0,
+        ..JobSpec::new("bad")
+    };
+    match push_many(&[JobSpec::new("x"), JobSpec::new("y"), bad]) {
+        Err(Error::Invalid { field, reason }) => {
+            assert_eq!(field, leasehold::Field::MaxAttempts);
+            assert!(reason.contains("job 2 of the batch"), "{reason}");
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    // Refused only once its turn came, after earlier jobs were written.
+    let orphan = JobSpec {
+        after: vec![JobId(u64::MAX / 2)],
+        ..JobSpec::new("orphan")
+    };
+    match push_many(&[JobSpec::new("x"), orphan]) {
+        Err(Error::Invalid { reason, .. }) => {
+            assert!(reason.contains("job 1 of the batch"), "{reason}")
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    let too_many = vec![JobSpec::new("z"); core::MAX_BATCH + 1];
+    assert!(matches!(
+        push_many(&too_many),
+        Err(Error::Invalid {
+            field: leasehold::Field::Batch,
+            ..
+        })
+    ));
+    assert_eq!(w.stats("q"), stats, "refused batches wrote nothing");
+
+    // Ids unique and increasing across batches of every size up to the
+    // most (a store may take ids ahead in blocks).
+    let mut last = ids[2].0;
+    for n in [0, 1, 3, core::MAX_BATCH, 2] {
+        let out = push_many(&vec![JobSpec::new("n"); n]).unwrap();
+        assert_eq!(out.len(), n);
+        for o in out {
+            assert!(o.created && o.id > last, "{:?} after {last:?}", o.id);
+            last = o.id;
+        }
+    }
+    let after = w.push("q", JobSpec::new("one"));
+    assert!(after > last);
+    assert_eq!(
+        w.stats("q").get(JobState::Ready),
+        (1 + 3 + core::MAX_BATCH + 2 + 1) as u64
+    );
+}

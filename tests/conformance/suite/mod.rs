@@ -240,7 +240,7 @@ macro_rules! conformance_cases {
             job_after_waits_until_every_named_job_is_done,
             job_after_a_failed_parent_cancels_its_waiters,
             job_after_checks_its_input_and_blocks_its_unique_key,
-            job_after_chains_end_in_one_transaction
+            job_after_chains_end_in_one_transaction, job_push_many_is_all_or_nothing_in_order
         );
         $crate::conformance_cases!(@cases $guard, $make;
             schedule_put_list_remove, schedule_fires_each_tick_once,

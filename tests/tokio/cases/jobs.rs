@@ -46,6 +46,43 @@ pub fn worker_runs_handlers_concurrently_and_completes_every_job(make: &Make) {
     });
 }
 
+/// A batch pushed through the tokio client wakes an idle worker, whose
+/// one handler runs the jobs in push order.
+pub fn a_batch_push_wakes_an_idle_worker_and_keeps_its_order(make: &Make) {
+    let f = make();
+    runtime(4).block_on(async {
+        let c = client(&f);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let opts = WorkOptions {
+            concurrency: 1,
+            ..WorkOptions::default()
+        };
+        let (stop, worker) = spawn_worker(&c, "batch", opts, move |job| {
+            s.lock().unwrap().push(job.payload().to_vec());
+            async { Ok(()) }
+        });
+        tokio::time::sleep(ms(50)).await;
+        let q = c.queue("batch").unwrap();
+        assert!(q.push_many(&[]).await.unwrap().is_empty());
+        let specs: Vec<JobSpec> = (0..5u8).map(|i| JobSpec::new(vec![i])).collect();
+        let out = q.push_many(&specs).await.unwrap();
+        assert!(out.iter().all(|o| o.created));
+        assert!(out.windows(2).all(|w| w[0].id < w[1].id), "{out:?}");
+        within(Duration::from_secs(10), "the batch is run", async {
+            while seen.lock().unwrap().len() < 5 {
+                tokio::time::sleep(ms(5)).await;
+            }
+        })
+        .await;
+        let _ = stop.send(());
+        let report = worker.await.unwrap().unwrap();
+        assert_eq!(report.completed, 5, "{report:?}");
+        let order: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i]).collect();
+        assert_eq!(*seen.lock().unwrap(), order);
+    });
+}
+
 /// Run a worker on `queue` with `handler` until `stop` fires.
 fn spawn_worker<F, Fut>(
     c: &Client,
