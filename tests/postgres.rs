@@ -316,6 +316,102 @@ fn newer_foreign_and_misnamed_schemas_are_refused_and_left_untouched() {
     ));
 }
 
+/// A batch push takes its jobs' ids in blocks that double with each round
+/// trip: 1,000 jobs cost about log2(1,000) round trips for their ids, not
+/// one each, and a one-job push costs what a push does (BEGIN, one id, the
+/// writes with COMMIT; an injected clock, as below, keeps the marks' reads
+/// out of the count).
+#[test]
+fn a_batch_push_takes_its_ids_in_doubling_blocks() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("idblocks");
+    let proxy = pg::RoundTrips::start();
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let opts = PostgresOptions {
+        max_connections: 1,
+        clock: Some(clock.clone()),
+        ..PostgresOptions::default()
+    };
+    let store = PostgresStore::open_with(&proxy.url(&schema), opts).unwrap();
+    let q = Client::builder(store)
+        .clock(clock)
+        .build()
+        .queue("q")
+        .unwrap();
+    let trips = |n: usize| {
+        let specs: Vec<JobSpec> = (0..n).map(|i| JobSpec::new(i.to_string())).collect();
+        let before = proxy.count();
+        let out = q.push_many(&specs).unwrap();
+        assert_eq!(out.len(), n);
+        proxy.count() - before
+    };
+    let before = proxy.count();
+    q.push(&JobSpec::new("one")).unwrap();
+    let push = proxy.count() - before;
+    assert_eq!(push, 3, "BEGIN, the id, the writes with COMMIT");
+    assert_eq!(trips(1), push);
+    // Blocks of 1, 2, 4, ..., 512: ten round trips for 1,000 ids.
+    assert_eq!(trips(1_000), push - 1 + 10);
+}
+
+/// A batch push locks its unique keys in one order (sorted) before it
+/// pushes any, so two batches sharing keys in other orders wait for each
+/// other instead of deadlocking: while another session holds key "m", a
+/// batch of keys ["z", "m"] waits on "m" holding no lock on "z" (in the
+/// batch's own order it would hold "z" while it waits).
+#[test]
+fn a_batch_push_locks_its_unique_keys_in_one_order() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("keyorder");
+    let store = schema.open(PostgresOptions::default());
+    let q = Client::new(store).queue("q").unwrap();
+    q.push(&JobSpec::new("migrate first")).unwrap();
+    let lock_of = |key: &str| {
+        format!(
+            "pg_advisory_xact_lock(hashtext('\"{}\".' || 'q'), hashtext('{key}'))",
+            schema.0
+        )
+    };
+    let mut holder = postgres::Client::connect(&pg::url().unwrap(), postgres::NoTls).unwrap();
+    let mut held = holder.transaction().unwrap();
+    held.execute(&format!("SELECT {}", lock_of("m")), &[])
+        .unwrap();
+    let spec = |key: &str| JobSpec {
+        unique_key: Some(key.into()),
+        ..JobSpec::new(key)
+    };
+    std::thread::scope(|s| {
+        let batch = s.spawn(|| q.push_many(&[spec("z"), spec("m")]));
+        // The batch's session waits on "m"...
+        let locks = |granted: bool, key: &str| -> i64 {
+            admin(&format!(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = {granted}
+                   AND pid <> pg_backend_pid() AND objid::int4 = hashtext('{key}')
+                   AND classid::int4 = hashtext('\"{}\".' || 'q')",
+                schema.0
+            ))[0]
+                .get(0)
+        };
+        let start = Instant::now();
+        while locks(false, "m") == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the batch never waited on m"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // ... holding nothing on "z".
+        assert_eq!(locks(true, "z"), 0, "the batch locked z before m");
+        held.commit().unwrap();
+        let out = batch.join().unwrap().unwrap();
+        assert!(out.iter().all(|o| o.created));
+    });
+}
+
 /// A batch costs a fixed number of round trips, whatever its size: BEGIN
 /// with the clock, one read (the queue's scans, or every job of the batch
 /// at once), the writes with COMMIT. (On the server's clock, a session

@@ -7,7 +7,7 @@ use super::listing;
 use super::pool::Conn;
 use super::rows::{job_from_row, queue_config, Cells};
 use super::statements::JOB_COLUMN_COUNT;
-use super::txn::{CachedJob, PgTxn};
+use super::txn::{CachedJob, PgTxn, MAX_ID_BLOCK};
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, Pending,
     QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet,
@@ -28,12 +28,20 @@ impl JobTxn for PgTxn<'_> {
     }
 
     fn next_job_id(&mut self) -> Result<JobId> {
-        let row = self
-            .conn
-            .client
-            .query_one(&self.conn.st.next_id, &[])
-            .map_err(|e| pg_err("allocating a job id", e, Stage::Work))?;
-        Ok(JobId(u64_of(row.get(0))))
+        if self.ids.is_empty() {
+            let rows = self
+                .conn
+                .client
+                .query(&self.conn.st.next_ids, &[&i64::from(self.id_block)])
+                .map_err(|e| pg_err("allocating job ids", e, Stage::Work))?;
+            self.ids = rows.iter().map(|r| u64_of(r.get(0))).collect();
+            self.ids.sort_unstable_by(|a, b| b.cmp(a));
+            self.id_block = (self.id_block * 2).min(MAX_ID_BLOCK);
+        }
+        self.ids
+            .pop()
+            .map(JobId)
+            .ok_or_else(|| Error::store("allocating job ids", "the sequence returned no value"))
     }
 
     fn token_floor(&self) -> u64 {
@@ -41,6 +49,8 @@ impl JobTxn for PgTxn<'_> {
     }
 
     fn reserve_job_ids(&mut self, last: JobId) -> Result<()> {
+        // Ids taken before may be at or below `last`: never hand them out.
+        self.ids.retain(|&id| id > last.0);
         listing::reserve_job_ids(&mut self.conn.client, self.schema, last.0)
     }
 
@@ -152,9 +162,16 @@ impl JobTxn for PgTxn<'_> {
         Ok(rows.iter().map(|r| JobId(u64_of(r.get(0)))).collect())
     }
 
+    /// A key this transaction locked already is held until it ends: no
+    /// round trip.
     fn lock_unique(&mut self, queue: &str, unique_key: &str) -> Result<()> {
+        let held = (queue.to_owned(), unique_key.to_owned());
+        if self.unique_locked.contains(&held) {
+            return Ok(());
+        }
         let what = format!("locking unique key {unique_key:?} of queue {queue:?}");
         self.query(&what, |st| &st.lock_unique, &[&queue, &unique_key])?;
+        self.unique_locked.insert(held);
         Ok(())
     }
 

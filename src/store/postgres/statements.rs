@@ -9,7 +9,8 @@ pub(super) struct Statements {
     pub lease_get: Statement,
     pub job_get: Statement,
     pub jobs_get: Statement,
-    pub next_id: Statement,
+    /// `$1` new job ids (see `PgTxn::ids`).
+    pub next_ids: Statement,
     pub unique_live: Statement,
     pub unique_since: Statement,
     pub lock_unique: Statement,
@@ -135,7 +136,7 @@ impl Statements {
                 "SELECT {j}, {QUEUE_COLUMNS} FROM {{s}}.jobs j LEFT JOIN {{s}}.queues c ON c.queue = j.queue
                  WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE OF j"
             ))?,
-            next_id: p("SELECT nextval('{s}.job_ids')".into())?,
+            next_ids: p("SELECT nextval('{s}.job_ids') FROM generate_series(1, $1::int8)".into())?,
             unique_live: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND (state <= 2 OR state = 6)
                  AND ((1 << state) & $3::int4) != 0 ORDER BY id DESC LIMIT $4"
                 .into())?,

@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::store::{LeaseCache, Wake};
 use postgres::types::ToSql;
 use postgres::{Row, SimpleQueryRow, Statement};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// A job row locked (or created) in this transaction.
@@ -54,7 +54,21 @@ pub(super) struct PgTxn<'c> {
     pub(super) early_claim: Option<EarlyClaim>,
     /// A read sent with BEGIN served this transaction.
     pub(super) early_used: bool,
+    /// Job ids taken from the sequence and not used yet, largest first.
+    /// Each round trip for ids takes twice as many as the last (up to
+    /// [`MAX_ID_BLOCK`]): a transaction pushing one job takes one, one
+    /// pushing n jobs makes about log2(n) round trips for them, and at
+    /// most as many ids as it used are left unused (a gap in the ids,
+    /// which are unique and increasing, not dense).
+    pub(super) ids: Vec<u64>,
+    /// How many ids the next round trip takes.
+    pub(super) id_block: u32,
+    /// The (queue, unique key) advisory locks taken, held until the end.
+    pub(super) unique_locked: HashSet<(String, String)>,
 }
+
+/// Most job ids taken from the sequence in one round trip.
+pub(super) const MAX_ID_BLOCK: u32 = 1024;
 
 /// A claim's scans read with BEGIN, at the server's clock then.
 pub(super) struct EarlyClaim {
@@ -97,6 +111,9 @@ impl<'c> PgTxn<'c> {
             early_lease: None,
             early_claim: None,
             early_used: false,
+            ids: Vec::new(),
+            id_block: 1,
+            unique_locked: HashSet::new(),
         }
     }
 
