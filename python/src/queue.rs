@@ -41,19 +41,18 @@ impl Queue {
         after: Option<Vec<u64>>,
         after_any: bool,
     ) -> PyResult<(u64, bool)> {
-        let mut spec = JobSpec::new(payload);
-        spec.priority = priority;
-        if let Some(d) = delay {
-            spec.delay_ms = u64::try_from(seconds(py, "delay", d)?.as_millis()).unwrap_or(u64::MAX);
-        }
-        if let Some(n) = max_attempts {
-            spec.max_attempts = n;
-        }
+        let mut spec = spec_of(
+            py,
+            priority,
+            delay,
+            max_attempts,
+            key,
+            timeout,
+            after,
+            after_any,
+        )?;
+        spec.payload = payload;
         spec.unique_key = unique;
-        spec.key = key;
-        if let Some(t) = timeout {
-            spec.timeout = Some(seconds(py, "timeout", t)?);
-        }
         if let Some(p) = unique_for {
             spec.unique_for = Some(seconds(py, "unique_for", p)?);
         }
@@ -61,11 +60,49 @@ impl Queue {
             let states = leasehold::StateSet::parse(leasehold::Field::UniqueStates, text);
             spec.unique_states = Some(states.map_err(|e| py_err(py, e))?);
         }
-        spec.after = after.unwrap_or_default().into_iter().map(JobId).collect();
-        spec.after_any = after_any;
         let q = self.queue.clone();
         py.detach(move || q.push(&spec))
             .map(|o| (o.id.0, o.created))
+            .map_err(|e| py_err(py, e))
+    }
+
+    /// Enqueue one job per payload, in order, in one transaction (all or,
+    /// if one is refused, none), each with the same options; returns their
+    /// ids.
+    #[pyo3(signature = (payloads, priority=0, delay=None, max_attempts=None, key=None, timeout=None, after=None, after_any=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn push_many(
+        &self,
+        py: Python<'_>,
+        payloads: Vec<Vec<u8>>,
+        priority: i32,
+        delay: Option<f64>,
+        max_attempts: Option<u32>,
+        key: Option<String>,
+        timeout: Option<f64>,
+        after: Option<Vec<u64>>,
+        after_any: bool,
+    ) -> PyResult<Vec<u64>> {
+        let spec = spec_of(
+            py,
+            priority,
+            delay,
+            max_attempts,
+            key,
+            timeout,
+            after,
+            after_any,
+        )?;
+        let specs: Vec<JobSpec> = payloads
+            .into_iter()
+            .map(|payload| JobSpec {
+                payload,
+                ..spec.clone()
+            })
+            .collect();
+        let q = self.queue.clone();
+        py.detach(move || q.push_many(&specs))
+            .map(|out| out.iter().map(|o| o.id.0).collect())
             .map_err(|e| py_err(py, e))
     }
 
@@ -356,4 +393,34 @@ fn run_handler(handler: &Py<PyAny>, job: &ClaimedJob) -> Result<(), String> {
             }
         }
     })
+}
+
+/// A spec with an empty payload and the options `push` and `push_many`
+/// share.
+#[allow(clippy::too_many_arguments)]
+fn spec_of(
+    py: Python<'_>,
+    priority: i32,
+    delay: Option<f64>,
+    max_attempts: Option<u32>,
+    key: Option<String>,
+    timeout: Option<f64>,
+    after: Option<Vec<u64>>,
+    after_any: bool,
+) -> PyResult<JobSpec> {
+    let mut spec = JobSpec::new(Vec::new());
+    spec.priority = priority;
+    if let Some(d) = delay {
+        spec.delay_ms = u64::try_from(seconds(py, "delay", d)?.as_millis()).unwrap_or(u64::MAX);
+    }
+    if let Some(n) = max_attempts {
+        spec.max_attempts = n;
+    }
+    spec.key = key;
+    if let Some(t) = timeout {
+        spec.timeout = Some(seconds(py, "timeout", t)?);
+    }
+    spec.after = after.unwrap_or_default().into_iter().map(JobId).collect();
+    spec.after_any = after_any;
+    Ok(spec)
 }

@@ -176,6 +176,23 @@ def test_push_claim_complete_and_get(store_url, name):
     assert q.claim() is None
 
 
+def test_push_many_is_one_batch_in_order_all_or_nothing(store_url, name):
+    q = leasehold.open(store_url).queue(name)
+    assert q.push_many([]) == []
+    ids = q.push_many([b"a", "b", {"c": 3}], priority=2, max_attempts=1)
+    assert len(ids) == 3 and ids[0] < ids[1] < ids[2]
+    assert [q.claim().payload for _ in ids] == [b"a", b"b", b'{"c": 3}']
+    assert q.get(ids[0])["priority"] == 2 and q.get(ids[0])["max_attempts"] == 1
+    later = q.push_many([b"x", b"y"], delay=60)
+    assert q.stats()["scheduled"] == 2 and later[0] < later[1]
+    before = q.stats()
+    with pytest.raises(leasehold.InvalidInput, match="more than 10000"):
+        q.push_many([b"ok"] * 10_001)
+    with pytest.raises(leasehold.InvalidInput, match="job 0 of the batch"):
+        q.push_many([b"ok", b"orphan"], after=[10**12])
+    assert q.stats() == before
+
+
 def test_delay_max_attempts_unique_and_cancel(store_url, name):
     q = leasehold.open(store_url).queue(name)
     later = q.push(b"later", delay=60)

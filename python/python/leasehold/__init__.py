@@ -207,6 +207,19 @@ class Queue:
             bool(after_any),
         )
 
+    def push_many(self, payloads, priority=0, delay=None, max_attempts=None, key=None,
+                  timeout=None, after=None, after_any=False):
+        """Enqueue one job per payload (each bytes, str, or anything JSON
+        takes), in order, in one transaction: one commit for all, and all
+        of them or, if one is refused, none (the error names it by its
+        place in the list, from 0). The options are :meth:`push`'s, the
+        same for every job. At most 10,000 payloads a call. Returns the
+        jobs' ids, in order."""
+        return self._native.push_many(
+            [_payload(p) for p in payloads], priority, delay, max_attempts, key, timeout,
+            None if after is None else [int(i) for i in after], bool(after_any),
+        )
+
     def claim(self, lease=30, keep_alive=True):
         """Claim the next ready job (``None`` if none), renewed about every
         lease/3 until settled when ``keep_alive``."""
