@@ -14,11 +14,14 @@ use std::time::{Duration, SystemTime};
 
 #[derive(Subcommand)]
 pub enum QueueCmd {
-    /// Add a job (payload from --payload or stdin).
+    /// Add a job (payload from --payload or stdin), or with --lines one job per line of stdin.
     Push {
         queue: String,
         #[arg(long)]
         payload: Option<String>,
+        /// One job per line of stdin (its bytes without the newline), all with the same options, pushed in transactions of up to 10,000 jobs (one commit each); prints one line per job, a transaction's lines once it committed.
+        #[arg(long, conflicts_with_all = ["payload", "unique"])]
+        lines: bool,
         #[arg(long, default_value_t = defaults::priority(), allow_negative_numbers = true)]
         priority: i32,
         /// Not claimable before this long from now.
@@ -155,6 +158,7 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
         QueueCmd::Push {
             queue,
             payload,
+            lines: many,
             priority,
             delay,
             at,
@@ -169,7 +173,12 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
         } => {
             let run_at = at.map(|at| client.store_time(at)).transpose()?;
             let spec = JobSpec {
-                payload: read_payload(payload)?,
+                // With --lines, each line's (push_lines).
+                payload: if many {
+                    Vec::new()
+                } else {
+                    read_payload(payload)?
+                },
                 priority,
                 delay_ms: delay.map_or(0, out::ms),
                 run_at,
@@ -182,13 +191,11 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
                 after: after.into_iter().map(leasehold::JobId).collect(),
                 after_any,
             };
-            let pushed = client.queue(&queue)?.push(&spec)?;
-            let mut v = json!({"id": pushed.id.0, "created": pushed.created});
-            if !pushed.created {
-                // The job whose unique key blocked the push.
-                v["duplicate_of"] = json!(pushed.id.0);
+            let q = client.queue(&queue)?;
+            if many {
+                return push_lines(&q, &spec);
             }
-            vec![v]
+            vec![pushed_line(&q.push(&spec)?)]
         }
         QueueCmd::Queues => return queues(client.store().as_ref(), client.policy()),
         QueueCmd::Stats { queue } => {
@@ -252,6 +259,65 @@ pub fn queue(store: Arc<dyn Store>, policy: &PolicyArgs, cmd: QueueCmd) -> CliRe
     };
     for line in &lines {
         emit(line)?;
+    }
+    Ok(0)
+}
+
+/// What `queue push` prints for a job.
+fn pushed_line(pushed: &leasehold::EnqueueOutcome) -> Value {
+    let mut v = json!({"id": pushed.id.0, "created": pushed.created});
+    if !pushed.created {
+        // The job whose unique key blocked the push.
+        v["duplicate_of"] = json!(pushed.id.0);
+    }
+    v
+}
+
+/// `queue push --lines`: one job per line of stdin, like `spec` but for
+/// its payload, in transactions of up to [`leasehold::core::MAX_BATCH`]
+/// jobs, each transaction's lines printed once it committed. A refused
+/// job is named by its line; the transactions before its own stay.
+fn push_lines(q: &leasehold::Queue, spec: &JobSpec) -> CliResult {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .map_err(|e| Fail::new(EXIT_ERROR, format!("reading the payloads from stdin: {e}")))?;
+    let mut lines: Vec<&[u8]> = input.split(|&b| b == b'\n').collect();
+    if input.is_empty() || input.ends_with(b"\n") {
+        // Not a line: what follows the last newline.
+        lines.pop();
+    }
+    for (n, chunk) in lines.chunks(leasehold::core::MAX_BATCH).enumerate() {
+        let first = n * leasehold::core::MAX_BATCH;
+        let specs: Vec<JobSpec> = chunk
+            .iter()
+            .map(|line| JobSpec {
+                payload: line.to_vec(),
+                ..spec.clone()
+            })
+            .collect();
+        let pushed = q.push_many(&specs).map_err(|e| match e {
+            Error::Invalid { field, reason } => {
+                // The library names a job by its place in the batch.
+                let at = reason
+                    .strip_prefix("job ")
+                    .and_then(|r| r.split_once(" of the batch: "))
+                    .and_then(|(i, rest)| Some((i.parse::<usize>().ok()?, rest)));
+                let reason = match at {
+                    Some((i, rest)) => format!("stdin line {}: {rest}", first + i + 1),
+                    None => format!(
+                        "stdin lines {}..={}: {reason}",
+                        first + 1,
+                        first + chunk.len()
+                    ),
+                };
+                Error::Invalid { field, reason }
+            }
+            e => e,
+        })?;
+        for p in &pushed {
+            emit(&pushed_line(p))?;
+        }
     }
     Ok(0)
 }

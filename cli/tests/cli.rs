@@ -266,6 +266,82 @@ fn unique_pushes_by_period_and_state() {
 /// `--after`: a job waits ("waiting") until the jobs it names are done,
 /// runs after them, and is cancelled when one ends dead; an unknown id is
 /// refused by name.
+/// `queue push --lines`: one job per line of stdin, in order, committed in
+/// transactions of up to 10,000 (so 10,002 lines are two), each printed;
+/// a refused line is named and its transaction leaves nothing.
+#[test]
+fn queue_push_lines_pushes_one_job_per_line_in_batches() {
+    let d = Dir::new("lines");
+    let push = |args: &[&str], input: &[u8]| {
+        let mut child = d
+            .cmd()
+            .args(["queue", "push", "q", "--lines"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = push(&["--priority", "3"], b"a\n\nc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<u64> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        3,
+        "the empty line is a job, no newline after c is needed"
+    );
+    assert!(ids[0] < ids[1] && ids[1] < ids[2]);
+    let job = d.json(&["queue", "get", &ids[2].to_string()]);
+    assert_eq!(
+        (job["payload"].as_str(), job["priority"].as_i64()),
+        (Some("c"), Some(3))
+    );
+    assert!(push(&[], b"").status.success(), "no lines: nothing to push");
+
+    let many: String = (0..10_002).map(|i| format!("{i}\n")).collect();
+    let out = push(&[], many.as_bytes());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().lines().count(),
+        10_002
+    );
+    assert_eq!(d.stats("q")["ready"], 10_005);
+
+    let big = format!("ok\n{}\n", "x".repeat(17 << 20));
+    let out = push(&[], big.as_bytes());
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stdin line 2"), "{err}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        d.stats("q")["ready"],
+        10_005,
+        "the refused batch left nothing"
+    );
+    let both = d.run(&["queue", "push", "q", "--lines", "--payload", "x"]);
+    assert_eq!(code(&both), 2);
+}
+
 #[test]
 fn queue_push_after_waits_for_its_jobs() {
     let d = Dir::new("after");
