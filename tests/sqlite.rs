@@ -92,6 +92,43 @@ fn open_err(path: &Path) -> String {
     }
 }
 
+/// A transaction takes job ids from the counter in blocks that double
+/// (1, 2, 4, ... up to 1,024): 1,000 jobs in one push take ten blocks,
+/// 1,023 ids, and the ids left over are a gap the next push skips; a
+/// single push takes one.
+#[test]
+fn a_batch_push_takes_its_ids_in_doubling_blocks() {
+    let d = Dir::new("idblocks");
+    let q = Client::new(SqliteStore::open(d.db()).unwrap())
+        .queue("q")
+        .unwrap();
+    let counter = || -> u64 {
+        let conn = rusqlite::Connection::open(d.db()).unwrap();
+        let v: String = conn
+            .query_row(
+                "SELECT value FROM leasehold_meta WHERE name = 'last_job_id'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        v.parse().unwrap()
+    };
+    let first = q.push(&JobSpec::new("one")).unwrap().id.0;
+    assert_eq!(counter(), first, "a push takes one id");
+    let specs: Vec<JobSpec> = (0..1_000).map(|i| JobSpec::new(i.to_string())).collect();
+    let ids: Vec<u64> = q
+        .push_many(&specs)
+        .unwrap()
+        .iter()
+        .map(|o| o.id.0)
+        .collect();
+    let expected: Vec<u64> = (first + 1..=first + 1_000).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(counter(), first + 1_023, "ten blocks: 1 + 2 + ... + 512");
+    let next = q.push(&JobSpec::new("after")).unwrap().id.0;
+    assert_eq!(next, first + 1_024, "the rest of the last block is a gap");
+}
+
 #[test]
 fn wal_is_on_and_scans_use_their_index_in_order() {
     let d = Dir::new("plan");
