@@ -13,7 +13,7 @@ use crate::core::{
     Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet, Txn,
 };
 use crate::error::Field;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::hash::{IdMap, IdSet};
 use crate::store::{after_text, i64_of, u64_of, LeaseCache};
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -40,7 +40,8 @@ pub(super) struct SqlTxn<'c> {
     insert: Option<rusqlite::CachedStatement<'c>>,
     /// Job ids taken from the counter and not used yet: each take is
     /// twice the last (up to 1,024), so a push takes one id and a batch
-    /// of n about log2(n) counter updates (the rest of a take is a gap).
+    /// of n about log2(n) counter updates; what is left goes back at the
+    /// end (`finish`).
     ids: std::ops::Range<u64>,
     /// How many ids the next take holds.
     id_block: u64,
@@ -66,6 +67,13 @@ impl<'c> SqlTxn<'c> {
     /// Write back what changed; the wake-ups raised.
     pub(super) fn finish(self) -> Result<[bool; 2]> {
         super::lease_rows::write_back(self.conn, &self.leases)?;
+        if !self.ids.is_empty() {
+            // The ids taken and not used go back: only this transaction
+            // moved the counter since it took them (the members of a group
+            // run one at a time, and other connections wait for its
+            // commit), so ids stay dense, as one take per job left them.
+            listing::set_last_job_id(self.conn, self.ids.start - 1)?;
+        }
         Ok(self.journal.woke())
     }
 }
@@ -216,10 +224,6 @@ impl Txn for SqlTxn<'_> {
 }
 
 impl SqlTxn<'_> {
-    fn err<'a>(&self, what: &'a str) -> impl FnOnce(rusqlite::Error) -> Error + 'a {
-        move |e| sql_err(|| what.to_owned(), e)
-    }
-
     /// Note `id` as read in this transaction (its write-back updates).
     fn remember(&mut self, id: JobId) {
         self.loaded.insert(id);
@@ -337,34 +341,12 @@ impl JobTxn for SqlTxn<'_> {
         })
     }
 
-    /// `OR FAIL`: the default (`ABORT`) makes SQLite keep a statement
-    /// journal for this one-row update (its RETURNING and the NOT NULL
-    /// check): a 64 KiB buffer allocated and freed per push, which glibc
-    /// gave back to the kernel and took again each time (`brk`, page
-    /// faults). A one-row statement has no earlier change of its own to
-    /// keep or undo, and any error rolls the push back. Measured: a push
-    /// through `Queue::push` 31 µs before, 22 µs after (BENCHMARKS.md).
     fn next_job_id(&mut self) -> Result<JobId> {
         if let Some(id) = self.ids.next() {
             return Ok(JobId(id));
         }
         let block = self.id_block;
-        let n = i64_of(Field::Id, block)?;
-        let last: String = self
-            .conn
-            .prepare_cached(
-                "UPDATE OR FAIL leasehold_meta SET value = CAST(value AS INTEGER) + ?1
-                 WHERE name = 'last_job_id' RETURNING value",
-            )
-            .and_then(|mut s| s.query_row([n], |r| r.get(0)))
-            .map_err(self.err("allocating job ids"))?;
-        let last = last
-            .parse::<u64>()
-            .ok()
-            .filter(|&l| l >= block)
-            .ok_or_else(|| {
-                Error::store("allocating job ids", format!("corrupt counter {last:?}"))
-            })?;
+        let last = listing::take_job_ids(self.conn, block)?;
         self.ids = last + 1 - block..last + 1;
         self.id_block = (block * 2).min(1024);
         Ok(JobId(self.ids.next().unwrap_or(last)))
