@@ -42,11 +42,12 @@ impl Queue {
 
     /// Enqueue many jobs in one transaction (one commit, one fsync, for
     /// all), in order: all of them or, if one is refused, none. Each
-    /// outcome is what [`Queue::push`] of that spec would return (a unique
-    /// key repeated in the batch returns the first job's id). At most
-    /// [`MAX_BATCH`](crate::core::MAX_BATCH) jobs a call; an error names
-    /// the spec at fault by its place in `specs` (from 0). An empty batch
-    /// does nothing.
+    /// outcome is what [`Queue::push`] of that spec after the ones before
+    /// it would return (a spec's unique key is judged against the batch's
+    /// earlier jobs too). At most [`MAX_BATCH`](crate::core::MAX_BATCH)
+    /// jobs and [`MAX_BATCH_PAYLOAD_BYTES`](crate::core::MAX_BATCH_PAYLOAD_BYTES)
+    /// of payloads a call; an error names the spec at fault by its place in
+    /// `specs` (from 0). An empty batch does nothing (no transaction).
     pub fn push_many(&self, specs: &[JobSpec]) -> Result<Vec<EnqueueOutcome>> {
         if specs.is_empty() {
             self.client.inner.fork.check()?;

@@ -104,8 +104,12 @@ pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024 * 1024;
 pub const MAX_LEASE_LIMIT: u32 = 1024;
 /// Most attempts a job may allow.
 pub const MAX_ATTEMPTS: u32 = 10_000;
-/// Most jobs one batch claim may take.
+/// Most items one call may take or return: jobs claimed in one batch,
+/// pushed in one `push_many`, a listing's page.
 pub const MAX_BATCH: usize = 10_000;
+/// Most payload bytes one `push_many` may carry in all (a batch becomes
+/// one statement on PostgreSQL, its payloads written out in hex).
+pub const MAX_BATCH_PAYLOAD_BYTES: usize = 32 * 1024 * 1024;
 
 /// A holder's identity: a random UUID, fixed for the life of a client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -223,7 +223,10 @@ pub trait JobTxn {
         0
     }
 
-    /// A fresh job id, greater than every id handed out before.
+    /// A fresh job id: never handed out before, and greater than every id
+    /// this transaction handed out before and than every id of a job that
+    /// committed before this transaction began. (A store may take ids
+    /// ahead in blocks: two transactions that overlap may interleave.)
     fn next_job_id(&mut self) -> Result<JobId>;
 
     /// A copy of the job's record.

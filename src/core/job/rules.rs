@@ -211,12 +211,15 @@ pub fn enqueue(
 }
 
 /// Enqueue `specs` in order in this one transaction, as many
-/// [`enqueue`]s one after the other would (a unique key repeated in the
-/// batch returns the first job's id): their outcomes, in order. At most
-/// [`MAX_BATCH`](crate::core::MAX_BATCH) specs. Every spec is checked
-/// before anything is written, and an error names the spec at fault by its
-/// place in the batch (from 0); the caller's transaction then rolls back,
-/// so it is all the jobs or none.
+/// [`enqueue`]s one after the other would (so a spec's unique key is
+/// judged against the jobs pushed before it in the batch too): their
+/// outcomes, in order. At most [`MAX_BATCH`](crate::core::MAX_BATCH) specs
+/// and [`MAX_BATCH_PAYLOAD_BYTES`](crate::core::MAX_BATCH_PAYLOAD_BYTES)
+/// of payloads. What [`check_spec`] checks is checked for every spec before
+/// any job is written; what needs the store (a run time against its clock,
+/// the jobs named in `after`) when its turn comes. An error names the spec
+/// at fault by its place in the batch (from 0), and the caller's
+/// transaction then rolls back: all the jobs or none.
 pub fn enqueue_many(
     tx: &mut dyn Txn,
     queue: &str,
@@ -231,6 +234,16 @@ pub fn enqueue_many(
                 "{} jobs is more than {} in one push",
                 specs.len(),
                 crate::core::MAX_BATCH
+            ),
+        ));
+    }
+    let bytes: usize = specs.iter().map(|s| s.payload.len()).sum();
+    if bytes > crate::core::MAX_BATCH_PAYLOAD_BYTES {
+        return Err(Error::invalid(
+            Field::Batch,
+            format!(
+                "{bytes} bytes of payloads is more than {} in one push (push fewer jobs at a time)",
+                crate::core::MAX_BATCH_PAYLOAD_BYTES
             ),
         ));
     }
@@ -266,8 +279,10 @@ pub fn enqueue_many(
     Ok(outcomes)
 }
 
-/// Check what an enqueue of `spec` would check (payload, attempts, key).
-pub(crate) fn check_spec(spec: &JobSpec) -> Result<()> {
+/// Check what an enqueue of `spec` checks by itself, without a store: the
+/// payload's size, the attempts, the keys and the unique and dependency
+/// options (a tool validates a batch with it before pushing any).
+pub fn check_spec(spec: &JobSpec) -> Result<()> {
     if spec.payload.len() > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
             Field::Payload,

@@ -507,6 +507,14 @@ pub fn job_push_many_is_all_or_nothing_in_order(make: &Make) {
             ..
         })
     ));
+    let heavy = vec![JobSpec::new(vec![0u8; 11 << 20]); 3];
+    match push_many(&heavy) {
+        Err(Error::Invalid { field, reason }) => {
+            assert_eq!(field, leasehold::Field::Batch);
+            assert!(reason.contains("bytes of payloads"), "{reason}");
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
     assert_eq!(w.stats("q"), stats, "refused batches wrote nothing");
 
     // Ids unique and increasing across batches of every size up to the
