@@ -19,7 +19,7 @@ pub enum QueueCmd {
         queue: String,
         #[arg(long)]
         payload: Option<String>,
-        /// One job per line of stdin (its bytes without the newline), all with the same options, pushed in transactions of up to 10,000 jobs (one commit each); prints one line per job, a transaction's lines once it committed.
+        /// One job per line of stdin (its bytes without the line ending), all with the same options: stdin is read to its end and every line checked first, then the jobs are pushed in transactions of up to 10,000 jobs and 32 MiB (one commit each); prints one line per job, a transaction's lines once it committed.
         #[arg(long, conflicts_with_all = ["payload", "unique"])]
         lines: bool,
         #[arg(long, default_value_t = defaults::priority(), allow_negative_numbers = true)]
@@ -273,11 +273,16 @@ fn pushed_line(pushed: &leasehold::EnqueueOutcome) -> Value {
     v
 }
 
-/// `queue push --lines`: one job per line of stdin, like `spec` but for
-/// its payload, in transactions of up to [`leasehold::core::MAX_BATCH`]
-/// jobs, each transaction's lines printed once it committed. A refused
-/// job is named by its line; the transactions before its own stay.
+/// `queue push --lines`: one job per line of stdin (read to its end
+/// first), like `spec` but for its payload. Every line is checked before
+/// anything is pushed (a refused one is named by its line and nothing is
+/// written); then the jobs go in transactions of up to
+/// [`leasehold::core::MAX_BATCH`] jobs and
+/// [`leasehold::core::MAX_BATCH_PAYLOAD_BYTES`], each transaction's lines
+/// printed once it committed (a store error after some committed leaves
+/// those, printed).
 fn push_lines(q: &leasehold::Queue, spec: &JobSpec) -> CliResult {
+    use leasehold::core::{MAX_BATCH, MAX_BATCH_PAYLOAD_BYTES};
     let mut input = Vec::new();
     std::io::stdin()
         .read_to_end(&mut input)
@@ -287,37 +292,40 @@ fn push_lines(q: &leasehold::Queue, spec: &JobSpec) -> CliResult {
         // Not a line: what follows the last newline.
         lines.pop();
     }
-    for (n, chunk) in lines.chunks(leasehold::core::MAX_BATCH).enumerate() {
-        let first = n * leasehold::core::MAX_BATCH;
-        let specs: Vec<JobSpec> = chunk
-            .iter()
-            .map(|line| JobSpec {
-                payload: line.to_vec(),
-                ..spec.clone()
-            })
-            .collect();
-        let pushed = q.push_many(&specs).map_err(|e| match e {
-            Error::Invalid { field, reason } => {
-                // The library names a job by its place in the batch.
-                let at = reason
-                    .strip_prefix("job ")
-                    .and_then(|r| r.split_once(" of the batch: "))
-                    .and_then(|(i, rest)| Some((i.parse::<usize>().ok()?, rest)));
-                let reason = match at {
-                    Some((i, rest)) => format!("stdin line {}: {rest}", first + i + 1),
-                    None => format!(
-                        "stdin lines {}..={}: {reason}",
-                        first + 1,
-                        first + chunk.len()
-                    ),
-                };
-                Error::Invalid { field, reason }
-            }
+    let specs: Vec<JobSpec> = lines
+        .iter()
+        .map(|line| JobSpec {
+            payload: line.strip_suffix(b"\r").unwrap_or(line).to_vec(),
+            ..spec.clone()
+        })
+        .collect();
+    for (i, spec) in specs.iter().enumerate() {
+        leasehold::core::job::check_spec(spec).map_err(|e| match e {
+            Error::Invalid { field, reason } => Error::Invalid {
+                field,
+                reason: format!("stdin line {}: {reason}", i + 1),
+            },
             e => e,
         })?;
-        for p in &pushed {
-            emit(&pushed_line(p))?;
+    }
+    let mut rest = &specs[..];
+    while !rest.is_empty() {
+        // As many as fit in one push, at least one (a payload alone fits).
+        let mut bytes = 0;
+        let n = rest
+            .iter()
+            .take(MAX_BATCH)
+            .take_while(|s| {
+                bytes += s.payload.len();
+                bytes <= MAX_BATCH_PAYLOAD_BYTES
+            })
+            .count()
+            .max(1);
+        let (batch, after) = rest.split_at(n);
+        for pushed in &q.push_many(batch)? {
+            emit(&pushed_line(pushed))?;
         }
+        rest = after;
     }
     Ok(0)
 }

@@ -263,9 +263,6 @@ fn unique_pushes_by_period_and_state() {
     assert!(code(&out) != 0 && err.contains("--unique-for"), "{err}");
 }
 
-/// `--after`: a job waits ("waiting") until the jobs it names are done,
-/// runs after them, and is cancelled when one ends dead; an unknown id is
-/// refused by name.
 /// `queue push --lines`: one job per line of stdin, in order, committed in
 /// transactions of up to 10,000 (so 10,002 lines are two), each printed;
 /// a refused line is named and its transaction leaves nothing.
@@ -327,6 +324,7 @@ fn queue_push_lines_pushes_one_job_per_line_in_batches() {
     );
     assert_eq!(d.stats("q")["ready"], 10_005);
 
+    // Every line is checked before any is pushed.
     let big = format!("ok\n{}\n", "x".repeat(17 << 20));
     let out = push(&[], big.as_bytes());
     assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
@@ -336,12 +334,39 @@ fn queue_push_lines_pushes_one_job_per_line_in_batches() {
     assert_eq!(
         d.stats("q")["ready"],
         10_005,
-        "the refused batch left nothing"
+        "a refused line leaves nothing"
     );
+
+    // Batches stay under the payload cap: three lines of 12 MiB go in two.
+    let heavy = format!("{0}\r\n{0}\r\n{0}\r\n", "y".repeat(12 << 20));
+    let out = push(&[], heavy.as_bytes());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last: serde_json::Value = serde_json::from_str(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    let job = d.json(&["queue", "get", &last["id"].to_string()]);
+    assert_eq!(
+        job["payload"].as_str().map(str::len),
+        Some(12 << 20),
+        "the CR of a CRLF line ending is not the payload's"
+    );
+    assert_eq!(d.stats("q")["ready"], 10_008);
     let both = d.run(&["queue", "push", "q", "--lines", "--payload", "x"]);
     assert_eq!(code(&both), 2);
 }
 
+/// `--after`: a job waits ("waiting") until the jobs it names are done,
+/// runs after them, and is cancelled when one ends dead; an unknown id is
+/// refused by name.
 #[test]
 fn queue_push_after_waits_for_its_jobs() {
     let d = Dir::new("after");
