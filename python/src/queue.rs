@@ -67,9 +67,11 @@ impl Queue {
     }
 
     /// Enqueue one job per payload, in order, in one transaction (all or,
-    /// if one is refused, none), each with the same options; returns their
-    /// ids.
-    #[pyo3(signature = (payloads, priority=0, delay=None, max_attempts=None, key=None, timeout=None, after=None, after_any=false))]
+    /// if one is refused, none), each with the same options but `keys`
+    /// and `uniques` (one per payload when given: each job's concurrency
+    /// and unique keys); returns their ids (a job whose unique key blocked
+    /// it answers the id of the job that did).
+    #[pyo3(signature = (payloads, priority=0, delay=None, max_attempts=None, keys=None, timeout=None, after=None, after_any=false, uniques=None))]
     #[allow(clippy::too_many_arguments)]
     fn push_many(
         &self,
@@ -78,25 +80,45 @@ impl Queue {
         priority: i32,
         delay: Option<f64>,
         max_attempts: Option<u32>,
-        key: Option<String>,
+        keys: Option<Vec<Option<String>>>,
         timeout: Option<f64>,
         after: Option<Vec<u64>>,
         after_any: bool,
+        uniques: Option<Vec<Option<String>>>,
     ) -> PyResult<Vec<u64>> {
+        let n = payloads.len();
+        let per_job = |name: &str, list: Option<Vec<Option<String>>>| match list {
+            None => Ok(vec![None; n]),
+            Some(list) if list.len() == n => Ok(list),
+            Some(list) => Err(py_err(
+                py,
+                leasehold::Error::invalid(
+                    leasehold::Field::Batch,
+                    format!(
+                        "{} {name} for {n} payloads: give one per payload",
+                        list.len()
+                    ),
+                ),
+            )),
+        };
+        let (keys, uniques) = (per_job("keys", keys)?, per_job("unique keys", uniques)?);
         let spec = spec_of(
             py,
             priority,
             delay,
             max_attempts,
-            key,
+            None,
             timeout,
             after,
             after_any,
         )?;
         let specs: Vec<JobSpec> = payloads
             .into_iter()
-            .map(|payload| JobSpec {
+            .zip(keys.into_iter().zip(uniques))
+            .map(|(payload, (key, unique_key))| JobSpec {
                 payload,
+                key,
+                unique_key,
                 ..spec.clone()
             })
             .collect();

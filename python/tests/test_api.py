@@ -179,6 +179,8 @@ def test_push_claim_complete_and_get(store_url, name):
 def test_push_many_is_one_batch_in_order_all_or_nothing(store_url, name):
     q = leasehold.open(store_url).queue(name)
     assert q.push_many([]) == []
+    with pytest.raises(TypeError, match="list of payloads"):
+        q.push_many(b"abc")
     ids = q.push_many([b"a", "b", {"c": 3}], priority=2, max_attempts=1)
     assert len(ids) == 3 and ids[0] < ids[1] < ids[2]
     assert [q.claim().payload for _ in ids] == [b"a", b"b", b'{"c": 3}']
@@ -190,7 +192,16 @@ def test_push_many_is_one_batch_in_order_all_or_nothing(store_url, name):
         q.push_many([b"ok"] * 10_001)
     with pytest.raises(leasehold.InvalidInput, match="job 0 of the batch"):
         q.push_many([b"ok", b"orphan"], after=[10**12])
+    with pytest.raises(leasehold.InvalidInput, match="2 unique keys for 3 payloads"):
+        q.push_many([b"1", b"2", b"3"], unique=["a", "b"])
     assert q.stats() == before
+    # Per-job unique and concurrency keys: a key repeated in the list, or
+    # held by a live job, answers that job's id.
+    first = q.push(b"u", unique="u1")
+    ids = q.push_many([b"p", b"q", b"r", b"s"], unique=["u1", "u2", None, "u2"],
+                      key=["k1", "k2", "k3", "k4"])
+    assert ids[0] == first and ids[3] == ids[1] and len(set(ids)) == 3
+    assert q.get(ids[1])["key"] == "k2" and q.get(ids[2])["key"] == "k3"
 
 
 def test_delay_max_attempts_unique_and_cancel(store_url, name):

@@ -148,6 +148,13 @@ class Job:
         return repr(self._native)
 
 
+def _per_job(value, n):
+    """``value`` for each of ``n`` jobs: a list as it is, else repeated."""
+    if value is None or isinstance(value, (list, tuple)):
+        return None if value is None else [None if v is None else str(v) for v in value]
+    return [str(value)] * n
+
+
 class Queue:
     """A queue of a store (:meth:`Store.queue`)."""
 
@@ -208,16 +215,24 @@ class Queue:
         )
 
     def push_many(self, payloads, priority=0, delay=None, max_attempts=None, key=None,
-                  timeout=None, after=None, after_any=False):
+                  timeout=None, after=None, after_any=False, unique=None):
         """Enqueue one job per payload (each bytes, str, or anything JSON
-        takes), in order, in one transaction: one commit for all, and all
-        of them or, if one is refused, none (the error names it by its
-        place in the list, from 0). The options are :meth:`push`'s, the
-        same for every job. At most 10,000 payloads a call. Returns the
-        jobs' ids, in order."""
+        takes) of the list ``payloads``, in order, in one transaction: one
+        commit for all, and all of them or, if one is refused, none (the
+        error names it by its place in the list, from 0). The options are
+        :meth:`push`'s but ``unique_for`` and ``unique_states``, the same
+        for every job, and ``key`` and ``unique`` may also be lists, one per
+        payload (each job's concurrency key, each job's unique key). At
+        most 10,000 payloads and 32 MiB of them a call. Returns the jobs'
+        ids, in order; a job whose unique key blocked it answers the id of
+        the job that did (the jobs before it in the list count too)."""
+        if isinstance(payloads, (str, bytes, bytearray, dict)):
+            raise TypeError("push_many takes a list of payloads; for one job, use push")
+        payloads = [_payload(p) for p in payloads]
         return self._native.push_many(
-            [_payload(p) for p in payloads], priority, delay, max_attempts, key, timeout,
+            payloads, priority, delay, max_attempts, _per_job(key, len(payloads)), timeout,
             None if after is None else [int(i) for i in after], bool(after_any),
+            _per_job(unique, len(payloads)),
         )
 
     def claim(self, lease=30, keep_alive=True):
