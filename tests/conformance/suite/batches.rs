@@ -528,10 +528,16 @@ pub fn job_push_many_is_all_or_nothing_in_order(make: &Make) {
             last = o.id;
         }
     }
+    // The payload cap is inclusive: two payloads of the most one job takes.
+    let full = vec![JobSpec::new(vec![1u8; core::MAX_PAYLOAD_BYTES]); 2];
+    assert_eq!(2 * core::MAX_PAYLOAD_BYTES, core::MAX_BATCH_PAYLOAD_BYTES);
+    let out = push_many(&full).unwrap();
+    assert!(out.iter().all(|o| o.created && o.id > last));
+    last = out[1].id;
     let after = w.push("q", JobSpec::new("one"));
     assert!(after > last);
     assert_eq!(
         w.stats("q").get(JobState::Ready),
-        (1 + 3 + core::MAX_BATCH + 2 + 1) as u64
+        (1 + 3 + core::MAX_BATCH + 2 + 2 + 1) as u64
     );
 }
