@@ -356,7 +356,6 @@ pub(super) fn export_names(
     Ok(())
 }
 
-/// [`crate::core::JobTxn::reserve_job_ids`] on SQLite.
 /// Take `n` job ids from the counter: the last of them.
 ///
 /// `OR FAIL`: the default (`ABORT`) makes SQLite keep a statement journal
@@ -390,6 +389,7 @@ pub(super) fn set_last_job_id(conn: &Connection, last: u64) -> Result<()> {
         .map_err(|e| sql_err(|| "giving back job ids".to_owned(), e))
 }
 
+/// [`crate::core::JobTxn::reserve_job_ids`] on SQLite.
 pub(super) fn reserve_job_ids(conn: &Connection, last: u64) -> Result<()> {
     conn.prepare_cached(
         "UPDATE leasehold_meta SET value = CAST(max(CAST(value AS INTEGER), ?1) AS TEXT)
