@@ -69,8 +69,9 @@ impl Queue {
     /// Enqueue one job per payload, in order, in one transaction (all or,
     /// if one is refused, none), each with the same options but `keys`
     /// and `uniques` (one per payload when given: each job's concurrency
-    /// and unique keys); returns their ids (a job whose unique key blocked
-    /// it answers the id of the job that did).
+    /// and unique keys); returns each job's `(id, created)` (a job whose
+    /// unique key blocked it answers the id of the job that did, and
+    /// `created` false).
     #[pyo3(signature = (payloads, priority=0, delay=None, max_attempts=None, keys=None, timeout=None, after=None, after_any=false, uniques=None))]
     #[allow(clippy::too_many_arguments)]
     fn push_many(
@@ -85,7 +86,7 @@ impl Queue {
         after: Option<Vec<u64>>,
         after_any: bool,
         uniques: Option<Vec<Option<String>>>,
-    ) -> PyResult<Vec<u64>> {
+    ) -> PyResult<Vec<(u64, bool)>> {
         let n = payloads.len();
         let per_job = |name: &str, list: Option<Vec<Option<String>>>| match list {
             None => Ok(vec![None; n]),
@@ -124,7 +125,7 @@ impl Queue {
             .collect();
         let q = self.queue.clone();
         py.detach(move || q.push_many(&specs))
-            .map(|out| out.iter().map(|o| o.id.0).collect())
+            .map(|out| out.iter().map(|o| (o.id.0, o.created)).collect())
             .map_err(|e| py_err(py, e))
     }
 

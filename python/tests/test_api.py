@@ -201,6 +201,8 @@ def test_push_many_is_one_batch_in_order_all_or_nothing(store_url, name):
     ids = q.push_many([b"p", b"q", b"r", b"s"], unique=["u1", "u2", None, "u2"],
                       key=["k1", "k2", "k3", "k4"])
     assert ids[0] == first and ids[3] == ids[1] and len(set(ids)) == 3
+    again = q.push_many_unique([b"t", b"v"], unique=["u2", "u3"])
+    assert again[0] == (ids[1], False) and again[1][1] is True
     assert q.get(ids[1])["key"] == "k2" and q.get(ids[2])["key"] == "k3"
 
 

@@ -225,7 +225,15 @@ class Queue:
         payload (each job's concurrency key, each job's unique key). At
         most 10,000 payloads and 32 MiB of them a call. Returns the jobs'
         ids, in order; a job whose unique key blocked it answers the id of
-        the job that did (the jobs before it in the list count too)."""
+        the job that did (the jobs before it in the list count too):
+        :meth:`push_many_unique` says which."""
+        return [job_id for job_id, _ in self.push_many_unique(
+            payloads, priority, delay, max_attempts, key, timeout, after, after_any, unique)]
+
+    def push_many_unique(self, payloads, priority=0, delay=None, max_attempts=None, key=None,
+                         timeout=None, after=None, after_any=False, unique=None):
+        """:meth:`push_many`, answering ``(id, created)`` per payload, as
+        :meth:`push_unique` does for one."""
         if isinstance(payloads, (str, bytes, bytearray, dict)):
             raise TypeError("push_many takes a list of payloads; for one job, use push")
         payloads = [_payload(p) for p in payloads]
