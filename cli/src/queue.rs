@@ -309,6 +309,7 @@ fn push_lines(q: &leasehold::Queue, spec: &JobSpec) -> CliResult {
         })?;
     }
     let mut rest = &specs[..];
+    let mut first = 0;
     while !rest.is_empty() {
         // As many as fit in one push, at least one (a payload alone fits).
         let mut bytes = 0;
@@ -322,9 +323,26 @@ fn push_lines(q: &leasehold::Queue, spec: &JobSpec) -> CliResult {
             .count()
             .max(1);
         let (batch, after) = rest.split_at(n);
-        for pushed in &q.push_many(batch)? {
-            emit(&pushed_line(pushed))?;
+        let pushed = q.push_many(batch).map_err(|e| match e {
+            // What the store refused (a named job not found, say): the
+            // library names the job by its place in the batch.
+            Error::Invalid { field, reason } => {
+                let at = reason
+                    .strip_prefix("job ")
+                    .and_then(|r| r.split_once(" of the batch: "))
+                    .and_then(|(i, rest)| Some((i.parse::<usize>().ok()?, rest)));
+                let reason = match at {
+                    Some((i, rest)) => format!("stdin line {}: {rest}", first + i + 1),
+                    None => reason,
+                };
+                Error::Invalid { field, reason }
+            }
+            e => e,
+        })?;
+        for p in &pushed {
+            emit(&pushed_line(p))?;
         }
+        first += n;
         rest = after;
     }
     Ok(0)

@@ -360,6 +360,14 @@ fn queue_push_lines_pushes_one_job_per_line_in_batches() {
         "the CR of a CRLF line ending is not the payload's"
     );
     assert_eq!(d.stats("q")["ready"], 10_008);
+    // What only the store can refuse is named by its line too.
+    let out = push(&["--after", "999999"], b"a\nb\n");
+    assert_eq!(code(&out), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("stdin line 1") && err.contains("999999"),
+        "{err}"
+    );
     let both = d.run(&["queue", "push", "q", "--lines", "--payload", "x"]);
     assert_eq!(code(&both), 2);
 }
