@@ -327,11 +327,7 @@ fn push_lines(q: &leasehold::Queue, spec: &JobSpec) -> CliResult {
             // What the store refused (a named job not found, say): the
             // library names the job by its place in the batch.
             Error::Invalid { field, reason } => {
-                let at = reason
-                    .strip_prefix("job ")
-                    .and_then(|r| r.split_once(" of the batch: "))
-                    .and_then(|(i, rest)| Some((i.parse::<usize>().ok()?, rest)));
-                let reason = match at {
+                let reason = match leasehold::core::job::batch_place(&reason) {
                     Some((i, rest)) => format!("stdin line {}: {rest}", first + i + 1),
                     None => reason,
                 };

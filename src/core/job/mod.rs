@@ -2,8 +2,8 @@
 //! enqueue ([`JobSpec`]), the retry policy ([`QueuePolicy`], [`backoff_ms`]),
 //! a queue's stored settings (`flow`: [`QueueConfig`], pause and resume,
 //! concurrency limits; `rate`: rate limits), and the rules over them
-//! (Q1-Q5, F1-F4; `rules`: enqueue, claim, heartbeat,
-//! expire, cancel, retry, purge, stats, list; `settle`: complete, fail,
+//! (Q1-Q5, F1-F4; `enqueue`: one job or a batch; `rules`: claim, heartbeat,
+//! expire, stats, list; `operator`: cancel, retry, purge; `settle`: complete, fail,
 //! abandon, one at a time or a worker's batch), and what people look at
 //! (`view`: queues, pages of jobs, summaries).
 //!
@@ -12,6 +12,7 @@
 //! error changes nothing.
 
 mod deps;
+mod enqueue;
 mod flow;
 mod operator;
 mod progress;
@@ -22,6 +23,7 @@ mod unique;
 mod view;
 
 pub use deps::MAX_AFTER;
+pub use enqueue::*;
 pub use flow::*;
 pub use operator::*;
 pub use progress::{record_progress, Progress, MAX_PROGRESS_MESSAGE};

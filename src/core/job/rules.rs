@@ -2,20 +2,18 @@
 //! transaction and opens its job side once ([`Txn::jobs`]); a rule error
 //! is decided before anything is written.
 
+use super::deps;
 use super::flow::{claim_limited, slot_freed};
 use super::rate::{unpark_due, QUEUE_BUCKET};
 use super::{
-    backoff_ms, Claim, EnqueueOutcome, HeartbeatReply, JobId, JobRecord, JobSpec, JobState,
-    QueueConfig, QueuePolicy, StateCounts,
+    backoff_ms, Claim, HeartbeatReply, JobId, JobRecord, JobState, QueueConfig, QueuePolicy,
+    StateCounts,
 };
-use super::{deps, unique};
 use crate::core::{
-    check_count, check_key, check_text, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn,
-    Txn, Wake, MAX_ATTEMPTS, MAX_PAYLOAD_BYTES, MAX_TTL_MS,
+    check_count, check_key, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn, Txn, Wake,
 };
 use crate::error::Field;
 use crate::error::{Error, Result};
-use crate::time::StoreMs;
 use std::sync::Arc;
 
 /// Expired and due jobs handled per read while bringing a queue up to date
@@ -137,193 +135,6 @@ fn stale_by_time(job: &JobRecord, now_ms: u64) -> bool {
         (JobState::Scheduled, _) => job.run_at_ms <= now_ms,
         _ => false,
     }
-}
-
-/// Add a job to `queue`, or return the live job with the same unique key.
-pub fn enqueue(
-    tx: &mut dyn Txn,
-    queue: &str,
-    spec: &JobSpec,
-    policy: &QueuePolicy,
-) -> Result<EnqueueOutcome> {
-    let tx = tx.jobs()?;
-    check_queue(queue)?;
-    check_spec(spec)?;
-    let now_ms = tx.now_ms();
-    let run_at_ms = match spec.run_at.map(StoreMs::ms) {
-        Some(at) => {
-            let latest = now_ms.saturating_add(MAX_TTL_MS);
-            if at > latest {
-                return Err(Error::invalid(
-                    Field::RunAt,
-                    format!("{at} ms is more than a year after now ({now_ms} ms)"),
-                ));
-            }
-            at.max(now_ms)
-        }
-        None if spec.delay_ms == 0 => now_ms,
-        None => expiry_ms(Field::Delay, now_ms, spec.delay_ms)?,
-    };
-    if let Some(existing) = unique::blocking(tx, queue, spec, policy)? {
-        return Ok(existing);
-    }
-    let id = tx.next_job_id()?;
-    let mut job = JobRecord {
-        id,
-        queue: Arc::from(queue),
-        payload: Arc::from(spec.payload.as_slice()),
-        priority: spec.priority,
-        run_at_ms,
-        created_at_ms: now_ms,
-        max_attempts: spec.max_attempts,
-        attempts: 0,
-        expiries: 0,
-        last_token: 0,
-        state: JobState::Ready,
-        claim: None,
-        cancel_requested: false,
-        last_error: None,
-        unique_key: spec.unique_key.as_deref().map(Arc::from),
-        finished_at_ms: None,
-        result: None,
-        key: spec.key.as_deref().map(Arc::from),
-        timeout_ms: timeout_ms(spec),
-        parked: false,
-        progress: None,
-        after: None,
-        after_any: false,
-        waiting_on: 0,
-        has_children: false,
-    };
-    job.reschedule(run_at_ms, now_ms);
-    let after = deps::After {
-        ids: &spec.after,
-        any: spec.after_any,
-        gone_ended: false,
-    };
-    deps::link(tx, &mut job, after, policy)?;
-    put(tx, &job)?;
-    note(tx, &job, JobChange::Enqueued);
-    if job.state == JobState::Cancelled {
-        note(tx, &job, JobChange::Cancelled);
-    }
-    Ok(EnqueueOutcome { id, created: true })
-}
-
-/// Enqueue `specs` in order in this one transaction, as many
-/// [`enqueue`]s one after the other would (so a spec's unique key is
-/// judged against the jobs pushed before it in the batch too): their
-/// outcomes, in order. At most [`MAX_BATCH`](crate::core::MAX_BATCH) specs
-/// and [`MAX_BATCH_PAYLOAD_BYTES`](crate::core::MAX_BATCH_PAYLOAD_BYTES)
-/// of payloads. What [`check_spec`] checks is checked for every spec before
-/// any job is written; what needs the store (a run time against its clock,
-/// the jobs named in `after`) when its turn comes. An error names the spec
-/// at fault by its place in the batch (from 0), and the caller's
-/// transaction then rolls back: all the jobs or none.
-pub fn enqueue_many(
-    tx: &mut dyn Txn,
-    queue: &str,
-    specs: &[JobSpec],
-    policy: &QueuePolicy,
-) -> Result<Vec<EnqueueOutcome>> {
-    check_queue(queue)?;
-    if specs.len() > crate::core::MAX_BATCH {
-        return Err(Error::invalid(
-            Field::Batch,
-            format!(
-                "{} jobs is more than {} in one push",
-                specs.len(),
-                crate::core::MAX_BATCH
-            ),
-        ));
-    }
-    let bytes: usize = specs.iter().map(|s| s.payload.len()).sum();
-    if bytes > crate::core::MAX_BATCH_PAYLOAD_BYTES {
-        return Err(Error::invalid(
-            Field::Batch,
-            format!(
-                "{bytes} bytes of payloads is more than {} in one push (push fewer jobs at a time)",
-                crate::core::MAX_BATCH_PAYLOAD_BYTES
-            ),
-        ));
-    }
-    let at = |i: usize| {
-        move |e| match e {
-            Error::Invalid { field, reason } => Error::Invalid {
-                field,
-                reason: format!("job {i} of the batch: {reason}"),
-            },
-            e => e,
-        }
-    };
-    for (i, spec) in specs.iter().enumerate() {
-        check_spec(spec).map_err(at(i))?;
-    }
-    // The batch's unique keys locked in one order (a store that locks a
-    // key until the commit waits on it, as each push then does), so two
-    // batches sharing keys wait for each other instead of deadlocking.
-    let mut keys: Vec<&str> = specs
-        .iter()
-        .filter_map(|s| s.unique_key.as_deref())
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let jobs = tx.jobs()?;
-    for key in keys {
-        jobs.lock_unique(queue, key)?;
-    }
-    let mut outcomes = Vec::with_capacity(specs.len());
-    for (i, spec) in specs.iter().enumerate() {
-        outcomes.push(enqueue(tx, queue, spec, policy).map_err(at(i))?);
-    }
-    Ok(outcomes)
-}
-
-/// Check what an enqueue of `spec` checks by itself, without a store: the
-/// payload's size, the attempts, the keys and the unique and dependency
-/// options (a tool validates a batch with it before pushing any).
-pub fn check_spec(spec: &JobSpec) -> Result<()> {
-    if spec.payload.len() > MAX_PAYLOAD_BYTES {
-        return Err(Error::invalid(
-            Field::Payload,
-            format!(
-                "{} bytes is larger than {MAX_PAYLOAD_BYTES}",
-                spec.payload.len()
-            ),
-        ));
-    }
-    if spec.max_attempts == 0 || spec.max_attempts > MAX_ATTEMPTS {
-        return Err(Error::invalid(
-            Field::MaxAttempts,
-            format!("{} is outside 1..={MAX_ATTEMPTS}", spec.max_attempts),
-        ));
-    }
-    if let Some(key) = &spec.unique_key {
-        check_text(Field::UniqueKey, key)?;
-        if key.is_empty() {
-            return Err(Error::invalid(Field::UniqueKey, "must not be empty"));
-        }
-    }
-    unique::check(spec)?;
-    deps::check(spec)?;
-    if let Some(key) = &spec.key {
-        check_key(Field::ConcurrencyKey, key)?;
-    }
-    if let (Some(t), Some(ms)) = (spec.timeout, timeout_ms(spec)) {
-        if ms == 0 || ms > MAX_TTL_MS {
-            return Err(Error::invalid(
-                Field::Timeout,
-                format!("{t:?} is outside 1 ms..=one year"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A spec's run-time limit in whole ms (saturating), as jobs keep it.
-fn timeout_ms(spec: &JobSpec) -> Option<u64> {
-    spec.timeout
-        .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Bring `queue` up to date with the store's clock: running jobs whose
