@@ -316,6 +316,22 @@ fn newer_foreign_and_misnamed_schemas_are_refused_and_left_untouched() {
     ));
 }
 
+/// A store whose round trips `proxy` counts: one connection, on `clock`
+/// (an injected clock makes every BEGIN read the marks itself, so counts
+/// do not depend on when a session's reading of them runs out).
+fn counted_store(
+    schema: &Schema,
+    proxy: &pg::RoundTrips,
+    clock: &Arc<ManualClock>,
+) -> PostgresStore {
+    let opts = PostgresOptions {
+        max_connections: 1,
+        clock: Some(clock.clone()),
+        ..PostgresOptions::default()
+    };
+    PostgresStore::open_with(&proxy.url(schema), opts).unwrap()
+}
+
 /// A batch push takes its jobs' ids in blocks that double with each round
 /// trip: 1,000 jobs cost about log2(1,000) round trips for their ids, not
 /// one each, and a one-job push costs what a push does (BEGIN, one id, the
@@ -329,12 +345,7 @@ fn a_batch_push_takes_its_ids_in_doubling_blocks() {
     let schema = Schema::new("idblocks");
     let proxy = pg::RoundTrips::start();
     let clock = Arc::new(ManualClock::new(1_000_000));
-    let opts = PostgresOptions {
-        max_connections: 1,
-        clock: Some(clock.clone()),
-        ..PostgresOptions::default()
-    };
-    let store = PostgresStore::open_with(&proxy.url(&schema), opts).unwrap();
+    let store = counted_store(&schema, &proxy, &clock);
     let q = Client::builder(store)
         .clock(clock)
         .build()
@@ -425,12 +436,7 @@ fn a_batch_costs_three_round_trips_whatever_its_size() {
     }
     let schema = Schema::new("trips");
     let proxy = pg::RoundTrips::start();
-    let opts = PostgresOptions {
-        max_connections: 1,
-        clock: Some(Arc::new(ManualClock::new(1_000_000))),
-        ..PostgresOptions::default()
-    };
-    let store = PostgresStore::open_with(&proxy.url(&schema), opts).unwrap();
+    let store = counted_store(&schema, &proxy, &Arc::new(ManualClock::new(1_000_000)));
     let (policy, holder) = (QueuePolicy::default(), HolderId(7));
     let trips = |f: &mut dyn FnMut()| {
         let before = proxy.count();
@@ -496,12 +502,7 @@ fn the_api_sends_a_one_row_read_with_its_begin() {
     let schema = Schema::new("early");
     let proxy = pg::RoundTrips::start();
     let clock = Arc::new(ManualClock::new(1_000_000));
-    let opts = PostgresOptions {
-        max_connections: 1,
-        clock: Some(clock.clone()),
-        ..PostgresOptions::default()
-    };
-    let store = Arc::new(PostgresStore::open_with(&proxy.url(&schema), opts).unwrap());
+    let store = Arc::new(counted_store(&schema, &proxy, &clock));
     let client = Client::builder_shared(store.clone())
         .clock(clock.clone())
         .build();
