@@ -211,3 +211,37 @@ pub fn batch_place(reason: &str) -> Option<(usize, &str)> {
     let (i, rest) = reason.strip_prefix(BATCH_JOB)?.split_once(OF_THE_BATCH)?;
     Some((i.parse().ok()?, rest))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `enqueue_many` writes, `batch_place` reads back; an error
+    /// about the whole batch names no job.
+    #[test]
+    fn a_batch_error_names_its_job_and_batch_place_reads_it() {
+        let specs = [
+            JobSpec::new("ok"),
+            JobSpec::new(vec![0u8; MAX_PAYLOAD_BYTES + 1]),
+        ];
+        let store = crate::MemStore::new();
+        let err = crate::StoreExt::txn(&store, |tx| {
+            enqueue_many(tx, "q", &specs, &QueuePolicy::default())
+        })
+        .unwrap_err();
+        let Error::Invalid { reason, .. } = err else {
+            panic!("{err:?}")
+        };
+        let (place, rest) = batch_place(&reason).unwrap();
+        assert_eq!(place, 1);
+        assert!(
+            rest.starts_with(&format!("{} bytes", MAX_PAYLOAD_BYTES + 1)),
+            "{rest}"
+        );
+        assert_eq!(
+            batch_place("10001 jobs is more than 10000 in one push"),
+            None
+        );
+        assert_eq!(batch_place("job x of the batch: y"), None);
+    }
+}
