@@ -112,14 +112,16 @@ pub fn the_loss_is_a_future_and_a_cancelled_token(make: &Make) {
 }
 
 /// A guard renewed many times, then released: the key is free at once
-/// and stays free (no renewal outlives the release).
+/// and stays free (no renewal outlives the release). (A TTL of 300 ms: at
+/// 150 ms, a PostgreSQL renewal's commit delayed past 100 ms on a loaded
+/// machine once let the lease expire.)
 pub fn release_awaits_the_keep_alive(make: &Make) {
     let f = make();
     runtime(8).block_on(async {
         let a = client(&f);
         for round in 0..5 {
-            let guard = a.acquire("kept", LeaseOptions::new(ms(150))).await.unwrap();
-            tokio::time::sleep(ms(400 + round * 7)).await;
+            let guard = a.acquire("kept", LeaseOptions::new(ms(300))).await.unwrap();
+            tokio::time::sleep(ms(700 + round * 7)).await;
             assert!(guard.is_valid(), "the keep-alive kept it past its TTL");
             guard.release().await.unwrap();
             assert!(a.inspect("kept").await.unwrap().holders.is_empty());
