@@ -195,31 +195,33 @@ impl GroupConn for SqlConn {
     }
 }
 
-/// The WAL a closing handle leaves behind, at most: past this it
-/// checkpoints first. The next process to open the database when no
-/// other has it open reads the whole WAL to rebuild its index (about
+/// The WAL a closing handle leaves behind, at most: past this it lets
+/// SQLite checkpoint at close. The next process to open the database when
+/// no other has it open reads the whole WAL to rebuild its index (about
 /// 0.7 ms a megabyte here), and SQLite's own checkpoint runs only every
 /// 1,000 pages (4 MB), so a burst of short-lived processes would each pay
 /// for a WAL near that size.
 const WAL_LEFT_MAX_BYTES: u64 = 256 * 1024;
 
-/// Close the store's connection. SQLite does not checkpoint at close
-/// (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`, set in `connect`); this does, and
-/// truncates the WAL, when it has grown past [`WAL_LEFT_MAX_BYTES`],
-/// without waiting: another process busy in the database makes it give up
-/// (that process, or the next to close, checkpoints). A failure here loses
-/// nothing (the WAL holds every commit), so it is not reported.
-pub(super) fn close(c: SqlConn, path: &std::path::Path) {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    let big = std::fs::metadata(std::path::PathBuf::from(wal))
-        .map(|m| m.len() > WAL_LEFT_MAX_BYTES)
-        .unwrap_or(false);
+/// Close the store's connection. SQLite does not checkpoint when its
+/// last connection closes (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`, set in
+/// `connect`) unless the WAL file has grown past [`WAL_LEFT_MAX_BYTES`]:
+/// then the option is cleared first, and SQLite's own rule applies (the
+/// last connection to the database, and only it, checkpoints and deletes
+/// the WAL; with another connection open, in any process, nothing
+/// happens and nobody waits). The file's size overstates what the WAL
+/// holds once SQLite's own checkpoints have run (it never shrinks the
+/// file), which costs at most one checkpoint more: that one deletes it.
+pub(super) fn close(c: SqlConn) {
+    let wal = c.conn.path().map(|db| format!("{db}-wal"));
+    let big = wal
+        .and_then(|w| std::fs::metadata(w).ok())
+        .is_some_and(|m| m.len() > WAL_LEFT_MAX_BYTES);
     if big {
-        arm_busy(std::time::Duration::ZERO);
-        let _ = c
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        let _ = c.conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            false,
+        );
     }
     drop(c);
 }

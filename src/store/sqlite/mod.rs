@@ -20,11 +20,12 @@
 //!   retries with jittered backoff up to its own deadline.
 //! - **WAL mode**, checked to have taken effect. `synchronous=NORMAL` by
 //!   default: a committed transaction survives a crash of the process; after
-//!   a power loss or OS crash the last transactions before the latest WAL
+//!   a power loss or OS crash the last transactions since the latest WAL
 //!   checkpoint may be lost, never half-applied. `FULL` syncs the WAL on
-//!   every commit and loses nothing that was acknowledged. Closing does
-//!   not checkpoint unless the WAL passed 256 KiB (`conn::close`): a
-//!   short-lived process pays no checkpoint fsyncs when it exits.
+//!   every commit and loses nothing that was acknowledged. The last
+//!   connection to close does not checkpoint unless the WAL file passed
+//!   256 KiB (`conn::close`): a short-lived process pays no checkpoint
+//!   fsyncs when it exits, and its commits stay in the WAL.
 //! - **Indexes match the scans exactly**: one index of every job by queue,
 //!   band (its state, roughly) and the band's own order (`priority DESC,
 //!   run_at, id` for ready jobs, `lease_until` for running ones), so a
@@ -406,7 +407,7 @@ impl Drop for SqliteStore {
     fn drop(&mut self) {
         if let Some(conn) = self.group.take_conn() {
             if self.fork.is_origin_strict() {
-                conn::close(conn, &self.path);
+                conn::close(conn);
             } else {
                 // Closing in a forked child could disturb the parent's locks.
                 std::mem::forget(conn);
