@@ -768,7 +768,16 @@ fn run_on_the_file_store_stopped_past_its_ttl_exits_76() {
     stopped_run(Dir::new_file("stop"));
 }
 
+/// `run` holding `job` (TTL 600 ms) is stopped, then resumed after
+/// another holder took the key over: it exits 76. The stop comes once the
+/// holder reported its grant (a stop during its start once caught it
+/// inside PostgreSQL's schema setup on a loaded machine). A stop can still
+/// land inside one of its renewals' transactions, whose row lock then
+/// holds every other transaction on the key until the server ends the
+/// stalled session (`idle_in_transaction_session_timeout`, 10 s): the
+/// acquire is retried while the store says busy, up to 30 s.
 fn stopped_run(d: Dir) {
+    use std::io::BufRead;
     let mut holder = d.cmd();
     holder.args([
         "run", "job", "--ttl", "600ms", "--grace", "200ms", "--", "sleep", "30",
@@ -776,10 +785,27 @@ fn stopped_run(d: Dir) {
     holder.process_group(0);
     use std::os::unix::process::CommandExt;
     let mut holder = holder.stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let mut stderr = std::io::BufReader::new(holder.stderr.take().unwrap());
+    let mut granted = String::new();
+    stderr.read_line(&mut granted).unwrap();
+    assert!(granted.contains("with token 1"), "{granted:?}");
+    std::thread::sleep(Duration::from_millis(100));
     pgid_kill(holder.id(), libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(1200));
-    let taken = d.json(&["lock", "acquire", "job", "--ttl", "10s"]);
+    let args = ["lock", "acquire", "job", "--ttl", "10s"];
+    let start = Instant::now();
+    let taken = loop {
+        let out = d.run(&args);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            let text = String::from_utf8(out.stdout).unwrap();
+            break serde_json::from_str::<serde_json::Value>(text.trim()).unwrap();
+        }
+        assert!(
+            said.contains("busy") && start.elapsed() < Duration::from_secs(30),
+            "{args:?}: {said}"
+        );
+    };
     assert_eq!(
         taken["token"].as_u64(),
         Some(2),

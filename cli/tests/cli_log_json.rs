@@ -194,7 +194,14 @@ fn run_and_a_lost_lease_under_log_json() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Stopped once it holds the key, not during its start.
+    cli::within(Duration::from_secs(10), || {
+        d.json(&["lock", "status", "job"])["holders"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    })
+    .expect("the holder holds the key");
+    std::thread::sleep(Duration::from_millis(100));
     group_signal(holder.id(), libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(1200));
     d.json(&["lock", "acquire", "job", "--ttl", "10s"]);
