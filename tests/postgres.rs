@@ -1069,3 +1069,68 @@ fn an_upgraded_schema_gets_this_builds_push_function() {
         "the function knows the waiting state"
     );
 }
+
+/// A worker's sessions plan their batch statements (the read of a batch of
+/// jobs, the many-row UPDATE) for the batch and the table as they are, not
+/// once for the session: a session that settled batches while `jobs` was
+/// small (PostgreSQL then caches a plan that scans the whole table, from a
+/// prepared statement's sixth run) still reads a batch by its ids after the
+/// table has grown. Measured by the table's sequential reads
+/// (`seq_tup_read`, flushed when the sessions end): on the cached plan each
+/// batch read and UPDATE after the growth read every row.
+#[test]
+fn batches_after_the_table_grew_still_read_by_id() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("plans");
+    let store: Arc<dyn Store> = Arc::new(schema.open(PostgresOptions::default()));
+    let q = Client::builder_shared(store).build().queue("q").unwrap();
+    let lease = Duration::from_secs(60);
+    let specs = |n: usize| -> Vec<JobSpec> { (0..n).map(|_| JobSpec::new(vec![1])).collect() };
+    let settle_rounds = |batch: usize, rounds: usize| {
+        for _ in 0..rounds {
+            let jobs = q.claim_batch(batch, lease).unwrap();
+            assert_eq!(jobs.len(), batch);
+            for r in q.complete_many(&jobs).unwrap() {
+                r.unwrap();
+            }
+        }
+    };
+    // Small: ten claim and settle rounds of four jobs on one session.
+    q.push_many(&specs(40)).unwrap();
+    settle_rounds(4, 10);
+    // Grown: 20,000 rows, then four more rounds of 64.
+    const GROWN: i64 = 20_000;
+    for _ in 0..(GROWN / 1_000) {
+        q.push_many(&specs(1_000)).unwrap();
+    }
+    settle_rounds(64, 4);
+    drop(q);
+    // Ended sessions flush their counters; wait until every update shows.
+    let updates = 2 * (40 + 4 * 64);
+    let read_counters = || {
+        admin(&format!(
+            "SELECT coalesce(n_tup_upd, 0), coalesce(seq_tup_read, 0)
+             FROM pg_stat_user_tables WHERE schemaname = '{}' AND relname = 'jobs'",
+            schema.0
+        ))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (updated, seq_read) = loop {
+        let rows = read_counters();
+        let (updated, seq_read): (i64, i64) = (rows[0].get(0), rows[0].get(1));
+        if updated >= updates || Instant::now() > deadline {
+            break (updated, seq_read);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        updated >= updates,
+        "counters never showed the updates: {updated}"
+    );
+    assert!(
+        seq_read < GROWN,
+        "a batch after the growth scanned the whole table: {seq_read} rows read in sequence"
+    );
+}

@@ -325,9 +325,11 @@ impl PostgresStore {
             let begin = &self.begin_sql[usize::from(asked)];
             let clock = (!injected).then_some(SERVER_CLOCK);
             let early = first.and_then(|first| early::render(first, clock));
-            let msgs = match &early {
-                Some(read) => conn.client.simple_query(&format!("{begin};\n{read}")),
-                None => conn.client.simple_query(begin),
+            let setting = first.and_then(early::setting);
+            let msgs = match (&early, setting) {
+                (Some(read), _) => conn.client.simple_query(&format!("{begin};\n{read}")),
+                (None, Some(set)) => conn.client.simple_query(&format!("{begin};\n{set}")),
+                (None, None) => conn.client.simple_query(begin),
             }
             .map_err(fail)?;
             let (row, early_rows) = early::split(msgs);

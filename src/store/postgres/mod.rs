@@ -45,6 +45,13 @@
 //!   Rust.
 //! - **Indexes match the scans**: one partial index per job state, ordered
 //!   as the scan orders, so claim cost does not grow with finished jobs.
+//!   A batch of jobs is looked up by id through the primary key, one by
+//!   one, whatever the planner's statistics say: the statements that take
+//!   a batch of ids (a settle's or renewal's read, the many-row UPDATE)
+//!   run after settings that plan them for their own parameters with
+//!   neither a scan of the table nor a hash join to choose (`sql.rs`,
+//!   `BY_ID_PLANS`), since a plan made while the table was small scanned
+//!   all of it for every batch once it had grown.
 //! - **Wake-ups**: a transaction that frees a lease slot or makes a job
 //!   ready sends `pg_notify` on the schema's channel; a listener thread per
 //!   store handle (started on the first wait, with its own connection)

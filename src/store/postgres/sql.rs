@@ -278,6 +278,24 @@ fn update_values(j: &JobRecord) -> Result<[Value<'_>; 21]> {
     ])
 }
 
+/// Settings for the rest of the transaction, sent before the statements
+/// that take a batch of job ids (the read of a batch, the many-row UPDATE):
+/// look the rows up by id, through the primary key, one by one. Left to
+/// itself the planner scans the whole table and hashes it against the
+/// batch: for 64 ids and more its cost model (random pages at 4x a
+/// sequential one) prefers that up to tens of thousands of rows, and a
+/// prepared statement's plan is made once (from its sixth run) for the
+/// table as it was then (a few hundred rows) and kept for the session
+/// until autovacuum analyzes the table. On a cached table, a scan of
+/// 20,000 rows costs about 1.5 ms a batch where the lookups of 128 cost
+/// 0.1-0.2 ms; measured in the `postgres` cost table, runs of
+/// `work loop/8` fell to 8.7-14.6k jobs/s where others made 31-34k
+/// (BENCHMARKS.md). So each statement is planned for its own parameters
+/// (`plan_cache_mode`), with neither a scan of the table nor a hash or
+/// merge join to choose.
+pub(super) const BY_ID_PLANS: &str = "SET LOCAL plan_cache_mode = force_custom_plan; \
+    SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
+
 /// The name of the many-row UPDATE each session prepares (SQL-level
 /// `PREPARE`).
 const PREPARED_UPDATE: &str = "leasehold_jobs_update";
@@ -378,7 +396,8 @@ pub(super) fn render_job_writes(
                 .raw("(")
                 .job_scalars(one)?,
             _ => sql
-                .raw("EXECUTE ")
+                .raw(BY_ID_PLANS)
+                .raw(";\nEXECUTE ")
                 .raw(PREPARED_UPDATE)
                 .raw("(")
                 .job_arrays(&group)?,
@@ -488,7 +507,7 @@ mod tests {
             .lines()
             .map(|l| l.split(' ').next().unwrap_or(""))
             .collect();
-        assert_eq!(statements, ["DELETE", "EXECUTE", "INSERT"], "{sql}");
+        assert_eq!(statements, ["DELETE", "SET", "EXECUTE", "INSERT"], "{sql}");
         assert!(sql.contains("'{1,2,3,"), "the ids as one array: {sql}");
     }
 
@@ -519,12 +538,16 @@ mod tests {
             existing(&claimed, JobState::Ready),
             existing(&finished, JobState::Running),
         ];
-        assert_eq!(render(&writes, &[]).lines().count(), 1);
+        assert_eq!(
+            render(&writes, &[]).lines().count(),
+            2,
+            "the plans' settings, the UPDATE"
+        );
     }
 
     /// One row is written by the one-row statement, its fields as plain
     /// literals in the order of the prepared parameters; two or more by
-    /// the array statement.
+    /// the array statement, planned to look them up by id.
     #[test]
     fn one_row_is_written_with_plain_literals() {
         let mut failed = job(4, JobState::Scheduled, None);
@@ -540,7 +563,9 @@ mod tests {
             existing(&failed, JobState::Running),
             existing(&other, JobState::Running),
         ];
-        assert!(render(&writes, &[]).starts_with("EXECUTE leasehold_jobs_update('{4,5}'"));
+        let many = render(&writes, &[]);
+        let update = many.find("EXECUTE leasehold_jobs_update('{4,5}'").unwrap();
+        assert_eq!(&many[..update], format!("{BY_ID_PLANS};\n"));
         let prepared = prepare_update("\"s\"");
         assert!(
             prepared.contains("PREPARE leasehold_job_update(int8, int4, int8, int8, int8, int8, int8, int2, bytea, int8, int8, bool, text, int8, bytea, bool, int8, int4, text, int4, bool) AS UPDATE \"s\".jobs SET priority = $2, run_at = $3,"),
