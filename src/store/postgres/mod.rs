@@ -259,8 +259,8 @@ pub struct PostgresStore {
     channel: String,
     /// The call reading the marks and the fence at BEGIN.
     meta_read: String,
-    /// BEGIN's statements (`meta::begin_sql`).
-    begin_sql: [String; 2],
+    /// BEGIN's statements (`meta::begin_sql`; the pool prepares them).
+    begin_sql: Arc<meta::BeginSql>,
     opts: PostgresOptions,
     fork: ForkGuard,
     /// Highest store time this handle handed out.
@@ -348,7 +348,9 @@ impl PostgresStore {
         }
         let tls = tls::configure(&tls_params, &mut config)?;
         let schema = format!("\"{}\"", opts.schema);
+        let begin_sql = Arc::new(meta::begin_sql(&opts, &format!("{schema}.txn_meta()")));
         let pool = Pool::new(PoolConfig {
+            begin_sql: begin_sql.clone(),
             shown: describe_config(&config, &opts.schema, &tls_params),
             connector: Connector { config, tls },
             session_setup: format!(
@@ -363,7 +365,7 @@ impl PostgresStore {
         });
         let store = PostgresStore {
             channel: migrate::channel(&opts.schema),
-            begin_sql: meta::begin_sql(&opts, &format!("{}.txn_meta()", pool.cfg.schema)),
+            begin_sql,
             meta_read: format!("{}.txn_meta()", pool.cfg.schema),
             pool,
             opts,

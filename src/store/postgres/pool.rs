@@ -4,11 +4,13 @@
 
 use super::early::prepare_early;
 use super::error::{pg_err, Stage};
+use super::meta::BeginSql;
 use super::sql::prepare_update;
 use super::statements::Statements;
 use crate::error::{Error, Result};
 use crate::sync::{lock, Condvar, Mutex};
 use postgres::{Client, Config, NoTls};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -58,6 +60,8 @@ pub(super) struct PoolConfig {
     pub schema: String,
     /// Run on every new session before its statements are prepared.
     pub session_setup: String,
+    /// BEGIN's statements, prepared by every session.
+    pub begin_sql: Arc<BeginSql>,
     /// Connections open at most.
     pub max_connections: usize,
     /// How long a checkout waits for a free connection.
@@ -112,9 +116,10 @@ impl Pool {
             .and_then(|st| {
                 let schema = &self.cfg.schema;
                 client.batch_execute(&format!(
-                    "{};\n{}",
+                    "{};\n{};\n{}",
                     prepare_update(schema),
-                    prepare_early(schema)
+                    prepare_early(schema),
+                    self.cfg.begin_sql.prepare
                 ))?;
                 Ok(st)
             })
