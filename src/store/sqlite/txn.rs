@@ -7,7 +7,7 @@ mod job_rows;
 use super::cache::RowCache;
 use super::conn::sql_err;
 use super::listing;
-use super::rows::{JobRow, SCAN_SQL};
+use super::rows::SCAN_SQL;
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, LeaseRecord,
     Pending, QueueConfig, RateLog, ScheduleRecord, StateCounts, StateSet, Txn,
@@ -15,8 +15,7 @@ use crate::core::{
 use crate::error::Field;
 use crate::error::Result;
 use crate::hash::IdSet;
-use crate::store::{after_text, i64_of, u64_of, LeaseCache};
-use job_rows::{held, insert_job_sql};
+use crate::store::{i64_of, u64_of, LeaseCache};
 use rusqlite::{params, Connection};
 use std::sync::Arc;
 
@@ -206,55 +205,7 @@ impl JobTxn for SqlTxn<'_> {
         if self.loaded.contains(&job.id) {
             return self.update_job(job);
         }
-        let fail = |e| sql_err(|| format!("writing job {}", job.id), e);
-        let stmt = held(&mut self.insert, self.conn, insert_job_sql).map_err(fail)?;
-        let JobRow {
-            id,
-            run_at,
-            created,
-            last_token,
-            holder,
-            token,
-            until,
-            finished,
-            timeout,
-            deadline,
-        } = JobRow::of(job)?;
-        stmt.execute(params![
-            id,
-            &*job.queue,
-            &*job.payload,
-            job.priority,
-            run_at,
-            created,
-            job.max_attempts,
-            job.attempts,
-            job.expiries,
-            last_token,
-            i64::from(job.state.code()),
-            holder,
-            token,
-            until,
-            i64::from(job.cancel_requested),
-            job.last_error.as_deref(),
-            job.unique_key.as_deref(),
-            finished,
-            job.result.as_deref(),
-            job.key.as_deref(),
-            job.parked,
-            timeout,
-            deadline,
-            job.progress.as_ref().map(|p| p.permyriad),
-            job.progress.as_ref().map(|p| &*p.message),
-            job.after.as_deref().map(after_text),
-            job.after_any,
-            job.waiting_on,
-            job.has_children,
-        ])
-        .map_err(fail)?;
-        // Every column was written from `job`.
-        self.rows.wrote(job);
-        Ok(())
+        self.insert_job(job)
     }
 
     fn link(&mut self, parent: JobId, child: JobId) -> Result<()> {

@@ -9,16 +9,16 @@ use super::SqlTxn;
 use crate::core::{JobId, JobRecord};
 use crate::error::{Field, Result};
 use crate::hash::IdMap;
-use crate::store::i64_of;
 use crate::store::sqlite::conn::sql_err;
 use crate::store::sqlite::rows::{
     job_from_row, job_from_row_at, sql_quote, JobRow, BY_ID_SQL, BY_ID_WIDTHS, JOB_COLUMNS,
 };
 use crate::store::u64_of;
+use crate::store::{after_text, i64_of};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 /// [`SqlTxn::update_job`]'s statement.
-pub(super) const UPDATE_JOB_SQL: &str =
+const UPDATE_JOB_SQL: &str =
     "UPDATE jobs SET priority = ?2, run_at = ?3, max_attempts = ?4, attempts = ?5,
    expiries = ?6, last_token = ?7, state = ?8, claim_holder = ?9,
    claim_token = ?10, lease_until = ?11, cancel_requested = ?12,
@@ -29,7 +29,7 @@ pub(super) const UPDATE_JOB_SQL: &str =
 
 /// [`JobTxn::put_job`](crate::core::JobTxn::put_job)'s statement for a job not read in this transaction
 /// (a new one, or an upsert of a whole record).
-pub(super) fn insert_job_sql() -> String {
+fn insert_job_sql() -> String {
     format!(
         "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)
              ON CONFLICT(id) DO UPDATE SET
@@ -51,7 +51,7 @@ pub(super) fn insert_job_sql() -> String {
 
 /// The statement `slot` holds for the transaction, taken from `conn`'s
 /// cache (the text from `sql`) on first use.
-pub(super) fn held<'s, 'c>(
+fn held<'s, 'c>(
     slot: &'s mut Option<rusqlite::CachedStatement<'c>>,
     conn: &'c Connection,
     sql: impl FnOnce() -> String,
@@ -104,6 +104,60 @@ impl SqlTxn<'_> {
         .map_err(fail)?;
         // It was read in this transaction: the columns not written are
         // the ones read, so `job` is the row as it now stands.
+        self.rows.wrote(job);
+        Ok(())
+    }
+
+    /// Write a job not read in this transaction: every column (an insert,
+    /// or an upsert of the whole record).
+    pub(super) fn insert_job(&mut self, job: &JobRecord) -> Result<()> {
+        let fail = |e| sql_err(|| format!("writing job {}", job.id), e);
+        let stmt = held(&mut self.insert, self.conn, insert_job_sql).map_err(fail)?;
+        let JobRow {
+            id,
+            run_at,
+            created,
+            last_token,
+            holder,
+            token,
+            until,
+            finished,
+            timeout,
+            deadline,
+        } = JobRow::of(job)?;
+        stmt.execute(params![
+            id,
+            &*job.queue,
+            &*job.payload,
+            job.priority,
+            run_at,
+            created,
+            job.max_attempts,
+            job.attempts,
+            job.expiries,
+            last_token,
+            i64::from(job.state.code()),
+            holder,
+            token,
+            until,
+            i64::from(job.cancel_requested),
+            job.last_error.as_deref(),
+            job.unique_key.as_deref(),
+            finished,
+            job.result.as_deref(),
+            job.key.as_deref(),
+            job.parked,
+            timeout,
+            deadline,
+            job.progress.as_ref().map(|p| p.permyriad),
+            job.progress.as_ref().map(|p| &*p.message),
+            job.after.as_deref().map(after_text),
+            job.after_any,
+            job.waiting_on,
+            job.has_children,
+        ])
+        .map_err(fail)?;
+        // Every column was written from `job`.
         self.rows.wrote(job);
         Ok(())
     }
