@@ -16,7 +16,7 @@
 //! 128 (BENCHMARKS.md), the text form of many rows costs the server more
 //! than the round trip saves.
 
-use super::sql::{Sql, BY_ID_PLANS};
+use super::sql::{Sql, BY_ID};
 use super::statements::{job_get_sql, pending_ready_sql, LEASE_GET};
 use crate::error::Field;
 use crate::store::FirstRead;
@@ -74,9 +74,9 @@ pub(super) fn render(first: &FirstRead<'_>, clock: Option<&str>) -> Option<Strin
 
 /// A setting sent with `BEGIN` for what `first` reads: a batch of jobs is
 /// looked up by id, one by one
-/// ([`BY_ID_PLANS`]).
+/// ([`BY_ID`]).
 pub(super) fn setting(first: &FirstRead<'_>) -> Option<&'static str> {
-    matches!(first, FirstRead::Jobs(ids) if ids.len() > 1).then_some(BY_ID_PLANS)
+    matches!(first, FirstRead::Jobs(ids) if ids.len() > 1).then_some(BY_ID)
 }
 
 /// The row of `BEGIN`'s own statement and the rows of the read sent after

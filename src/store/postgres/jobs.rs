@@ -6,7 +6,7 @@ use super::error::{pg_err, Stage};
 use super::listing;
 use super::pool::Conn;
 use super::rows::{job_from_row, queue_config, Cells};
-use super::statements::JOB_COLUMN_COUNT;
+use super::statements::{Statements, JOB_COLUMN_COUNT};
 use super::txn::{CachedJob, PgTxn, MAX_ID_BLOCK};
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, Pending,
@@ -16,6 +16,7 @@ use crate::error::{Error, Field, Result};
 use crate::store::{i64_of, rate_columns, schedule_of_row, u64_of};
 use postgres::types::ToSql;
 use postgres::Row;
+use postgres::Statement;
 use std::sync::Arc;
 
 impl JobTxn for PgTxn<'_> {
@@ -82,9 +83,13 @@ impl JobTxn for PgTxn<'_> {
         missing.sort_unstable();
         missing.dedup();
         if !missing.is_empty() {
+            let read: fn(&Statements) -> &Statement = match self.by_id {
+                true => |st| &st.jobs_get_by_id,
+                false => |st| &st.jobs_get,
+            };
             let rows = self.query(
                 &format!("reading {} jobs", missing.len()),
-                |st| &st.jobs_get,
+                read,
                 &[&missing],
             )?;
             self.absorb_with(&rows, &mut Vec::new(), true)?;

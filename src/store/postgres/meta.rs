@@ -307,6 +307,8 @@ pub(super) struct Begun {
     pub floor: u64,
     /// The rows of the read sent with BEGIN, if one was.
     pub early: Option<Vec<SimpleQueryRow>>,
+    /// BEGIN set [`BY_ID`](super::sql::BY_ID).
+    pub by_id: bool,
 }
 
 impl PostgresStore {
@@ -373,11 +375,13 @@ impl PostgresStore {
             };
             let now = now.max(self.high_water_ms.fetch_max(now, Ordering::SeqCst));
             let text = row.and_then(|r| r.get(1)).map(str::to_owned);
+            let by_id = early.is_none() && setting.is_some();
             let begun = |floor| Begun {
                 now_ms: now,
                 server_ms: server_now.filter(|_| !injected),
                 floor,
                 early,
+                by_id,
             };
             if self.opts.ignore_marks {
                 return Ok(begun(Meta::parse(text.as_deref()).token_floor));

@@ -48,10 +48,10 @@
 //!   A batch of jobs is looked up by id through the primary key, one by
 //!   one, whatever the planner's statistics say: the statements that take
 //!   a batch of ids (a settle's or renewal's read, the many-row UPDATE)
-//!   run after settings that plan them for their own parameters with
-//!   neither a scan of the table nor a hash join to choose (`sql.rs`,
-//!   `BY_ID_PLANS`), since a plan made while the table was small scanned
-//!   all of it for every batch once it had grown.
+//!   run only after settings that leave the planner neither a scan of the
+//!   table nor a hash join to choose (`sql.rs`, `BY_ID`), since a plan
+//!   made while the table was small scanned all of it for every batch
+//!   once it had grown.
 //! - **Wake-ups**: a transaction that frees a lease slot or makes a job
 //!   ready sends `pg_notify` on the schema's channel; a listener thread per
 //!   store handle (started on the first wait, with its own connection)
@@ -426,6 +426,7 @@ impl PostgresStore {
         })?;
         let mut tx = PgTxn::new(&mut *conn, &self.pool.cfg.schema, begun.now_ms);
         tx.token_floor = begun.floor;
+        tx.by_id = begun.by_id;
         let server_ms = begun.server_ms;
         let early = match (first, begun.early) {
             (Some(FirstRead::Lease(key)), Some(rows)) => {

@@ -290,11 +290,15 @@ fn update_values(j: &JobRecord) -> Result<[Value<'_>; 21]> {
 /// 20,000 rows costs about 1.5 ms a batch where the lookups of 128 cost
 /// 0.1-0.2 ms; measured in the `postgres` cost table, runs of
 /// `work loop/8` fell to 8.7-14.6k jobs/s where others made 31-34k
-/// (BENCHMARKS.md). So each statement is planned for its own parameters
-/// (`plan_cache_mode`), with neither a scan of the table nor a hash or
-/// merge join to choose.
-pub(super) const BY_ID_PLANS: &str = "SET LOCAL plan_cache_mode = force_custom_plan; \
-    SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
+/// (BENCHMARKS.md). With neither a scan of the table nor a hash or merge
+/// join to choose, every plan of these statements (each runs only after
+/// these settings: the batch read is a statement of its own,
+/// `jobs_get_by_id`) is the lookup by id, whatever the table's size when
+/// it was made, so the session may keep it. The other statements of such
+/// a transaction (a queue's row, a job's children, the rate buckets) have
+/// an index to go through too.
+pub(super) const BY_ID: &str =
+    "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
 
 /// The name of the many-row UPDATE each session prepares (SQL-level
 /// `PREPARE`).
@@ -310,8 +314,9 @@ const PREPARED_UPDATE_ONE: &str = "leasehold_job_update";
 /// Measured against the literal `UPDATE ... FROM (VALUES ...)` it replaced,
 /// literal arrays, and a protocol-level prepared statement with binary
 /// arrays (one more round trip): prepared and executed with array literals
-/// inside the commit script costs the server the least (no parse or plan
-/// per batch) and keeps the writes and the COMMIT in one round trip. For a
+/// inside the commit script costs the server the least (no parse per
+/// batch; its plan is the lookup by id that [`BY_ID`] leaves) and keeps
+/// the writes and the COMMIT in one round trip. For a
 /// single row the join of arrays cost the server 0.06 ms more than a plain
 /// `UPDATE ... WHERE id =` (BENCHMARKS.md), hence the second statement.
 pub(super) fn prepare_update(schema: &str) -> String {
@@ -396,7 +401,7 @@ pub(super) fn render_job_writes(
                 .raw("(")
                 .job_scalars(one)?,
             _ => sql
-                .raw(BY_ID_PLANS)
+                .raw(BY_ID)
                 .raw(";\nEXECUTE ")
                 .raw(PREPARED_UPDATE)
                 .raw("(")
@@ -565,7 +570,7 @@ mod tests {
         ];
         let many = render(&writes, &[]);
         let update = many.find("EXECUTE leasehold_jobs_update('{4,5}'").unwrap();
-        assert_eq!(&many[..update], format!("{BY_ID_PLANS};\n"));
+        assert_eq!(&many[..update], format!("{BY_ID};\n"));
         let prepared = prepare_update("\"s\"");
         assert!(
             prepared.contains("PREPARE leasehold_job_update(int8, int4, int8, int8, int8, int8, int8, int2, bytea, int8, int8, bool, text, int8, bytea, bool, int8, int4, text, int4, bool) AS UPDATE \"s\".jobs SET priority = $2, run_at = $3,"),

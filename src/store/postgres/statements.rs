@@ -9,6 +9,10 @@ pub(super) struct Statements {
     pub lease_get: Statement,
     pub job_get: Statement,
     pub jobs_get: Statement,
+    /// The same read, run only after [`BY_ID`](super::sql::BY_ID) (a
+    /// transaction that begins by reading a batch), so that every plan
+    /// the session keeps for it looks the jobs up by id.
+    pub jobs_get_by_id: Statement,
     /// `$1` new job ids (see `PgTxn::ids`).
     pub next_ids: Statement,
     pub unique_live: Statement,
@@ -127,15 +131,17 @@ impl Statements {
     ) -> std::result::Result<Statements, postgres::Error> {
         let mut p = |sql: String| client.prepare(&sql.replace("{s}", s));
         let j = job_columns_of_j();
+        let jobs_get = format!(
+            "SELECT {j}, {QUEUE_COLUMNS} FROM {{s}}.jobs j LEFT JOIN {{s}}.queues c ON c.queue = j.queue
+             WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE OF j"
+        );
         Ok(Statements {
             lease_get: p(LEASE_GET.into())?,
             job_get: p(job_get_sql())?,
             // Locked in id order, so two batches that share jobs never
             // deadlock (the lock is taken above the sort).
-            jobs_get: p(format!(
-                "SELECT {j}, {QUEUE_COLUMNS} FROM {{s}}.jobs j LEFT JOIN {{s}}.queues c ON c.queue = j.queue
-                 WHERE j.id = ANY($1) ORDER BY j.id FOR UPDATE OF j"
-            ))?,
+            jobs_get: p(jobs_get.clone())?,
+            jobs_get_by_id: p(jobs_get)?,
             next_ids: p("SELECT nextval('{s}.job_ids') FROM generate_series(1, $1::int8)".into())?,
             unique_live: p("SELECT id FROM {s}.jobs WHERE queue = $1 AND unique_key = $2 AND (state <= 2 OR state = 6)
                  AND ((1 << state) & $3::int4) != 0 ORDER BY id DESC LIMIT $4"

@@ -54,6 +54,9 @@ pub(super) struct PgTxn<'c> {
     pub(super) early_claim: Option<EarlyClaim>,
     /// A read sent with BEGIN served this transaction.
     pub(super) early_used: bool,
+    /// BEGIN set [`BY_ID`](super::sql::BY_ID): a batch is read by the
+    /// statement kept for it (`jobs_get_by_id`).
+    pub(super) by_id: bool,
     /// Job ids taken from the sequence and not used yet, largest first.
     /// Each round trip for ids takes twice as many as the last (up to
     /// [`MAX_ID_BLOCK`]): a transaction pushing one job takes one, one
@@ -111,6 +114,7 @@ impl<'c> PgTxn<'c> {
             early_lease: None,
             early_claim: None,
             early_used: false,
+            by_id: false,
             ids: Vec::new(),
             id_block: 1,
             unique_locked: HashSet::new(),
