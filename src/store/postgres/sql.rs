@@ -279,24 +279,15 @@ fn update_values(j: &JobRecord) -> Result<[Value<'_>; 21]> {
 }
 
 /// Settings for the rest of the transaction, sent before the statements
-/// that take a batch of job ids (the read of a batch, the many-row UPDATE):
-/// look the rows up by id, through the primary key, one by one. Left to
-/// itself the planner scans the whole table and hashes it against the
-/// batch: for 64 ids and more its cost model (random pages at 4x a
-/// sequential one) prefers that up to tens of thousands of rows, and a
-/// prepared statement's plan is made once (from its sixth run) for the
-/// table as it was then (a few hundred rows) and kept for the session
-/// until autovacuum analyzes the table. On a cached table, a scan of
-/// 20,000 rows costs about 1.5 ms a batch where the lookups of 128 cost
-/// 0.1-0.2 ms; measured in the `postgres` cost table, runs of
-/// `work loop/8` fell to 8.7-14.6k jobs/s where others made 31-34k
-/// (BENCHMARKS.md). With neither a scan of the table nor a hash or merge
-/// join to choose, every plan of these statements (each runs only after
-/// these settings: the batch read is a statement of its own,
-/// `jobs_get_by_id`) is the lookup by id, whatever the table's size when
-/// it was made, so the session may keep it. The other statements of such
-/// a transaction (a queue's row, a job's children, the rate buckets) have
-/// an index to go through too.
+/// that take a batch of job ids (the read of a batch, the many-row UPDATE),
+/// which run only after them (the batch read is a statement of its own,
+/// `jobs_get_by_id`): with neither a scan of the table nor a hash or merge
+/// join to choose, every plan the session keeps for them is the lookup by
+/// id through the primary key, whatever the table's size when it was made.
+/// Left to itself the planner scanned the whole table for 64 ids and more
+/// (its cost model prefers that up to tens of thousands of rows) and kept
+/// a plan made while the table was small (BENCHMARKS.md, twelfth session).
+/// The other statements of such a transaction have an index to go through.
 pub(super) const BY_ID: &str =
     "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
 
