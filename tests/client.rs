@@ -141,6 +141,75 @@ fn drop_releases_and_tokens_grow() {
     assert!(again.token() > t1 + 1);
 }
 
+/// A store whose transactions, while armed, wait at its door until a
+/// second one arrives (or a second passes): two acquires that both got
+/// past the client's own check meet in the store.
+struct Door {
+    inner: MemStore,
+    armed: AtomicBool,
+    inside: std::sync::Mutex<usize>,
+    arrived: std::sync::Condvar,
+}
+
+impl Store for Door {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        if self.armed.load(Ordering::SeqCst) {
+            let mut inside = self.inside.lock().unwrap();
+            *inside += 1;
+            self.arrived.notify_all();
+            let _ = self
+                .arrived
+                .wait_timeout_while(inside, Duration::from_secs(1), |n| *n < 2)
+                .unwrap();
+        }
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "door".into()
+    }
+}
+
+#[test]
+fn two_threads_of_one_client_never_share_a_grant() {
+    // Two threads acquire one key through one client at the same moment:
+    // both pass the client's check of its held keys before either grant
+    // is made. The store grants the first and, to the same holder, extends
+    // it for the second (`renewed`, same token): one guard only may come
+    // of it, and the other acquire is told the key is held.
+    let door = Arc::new(Door {
+        inner: MemStore::new(),
+        armed: AtomicBool::new(true),
+        inside: std::sync::Mutex::new(0),
+        arrived: std::sync::Condvar::new(),
+    });
+    let client = Client::builder_shared(door.clone()).build();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let tries: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| client.try_acquire("k", Duration::from_secs(10))))
+            .collect();
+        tries.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    door.armed.store(false, Ordering::SeqCst);
+    let (won, lost): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.is_ok());
+    assert_eq!(won.len(), 1, "two guards of one grant: {won:?}");
+    let guard = won.into_iter().next().unwrap().unwrap();
+    match &lost[0] {
+        Err(Error::Held { holders, .. }) => assert_eq!(holders[0].token, guard.token()),
+        other => panic!("expected Held, got {other:?}"),
+    }
+    // The loser left nothing behind: once released, the key is free.
+    guard.release().unwrap();
+    assert!(client.inspect("k").unwrap().holders.is_empty());
+    client
+        .try_acquire("k", Duration::from_secs(10))
+        .unwrap()
+        .release()
+        .unwrap();
+}
+
 #[test]
 fn keep_alive_holds_past_ttl_and_stops_on_release() {
     let client = Client::new(MemStore::new());

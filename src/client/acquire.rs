@@ -10,6 +10,7 @@ use super::machine::{
     HolderAction, HolderEvent, HolderMachine, HolderReply, HolderRequest, Lifetime,
 };
 use super::{Client, LeaseOptions};
+use crate::core::{Grant, HolderInfo};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -30,6 +31,22 @@ impl AcquireExec {
             .client
             .try_acquire_once(&self.key, self.ttl_ms, self.limit);
         HolderReply::Acquired(reply)
+    }
+
+    /// Mark the key held by this client for `grant`'s guard; if another
+    /// acquire of this client marked it first, the key is held (by it).
+    fn mark(&self, grant: Grant) -> Result<Grant> {
+        if self.client.mark_held(&self.key, true) {
+            return Ok(grant);
+        }
+        Err(Error::Held {
+            key: self.key.to_string(),
+            holders: vec![HolderInfo {
+                holder: self.client.holder().clone(),
+                token: grant.token,
+                expires_at_ms: grant.expires_at_ms,
+            }],
+        })
     }
 }
 
@@ -102,10 +119,13 @@ impl Acquiring {
                             renewed,
                             life: life.clone(),
                         },
-                        None => AcquireNext::Failed(Error::store(
-                            "acquiring",
-                            "granted without a lifetime",
-                        )),
+                        None => {
+                            self.exec.client.mark_held(&self.exec.key, false);
+                            AcquireNext::Failed(Error::store(
+                                "acquiring",
+                                "granted without a lifetime",
+                            ))
+                        }
                     });
                 }
                 HolderAction::Event(HolderEvent::GaveUp(e) | HolderEvent::Failed(e)) => {
@@ -117,10 +137,24 @@ impl Acquiring {
         None
     }
 
-    /// The store answered.
+    /// The store answered. A grant counts only if this acquire is the
+    /// first of its client to mark the key held
+    /// ([`Client::mark_held`]): one that lost the race (its grant is
+    /// the winner's, extended) is told the key is held, and waits like any
+    /// other contender. A kept grant's mark passes to its guard, built
+    /// from the [`AcquireNext::Granted`] this reply yields.
     pub(crate) fn reply(&mut self, reply: HolderReply) {
         let now = self.exec.client.local_now();
+        let reply = match reply {
+            HolderReply::Acquired(Ok(grant)) => HolderReply::Acquired(self.exec.mark(grant)),
+            other => other,
+        };
+        let marked = matches!(reply, HolderReply::Acquired(Ok(_)));
         self.machine.handle_reply(now, reply);
+        if marked && self.machine.lifetime().is_none() {
+            // The machine was not waiting for this grant: no guard comes.
+            self.exec.client.mark_held(&self.exec.key, false);
+        }
     }
 
     /// How long to wait (local ms) before [`Acquiring::timeout`], unless a

@@ -37,6 +37,10 @@ impl std::fmt::Debug for LeaseGuard {
 impl LeaseGuard {
     /// A guard over a grant of `key` whose lifetime the acquiring machine
     /// started (the local deadline counts from the acquire's send time).
+    /// The acquire marked the key held ([`Acquiring::reply`]); the guard
+    /// unmarks it when it ends.
+    ///
+    /// [`Acquiring::reply`]: super::acquire::Acquiring::reply
     pub(crate) fn new(
         client: Client,
         key: Arc<str>,
@@ -45,7 +49,6 @@ impl LeaseGuard {
         renewed: bool,
         life: Lifetime,
     ) -> Self {
-        client.mark_held(&key, true);
         let owner = Owner::Lease {
             key: key.clone(),
             token,

@@ -420,14 +420,17 @@ impl Client {
     }
 
     /// Record that a guard of this client holds `key` (`false`: it no
-    /// longer does).
+    /// longer does). `true` only if no other one did: two acquires of one
+    /// key through one client can both pass the check before either grant
+    /// (the second one's grant is the first's, extended), and only the
+    /// one that marks the key first may build a guard.
     /// The set shares the guard's key (no copy per grant).
-    pub(crate) fn mark_held(&self, key: &Arc<str>, held: bool) {
+    pub(crate) fn mark_held(&self, key: &Arc<str>, held: bool) -> bool {
         let mut set = lock(&self.inner.held);
         if held {
-            set.insert(key.clone());
+            set.insert(key.clone())
         } else {
-            set.remove(&**key);
+            set.remove(&**key)
         }
     }
 

@@ -125,17 +125,16 @@ impl std::fmt::Debug for LeaseGuard {
 
 impl LeaseGuard {
     /// The guard of a grant the acquiring machine started `life` for, its
-    /// keep-alive running.
+    /// keep-alive running. The acquire marked the key held
+    /// (`Acquiring::reply`); the guard unmarks it when it ends.
     pub(crate) fn start(
         client: &Client,
-        key: &str,
+        key: Arc<str>,
         token: u64,
         ttl_ms: u64,
         renewed: bool,
         life: Lifetime,
     ) -> LeaseGuard {
-        let key: Arc<str> = Arc::from(key);
-        client.sync.mark_held(&key, true);
         let owner = Owner::Lease {
             key: key.clone(),
             token,

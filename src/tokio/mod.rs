@@ -168,6 +168,7 @@ impl Client {
                         life,
                     } => {
                         let ttl_ms = acquiring.ttl_ms();
+                        let key = acquiring.exec().key.clone();
                         return Ok(LeaseGuard::start(self, key, token, ttl_ms, renewed, life));
                     }
                     AcquireNext::Failed(e) => return Err(e),

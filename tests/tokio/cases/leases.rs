@@ -35,6 +35,44 @@ pub fn acquire_waits_without_a_thread_per_waiter(make: &Make) {
     });
 }
 
+/// Eight tasks share one client and take turns on one key. When the key
+/// is freed, several of them ask the store at once, and the store extends
+/// the first one's grant for the others (one holder): only one guard may
+/// come of it, and the others wait on.
+pub fn tasks_of_one_client_take_turns(make: &Make) {
+    let f = make();
+    runtime(4).block_on(async {
+        let c = client(&f);
+        let inside = Arc::new(AtomicUsize::new(0));
+        let mut tasks = JoinSet::new();
+        for _ in 0..8 {
+            let c = c.clone();
+            let inside = inside.clone();
+            tasks.spawn(async move {
+                for _ in 0..5 {
+                    let opts =
+                        LeaseOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(60));
+                    let guard = c.acquire("turns", opts).await.unwrap();
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two guards at once"
+                    );
+                    tokio::time::sleep(ms(1)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.unwrap();
+                }
+            });
+        }
+        within(Duration::from_secs(60), "40 turns", async {
+            while let Some(r) = tasks.join_next().await {
+                r.unwrap();
+            }
+        })
+        .await;
+    });
+}
+
 /// The waiter's own clock is frozen, so its retry timer never comes due:
 /// only the store's announcement of the release can wake it.
 pub fn a_waiting_acquire_is_woken_by_a_release(make: &Make) {
