@@ -7,32 +7,7 @@ use super::*;
 /// would hold all four while the holder's release waits for one.
 pub fn acquire_waits_without_a_thread_per_waiter(make: &Make) {
     let f = make();
-    runtime(4).block_on(async {
-        let inside = Arc::new(AtomicUsize::new(0));
-        let mut tasks = JoinSet::new();
-        for _ in 0..40 {
-            let c = client(&f);
-            let inside = inside.clone();
-            tasks.spawn(async move {
-                let opts = LeaseOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(60));
-                let guard = c.acquire("turns", opts).await.unwrap();
-                assert_eq!(
-                    inside.fetch_add(1, Ordering::SeqCst),
-                    0,
-                    "two holders at once"
-                );
-                tokio::time::sleep(ms(2)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                guard.release().await.unwrap();
-            });
-        }
-        within(Duration::from_secs(60), "40 turns", async {
-            while let Some(r) = tasks.join_next().await {
-                r.unwrap();
-            }
-        })
-        .await;
-    });
+    take_turns(|| client(&f), 40, 1, 2);
 }
 
 /// Eight tasks share one client and take turns on one key. When the key
@@ -41,31 +16,37 @@ pub fn acquire_waits_without_a_thread_per_waiter(make: &Make) {
 /// come of it, and the others wait on.
 pub fn tasks_of_one_client_take_turns(make: &Make) {
     let f = make();
+    let c = client(&f);
+    take_turns(|| c.clone(), 8, 5, 1);
+}
+
+/// `tasks` tasks, each with the client `client` gives it, take `turns`
+/// turns each on one key, holding it `hold_ms`; never two at once.
+fn take_turns(client: impl Fn() -> Client, tasks: usize, turns: usize, hold_ms: u64) {
     runtime(4).block_on(async {
-        let c = client(&f);
         let inside = Arc::new(AtomicUsize::new(0));
-        let mut tasks = JoinSet::new();
-        for _ in 0..8 {
-            let c = c.clone();
+        let mut set = JoinSet::new();
+        for _ in 0..tasks {
+            let c = client();
             let inside = inside.clone();
-            tasks.spawn(async move {
-                for _ in 0..5 {
+            set.spawn(async move {
+                for _ in 0..turns {
                     let opts =
                         LeaseOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(60));
                     let guard = c.acquire("turns", opts).await.unwrap();
                     assert_eq!(
                         inside.fetch_add(1, Ordering::SeqCst),
                         0,
-                        "two guards at once"
+                        "two holders at once"
                     );
-                    tokio::time::sleep(ms(1)).await;
+                    tokio::time::sleep(ms(hold_ms)).await;
                     inside.fetch_sub(1, Ordering::SeqCst);
                     guard.release().await.unwrap();
                 }
             });
         }
-        within(Duration::from_secs(60), "40 turns", async {
-            while let Some(r) = tasks.join_next().await {
+        within(Duration::from_secs(60), "the turns", async {
+            while let Some(r) = set.join_next().await {
                 r.unwrap();
             }
         })
