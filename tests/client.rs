@@ -12,6 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "support/door.rs"]
+mod door;
+use door::Door;
+
 fn manual_pair() -> (ManualClock, ManualClock, Arc<dyn Store>) {
     let store_clock = ManualClock::new(1_000_000);
     let local = ManualClock::new(5);
@@ -141,37 +145,6 @@ fn drop_releases_and_tokens_grow() {
     assert!(again.token() > t1 + 1);
 }
 
-/// A store whose transactions, while armed, wait at its door until a
-/// second one arrives (or a second passes): two acquires that both got
-/// past the client's own check meet in the store.
-struct Door {
-    inner: MemStore,
-    armed: AtomicBool,
-    inside: std::sync::Mutex<usize>,
-    arrived: std::sync::Condvar,
-}
-
-impl Store for Door {
-    fn transact(
-        &self,
-        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
-    ) -> leasehold::Result<()> {
-        if self.armed.load(Ordering::SeqCst) {
-            let mut inside = self.inside.lock().unwrap();
-            *inside += 1;
-            self.arrived.notify_all();
-            let _ = self
-                .arrived
-                .wait_timeout_while(inside, Duration::from_secs(1), |n| *n < 2)
-                .unwrap();
-        }
-        self.inner.transact(f)
-    }
-    fn describe(&self) -> String {
-        "door".into()
-    }
-}
-
 #[test]
 fn two_threads_of_one_client_never_share_a_grant() {
     // Two threads acquire one key through one client at the same moment:
@@ -179,12 +152,7 @@ fn two_threads_of_one_client_never_share_a_grant() {
     // is made. The store grants the first and, to the same holder, extends
     // it for the second (`renewed`, same token): one guard only may come
     // of it, and the other acquire is told the key is held.
-    let door = Arc::new(Door {
-        inner: MemStore::new(),
-        armed: AtomicBool::new(true),
-        inside: std::sync::Mutex::new(0),
-        arrived: std::sync::Condvar::new(),
-    });
+    let door = Door::armed();
     let client = Client::builder_shared(door.clone()).build();
     let results: Vec<_> = std::thread::scope(|s| {
         let tries: Vec<_> = (0..2)
@@ -192,7 +160,7 @@ fn two_threads_of_one_client_never_share_a_grant() {
             .collect();
         tries.into_iter().map(|t| t.join().unwrap()).collect()
     });
-    door.armed.store(false, Ordering::SeqCst);
+    door.disarm();
     let (won, lost): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.is_ok());
     assert_eq!(won.len(), 1, "two guards of one grant: {won:?}");
     let guard = won.into_iter().next().unwrap().unwrap();

@@ -14,6 +14,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+#[path = "support/door.rs"]
+mod door;
+use door::Door;
+
 fn named(store: &Arc<dyn Store>, n: u128) -> Client {
     let holder = Holder::with_label(HolderId(n), &format!("replica-{n}")).unwrap();
     Client::builder_shared(store.clone()).holder(holder).build()
@@ -73,6 +77,38 @@ fn one_leader_at_a_time_and_a_resignation_hands_over_at_once() {
         assert!(leaders(&elections) <= 1);
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+#[test]
+fn two_campaigns_of_one_client_never_both_lead() {
+    // Both campaigns' first acquires pass the client's check of its held
+    // keys and meet in the store: the second grant is the first's,
+    // extended (one holder). One campaign leads; the other sees it lead.
+    let door = Door::armed();
+    let client = Client::builder_shared(door.clone()).build();
+    let opts = ElectOptions::new(Duration::from_secs(10));
+    let (tx, rx) = mpsc::channel();
+    let elections: Vec<_> = (0..2)
+        .map(|n| {
+            let tx = tx.clone();
+            client
+                .campaign("leader", opts, move |e| {
+                    let _ = tx.send((n, e));
+                })
+                .unwrap()
+        })
+        .collect();
+    let leaders = || elections.iter().filter(|e| e.leader().is_some()).count();
+    assert!(wait_for(Duration::from_secs(5), || leaders() >= 1));
+    door.disarm();
+    std::thread::sleep(Duration::from_millis(200));
+    let elected: Vec<_> = rx
+        .try_iter()
+        .filter(|(_, e)| matches!(e, LeaderEvent::Elected(_)))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(leaders(), 1, "two leaders: elected {elected:?}");
+    assert_eq!(elected.len(), 1, "{elected:?}");
 }
 
 #[test]

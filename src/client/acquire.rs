@@ -10,7 +10,7 @@ use super::machine::{
     HolderAction, HolderEvent, HolderMachine, HolderReply, HolderRequest, Lifetime,
 };
 use super::{Client, LeaseOptions};
-use crate::core::{Grant, HolderInfo};
+use crate::core::HolderInfo;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -32,22 +32,37 @@ impl AcquireExec {
             .try_acquire_once(&self.key, self.ttl_ms, self.limit);
         HolderReply::Acquired(reply)
     }
+}
 
-    /// Mark the key held by this client for `grant`'s guard; if another
-    /// acquire of this client marked it first, the key is held (by it).
-    fn mark(&self, grant: Grant) -> Result<Grant> {
-        if self.client.mark_held(&self.key, true) {
-            return Ok(grant);
-        }
-        Err(Error::Held {
-            key: self.key.to_string(),
-            holders: vec![HolderInfo {
-                holder: self.client.holder().clone(),
-                token: grant.token,
-                expires_at_ms: grant.expires_at_ms,
-            }],
-        })
+/// An acquire's answer, its grant kept only if this acquire is the first
+/// of `client`'s to mark `key` held ([`Client::mark_held`]). Two acquires
+/// of one key through one client can both pass the client's check before
+/// either grant; the store then extends the first grant for the second
+/// (one holder, the same token). The one that marks the key second is told
+/// the key is held (by the other), and waits like any other contender.
+/// Also returns whether this acquire marked the key: the mark passes to
+/// the guard (or the term) the grant becomes, and the caller takes it
+/// back if the machine did not keep the grant.
+pub(crate) fn mark_grant(
+    client: &Client,
+    key: &Arc<str>,
+    reply: HolderReply,
+) -> (HolderReply, bool) {
+    let HolderReply::Acquired(Ok(grant)) = reply else {
+        return (reply, false);
+    };
+    if client.mark_held(key, true) {
+        return (HolderReply::Acquired(Ok(grant)), true);
     }
+    let held = Error::Held {
+        key: key.to_string(),
+        holders: vec![HolderInfo {
+            holder: client.holder().clone(),
+            token: grant.token,
+            expires_at_ms: grant.expires_at_ms,
+        }],
+    };
+    (HolderReply::Acquired(Err(held)), false)
 }
 
 /// What the executor must do next.
@@ -137,19 +152,11 @@ impl Acquiring {
         None
     }
 
-    /// The store answered. A grant counts only if this acquire is the
-    /// first of its client to mark the key held
-    /// ([`Client::mark_held`]): one that lost the race (its grant is
-    /// the winner's, extended) is told the key is held, and waits like any
-    /// other contender. A kept grant's mark passes to its guard, built
-    /// from the [`AcquireNext::Granted`] this reply yields.
+    /// The store answered ([`mark_grant`]: a kept grant's mark passes to
+    /// the guard built from the [`AcquireNext::Granted`] it yields).
     pub(crate) fn reply(&mut self, reply: HolderReply) {
         let now = self.exec.client.local_now();
-        let reply = match reply {
-            HolderReply::Acquired(Ok(grant)) => HolderReply::Acquired(self.exec.mark(grant)),
-            other => other,
-        };
-        let marked = matches!(reply, HolderReply::Acquired(Ok(_)));
+        let (reply, marked) = mark_grant(&self.exec.client, &self.exec.key, reply);
         self.machine.handle_reply(now, reply);
         if marked && self.machine.lifetime().is_none() {
             // The machine was not waiting for this grant: no guard comes.

@@ -6,6 +6,7 @@
 //! tokio driver (`leasehold::tokio`) share: the machine, the store side of
 //! its requests, and what each of its events means for the leader's handle.
 
+use super::acquire::mark_grant;
 use super::channel::{spawn_waker, Channel};
 use super::lifeline::{Lifeline, Owner};
 use super::machine::{
@@ -212,10 +213,17 @@ impl ElectionSession {
         self.current.clone()
     }
 
-    /// The store answered the request in flight (now).
+    /// The store answered the request in flight (now). A grant's mark
+    /// ([`mark_grant`]) passes to the term it makes; `Deposed` takes it
+    /// back.
     pub(crate) fn reply(&mut self, reply: HolderReply) {
         let now = self.now();
+        let (reply, marked) = mark_grant(&self.exec.client, &self.exec.key, reply);
         self.machine.handle_reply(now, reply);
+        if marked && self.machine.deadline().is_none() {
+            // Not elected by it (a resignation released it at once).
+            self.exec.client.mark_held(&self.exec.key, false);
+        }
         self.follow_deadline();
     }
 
@@ -264,7 +272,6 @@ impl ElectionSession {
                     #[cfg(all(feature = "tokio", not(loom)))]
                     deposed: tokio_util::sync::CancellationToken::new(),
                 };
-                client.mark_held(&self.exec.key, true);
                 self.current = Some(leader.clone());
                 Next::Event(LeaderEvent::Elected(leader))
             }
