@@ -9,9 +9,13 @@
 //! caller owned records) and the list of ids its scan fills. Beyond that,
 //! only the mem store's ordered indexes allocate, as their B-trees grow
 //! with finished jobs (a fraction of an allocation per job, amortized).
+//!
+//! The same pair through the `Client` (`try_acquire` + `release`)
+//! allocates twice: the key the guard, its lifeline and the client's set
+//! of held keys share, and the lifeline.
 
 use leasehold::core::{self, Txn};
-use leasehold::{Holder, HolderId, JobSpec, MemStore, QueuePolicy, StoreExt};
+use leasehold::{Client, Holder, HolderId, JobSpec, MemStore, QueuePolicy, StoreExt};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -78,6 +82,11 @@ fn hot_paths_allocate_almost_nothing() {
             .txn(|tx| core::lease::renew(tx, "renewed", holder.id, g.token, 30_000))
             .unwrap();
     });
+    let client = Client::new(MemStore::new());
+    let ttl = std::time::Duration::from_secs(30);
+    let client_pair = per_op(10_000, || {
+        client.try_acquire("key", ttl).unwrap().release().unwrap();
+    });
     for _ in 0..20_000 {
         store
             .txn(|tx| core::job::enqueue(tx, "q", &JobSpec::new(&b"payload"[..]), &POLICY))
@@ -101,7 +110,11 @@ fn hot_paths_allocate_almost_nothing() {
             .unwrap();
     });
     eprintln!(
-        "allocations per operation: lease acquire+release {lease:.2}, acquire+renew {renew:.2}, claim {claim:.2}, complete {complete:.2}"
+        "allocations per operation: lease acquire+release {lease:.2} (through the Client {client_pair:.2}), acquire+renew {renew:.2}, claim {claim:.2}, complete {complete:.2}"
+    );
+    assert!(
+        client_pair <= 2.01,
+        "Client lease pair allocates {client_pair} times (the key, the lifeline)"
     );
     assert!(lease <= 0.01, "lease pair allocates {lease} times");
     assert!(renew <= 0.01, "acquire+renew allocates {renew} times");

@@ -28,10 +28,10 @@
 use super::holder::{
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,
 };
+use super::Outbox;
 use crate::core::HolderInfo;
 use crate::error::{Error, LostReason};
 use crate::time::LocalMs;
-use std::collections::VecDeque;
 
 /// How to campaign.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +109,7 @@ pub struct ElectionMachine {
     releasing: Option<bool>,
     seen: Option<u64>,
     terms: u64,
-    out: VecDeque<ElectionAction>,
+    out: Outbox<ElectionAction>,
     #[cfg(feature = "canaries")]
     breakage: ElectionBreakage,
 }
@@ -124,7 +124,7 @@ impl ElectionMachine {
             releasing: None,
             seen: None,
             terms: 0,
-            out: VecDeque::new(),
+            out: Outbox::new(),
             #[cfg(feature = "canaries")]
             breakage: ElectionBreakage::default(),
         };

@@ -26,10 +26,10 @@
 
 use super::ensure;
 use super::lifetime::{renew_every, Lifetime};
+use super::Outbox;
 use crate::core::{Backoff, DriftBound, Grant};
 use crate::error::{Error, LostReason, Result};
 use crate::time::LocalMs;
-use std::collections::VecDeque;
 
 /// How to hold one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +129,7 @@ enum Phase {
 pub struct HolderMachine {
     cfg: HolderConfig,
     phase: Phase,
-    out: VecDeque<HolderAction>,
+    out: Outbox<HolderAction>,
     #[cfg(feature = "canaries")]
     breakage: super::lifetime::Breakage,
 }
@@ -148,7 +148,7 @@ impl HolderMachine {
                 retry_at: now,
                 backoff: Backoff::new(1, BACKOFF_CAP_MS, cfg.seed),
             },
-            out: VecDeque::new(),
+            out: Outbox::new(),
             #[cfg(feature = "canaries")]
             breakage: super::lifetime::Breakage::default(),
         };
