@@ -1134,3 +1134,39 @@ fn batches_after_the_table_grew_still_read_by_id() {
         "a batch after the growth scanned the whole table: {seq_read} rows read in sequence"
     );
 }
+
+#[test]
+fn a_session_that_lost_its_prepared_statements_is_replaced() {
+    // Something reset the session (a pooler's `DISCARD ALL`, an operator's
+    // `DEALLOCATE ALL`): its prepared statements are gone, and `EXECUTE`
+    // of one fails with SQLSTATE 26000. Nothing ran, so the transaction is
+    // retried, on a new session that prepares its statements again.
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("dealloc");
+    let opts = PostgresOptions {
+        max_connections: 1,
+        ..PostgresOptions::default()
+    };
+    let store: Arc<dyn Store> = Arc::new(schema.open(opts));
+    let s = &schema.0;
+    // The grant of key `reset` forgets the session's statements as it
+    // commits (a deferred trigger runs at COMMIT).
+    pg::admin_batch(&format!(
+        "CREATE FUNCTION \"{s}\".forget() RETURNS trigger LANGUAGE plpgsql AS $f$
+           BEGIN EXECUTE 'DEALLOCATE ALL'; RETURN NULL; END $f$;
+         CREATE CONSTRAINT TRIGGER forget AFTER INSERT OR UPDATE ON \"{s}\".leases
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.key = 'reset')
+           EXECUTE FUNCTION \"{s}\".forget();"
+    ));
+    let client = Client::builder_shared(store).build();
+    let ttl = Duration::from_secs(60);
+    client.try_acquire("reset", ttl).unwrap().detach();
+    for key in ["after", "again"] {
+        let guard = client
+            .try_acquire(key, ttl)
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        guard.release().unwrap();
+    }
+}

@@ -31,6 +31,10 @@ pub(super) fn pg_err(context: impl Into<String>, e: postgres::Error, stage: Stag
             SqlState::TOO_MANY_CONNECTIONS,
             SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
             SqlState::QUERY_CANCELED,
+            // The session lost its prepared statements: the statement did
+            // not run, and a new session prepares them again
+            // ([`statements_lost`]).
+            SqlState::INVALID_SQL_STATEMENT_NAME,
         ]
         .contains(c)
             || c.code().starts_with("08")
@@ -63,6 +67,19 @@ pub(super) fn pg_err(context: impl Into<String>, e: postgres::Error, stage: Stag
         StoreFailure::Permanent
     };
     Error::from_source(context, failure, PgError(e))
+}
+
+/// Whether `e` says the session lost the statements it prepared when it
+/// opened (SQLSTATE 26000: a pooler's `DISCARD ALL`, an operator's
+/// `DEALLOCATE ALL`). Such a session is replaced, not kept.
+pub(super) fn statements_lost(e: &Error) -> bool {
+    let Error::Store { source, .. } = e else {
+        return false;
+    };
+    source
+        .downcast_ref::<PgError>()
+        .and_then(|pg| pg.0.code())
+        .is_some_and(|c| *c == SqlState::INVALID_SQL_STATEMENT_NAME)
 }
 
 /// The driver's error, shown with what it hides: the SQLSTATE of a server

@@ -63,7 +63,9 @@
 //!   the error is ambiguous: the caller cannot know whether it happened (a
 //!   claim that did is recovered when its lease expires). An error the
 //!   server reports on a live session means nothing was committed. A broken
-//!   connection is discarded and replaced on next use.
+//!   connection is discarded and replaced on next use, and so is one that
+//!   lost the statements it prepared when it opened (SQLSTATE 26000, after
+//!   a `DISCARD ALL` or `DEALLOCATE ALL`: transient, nothing ran).
 //! - **Sessions** set `lock_timeout` (a wait on a row lock ends as a
 //!   transient error) and `idle_in_transaction_session_timeout` (a process
 //!   paused in the middle of a transaction loses its session and its locks).
@@ -492,9 +494,15 @@ impl PostgresStore {
             None => Err(Error::store("running a transaction", "no connection")),
         };
         if let Some(mut conn) = out.conn.take() {
-            // After a store error, keep the connection only if it still works.
-            let broken = matches!(result, Err(Error::Store { .. }))
-                && conn.client.is_valid(Duration::from_secs(1)).is_err();
+            // After a store error, keep the connection only if it still
+            // works, with the statements it prepared.
+            let broken = match &result {
+                Err(e @ Error::Store { .. }) => {
+                    error::statements_lost(e)
+                        || conn.client.is_valid(Duration::from_secs(1)).is_err()
+                }
+                _ => false,
+            };
             self.pool.checkin(conn, broken);
         }
         result
