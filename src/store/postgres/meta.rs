@@ -9,6 +9,7 @@ use super::error::{pg_err, Stage};
 use super::migrate::{Target, ADVISORY_CLASS};
 use super::pool::{Conn, MetaRead};
 use super::PostgresStore;
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::store::marks::MARKS_FRESH_MS;
 use crate::store::FirstRead;
@@ -313,10 +314,12 @@ pub(super) struct Begun {
 
 impl PostgresStore {
     /// BEGIN and read the clock and the server's timeline in one round
-    /// trip, with, when this session's last reading is older than
-    /// [`MARKS_FRESH`] by the server's clock (or was on another timeline),
-    /// the schema's marks ([`crate::store::marks`]) and token floor;
-    /// (store time, token floor).
+    /// trip, with the schema's marks ([`crate::store::marks`]) and token
+    /// floor when this session kept no reading of them or its reading is
+    /// past half of [`MARKS_FRESH`] by this process's clock; a kept reading
+    /// the server's clock finds older than [`MARKS_FRESH`] (or of another
+    /// timeline) is read again in a round trip of its own. (store time,
+    /// token floor).
     ///
     /// The failover fence: the floor was set for one server timeline. A
     /// session that finds another (a standby promoted since, whose history
@@ -345,7 +348,13 @@ impl PostgresStore {
         };
         // (An injected clock is not the server's: nothing is kept.)
         let injected = self.opts.clock.is_some();
-        let mut kept = conn.meta_read.take().filter(|_| !injected);
+        // A reading near the end of its freshness is read again with
+        // BEGIN, in the same round trip: the server, judging it by its
+        // own clock after the trip, could find it stale and read it alone.
+        let local_now = self.local.now_ms();
+        let mut kept = conn.meta_read.take().filter(|read| {
+            !injected && local_now.saturating_sub(read.local_ms) < MARKS_FRESH_MS / 2
+        });
         for fenced in [false, true] {
             let asked = kept.is_none();
             let begin = &self.begin_sql.begin[usize::from(asked)];
@@ -428,6 +437,7 @@ impl PostgresStore {
             if let Some(at_ms) = server_now {
                 conn.meta_read = Some(MetaRead {
                     at_ms,
+                    local_ms: local_now,
                     floor: meta.token_floor,
                     timeline,
                 });

@@ -267,6 +267,9 @@ pub struct PostgresStore {
     fork: ForkGuard,
     /// Highest store time this handle handed out.
     high_water_ms: AtomicU64,
+    /// This process's monotonic clock: how old a session's reading of the
+    /// marks is, judged before BEGIN (`meta.rs`).
+    local: crate::clock::MonotonicClock,
     /// Transactions whose BEGIN carried their first read (`early.rs`).
     early_reads: AtomicU64,
     listener: Arc<Listener>,
@@ -373,6 +376,7 @@ impl PostgresStore {
             opts,
             fork: ForkGuard::new(),
             high_water_ms: AtomicU64::new(0),
+            local: crate::clock::MonotonicClock::new(),
             early_reads: AtomicU64::new(0),
             listener: Arc::new(Listener::default()),
         };

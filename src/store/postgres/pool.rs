@@ -45,6 +45,10 @@ pub(super) struct Conn {
 pub(super) struct MetaRead {
     /// When, by the server's clock (ms).
     pub at_ms: u64,
+    /// When, by this process's monotonic clock (ms): a reading past half
+    /// its freshness here is read again with BEGIN, before the server
+    /// could find it stale and cost the transaction a round trip.
+    pub local_ms: u64,
     /// The token floor then.
     pub floor: u64,
     /// The server's timeline then, the one the floor was set for.
