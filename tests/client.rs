@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 #[path = "support/door.rs"]
 mod door;
-use door::Door;
+use door::{Door, Valve};
 
 fn manual_pair() -> (ManualClock, ManualClock, Arc<dyn Store>) {
     let store_clock = ManualClock::new(1_000_000);
@@ -173,6 +173,40 @@ fn two_threads_of_one_client_never_share_a_grant() {
     assert!(client.inspect("k").unwrap().holders.is_empty());
     client
         .try_acquire("k", Duration::from_secs(10))
+        .unwrap()
+        .release()
+        .unwrap();
+}
+
+#[test]
+fn a_new_grant_replaces_the_record_of_one_that_ran_out() {
+    // B passes the client's check and its request waits on its way; A
+    // acquires the key with a short TTL, which runs out in the store. B's
+    // request then makes a new grant (a new token): B gets its guard, and
+    // A's guard ending later does not take back B's record, so a third
+    // acquire through the client is still refused rather than handed B's
+    // grant.
+    let valve = Valve::new();
+    let client = Client::builder_shared(valve.clone()).build();
+    valve.hold_next();
+    let b = std::thread::scope(|s| {
+        let b = s.spawn(|| client.try_acquire("k", Duration::from_secs(60)));
+        assert!(valve.wait_held(), "B's request was not sent");
+        let a = client.try_acquire("k", Duration::from_millis(50)).unwrap();
+        std::thread::sleep(Duration::from_millis(120));
+        valve.open();
+        let b = b.join().unwrap().expect("B's new grant");
+        assert!(b.token() > a.token());
+        drop(a);
+        b
+    });
+    match client.try_acquire("k", Duration::from_secs(60)) {
+        Err(Error::Held { holders, .. }) => assert_eq!(holders[0].token, b.token()),
+        other => panic!("B's grant handed out again: {other:?}"),
+    }
+    b.release().unwrap();
+    client
+        .try_acquire("k", Duration::from_secs(60))
         .unwrap()
         .release()
         .unwrap();

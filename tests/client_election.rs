@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 #[path = "support/door.rs"]
 mod door;
-use door::Door;
+use door::{Door, Valve};
 
 fn named(store: &Arc<dyn Store>, n: u128) -> Client {
     let holder = Holder::with_label(HolderId(n), &format!("replica-{n}")).unwrap();
@@ -109,6 +109,40 @@ fn two_campaigns_of_one_client_never_both_lead() {
         .collect();
     assert_eq!(leaders(), 1, "two leaders: elected {elected:?}");
     assert_eq!(elected.len(), 1, "{elected:?}");
+}
+
+#[test]
+fn a_stepping_down_leaders_grant_is_not_handed_to_a_guard_of_its_client() {
+    // The leader steps down; its release is still on its way to the store
+    // when a guard of the same client asks for the key. The store would
+    // extend the leader's grant for it (one holder) just before releasing
+    // it: the guard must be told the key is held until the release is
+    // answered.
+    let valve = Valve::new();
+    let client = Client::builder_shared(valve.clone()).build();
+    let (tx, rx) = mpsc::channel();
+    let election = client
+        .campaign("k", ElectOptions::new(Duration::from_secs(10)), move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(5), || election
+        .leader()
+        .is_some()));
+    let token = election.leader().unwrap().token();
+    valve.hold_next();
+    election.step_down();
+    assert!(valve.wait_held(), "the release was not sent");
+    assert!(rx
+        .iter()
+        .any(|e| matches!(e, LeaderEvent::Deposed(Deposed::Resigned))));
+    let r = client.try_acquire("k", Duration::from_secs(10));
+    valve.open();
+    assert!(
+        matches!(r, Err(leasehold::Error::Held { .. })),
+        "a guard of the grant being released (token {token}): {r:?}"
+    );
+    drop(election);
 }
 
 #[test]

@@ -34,25 +34,26 @@ impl AcquireExec {
     }
 }
 
-/// An acquire's answer, its grant kept only if this acquire is the first
-/// of `client`'s to mark `key` held ([`Client::mark_held`]). Two acquires
-/// of one key through one client can both pass the client's check before
-/// either grant; the store then extends the first grant for the second
-/// (one holder, the same token). The one that marks the key second is told
-/// the key is held (by the other), and waits like any other contender.
-/// Also returns whether this acquire marked the key: the mark passes to
-/// the guard (or the term) the grant becomes, and the caller takes it
+/// An acquire's answer, its grant kept only if no other guard (or leader)
+/// of `client` holds that very grant ([`Client::mark_held`]). Two
+/// acquires of one key through one client can both pass the client's
+/// check before either grant; the store then extends the first grant for
+/// the second (one holder, the same token). The one that marks it second
+/// is told the key is held (by the other), and waits like any other
+/// contender. Also returns the token this acquire marked: the mark passes
+/// to the guard (or the term) the grant becomes, and the caller takes it
 /// back if the machine did not keep the grant.
 pub(crate) fn mark_grant(
     client: &Client,
     key: &Arc<str>,
     reply: HolderReply,
-) -> (HolderReply, bool) {
+) -> (HolderReply, Option<u64>) {
     let HolderReply::Acquired(Ok(grant)) = reply else {
-        return (reply, false);
+        return (reply, None);
     };
-    if client.mark_held(key, true) {
-        return (HolderReply::Acquired(Ok(grant)), true);
+    if client.mark_held(key, grant.token) {
+        let token = grant.token;
+        return (HolderReply::Acquired(Ok(grant)), Some(token));
     }
     let held = Error::Held {
         key: key.to_string(),
@@ -62,7 +63,7 @@ pub(crate) fn mark_grant(
             expires_at_ms: grant.expires_at_ms,
         }],
     };
-    (HolderReply::Acquired(Err(held)), false)
+    (HolderReply::Acquired(Err(held)), None)
 }
 
 /// What the executor must do next.
@@ -135,7 +136,7 @@ impl Acquiring {
                             life: life.clone(),
                         },
                         None => {
-                            self.exec.client.mark_held(&self.exec.key, false);
+                            self.exec.client.unmark_held(&self.exec.key, token);
                             AcquireNext::Failed(Error::store(
                                 "acquiring",
                                 "granted without a lifetime",
@@ -158,9 +159,9 @@ impl Acquiring {
         let now = self.exec.client.local_now();
         let (reply, marked) = mark_grant(&self.exec.client, &self.exec.key, reply);
         self.machine.handle_reply(now, reply);
-        if marked && self.machine.lifetime().is_none() {
+        if let Some(token) = marked.filter(|_| self.machine.lifetime().is_none()) {
             // The machine was not waiting for this grant: no guard comes.
-            self.exec.client.mark_held(&self.exec.key, false);
+            self.exec.client.unmark_held(&self.exec.key, token);
         }
     }
 

@@ -176,6 +176,8 @@ pub(crate) struct ElectionSession {
     pub(crate) machine: ElectionMachine,
     exec: ElectionExec,
     current: Option<Leader>,
+    /// The grant of this session that marks the key held by its client.
+    marked: Option<u64>,
     done: bool,
 }
 
@@ -194,6 +196,7 @@ impl ElectionSession {
                 ttl_ms: ms_of(opts.ttl),
             },
             current: None,
+            marked: None,
             done: false,
         })
     }
@@ -213,17 +216,14 @@ impl ElectionSession {
         self.current.clone()
     }
 
-    /// The store answered the request in flight (now). A grant's mark
-    /// ([`mark_grant`]) passes to the term it makes; `Deposed` takes it
-    /// back.
+    /// The store answered the request in flight (now). A grant marks the
+    /// key held by this client ([`mark_grant`]) until the machine no
+    /// longer holds it ([`ElectionSession::next`]).
     pub(crate) fn reply(&mut self, reply: HolderReply) {
         let now = self.now();
         let (reply, marked) = mark_grant(&self.exec.client, &self.exec.key, reply);
+        self.marked = marked.or(self.marked);
         self.machine.handle_reply(now, reply);
-        if marked && self.machine.deadline().is_none() {
-            // Not elected by it (a resignation released it at once).
-            self.exec.client.mark_held(&self.exec.key, false);
-        }
         self.follow_deadline();
     }
 
@@ -241,7 +241,15 @@ impl ElectionSession {
     }
 
     /// What the machine asks for next; `None` when nothing, for now.
+    /// Once the machine holds no grant (its release answered, or the term
+    /// ended without one), the key's mark is taken back: not at
+    /// `Deposed`, while a release may still be on its way, when another
+    /// acquire of this client would be given the grant being released.
     pub(crate) fn next(&mut self) -> Option<Next> {
+        if let Some(token) = self.marked.filter(|_| !self.machine.holds_grant()) {
+            self.marked = None;
+            self.exec.client.unmark_held(&self.exec.key, token);
+        }
         if let Some(action) = self.machine.poll_action() {
             return Some(match action {
                 ElectionAction::Send(request) => Next::Send(request),
@@ -279,7 +287,6 @@ impl ElectionSession {
                 if let Some(leader) = self.current.take() {
                     leader.end(why);
                 }
-                client.mark_held(&self.exec.key, false);
                 Next::Event(LeaderEvent::Deposed(why))
             }
             ElectionEvent::Leader(info) => Next::Event(LeaderEvent::NewLeader(info)),

@@ -141,7 +141,7 @@ impl LeaseGuard {
         if !matches!(released, Err(Error::Forked { .. })) {
             // However it ended (released, lost before, already ended), this
             // client no longer holds the key: its next acquire asks the store.
-            self.client.mark_held(&self.key, false);
+            self.client.unmark_held(&self.key, self.token);
         }
         released
     }
@@ -154,7 +154,7 @@ impl LeaseGuard {
         if self.life.fork.is_origin_strict() {
             self.life.finish();
             self.life.join();
-            self.client.mark_held(&self.key, false);
+            self.client.unmark_held(&self.key, self.token);
         }
         (self.key.to_string(), self.token)
     }
@@ -196,7 +196,7 @@ impl Drop for LeaseGuard {
         // In a forked child, do nothing: the lease is the parent's.
         if !self.released && self.life.fork.is_origin_strict() {
             let _ = self.release_inner();
-            self.client.mark_held(&self.key, false);
+            self.client.unmark_held(&self.key, self.token);
         }
     }
 }

@@ -86,7 +86,7 @@ struct ClientInner {
     /// Keys this client holds through a live guard: a second acquire of one
     /// waits like any other contender instead of sharing the slot.
     /// Keys a guard of this client holds (foldhash: hashed twice a pair).
-    held: Mutex<hashbrown::HashSet<Arc<str>>>,
+    held: Mutex<hashbrown::HashMap<Arc<str>, u64>>,
 }
 
 /// A handle on a store with one holder identity. Cheap to clone; clones
@@ -177,7 +177,7 @@ impl ClientBuilder {
                 busy_timeout: self.busy_timeout,
                 jitter: AtomicU64::new(seed),
                 fork: ForkGuard::new(),
-                held: Mutex::new(hashbrown::HashSet::new()),
+                held: Mutex::new(hashbrown::HashMap::new()),
             }),
         }
     }
@@ -419,18 +419,35 @@ impl Client {
         })
     }
 
-    /// Record that a guard of this client holds `key` (`false`: it no
-    /// longer does). `true` only if no other one did: two acquires of one
-    /// key through one client can both pass the check before either grant
-    /// (the second one's grant is the first's, extended), and only the
-    /// one that marks the key first may build a guard.
-    /// The set shares the guard's key (no copy per grant).
-    pub(crate) fn mark_held(&self, key: &Arc<str>, held: bool) -> bool {
-        let mut set = lock(&self.inner.held);
-        if held {
-            set.insert(key.clone())
-        } else {
-            set.remove(&**key)
+    /// Record that a guard (or a leader) of this client holds `key` with
+    /// the grant `token`; `false` if one already holds that very grant.
+    /// Two acquires of one key through one client can both pass the check
+    /// before either grant, and the store extends the first grant for the
+    /// second (one holder, the same token): only the first to mark it may
+    /// build a guard. A grant with another token replaces the record (the
+    /// store made it, so the recorded one is no longer live).
+    /// The map shares the guard's key (no copy per grant).
+    pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
+        let mut held = lock(&self.inner.held);
+        match held.get_mut(&**key) {
+            Some(t) if *t == token => false,
+            Some(t) => {
+                *t = token;
+                true
+            }
+            None => {
+                held.insert(key.clone(), token);
+                true
+            }
+        }
+    }
+
+    /// The guard (or leader) of grant `token` of `key` ended: take back
+    /// its record, unless a later grant replaced it.
+    pub(crate) fn unmark_held(&self, key: &str, token: u64) {
+        let mut held = lock(&self.inner.held);
+        if held.get(key) == Some(&token) {
+            held.remove(key);
         }
     }
 
@@ -459,7 +476,7 @@ impl Client {
         ttl_ms: u64,
         limit: u32,
     ) -> Result<core::Grant> {
-        if lock(&self.inner.held).contains(key) {
+        if lock(&self.inner.held).contains_key(key) {
             let info = self.inspect(key)?;
             return Err(Error::Held {
                 key: key.to_owned(),

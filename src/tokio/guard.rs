@@ -8,7 +8,7 @@
 //! that renewal to return before it ends, so that a release that awaited
 //! the task never races a renewal.
 
-use super::{nap, CancellationToken, Client};
+use super::{joined, nap, CancellationToken, Client};
 use crate::client::guard::lease_renewer;
 use crate::client::lifeline::{Lifeline, OnLost, Owner, RenewFn, Step};
 use crate::client::machine::Lifetime;
@@ -229,6 +229,9 @@ impl LeaseGuard {
 
     /// Stop the keep-alive, wait for it to end, then release the lease.
     /// [`Error::Lost`] when it was lost before: nothing was released.
+    /// The ending runs as a task of its own: if this future is dropped
+    /// half-way (a `timeout` around it), the lease is still released and
+    /// this client's next acquire of the key still asks the store.
     pub async fn release(mut self) -> Result<()> {
         let usable = self.life.check_usable(true);
         if let Err(e @ Error::Forked { .. }) = usable {
@@ -236,21 +239,11 @@ impl LeaseGuard {
         }
         self.done = true;
         let live = self.life.finish();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-        let result = match usable {
-            Ok(()) if live => {
-                let (key, token) = (self.key.clone(), self.token);
-                self.client.call(move |c| c.release(&key, token)).await
-            }
-            // Lost already: nothing to release, and the caller is told so.
-            Err(lost) => Err(lost),
-            // Ended already (a release that raced this one).
-            Ok(()) => Ok(()),
-        };
-        self.client.sync.mark_held(&self.key, false);
-        result
+        // Lost already: nothing to release, and the caller is told so.
+        // Ended already (a release that raced this one): nothing to do.
+        let release = usable.map(|()| live);
+        let ending = self.end(&tokio::runtime::Handle::current(), release);
+        joined(ending).await
     }
 
     /// Stop managing the lease without releasing it (it stays held until
@@ -259,12 +252,38 @@ impl LeaseGuard {
         self.done = true;
         if self.life.fork.is_origin_strict() {
             self.life.finish();
-            if let Some(task) = self.task.take() {
-                let _ = task.await;
-            }
-            self.client.sync.mark_held(&self.key, false);
+            let ending = self.end(&tokio::runtime::Handle::current(), Ok(false));
+            let _ = joined(ending).await;
         }
         (self.key.to_string(), self.token)
+    }
+
+    /// Wait for the keep-alive, release the grant if `release` says to
+    /// (`Err`: the loss already known, passed on), then take back this
+    /// client's mark on the key: spawned on `rt`, so it runs to its end
+    /// whoever waits for it.
+    fn end(
+        &mut self,
+        rt: &tokio::runtime::Handle,
+        release: Result<bool>,
+    ) -> JoinHandle<Result<()>> {
+        let (client, key, token) = (self.client.clone(), self.key.clone(), self.token);
+        let task = self.task.take();
+        rt.spawn(async move {
+            if let Some(task) = task {
+                let _ = task.await;
+            }
+            let result = match release {
+                Ok(true) => {
+                    let k = key.clone();
+                    client.call(move |c| c.release(&k, token)).await
+                }
+                Ok(false) => Ok(()),
+                Err(lost) => Err(lost),
+            };
+            client.sync.unmark_held(&key, token);
+            result
+        })
     }
 }
 
@@ -275,27 +294,16 @@ impl Drop for LeaseGuard {
             return;
         }
         let live = self.life.check_usable(true).is_ok() && self.life.finish();
-        let (client, key, token) = (self.client.clone(), self.key.clone(), self.token);
-        let task = self.task.take();
-        let release = async move {
-            if let Some(task) = task {
-                let _ = task.await;
-            }
-            if live {
-                let k = key.clone();
-                let _ = client.call(move |c| c.release(&k, token)).await;
-            }
-            client.sync.mark_held(&key, false);
-        };
+        let token = self.token;
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn(release)),
+            Ok(rt) => drop(self.end(&rt, Ok(live))),
             // No runtime (dropped outside one): the task is gone with its
             // runtime already; release here.
             Err(_) => {
                 if live {
                     let _ = self.client.sync.release(&self.key, token);
                 }
-                self.client.sync.mark_held(&self.key, false);
+                self.client.sync.unmark_held(&self.key, token);
             }
         }
     }

@@ -92,7 +92,12 @@ impl std::fmt::Debug for Client {
 /// Run a blocking store call on tokio's blocking pool. A panic in it
 /// resumes in the caller.
 pub(crate) async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    match tokio::task::spawn_blocking(f).await {
+    joined(tokio::task::spawn_blocking(f)).await
+}
+
+/// What a task returned; a panic in it resumes in the caller.
+pub(crate) async fn joined<R>(task: tokio::task::JoinHandle<R>) -> R {
+    match task.await {
         Ok(r) => r,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         // The runtime is shutting down; nothing will poll us further.

@@ -47,6 +47,7 @@ macro_rules! tokio_cases {
         tokio_cases!($guard, $make;
             acquire_waits_without_a_thread_per_waiter,
             tasks_of_one_client_take_turns,
+            a_release_cut_short_still_ends_the_hold,
             a_waiting_acquire_is_woken_by_a_release,
             the_loss_is_a_future_and_a_cancelled_token,
             release_awaits_the_keep_alive,

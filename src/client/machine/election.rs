@@ -174,6 +174,13 @@ impl ElectionMachine {
         term.is_valid(now)
     }
 
+    /// Whether a grant of this election may still be live in the store:
+    /// leading, or released but not yet answered (false once the release
+    /// is answered, or the term ended without one).
+    pub fn holds_grant(&self) -> bool {
+        self.term.as_ref().is_some_and(|t| t.token().is_some())
+    }
+
     /// The current term's token while leading.
     pub fn token(&self) -> Option<u64> {
         self.term

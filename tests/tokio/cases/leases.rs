@@ -54,6 +54,33 @@ fn take_turns(client: impl Fn() -> Client, tasks: usize, turns: usize, hold_ms: 
     });
 }
 
+/// A release cut short (a timeout around it drops the future at its
+/// first wait) still ends the hold: the key is released in the store, and
+/// the same client's next acquire asks the store instead of refusing.
+pub fn a_release_cut_short_still_ends_the_hold(make: &Make) {
+    let f = make();
+    runtime(4).block_on(async {
+        let c = client(&f);
+        let other = client(&f);
+        let guard = c.try_acquire("cut", Duration::from_secs(60)).await.unwrap();
+        // (Before the fix, the release of a store with real I/O stopped
+        // there for good, and the key stayed marked held by `c`.)
+        let _ = tokio::time::timeout(Duration::ZERO, guard.release()).await;
+        within(Duration::from_secs(10), "the key freed", async {
+            loop {
+                match other.try_acquire("cut", Duration::from_secs(60)).await {
+                    Ok(g) => break g.release().await.unwrap(),
+                    Err(leasehold::Error::Held { .. }) => tokio::time::sleep(ms(5)).await,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+        .await;
+        let again = c.try_acquire("cut", Duration::from_secs(60)).await;
+        again.unwrap().release().await.unwrap();
+    });
+}
+
 /// The waiter's own clock is frozen, so its retry timer never comes due:
 /// only the store's announcement of the release can wake it.
 pub fn a_waiting_acquire_is_woken_by_a_release(make: &Make) {
