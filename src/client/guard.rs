@@ -76,9 +76,11 @@ impl LeaseGuard {
     }
 
     /// Whether the holder already held the key and the acquire extended
-    /// that grant (same token) instead of making a new one: only possible
-    /// for a holder id shared between processes, like `leasehold lock
-    /// acquire --holder ID`.
+    /// that grant (same token) instead of making a new one: a holder id
+    /// shared between processes, like `leasehold lock acquire --holder
+    /// ID`, or a grant of this client no guard manages any more (one
+    /// `detach`ed, or one whose acquire was abandoned before its guard was
+    /// built), which this guard now manages.
     pub fn renewed(&self) -> bool {
         self.renewed
     }
