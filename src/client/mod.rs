@@ -83,9 +83,10 @@ struct ClientInner {
     busy_timeout: Duration,
     jitter: AtomicU64,
     fork: ForkGuard,
-    /// Keys this client holds through a live guard: a second acquire of one
-    /// waits like any other contender instead of sharing the slot.
-    /// Keys a guard of this client holds (foldhash: hashed twice a pair).
+    /// Keys this client holds through a live guard (or leader), each with
+    /// its grant's token: a second acquire of one waits like any other
+    /// contender instead of sharing the grant ([`Client::mark_held`]).
+    /// (foldhash: hashed three times a pair.)
     held: Mutex<hashbrown::HashMap<Arc<str>, u64>>,
 }
 
@@ -428,26 +429,17 @@ impl Client {
     /// store made it, so the recorded one is no longer live).
     /// The map shares the guard's key (no copy per grant).
     pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
-        let mut held = lock(&self.inner.held);
-        match held.get_mut(&**key) {
-            Some(t) if *t == token => false,
-            Some(t) => {
-                *t = token;
-                true
-            }
-            None => {
-                held.insert(key.clone(), token);
-                true
-            }
-        }
+        lock(&self.inner.held).insert(key.clone(), token) != Some(token)
     }
 
     /// The guard (or leader) of grant `token` of `key` ended: take back
     /// its record, unless a later grant replaced it.
     pub(crate) fn unmark_held(&self, key: &str, token: u64) {
         let mut held = lock(&self.inner.held);
-        if held.get(key) == Some(&token) {
-            held.remove(key);
+        if let Some((key, later)) = held.remove_entry(key) {
+            if later != token {
+                held.insert(key, later);
+            }
         }
     }
 
