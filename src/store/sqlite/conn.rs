@@ -3,6 +3,7 @@
 
 use super::cache::RowCache;
 use super::group::GroupConn;
+use super::hot::{Hot, HotConn};
 use crate::error::{Error, Result, StoreFailure};
 use rusqlite::Connection;
 use std::time::Duration;
@@ -79,7 +80,7 @@ pub(super) fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> 
 
 /// The store's connection, as group commit drives it.
 pub(super) struct SqlConn {
-    pub conn: Connection,
+    pub conn: HotConn,
     /// The database, for messages.
     pub shown: String,
     pub busy_timeout: Duration,
@@ -119,7 +120,8 @@ impl GroupConn for SqlConn {
             // A transaction that failed to end left its BEGIN open.
             self.rollback();
         }
-        exec_cached(&self.conn, "BEGIN IMMEDIATE")
+        self.conn
+            .exec(Hot::Begin)
             .map_err(|e| sql_err(|| format!("beginning a transaction on {}", self.shown), e))?;
         self.rows.begin(|| data_version(&self.conn));
         if self.check_marks {
@@ -176,7 +178,7 @@ impl GroupConn for SqlConn {
     fn commit(&mut self) -> Result<()> {
         arm_busy(self.busy_timeout);
         self.rows.before_commit(|| data_version(&self.conn));
-        let committed = exec_cached(&self.conn, "COMMIT");
+        let committed = self.conn.exec(Hot::Commit);
         match &committed {
             Ok(()) => self.rows.committed(),
             Err(_) => self.rows.commit_failed(),

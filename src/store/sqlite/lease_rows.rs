@@ -6,11 +6,12 @@
 //! a grant one `INSERT` and the head.
 
 use super::conn::sql_err;
+use super::hot::{Hot, HotConn};
 use crate::core::{LeaseRecord, LeaseSlot};
 use crate::error::{Field, Result};
 use crate::store::{holder_bytes, holder_from, i64_of, u64_of, LeaseCache};
 use crate::Holder;
-use rusqlite::{params, Connection, Row};
+use rusqlite::{params, Row, Statement};
 use std::sync::Arc;
 
 /// The token of a key's head row in `lease_rows` (slots' tokens are never
@@ -24,15 +25,15 @@ fn ctx_key(what: &str, key: &str) -> String {
 /// The record of `key` in one statement: its rows of `lease_rows`,
 /// the head (token -1) first, then the slots in token order. Slots
 /// without a head are no record (a head is written with every grant).
-pub(super) fn load(conn: &Connection, key: &str) -> Result<Option<LeaseRecord>> {
+pub(super) fn load(conn: &HotConn, key: &str) -> Result<Option<LeaseRecord>> {
     let fail = |e| sql_err(|| ctx_key("reading", key), e);
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT token, last_token, lease_limit, holder, label, expires_at
-             FROM lease_rows WHERE key = ?1 ORDER BY token",
-        )
-        .map_err(fail)?;
-    let mut rows = stmt.query([key]).map_err(fail)?;
+    conn.with(Hot::LeaseLoad, |stmt| read_record(stmt, key))
+        .map_err(fail)
+}
+
+/// The record `stmt` ([`Hot::LeaseLoad`]) reads for `key`.
+fn read_record(stmt: &mut Statement<'_>, key: &str) -> rusqlite::Result<Option<LeaseRecord>> {
+    let mut rows = stmt.query([key])?;
     let mut record: Option<LeaseRecord> = None;
     let read = |r: &Row<'_>, record: &mut Option<LeaseRecord>| -> rusqlite::Result<()> {
         let token: i64 = r.get(0)?;
@@ -55,8 +56,8 @@ pub(super) fn load(conn: &Connection, key: &str) -> Result<Option<LeaseRecord>> 
         }
         Ok(())
     };
-    while let Some(r) = rows.next().map_err(fail)? {
-        read(r, &mut record).map_err(fail)?;
+    while let Some(r) = rows.next()? {
+        read(r, &mut record)?;
     }
     Ok(record)
 }
@@ -65,7 +66,7 @@ pub(super) fn load(conn: &Connection, key: &str) -> Result<Option<LeaseRecord>> 
 /// difference from what it read: the head only if its token or limit
 /// moved, and only the slots added, dropped or changed (a release is
 /// one DELETE, a renewal one UPDATE, a grant one INSERT and the head).
-pub(super) fn write_back(conn: &Connection, leases: &LeaseCache) -> Result<()> {
+pub(super) fn write_back(conn: &HotConn, leases: &LeaseCache) -> Result<()> {
     for c in leases.changed() {
         let key = c.key.as_str();
         let fail = |e| sql_err(|| ctx_key("writing", key), e);
@@ -73,13 +74,9 @@ pub(super) fn write_back(conn: &Connection, leases: &LeaseCache) -> Result<()> {
         let head = |r: &LeaseRecord| (r.last_token, r.limit);
         if before.map(head) != Some(head(after)) {
             let last = i64_of(Field::Token, after.last_token)?;
-            conn.prepare_cached(
-                "INSERT INTO lease_rows (key, token, last_token, lease_limit)
-                     VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT(key, token) DO UPDATE SET last_token = excluded.last_token,
-                                                           lease_limit = excluded.lease_limit",
-            )
-            .and_then(|mut s| s.execute(params![key, HEAD_TOKEN, last, after.limit]))
+            conn.with(Hot::LeaseHead, |s| {
+                s.execute(params![key, HEAD_TOKEN, last, after.limit])
+            })
             .map_err(fail)?;
         }
         let old: &[LeaseSlot] = before.map_or(&[], |b| &b.slots);
@@ -88,8 +85,7 @@ pub(super) fn write_back(conn: &Connection, leases: &LeaseCache) -> Result<()> {
             .filter(|o| !after.slots.iter().any(|n| n.token == o.token))
         {
             let token = i64_of(Field::Token, gone.token)?;
-            conn.prepare_cached("DELETE FROM lease_rows WHERE key = ?1 AND token = ?2")
-                .and_then(|mut s| s.execute(params![key, token]))
+            conn.with(Hot::LeaseDelete, |s| s.execute(params![key, token]))
                 .map_err(fail)?;
         }
         for slot in &after.slots {
@@ -98,29 +94,25 @@ pub(super) fn write_back(conn: &Connection, leases: &LeaseCache) -> Result<()> {
             match old.iter().find(|o| o.token == slot.token) {
                 Some(o) if o == slot => {}
                 Some(o) if o.holder == slot.holder => {
-                    conn.prepare_cached(
-                        "UPDATE lease_rows SET expires_at = ?3 WHERE key = ?1 AND token = ?2",
-                    )
-                    .and_then(|mut s| s.execute(params![key, token, expires]))
-                    .map_err(fail)?;
+                    conn.with(Hot::LeaseRenew, |s| s.execute(params![key, token, expires]))
+                        .map_err(fail)?;
                 }
                 found => {
-                    let sql = if found.is_some() {
-                        "INSERT OR REPLACE INTO lease_rows (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
+                    let which = if found.is_some() {
+                        Hot::LeaseReplace
                     } else {
-                        "INSERT INTO lease_rows (key, token, holder, label, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)"
+                        Hot::LeaseInsert
                     };
-                    conn.prepare_cached(sql)
-                        .and_then(|mut s| {
-                            s.execute(params![
-                                key,
-                                token,
-                                &holder_bytes(slot.holder.id)[..],
-                                slot.holder.label.as_deref(),
-                                expires,
-                            ])
-                        })
-                        .map_err(fail)?;
+                    conn.with(which, |s| {
+                        s.execute(params![
+                            key,
+                            token,
+                            &holder_bytes(slot.holder.id)[..],
+                            slot.holder.label.as_deref(),
+                            expires,
+                        ])
+                    })
+                    .map_err(fail)?;
                 }
             }
         }

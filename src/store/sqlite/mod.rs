@@ -57,7 +57,8 @@
 //!
 //! The code: `schema` (migrations, refusals, the clock state),
 //! `group` (group commit, generic over the connection), `conn` (the
-//! connection's group-commit actions, errors, busy handler), `txn` (the
+//! connection's group-commit actions, errors, busy handler), `hot` (the
+//! statements every lease transaction runs, kept on the connection), `txn` (the
 //! transaction's lease and job reads and writes), `rows` (the job row
 //! mapping and the indexed scans) and `listing` (what `leasehold ui` and
 //! the listing commands read, and the two indexes only they need).
@@ -67,6 +68,7 @@ pub mod group;
 
 mod cache;
 mod conn;
+mod hot;
 mod lease_rows;
 mod listing;
 mod rows;
@@ -325,7 +327,7 @@ impl SqliteStore {
         let rows = cache::RowCache::default();
         let row_hits = rows.hits();
         let conn = SqlConn {
-            conn,
+            conn: hot::HotConn::new(conn),
             shown,
             busy_timeout: opts.busy_timeout,
             check_marks: !opts.ignore_marks,

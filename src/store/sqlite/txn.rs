@@ -6,6 +6,7 @@ mod job_rows;
 
 use super::cache::RowCache;
 use super::conn::sql_err;
+use super::hot::HotConn;
 use super::listing;
 use super::rows::SCAN_SQL;
 use crate::core::{
@@ -16,11 +17,11 @@ use crate::error::Field;
 use crate::error::Result;
 use crate::hash::IdSet;
 use crate::store::{i64_of, u64_of, LeaseCache};
-use rusqlite::{params, Connection};
+use rusqlite::params;
 use std::sync::Arc;
 
 pub(super) struct SqlTxn<'c> {
-    conn: &'c Connection,
+    conn: &'c HotConn,
     /// The connection's copy of the running jobs it wrote last: a read of
     /// one of them is served from it, and every job write goes through it.
     rows: &'c mut RowCache,
@@ -49,7 +50,7 @@ pub(super) struct SqlTxn<'c> {
 
 impl<'c> SqlTxn<'c> {
     /// A transaction's reads and writes on `conn`, at store time `now_ms`.
-    pub(super) fn new(conn: &'c Connection, rows: &'c mut RowCache, now_ms: u64) -> Self {
+    pub(super) fn new(conn: &'c HotConn, rows: &'c mut RowCache, now_ms: u64) -> Self {
         SqlTxn {
             conn,
             rows,
