@@ -84,7 +84,6 @@ pub(crate) enum AcquireNext {
 pub(crate) struct Acquiring {
     machine: HolderMachine,
     exec: AcquireExec,
-    #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] // the tokio acquire
     waits: bool,
 }
 
@@ -113,7 +112,6 @@ impl Acquiring {
 
     /// Whether it may wait for the key (a try-once acquire has nothing to
     /// listen for).
-    #[cfg_attr(any(not(feature = "tokio"), loom), allow(dead_code))] // the tokio acquire
     pub(crate) fn waits(&self) -> bool {
         self.waits
     }

@@ -162,28 +162,18 @@ impl LeaseGuard {
     }
 
     fn release_inner(&self) -> Result<()> {
-        match self.life.check_usable(true) {
-            Ok(()) => {}
-            Err(lost @ Error::Lost { .. }) => {
-                // Nothing to release, and the caller is told so; still wait
-                // for the keep-alive, so that its loss callback has
-                // returned when release does.
-                self.life.finish();
-                self.life.join();
-                return Err(lost);
-            }
-            Err(other) => return Err(other),
-        }
-        if !self.life.finish() {
-            return Ok(());
-        }
+        let ending = self.life.end_strict()?;
         #[cfg(loom)]
-        let skip_join = loom_canary::naive();
+        let skip_join = loom_canary::naive() && ending.usable.is_ok();
         #[cfg(not(loom))]
         let skip_join = false;
-        if !skip_join {
+        if ending.keep_alive && !skip_join {
+            // Lost, there is nothing to release, and the caller is told
+            // so; still wait for the keep-alive, so that its loss callback
+            // has returned when release does.
             self.life.join();
         }
+        ending.usable?;
         let id = self.client.inner.holder.id;
         // The callers (release, drop) unmark the key, however this ended.
         let first = FirstRead::Lease(&self.key);

@@ -208,6 +208,30 @@ impl Lifeline {
         }
     }
 
+    /// [`Lifeline::check_usable`] (strictly) and [`Lifeline::finish`]
+    /// under one lock, for a release: `Err` only in a forked child (then
+    /// nothing is touched). The caller [`Lifeline::join`]s the keep-alive
+    /// if [`Ending::keep_alive`] says one ran: none can start once the
+    /// grant has ended.
+    pub(crate) fn end_strict(&self) -> Result<Ending> {
+        self.fork.check_strict()?;
+        let mut st = lock(&self.state);
+        let ended = st.life.end();
+        st.life.finish();
+        st.on_lost = None;
+        let keep_alive = st.thread_running;
+        if keep_alive {
+            self.notify_all();
+        }
+        drop(st);
+        let usable = match ended {
+            Some(End::Finished) => Err(self.lost_error(LostReason::StaleToken)),
+            Some(End::Lost(reason)) => Err(self.lost_error(reason)),
+            None => Ok(()),
+        };
+        Ok(Ending { usable, keep_alive })
+    }
+
     /// Mark finished (released, completed, failed); stops the keep-alive.
     /// Returns false if it had ended already (lost or finished).
     pub(crate) fn finish(&self) -> bool {
@@ -342,6 +366,16 @@ impl Lifeline {
             }
         }
     }
+}
+
+/// What [`Lifeline::end_strict`] found.
+pub(crate) struct Ending {
+    /// What [`Lifeline::check_usable`] would have said: `Err` (lost, or
+    /// ended already) when there is nothing to release; `Ok` when this
+    /// call ended a live grant.
+    pub(crate) usable: Result<()>,
+    /// A keep-alive was running: join it.
+    pub(crate) keep_alive: bool,
 }
 
 /// What a keep-alive does next ([`Lifeline::step`]).

@@ -296,7 +296,14 @@ impl Client {
     /// with the store's rules).
     pub(crate) fn jitter(&self, span: u64) -> u64 {
         let n = self.inner.jitter.fetch_add(1, Ordering::Relaxed);
-        core::mix64(n) % span.max(1)
+        let x = core::mix64(n);
+        // A machine's seed takes the whole range: `x % u64::MAX` without
+        // the division.
+        match span {
+            u64::MAX if x == u64::MAX => 0,
+            u64::MAX => x,
+            span => x % span.max(1),
+        }
     }
 
     /// Run `f` in a store transaction, retrying transient store errors with
@@ -374,7 +381,12 @@ impl Client {
         let mut acquiring = Acquiring::new(self, key, &opts)?;
         let store = &self.inner.store;
         loop {
-            let epoch = store.epoch(Wake::LeaseFreed);
+            // A try-once acquire never waits: no epoch to read.
+            let epoch = if acquiring.waits() {
+                store.epoch(Wake::LeaseFreed)
+            } else {
+                0
+            };
             while let Some(next) = acquiring.next() {
                 match next {
                     AcquireNext::Send => {

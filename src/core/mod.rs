@@ -195,13 +195,24 @@ pub fn check_key(field: Field, key: &str) -> Result<()> {
             format!("{} bytes is longer than {MAX_KEY_BYTES}", key.len()),
         ));
     }
-    if key.chars().any(char::is_control) {
+    if has_control(key) {
         return Err(Error::invalid(
             field,
             format!("{key:?} contains a control character"),
         ));
     }
     Ok(())
+}
+
+/// Whether `text` holds a control character ([`char::is_control`]: C0,
+/// DEL and C1), read from its bytes without decoding: C0 and DEL are
+/// single bytes, and C1 (U+0080..=U+009F) is `0xC2` then `0x80..=0x9F`
+/// in UTF-8 (a `0xC2` byte is always the first of a character).
+fn has_control(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.iter().enumerate().any(|(i, &b)| {
+        b < 0x20 || b == 0x7f || (b == 0xc2 && matches!(bytes.get(i + 1), Some(0x80..=0x9f)))
+    })
 }
 
 /// Check free text (labels, unique keys, error reasons): at most
@@ -257,4 +268,18 @@ pub fn mix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_control;
+
+    #[test]
+    fn a_control_character_is_found_in_the_bytes_as_char_is_control_finds_it() {
+        for c in (0..=0x10_ffff_u32).filter_map(char::from_u32) {
+            let text = format!("a{c}\u{e9}");
+            assert_eq!(has_control(&text), c.is_control(), "U+{:04X}", c as u32);
+        }
+        assert!(!has_control("\u{a0}\u{c2}\u{100}"));
+    }
 }
