@@ -16,7 +16,8 @@
 //! 128 (BENCHMARKS.md), the text form of many rows costs the server more
 //! than the round trip saves.
 
-use super::sql::{Sql, BY_ID};
+use super::job_writes::BY_ID;
+use super::sql::Sql;
 use super::statements::{job_get_sql, pending_ready_sql, LEASE_GET};
 use crate::error::Field;
 use crate::store::FirstRead;

@@ -308,7 +308,7 @@ pub(super) struct Begun {
     pub floor: u64,
     /// The rows of the read sent with BEGIN, if one was.
     pub early: Option<Vec<SimpleQueryRow>>,
-    /// BEGIN set [`BY_ID`](super::sql::BY_ID).
+    /// BEGIN set [`BY_ID`](super::job_writes::BY_ID).
     pub by_id: bool,
 }
 

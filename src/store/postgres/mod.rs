@@ -81,6 +81,7 @@
 
 mod early;
 mod error;
+mod job_writes;
 mod jobs;
 mod listen;
 mod listing;

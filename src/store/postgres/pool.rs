@@ -4,8 +4,8 @@
 
 use super::early::prepare_early;
 use super::error::{pg_err, Stage};
+use super::job_writes::prepare_update;
 use super::meta::BeginSql;
-use super::sql::prepare_update;
 use super::statements::Statements;
 use crate::error::{Error, Result};
 use crate::sync::{lock, Condvar, Mutex};

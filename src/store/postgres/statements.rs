@@ -9,7 +9,7 @@ pub(super) struct Statements {
     pub lease_get: Statement,
     pub job_get: Statement,
     pub jobs_get: Statement,
-    /// The same read, run only after [`BY_ID`](super::sql::BY_ID) (a
+    /// The same read, run only after [`BY_ID`](super::job_writes::BY_ID) (a
     /// transaction that begins by reading a batch), so that every plan
     /// the session keeps for it looks the jobs up by id.
     pub jobs_get_by_id: Statement,

@@ -5,10 +5,11 @@
 //! ([`JobTxn`]) is in `jobs.rs`.
 
 use super::error::{pg_err, Stage};
+use super::job_writes::{render_job_writes, JobWrite};
 use super::listing;
 use super::pool::Conn;
 use super::rows::{job_from_row, lease_from_row, queue_config, Cells};
-use super::sql::{render_job_writes, JobWrite, Sql};
+use super::sql::Sql;
 use super::statements::{Statements, JOB_COLUMN_COUNT};
 use crate::core::{JobId, JobRecord, JobState, JobTxn, Journal, LeaseRecord, QueueConfig, Txn};
 use crate::error::Field;
@@ -54,7 +55,7 @@ pub(super) struct PgTxn<'c> {
     pub(super) early_claim: Option<EarlyClaim>,
     /// A read sent with BEGIN served this transaction.
     pub(super) early_used: bool,
-    /// BEGIN set [`BY_ID`](super::sql::BY_ID): a batch is read by the
+    /// BEGIN set [`BY_ID`](super::job_writes::BY_ID): a batch is read by the
     /// statement kept for it (`jobs_get_by_id`).
     pub(super) by_id: bool,
     /// Job ids taken from the sequence and not used yet, largest first.
