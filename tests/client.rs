@@ -448,6 +448,55 @@ fn transient_errors_are_retried_then_reported_busy() {
     }
 }
 
+/// [`Flaky`] with its store's wake-ups: a release in it moves the epoch a
+/// waiter compares against.
+struct FlakyWaking(Flaky);
+
+impl Store for FlakyWaking {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        self.0.transact(f)
+    }
+    fn describe(&self) -> String {
+        "flaky, waking".into()
+    }
+    fn epoch(&self, wake: leasehold::Wake) -> u64 {
+        self.0.inner.epoch(wake)
+    }
+    fn wait_epoch(&self, wake: leasehold::Wake, epoch: u64, timeout: Duration) -> bool {
+        self.0.inner.wait_epoch(wake, epoch, timeout)
+    }
+}
+
+/// A try-once acquire still backs off between its retries of a busy
+/// store after a release in it moved the wake-up epoch: it has no epoch
+/// of its own to wait on, and must not take the moved one for a wake-up
+/// (it once retried with no pause at all until its busy timeout).
+#[test]
+fn a_try_once_acquire_backs_off_between_retries_after_a_release() {
+    let store = Arc::new(FlakyWaking(Flaky {
+        inner: MemStore::new(),
+        failures_left: AtomicUsize::new(0),
+    }));
+    let client = Client::builder_shared(store.clone())
+        .busy_timeout(Duration::from_millis(300))
+        .build();
+    client
+        .try_acquire("other", Duration::from_secs(1))
+        .unwrap()
+        .release()
+        .unwrap();
+    store.0.failures_left.store(usize::MAX, Ordering::SeqCst);
+    let busy = client.try_acquire("k", Duration::from_secs(1));
+    assert!(matches!(busy, Err(Error::Busy { .. })), "{busy:?}");
+    let tries = usize::MAX - store.0.failures_left.load(Ordering::SeqCst);
+    // Backoff from 1 ms, doubling to its cap, for 300 ms: a few dozen
+    // tries at most; with no pause, thousands.
+    assert!(tries <= 100, "{tries} tries in 300 ms");
+}
+
 #[test]
 fn claimed_job_heartbeat_complete_and_fail() {
     let client = Client::builder(MemStore::new())

@@ -407,8 +407,17 @@ impl Client {
                     AcquireNext::Failed(e) => return Err(e),
                 }
             }
-            let wait = acquiring.wait_ms();
-            if wait > 0 && store.wait_epoch(Wake::LeaseFreed, epoch, Duration::from_millis(wait)) {
+            let wait = Duration::from_millis(acquiring.wait_ms());
+            // A try-once acquire waits only out a retry's backoff: with no
+            // epoch of its own, any release would look like a wake-up.
+            let woke = !wait.is_zero()
+                && if acquiring.waits() {
+                    store.wait_epoch(Wake::LeaseFreed, epoch, wait)
+                } else {
+                    crate::sync::sleep(wait);
+                    false
+                };
+            if woke {
                 acquiring.wake();
             } else {
                 acquiring.timeout();
