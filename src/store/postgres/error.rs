@@ -69,8 +69,8 @@ pub(super) fn pg_err(context: impl Into<String>, e: postgres::Error, stage: Stag
     Error::from_source(context, failure, PgError(e))
 }
 
-/// Whether `e` says the session lost the statements it prepared when it
-/// opened (SQLSTATE 26000: a pooler's `DISCARD ALL`, an operator's
+/// Whether `e` says the session lost the statements it prepared
+/// (SQLSTATE 26000: a pooler's `DISCARD ALL`, an operator's
 /// `DEALLOCATE ALL`). Such a session is replaced, not kept.
 pub(super) fn statements_lost(e: &Error) -> bool {
     let Error::Store { source, .. } = e else {

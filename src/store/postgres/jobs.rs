@@ -6,7 +6,7 @@ use super::error::{pg_err, Stage};
 use super::listing;
 use super::pool::Conn;
 use super::rows::{job_from_row, queue_config, Cells};
-use super::statements::{Statements, JOB_COLUMN_COUNT};
+use super::statements::{Lazy, Statements, JOB_COLUMN_COUNT};
 use super::txn::{CachedJob, PgTxn, MAX_ID_BLOCK};
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, Pending,
@@ -16,7 +16,6 @@ use crate::error::{Error, Field, Result};
 use crate::store::{i64_of, rate_columns, schedule_of_row, u64_of};
 use postgres::types::ToSql;
 use postgres::Row;
-use postgres::Statement;
 use std::sync::Arc;
 
 impl JobTxn for PgTxn<'_> {
@@ -30,11 +29,8 @@ impl JobTxn for PgTxn<'_> {
 
     fn next_job_id(&mut self) -> Result<JobId> {
         if self.ids.is_empty() {
-            let rows = self
-                .conn
-                .client
-                .query(&self.conn.st.next_ids, &[&i64::from(self.id_block)])
-                .map_err(|e| pg_err("allocating job ids", e, Stage::Work))?;
+            let block = i64::from(self.id_block);
+            let rows = self.query("allocating job ids", |st| &st.next_ids, &[&block])?;
             self.ids = rows.iter().map(|r| u64_of(r.get(0))).collect();
             self.ids.sort_unstable_by(|a, b| b.cmp(a));
             self.id_block = (self.id_block * 2).min(MAX_ID_BLOCK);
@@ -83,7 +79,7 @@ impl JobTxn for PgTxn<'_> {
         missing.sort_unstable();
         missing.dedup();
         if !missing.is_empty() {
-            let read: fn(&Statements) -> &Statement = match self.by_id {
+            let read: fn(&Statements) -> &Lazy = match self.by_id {
                 true => |st| &st.jobs_get_by_id,
                 false => |st| &st.jobs_get,
             };
@@ -360,8 +356,10 @@ impl JobTxn for PgTxn<'_> {
         let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
         let Conn { client, st, .. } = &mut *self.conn;
-        let gone = client
-            .execute(&st.rate_forget, &[&queue, &before, &n])
+        let gone = st
+            .rate_forget
+            .get(client)
+            .and_then(|stmt| client.execute(stmt, &[&queue, &before, &n]))
             .map_err(|e| pg_err(what, e, Stage::Work))?;
         Ok(usize::try_from(gone).unwrap_or(usize::MAX))
     }
@@ -410,8 +408,9 @@ impl JobTxn for PgTxn<'_> {
     fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool> {
         let what = format!("deleting schedule {name:?} of queue {queue:?}");
         let Conn { client, st, .. } = &mut *self.conn;
-        client
-            .execute(&st.schedule_delete, &[&queue, &name])
+        st.schedule_delete
+            .get(client)
+            .and_then(|stmt| client.execute(stmt, &[&queue, &name]))
             .map(|n| n > 0)
             .map_err(|e| pg_err(what, e, Stage::Work))
     }

@@ -64,7 +64,7 @@
 //!   claim that did is recovered when its lease expires). An error the
 //!   server reports on a live session means nothing was committed. A broken
 //!   connection is discarded and replaced on next use, and so is one that
-//!   lost the statements it prepared when it opened (SQLSTATE 26000, after
+//!   lost the statements it prepared (SQLSTATE 26000, after
 //!   a `DISCARD ALL` or `DEALLOCATE ALL`: transient, nothing ran).
 //! - **Sessions** set `lock_timeout` (a wait on a row lock ends as a
 //!   transient error) and `idle_in_transaction_session_timeout` (a process

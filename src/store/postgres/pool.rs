@@ -112,21 +112,19 @@ impl Pool {
         Ok(client)
     }
 
-    /// Prepare the statements of a configured session (after the schema
-    /// exists): the reads, the reads sent with BEGIN (`early.rs`), and the
-    /// UPDATE of the commit scripts.
+    /// Prepare a configured session (after the schema exists): the
+    /// SQL-level statements (the reads sent with BEGIN, `early.rs`, and the
+    /// UPDATE of the commit scripts) in one round trip; the reads of
+    /// [`Statements`] on their first use.
     pub fn prepare(&self, mut client: Client) -> Result<Conn> {
-        let st = Statements::prepare(&mut client, &self.cfg.schema)
-            .and_then(|st| {
-                let schema = &self.cfg.schema;
-                client.batch_execute(&format!(
-                    "{};\n{};\n{}",
-                    prepare_update(schema),
-                    prepare_early(schema),
-                    self.cfg.begin_sql.prepare
-                ))?;
-                Ok(st)
-            })
+        let schema = &self.cfg.schema;
+        client
+            .batch_execute(&format!(
+                "{};\n{};\n{}",
+                prepare_update(schema),
+                prepare_early(schema),
+                self.cfg.begin_sql.prepare
+            ))
             .map_err(|e| {
                 pg_err(
                     format!("preparing statements on {}", self.cfg.shown),
@@ -136,7 +134,7 @@ impl Pool {
             })?;
         Ok(Conn {
             client,
-            st,
+            st: Statements::new(schema),
             meta_read: None,
         })
     }

@@ -10,13 +10,13 @@ use super::listing;
 use super::pool::Conn;
 use super::rows::{job_from_row, lease_from_row, queue_config, Cells};
 use super::sql::Sql;
-use super::statements::{Statements, JOB_COLUMN_COUNT};
+use super::statements::{Lazy, Statements, JOB_COLUMN_COUNT};
 use crate::core::{JobId, JobRecord, JobState, JobTxn, Journal, LeaseRecord, QueueConfig, Txn};
 use crate::error::Field;
 use crate::error::Result;
 use crate::store::{LeaseCache, Wake};
 use postgres::types::ToSql;
-use postgres::{Row, SimpleQueryRow, Statement};
+use postgres::{Row, SimpleQueryRow};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -201,10 +201,11 @@ impl<'c> PgTxn<'c> {
     }
 
     pub(super) fn load_lease(&mut self, key: &str) -> Result<Option<LeaseRecord>> {
-        let row = self
-            .conn
-            .client
-            .query_opt(&self.conn.st.lease_get, &[&key])
+        let Conn { client, st, .. } = &mut *self.conn;
+        let row = st
+            .lease_get
+            .get(client)
+            .and_then(|stmt| client.query_opt(stmt, &[&key]))
             .map_err(|e| pg_err(ctx_key("reading", key), e, Stage::Work))?;
         let Some(row) = row else { return Ok(None) };
         lease_from_row(&row, 0).map(Some)
@@ -246,12 +247,13 @@ impl<'c> PgTxn<'c> {
     pub(super) fn query(
         &mut self,
         what: &str,
-        stmt: fn(&Statements) -> &Statement,
+        stmt: fn(&Statements) -> &Lazy,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
         let Conn { client, st, .. } = &mut *self.conn;
-        client
-            .query(stmt(st), params)
+        stmt(st)
+            .get(client)
+            .and_then(|stmt| client.query(stmt, params))
             .map_err(|e| pg_err(what.to_owned(), e, Stage::Work))
     }
 }
