@@ -72,12 +72,6 @@ pub(super) fn busy_wait(count: i32) -> bool {
     })
 }
 
-/// Run a parameterless statement from the statement cache (BEGIN, COMMIT
-/// and ROLLBACK would otherwise be parsed again for every transaction).
-pub(super) fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(|_| ())
-}
-
 /// The store's connection, as group commit drives it.
 pub(super) struct SqlConn {
     pub conn: HotConn,
@@ -152,12 +146,14 @@ impl GroupConn for SqlConn {
         // was undone, and its staging dropped, before this one joined).
         self.rows.keep_member();
         arm_busy(self.busy_timeout);
-        exec_cached(&self.conn, "SAVEPOINT member")
+        self.conn
+            .exec(Hot::Savepoint)
             .map_err(|e| sql_err(|| "joining a group commit".into(), e))
     }
 
     fn release(&mut self) -> Result<()> {
-        exec_cached(&self.conn, "RELEASE member")
+        self.conn
+            .exec(Hot::Release)
             .map_err(|e| sql_err(|| "leaving a group commit".into(), e))?;
         self.rows.keep_member();
         Ok(())
@@ -165,14 +161,15 @@ impl GroupConn for SqlConn {
 
     fn rollback_to(&mut self) -> Result<()> {
         self.rows.undo_member();
-        exec_cached(&self.conn, "ROLLBACK TO member")
-            .and_then(|()| exec_cached(&self.conn, "RELEASE member"))
+        self.conn
+            .exec(Hot::RollbackTo)
+            .and_then(|()| self.conn.exec(Hot::Release))
             .map_err(|e| sql_err(|| "undoing one member of a group commit".into(), e))
     }
 
     fn rollback(&mut self) {
         self.rows.rolled_back();
-        let _ = exec_cached(&self.conn, "ROLLBACK");
+        let _ = self.conn.exec(Hot::Rollback);
     }
 
     fn commit(&mut self) -> Result<()> {

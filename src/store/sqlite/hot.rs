@@ -1,5 +1,6 @@
 //! [`HotConn`]: the store's connection with the statements every lease
-//! transaction runs prepared once and kept, each in a slot of its own.
+//! transaction runs (and those that open, join and end a transaction)
+//! prepared once and kept, each in a slot of its own.
 //!
 //! rusqlite's statement cache finds a statement by its text: each use
 //! hashes the SQL, takes the statement out of an LRU list, and puts it
@@ -28,6 +29,13 @@ use std::cell::RefCell;
 pub(super) enum Hot {
     Begin,
     Commit,
+    Rollback,
+    /// A member joining an open group commit.
+    Savepoint,
+    /// A member leaving it, its writes kept.
+    Release,
+    /// A failed member's writes undone (then [`Hot::Release`]).
+    RollbackTo,
     /// A key's rows (`lease_rows::load`).
     LeaseLoad,
     /// A key's head row, written with every grant.
@@ -43,12 +51,31 @@ pub(super) enum Hot {
 }
 
 impl Hot {
-    const COUNT: usize = 8;
+    /// Every statement, in slot order.
+    const ALL: [Hot; 12] = [
+        Hot::Begin,
+        Hot::Commit,
+        Hot::Rollback,
+        Hot::Savepoint,
+        Hot::Release,
+        Hot::RollbackTo,
+        Hot::LeaseLoad,
+        Hot::LeaseHead,
+        Hot::LeaseDelete,
+        Hot::LeaseRenew,
+        Hot::LeaseInsert,
+        Hot::LeaseReplace,
+    ];
+    const COUNT: usize = Hot::ALL.len();
 
     fn sql(self) -> &'static str {
         match self {
             Hot::Begin => "BEGIN IMMEDIATE",
             Hot::Commit => "COMMIT",
+            Hot::Rollback => "ROLLBACK",
+            Hot::Savepoint => "SAVEPOINT member",
+            Hot::Release => "RELEASE member",
+            Hot::RollbackTo => "ROLLBACK TO member",
             Hot::LeaseLoad => {
                 "SELECT token, last_token, lease_limit, holder, label, expires_at
                  FROM lease_rows WHERE key = ?1 ORDER BY token"
@@ -115,8 +142,11 @@ impl HotConn {
         f: impl FnOnce(&mut Statement<'_>) -> rusqlite::Result<R>,
     ) -> rusqlite::Result<R> {
         self.0.with_dependent(|conn, slots| {
-            let Ok(mut slot) = slots.0[which as usize].try_borrow_mut() else {
-                // Running further up this thread's stack: the cache's copy.
+            let slot = slots.0.get(which as usize).map(RefCell::try_borrow_mut);
+            let Some(Ok(mut slot)) = slot else {
+                // Running further up this thread's stack (or, were a
+                // statement ever left out of `Hot::ALL`, without a slot):
+                // the cache's copy.
                 let mut cached = conn.prepare_cached(which.sql())?;
                 return f(&mut cached);
             };
@@ -162,16 +192,8 @@ mod tests {
     #[test]
     fn every_statement_prepares_on_the_schema() {
         let c = conn();
-        for which in [
-            Hot::Begin,
-            Hot::LeaseLoad,
-            Hot::LeaseHead,
-            Hot::LeaseDelete,
-            Hot::LeaseRenew,
-            Hot::LeaseInsert,
-            Hot::LeaseReplace,
-            Hot::Commit,
-        ] {
+        for (slot, which) in Hot::ALL.into_iter().enumerate() {
+            assert_eq!(which as usize, slot, "{which:?} is in its slot");
             c.with(which, |s| Ok(s.parameter_count())).unwrap();
         }
     }
