@@ -4,7 +4,6 @@
 
 use super::error::{pg_err, Stage};
 use super::listing;
-use super::pool::Conn;
 use super::rows::{job_from_row, queue_config, Cells};
 use super::statements::{Lazy, Statements, JOB_COLUMN_COUNT};
 use super::txn::{CachedJob, PgTxn, MAX_ID_BLOCK};
@@ -355,12 +354,7 @@ impl JobTxn for PgTxn<'_> {
         let what = format!("forgetting idle rates of queue {queue:?}");
         let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
         let n = i64::try_from(limit).unwrap_or(i64::MAX);
-        let Conn { client, st, .. } = &mut *self.conn;
-        let gone = st
-            .rate_forget
-            .get(client)
-            .and_then(|stmt| client.execute(stmt, &[&queue, &before, &n]))
-            .map_err(|e| pg_err(what, e, Stage::Work))?;
+        let gone = self.execute(&what, |st| &st.rate_forget, &[&queue, &before, &n])?;
         Ok(usize::try_from(gone).unwrap_or(usize::MAX))
     }
 
@@ -407,12 +401,8 @@ impl JobTxn for PgTxn<'_> {
 
     fn delete_schedule(&mut self, queue: &str, name: &str) -> Result<bool> {
         let what = format!("deleting schedule {name:?} of queue {queue:?}");
-        let Conn { client, st, .. } = &mut *self.conn;
-        st.schedule_delete
-            .get(client)
-            .and_then(|stmt| client.execute(stmt, &[&queue, &name]))
+        self.execute(&what, |st| &st.schedule_delete, &[&queue, &name])
             .map(|n| n > 0)
-            .map_err(|e| pg_err(what, e, Stage::Work))
     }
 
     fn counts(&mut self, queue: &str) -> Result<StateCounts> {

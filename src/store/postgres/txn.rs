@@ -256,6 +256,21 @@ impl<'c> PgTxn<'c> {
             .and_then(|stmt| client.query(stmt, params))
             .map_err(|e| pg_err(what.to_owned(), e, Stage::Work))
     }
+
+    /// [`PgTxn::query`] for a statement that returns no rows: how many
+    /// rows it changed.
+    pub(super) fn execute(
+        &mut self,
+        what: &str,
+        stmt: fn(&Statements) -> &Lazy,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64> {
+        let Conn { client, st, .. } = &mut *self.conn;
+        stmt(st)
+            .get(client)
+            .and_then(|stmt| client.execute(stmt, params))
+            .map_err(|e| pg_err(what.to_owned(), e, Stage::Work))
+    }
 }
 
 impl Txn for PgTxn<'_> {
