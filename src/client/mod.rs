@@ -55,11 +55,9 @@ use crate::core::{
 use crate::error::Field;
 use crate::error::{Error, Result};
 use crate::fork::ForkGuard;
-use crate::store::{Store, StoreExt, Wake};
+use crate::store::{Store, StoreExt};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::time::{LocalMs, StoreMs, WallMs};
-use acquire::{AcquireNext, Acquiring};
-use machine::HolderConfig;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -363,103 +361,6 @@ impl Client {
                     crate::sync::sleep(Duration::from_millis(sleep_ms));
                 }
                 other => return other,
-            }
-        }
-    }
-
-    /// Try once to acquire `key`; [`Error::Held`] if it is taken.
-    pub fn try_acquire(&self, key: &str, ttl: Duration) -> Result<LeaseGuard> {
-        self.acquire(key, LeaseOptions::new(ttl))
-    }
-
-    /// Acquire `key`, waiting up to `opts.wait` (jittered backoff, woken
-    /// early when the store sees a release: the holder machine). While a
-    /// guard of this client holds the key, another acquire through this
-    /// client waits like any other contender (two guards never share one
-    /// grant). Transient store errors are retried until the busy timeout.
-    pub fn acquire(&self, key: &str, opts: LeaseOptions) -> Result<LeaseGuard> {
-        let mut acquiring = Acquiring::new(self, key, &opts)?;
-        let store = &self.inner.store;
-        loop {
-            // A try-once acquire never waits: no epoch to read.
-            let epoch = if acquiring.waits() {
-                store.epoch(Wake::LeaseFreed)
-            } else {
-                0
-            };
-            while let Some(next) = acquiring.next() {
-                match next {
-                    AcquireNext::Send => {
-                        let reply = acquiring.exec().run();
-                        acquiring.reply(reply);
-                    }
-                    AcquireNext::Granted {
-                        token,
-                        renewed,
-                        life,
-                    } => {
-                        let ttl_ms = acquiring.ttl_ms();
-                        let key = acquiring.exec().key.clone();
-                        let guard =
-                            LeaseGuard::new(self.clone(), key, token, ttl_ms, renewed, life);
-                        return Ok(guard);
-                    }
-                    AcquireNext::Failed(e) => return Err(e),
-                }
-            }
-            let wait = Duration::from_millis(acquiring.wait_ms());
-            // A try-once acquire waits only out a retry's backoff: with no
-            // epoch of its own, any release would look like a wake-up.
-            let woke = !wait.is_zero()
-                && if acquiring.waits() {
-                    store.wait_epoch(Wake::LeaseFreed, epoch, wait)
-                } else {
-                    crate::sync::sleep(wait);
-                    false
-                };
-            if woke {
-                acquiring.wake();
-            } else {
-                acquiring.timeout();
-            }
-        }
-    }
-
-    /// The holder machine's configuration for acquiring `key` with `opts`
-    /// (checked: same process, a valid key).
-    pub(crate) fn holder_config(&self, key: &str, opts: &LeaseOptions) -> Result<HolderConfig> {
-        self.inner.fork.check()?;
-        core::check_key(Field::Key, key)?;
-        Ok(HolderConfig {
-            ttl_ms: ms_of(opts.ttl),
-            limit: opts.limit,
-            wait_ms: ms_of(opts.wait),
-            drift: self.inner.drift,
-            keep_alive: true,
-            seed: self.jitter(u64::MAX),
-            busy_ms: ms_of(self.inner.busy_timeout),
-        })
-    }
-
-    /// Record that a guard (or a leader) of this client holds `key` with
-    /// the grant `token`; `false` if one already holds that very grant.
-    /// Two acquires of one key through one client can both pass the check
-    /// before either grant, and the store extends the first grant for the
-    /// second (one holder, the same token): only the first to mark it may
-    /// build a guard. A grant with another token replaces the record (the
-    /// store made it, so the recorded one is no longer live).
-    /// The map shares the guard's key (no copy per grant).
-    pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
-        lock(&self.inner.held).insert(key.clone(), token) != Some(token)
-    }
-
-    /// The guard (or leader) of grant `token` of `key` ended: take back
-    /// its record, unless a later grant replaced it.
-    pub(crate) fn unmark_held(&self, key: &str, token: u64) {
-        let mut held = lock(&self.inner.held);
-        if let Some((key, later)) = held.remove_entry(key) {
-            if later != token {
-                held.insert(key, later);
             }
         }
     }
