@@ -121,4 +121,25 @@ fn local_deadline_subtracts_drift_and_margin() {
         margin_ms: 0,
     };
     assert_eq!(local_deadline_ms(7, u64::MAX, d), 7);
+    // Either side of where `ttl * ppm` leaves 64 bits, the same rounding
+    // as the exact 128-bit formula.
+    for ppm in [1, 10_000, 999_999, 1_000_000, u32::MAX] {
+        let edge = u64::MAX / u64::from(ppm);
+        for ttl in [
+            edge - 1,
+            edge,
+            edge.saturating_add(1),
+            edge.saturating_add(2),
+            1_000_001,
+        ] {
+            let drift = (u128::from(ttl) * u128::from(ppm)).div_ceil(1_000_000);
+            let want = u128::from(ttl).saturating_sub(drift);
+            let d = DriftBound { ppm, margin_ms: 0 };
+            assert_eq!(
+                u128::from(local_deadline_ms(0, ttl, d)),
+                want,
+                "ttl {ttl} ppm {ppm}"
+            );
+        }
+    }
 }

@@ -50,10 +50,8 @@ impl Client {
                         life,
                     } => {
                         let ttl_ms = acquiring.ttl_ms();
-                        let key = acquiring.exec().key.clone();
-                        let guard =
-                            LeaseGuard::new(self.clone(), key, token, ttl_ms, renewed, life);
-                        return Ok(guard);
+                        let AcquireExec { client, key, .. } = acquiring.into_exec();
+                        return Ok(LeaseGuard::new(client, key, token, ttl_ms, renewed, life));
                     }
                     AcquireNext::Failed(e) => return Err(e),
                 }
@@ -210,6 +208,12 @@ impl Acquiring {
     /// The store side, to run requests with.
     pub(crate) fn exec(&self) -> &AcquireExec {
         &self.exec
+    }
+
+    /// The store side, given up once the grant is built (its client and
+    /// key move into the guard: no count to raise and drop again).
+    pub(crate) fn into_exec(self) -> AcquireExec {
+        self.exec
     }
 
     /// Whether it may wait for the key (a try-once acquire has nothing to

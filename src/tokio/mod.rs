@@ -173,7 +173,7 @@ impl Client {
                         life,
                     } => {
                         let ttl_ms = acquiring.ttl_ms();
-                        let key = acquiring.exec().key.clone();
+                        let key = acquiring.into_exec().key;
                         return Ok(LeaseGuard::start(self, key, token, ttl_ms, renewed, life));
                     }
                     AcquireNext::Failed(e) => return Err(e),
