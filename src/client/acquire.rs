@@ -260,9 +260,9 @@ impl Acquiring {
     /// The store answered ([`mark_grant`]: a kept grant's mark passes to
     /// the guard built from the [`AcquireNext::Granted`] it yields).
     pub(crate) fn reply(&mut self, reply: HolderReply) {
-        let now = self.exec.client.local_now();
         let (reply, marked) = mark_grant(&self.exec.client, &self.exec.key, reply);
-        self.machine.handle_reply(now, reply);
+        let client = &self.exec.client;
+        self.machine.handle_reply(|| client.local_now(), reply);
         if let Some(token) = marked.filter(|_| self.machine.lifetime().is_none()) {
             // The machine was not waiting for this grant: no guard comes.
             self.exec.client.unmark_held(&self.exec.key, token);

@@ -54,6 +54,35 @@ fn sends(a: &[HolderAction]) -> Vec<HolderRequest> {
 }
 
 #[test]
+fn a_granted_acquire_reads_no_reply_time_and_a_refused_one_reads_it_once() {
+    let reads = std::cell::Cell::new(0);
+    let at = |ms| {
+        let reads = &reads;
+        move || {
+            reads.set(reads.get() + 1);
+            LocalMs(ms)
+        }
+    };
+    let mut m = HolderMachine::new(holder(100, false), LocalMs(1_000));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.handle_reply(at(1_040), HolderReply::Acquired(Err(held())));
+    assert_eq!(reads.get(), 1);
+    // The refusal at 1,040 (not at 0) leaves 60 ms of the wait: a retry.
+    let retry_at = m.poll_timeout().expect("a retry is scheduled");
+    assert!(
+        retry_at > LocalMs(1_040) && retry_at <= LocalMs(1_100),
+        "{retry_at}"
+    );
+    m.handle_timeout(retry_at);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.handle_reply(at(5_000), HolderReply::Acquired(Ok(grant(3))));
+    assert_eq!(reads.get(), 1);
+    let life = m.lifetime().expect("granted");
+    // Counted from the retry's send, not from the reply the closure gives.
+    assert_eq!(life.deadline(), retry_at + 297);
+}
+
+#[test]
 fn a_grant_is_valid_from_the_send_time_minus_drift_and_renewed_near_a_third() {
     let mut m = HolderMachine::new(holder(0, true), LocalMs(1_000));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);

@@ -26,7 +26,7 @@
 
 use super::ensure;
 use super::lifetime::{renew_every, Lifetime};
-use super::Outbox;
+use super::{Outbox, ReplyTime};
 use crate::core::{Backoff, DriftBound, Grant};
 use crate::error::{Error, LostReason, Result};
 use crate::time::LocalMs;
@@ -303,25 +303,81 @@ impl HolderMachine {
         super::debug_assert_holds("holder", now, || self.check(now, false));
     }
 
-    /// The store answered the request in flight (at local instant `now`).
-    pub fn handle_reply(&mut self, now: LocalMs, reply: HolderReply) {
-        match reply {
-            HolderReply::Acquired(r) => self.acquired(now, r),
-            HolderReply::Renewed(r) => self.renewed(now, r),
+    /// The store answered the request in flight (at local instant `now`,
+    /// read only if the step needs it: a grant's lifetime counts from its
+    /// send time, so a granted acquire reads no clock; see [`ReplyTime`]).
+    pub fn handle_reply(&mut self, now: impl ReplyTime, reply: HolderReply) {
+        let now = match reply {
+            HolderReply::Acquired(Ok(grant)) => self.granted(now, grant),
+            HolderReply::Acquired(Err(e)) => {
+                let now = now.read();
+                self.refused(now, e);
+                now
+            }
+            HolderReply::Renewed(r) => {
+                let now = now.read();
+                self.renewed(now, r);
+                now
+            }
             HolderReply::Released(_) => {
                 if matches!(self.phase, Phase::Held { .. }) {
                     self.phase = Phase::Done;
                     self.out
                         .push_back(HolderAction::Event(HolderEvent::Released));
                 }
+                now.read()
             }
-        }
+        };
         super::debug_assert_holds("holder", now, || self.check(now, false));
     }
 
-    fn acquired(&mut self, now: LocalMs, r: Result<Grant>) {
+    /// A grant answered the acquire in flight; returns the instant the
+    /// step is checked at (the send time, unless a canary reads `now`).
+    #[cfg_attr(not(feature = "canaries"), allow(unused_variables))]
+    fn granted(&mut self, now: impl ReplyTime, grant: Grant) -> LocalMs {
         let Phase::Acquiring {
             in_flight: Some(sent_at),
+            ..
+        } = self.phase
+        else {
+            return now.read();
+        };
+        let every = if self.cfg.keep_alive {
+            renew_every(self.cfg.ttl_ms)
+        } else {
+            0
+        };
+        let seed = self.cfg.seed ^ grant.token;
+        let life = Lifetime::granted(sent_at, self.cfg.ttl_ms, self.cfg.drift, every, seed);
+        // Only the canary that counts the deadline from the reply reads it.
+        #[cfg(feature = "canaries")]
+        let (life, checked_at) = {
+            let at = match self.breakage.deadline_from_reply {
+                true => now.read(),
+                false => sent_at,
+            };
+            (life.broken(self.breakage, at), at)
+        };
+        #[cfg(not(feature = "canaries"))]
+        let checked_at = sent_at;
+        self.phase = Phase::Held {
+            token: grant.token,
+            life,
+            release: None,
+        };
+        self.out
+            .push_back(HolderAction::Event(HolderEvent::Granted {
+                token: grant.token,
+                renewed: grant.renewed,
+            }));
+        checked_at
+    }
+
+    /// The acquire in flight was refused or failed at `now`: give up, or
+    /// retry after a backoff.
+    fn refused(&mut self, now: LocalMs, e: Error) {
+        let Phase::Acquiring {
+            in_flight: Some(_),
             started,
             mut backoff,
             ..
@@ -329,34 +385,13 @@ impl HolderMachine {
         else {
             return;
         };
-        match r {
-            Ok(grant) => {
-                let every = if self.cfg.keep_alive {
-                    renew_every(self.cfg.ttl_ms)
-                } else {
-                    0
-                };
-                let seed = self.cfg.seed ^ grant.token;
-                let life = Lifetime::granted(sent_at, self.cfg.ttl_ms, self.cfg.drift, every, seed);
-                #[cfg(feature = "canaries")]
-                let life = life.broken(self.breakage, now);
-                self.phase = Phase::Held {
-                    token: grant.token,
-                    life,
-                    release: None,
-                };
-                self.out
-                    .push_back(HolderAction::Event(HolderEvent::Granted {
-                        token: grant.token,
-                        renewed: grant.renewed,
-                    }));
-            }
-            Err(e @ Error::Held { .. }) if now.saturating_sub(started) >= self.cfg.wait_ms => {
+        match e {
+            e @ Error::Held { .. } if now.saturating_sub(started) >= self.cfg.wait_ms => {
                 self.phase = Phase::Done;
                 self.out
                     .push_back(HolderAction::Event(HolderEvent::GaveUp(e)));
             }
-            Err(e) if e.is_transient() && now.saturating_sub(started) >= self.cfg.busy_ms => {
+            e if e.is_transient() && now.saturating_sub(started) >= self.cfg.busy_ms => {
                 self.phase = Phase::Done;
                 let busy = Error::Busy {
                     waited_ms: now.saturating_sub(started),
@@ -368,7 +403,7 @@ impl HolderMachine {
             // Held (with time left to wait), or no answer (transient, or an
             // ambiguous commit: acquiring again finds a grant that did
             // commit, as a renewal with the same token).
-            Err(e) if matches!(e, Error::Held { .. }) || e.is_transient() || e.is_ambiguous() => {
+            e if matches!(e, Error::Held { .. }) || e.is_transient() || e.is_ambiguous() => {
                 let sleep = backoff.next_wait();
                 let limit = if matches!(e, Error::Held { .. }) {
                     started.saturating_add(self.cfg.wait_ms)
@@ -383,7 +418,7 @@ impl HolderMachine {
                     backoff,
                 };
             }
-            Err(e) => {
+            e => {
                 self.phase = Phase::Done;
                 self.out
                     .push_back(HolderAction::Event(HolderEvent::Failed(e)));

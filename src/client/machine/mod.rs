@@ -51,6 +51,27 @@ pub use worker_io::{
     WorkerRequest,
 };
 
+/// The local instant a reply arrived, for a step that reads it only if
+/// it needs it: a [`LocalMs`](crate::time::LocalMs) already read (the
+/// simulator, the tests), or a closure that reads the driver's clock (a
+/// granted acquire counts from its send time and reads none).
+pub trait ReplyTime {
+    /// The instant.
+    fn read(self) -> crate::time::LocalMs;
+}
+
+impl ReplyTime for crate::time::LocalMs {
+    fn read(self) -> crate::time::LocalMs {
+        self
+    }
+}
+
+impl<F: FnOnce() -> crate::time::LocalMs> ReplyTime for F {
+    fn read(self) -> crate::time::LocalMs {
+        self()
+    }
+}
+
 /// In debug builds, panic naming the machine, the instant and the broken
 /// invariant if `check` finds one (release builds skip the check). Each
 /// machine calls it after every step (TigerBeetle's style: an invariant
