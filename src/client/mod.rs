@@ -149,8 +149,7 @@ impl ClientBuilder {
         self
     }
 
-    /// How long transient store errors are retried, counted from the
-    /// first, before [`Error::Busy`].
+    /// How long transient store errors are retried before [`Error::Busy`].
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
@@ -336,23 +335,19 @@ impl Client {
         mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
         self.inner.fork.check()?;
-        // The busy timeout counts from the first transient error, and the
-        // clock and the jitter are read only then (most transactions
-        // never fail): the first failure's instant, when to give up, and
-        // the backoff between retries.
-        let mut retrying: Option<(LocalMs, LocalMs, core::Backoff)> = None;
+        let start_ms = self.local_now();
+        let give_up_ms = start_ms
+            .saturating_add(ms_of(self.inner.busy_timeout))
+            .min(until.unwrap_or(LocalMs::MAX));
+        // The jitter is drawn only once a transaction failed (most never do).
+        let mut backoff: Option<core::Backoff> = None;
         loop {
             match self.inner.store.txn_reading(op, first, &mut f) {
                 Err(e) if e.is_transient() => {
                     let now_ms = self.local_now();
-                    let (start_ms, give_up_ms, backoff) = retrying.get_or_insert_with(|| {
-                        let give_up = now_ms
-                            .saturating_add(ms_of(self.inner.busy_timeout))
-                            .min(until.unwrap_or(LocalMs::MAX));
-                        let backoff = core::Backoff::new(1, RETRY_CAP_MS, self.jitter(u64::MAX));
-                        (now_ms, give_up, backoff)
+                    let backoff = backoff.get_or_insert_with(|| {
+                        core::Backoff::new(1, RETRY_CAP_MS, self.jitter(u64::MAX))
                     });
-                    let (start_ms, give_up_ms) = (*start_ms, *give_up_ms);
                     if now_ms >= give_up_ms {
                         return Err(Error::Busy {
                             waited_ms: now_ms.saturating_sub(start_ms),

@@ -436,8 +436,8 @@ impl Default for DriftBound {
 /// `ttl * (1 - ppm/1e6)` is a store elapsed time below `ttl`, so the holder
 /// stops acting before the store can grant the key to anyone else.
 pub fn local_deadline_ms(sent_at_ms: u64, ttl_ms: u64, drift: DriftBound) -> u64 {
-    // In 64 bits whenever the product fits (any TTL under ~584 years at
-    // 1 % drift); 128-bit division is a library call.
+    // In 64 bits whenever the product fits (any TTL under about 58,000
+    // years at 1 % drift); 128-bit division is a library call.
     let drift_ms = match ttl_ms.checked_mul(u64::from(drift.ppm)) {
         Some(product) => product.div_ceil(1_000_000),
         None => {
