@@ -118,6 +118,11 @@ pub fn run(args: &Args) -> i32 {
     let faketime = faults.iter().any(|f| f == "clock-step").then(faketime_lib);
     clear_run_dir(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| die(&format!("{}: {e}", dir.display())));
+    // The fenced resource is made (its journal mode, its tables) before any
+    // client opens it: clients started at once raced to switch its journal
+    // mode, and a client that lost the race died of "database is locked".
+    Resource::open(&dir.join("resource.db"))
+        .unwrap_or_else(|e| die(&format!("the fenced resource: {e}")));
     // Names of this run's keys and queue (a shared server keeps others').
     let ns = format!("h{seed}-{}", std::process::id());
     let exe = std::env::current_exe().unwrap_or_else(|e| die(&e.to_string()));

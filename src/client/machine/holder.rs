@@ -352,9 +352,10 @@ impl HolderMachine {
         // Only the canary that counts the deadline from the reply reads it.
         #[cfg(feature = "canaries")]
         let (life, checked_at) = {
-            let at = match self.breakage.deadline_from_reply {
-                true => now.read(),
-                false => sent_at,
+            let at = if self.breakage.deadline_from_reply {
+                now.read()
+            } else {
+                sent_at
             };
             (life.broken(self.breakage, at), at)
         };
