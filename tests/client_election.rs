@@ -179,6 +179,43 @@ fn a_leader_past_its_local_deadline_is_deposed_and_campaigns_again() {
 }
 
 #[test]
+fn a_term_lost_at_its_local_deadline_is_released_and_the_next_term_has_a_new_token() {
+    // The local deadline (TTL minus the 1 % drift margin) passes while the
+    // store still counts the grant live: the next term must be a new grant
+    // (a higher token), not the old one extended under the same token.
+    let clock = ManualClock::new(1_000_000);
+    let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(clock.clone())));
+    let client = Client::builder_shared(store)
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let (tx, rx) = mpsc::channel();
+    let election = client
+        .campaign("k", ElectOptions::new(Duration::from_secs(3)), move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    let next = || rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let LeaderEvent::Elected(leader) = next() else {
+        panic!("expected to be elected")
+    };
+    // Past the local deadline (2,970 ms), inside the store's TTL (3,000).
+    clock.advance(2_980);
+    match next() {
+        LeaderEvent::Deposed(Deposed::Lost(LostReason::LocalDeadline)) => {}
+        other => panic!("expected a loss, got {other:?}"),
+    }
+    let LeaderEvent::Elected(again) = next() else {
+        panic!("expected a new term")
+    };
+    assert!(
+        again.token() > leader.token(),
+        "the next term reused token {} of the lost one",
+        again.token()
+    );
+    election.resign().unwrap();
+}
+
+#[test]
 fn workers_fire_each_tick_of_a_schedule_once() {
     const WALL: u64 = 1_768_478_400_000;
     let store: Arc<dyn Store> = Arc::new(MemStore::new());

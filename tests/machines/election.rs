@@ -89,15 +89,18 @@ fn a_leader_acts_until_its_local_deadline_then_campaigns_again() {
     m.handle_timeout(renew_at);
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Renew { token: 4 }]);
     // ...and when none is answered the deadline deposes the leader, which
-    // campaigns again at once.
+    // releases the grant it may still hold in the store (so the next term
+    // is a new grant, not this one extended), then campaigns again.
     m.handle_timeout(LocalMs(1_297));
     let a = actions(&mut m);
     assert_eq!(
         events(&a),
         ["deposed: leadership lost: local validity deadline passed"]
     );
-    assert_eq!(sends(&a), [HolderRequest::Acquire]);
+    assert_eq!(sends(&a), [HolderRequest::Release { token: 4 }]);
     assert!(!m.is_leader(LocalMs(1_297)));
+    m.handle_reply(LocalMs(1_298), HolderReply::Released(Ok(())));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     assert_eq!(m.token(), None);
     m.handle_reply(LocalMs(1_300), grant(6));
     assert_eq!(events(&actions(&mut m)), ["elected 6"]);

@@ -14,7 +14,9 @@
 //! Campaigning: granted → Leading (`Elected` with the token); held by
 //! another → the leader seen (`Leader`, when it changed); a permanent
 //! store error → Done (`Failed`). Leading: a refused renewal or the local
-//! deadline → `Deposed(Lost)`, then Campaigning again (Done if `once`);
+//! deadline → `Deposed(Lost)` (past the deadline, the grant is released
+//! first: it may still be live in the store, and the next term must not
+//! extend it under the same token), then Campaigning again (Done if `once`);
 //! `step_down` → `Deposed(Resigned)`, release, Campaigning again;
 //! `resign` → `Deposed(Resigned)`, release, Done.
 //!
@@ -358,7 +360,9 @@ impl ElectionMachine {
                 if std::mem::take(&mut self.leading) {
                     self.event(ElectionEvent::Deposed(Deposed::Lost(reason)));
                 }
-                // Nothing to release: the term's machine just ends.
+                // Refused: the term's machine just ends. Past the local
+                // deadline: it releases the grant first (it may still be
+                // live in the store), so the next term has a new token.
                 if let Some(term) = &mut self.term {
                     term.release(now);
                 }

@@ -25,7 +25,7 @@
 //! debug builds, by the simulator after every event).
 
 use super::ensure;
-use super::lifetime::{renew_every, Lifetime};
+use super::lifetime::{renew_every, End, Lifetime};
 use super::{Outbox, ReplyTime};
 use crate::core::{Backoff, DriftBound, Grant};
 use crate::error::{Error, LostReason, Result};
@@ -473,12 +473,20 @@ impl HolderMachine {
                 life,
                 release: release @ None,
             } => {
-                let lost = life.end().is_some();
+                // Lost at the local deadline, the grant may still be live
+                // in the store (its TTL runs on the store's clock, past the
+                // drift margin): release it by token, so that the key is
+                // free at once and the holder's next grant is a new one
+                // with a new token instead of an extension of this one.
+                // Refused by the store, there is nothing left to release.
+                let live = matches!(
+                    life.end(),
+                    None | Some(End::Lost(LostReason::LocalDeadline))
+                );
                 life.finish();
                 *release = Some(now);
                 let token = *token;
-                if lost {
-                    // Nothing to release: it had run out or been refused.
+                if !live {
                     self.phase = Phase::Done;
                     self.out
                         .push_back(HolderAction::Event(HolderEvent::Released));
