@@ -203,7 +203,7 @@ fn a_loss_is_reported_once_whether_refused_or_timed_out() {
     m.handle_timeout(LocalMs(10_000));
     assert!(actions(&mut m).is_empty(), "reported once");
     assert!(!m.is_valid(at + 2));
-    // Releasing a lost lease sends nothing.
+    // Releasing a lease the store refused sends nothing.
     m.release(LocalMs(10_001));
     assert!(matches!(
         actions(&mut m)[..],
@@ -225,6 +225,18 @@ fn a_loss_is_reported_once_whether_refused_or_timed_out() {
         [HolderAction::Event(HolderEvent::Lost(
             LostReason::LocalDeadline
         ))]
+    ));
+    // Lost only by the local clock, the grant may still be live in the
+    // store: releasing it sends the release, and ends when it is answered.
+    m.release(LocalMs(298));
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 2 }]
+    );
+    m.handle_reply(LocalMs(299), HolderReply::Released(Ok(())));
+    assert!(matches!(
+        actions(&mut m)[..],
+        [HolderAction::Event(HolderEvent::Released)]
     ));
 }
 

@@ -6,8 +6,9 @@
 //! # State
 //! `Campaigning` (a holder machine acquiring without a time limit, with
 //! its jittered backoff, woken early by a release), `Leading` (its grant:
-//! the token and the lifetime), `Releasing` (resigned: the release in
-//! flight, then campaign again or stop), `Done`. Besides: the token of
+//! the token and the lifetime), `Releasing` (resigned, stepped down, or
+//! deposed by the local deadline: the release in flight, then campaign
+//! again or stop), `Done`. Besides: the token of
 //! the last leader reported, so each change of leader is reported once.
 //!
 //! # Transitions

@@ -95,7 +95,8 @@ pub enum HolderEvent {
     GaveUp(Error),
     /// Acquiring failed with a store error that retrying will not fix.
     Failed(Error),
-    /// The release is done (or the lease had run out already).
+    /// The release is answered (or there was nothing to release: the
+    /// store had refused the lease).
     Released,
 }
 
