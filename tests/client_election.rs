@@ -7,8 +7,8 @@
 
 use leasehold::core::{Missed, Rule, ScheduleSpec};
 use leasehold::{
-    Client, Deposed, ElectOptions, Holder, HolderId, JobSpec, LeaderEvent, LostReason, ManualClock,
-    MemStore, Store, WorkOptions,
+    Client, Deposed, ElectOptions, Election, Holder, HolderId, JobSpec, Leader, LeaderEvent,
+    LostReason, ManualClock, MemStore, Store, WorkOptions,
 };
 use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
@@ -145,8 +145,11 @@ fn a_stepping_down_leaders_grant_is_not_handed_to_a_guard_of_its_client() {
     drop(election);
 }
 
-#[test]
-fn a_leader_past_its_local_deadline_is_deposed_and_campaigns_again() {
+/// Elected on a manual clock with a 3 s TTL, then the clock jumps
+/// `advance_ms` with no renewal run: the term is lost at its local deadline
+/// and a new one is elected. Returns the lost leader, the new one and the
+/// election.
+fn deposed_by_the_deadline_then_elected_again(advance_ms: u64) -> (Leader, Leader, Election) {
     let clock = ManualClock::new(1_000_000);
     let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(clock.clone())));
     let client = Client::builder_shared(store)
@@ -163,17 +166,23 @@ fn a_leader_past_its_local_deadline_is_deposed_and_campaigns_again() {
         panic!("expected to be elected")
     };
     assert!(leader.is_valid());
-    // The process "pauses" past its TTL: no renewal ran in time.
-    clock.advance(3_500);
+    clock.advance(advance_ms);
     match next() {
         LeaderEvent::Deposed(Deposed::Lost(LostReason::LocalDeadline)) => {}
         other => panic!("expected a loss, got {other:?}"),
     }
-    assert!(!leader.is_valid());
-    assert_eq!(leader.lost(), Some(LostReason::LocalDeadline));
     let LeaderEvent::Elected(again) = next() else {
         panic!("expected a new term")
     };
+    (leader, again, election)
+}
+
+#[test]
+fn a_leader_past_its_local_deadline_is_deposed_and_campaigns_again() {
+    // The process "pauses" past its TTL: no renewal ran in time.
+    let (leader, again, election) = deposed_by_the_deadline_then_elected_again(3_500);
+    assert!(!leader.is_valid());
+    assert_eq!(leader.lost(), Some(LostReason::LocalDeadline));
     assert!(again.token() > leader.token());
     election.resign().unwrap();
 }
@@ -183,30 +192,8 @@ fn a_term_lost_at_its_local_deadline_is_released_and_the_next_term_has_a_new_tok
     // The local deadline (TTL minus the 1 % drift margin) passes while the
     // store still counts the grant live: the next term must be a new grant
     // (a higher token), not the old one extended under the same token.
-    let clock = ManualClock::new(1_000_000);
-    let store: Arc<dyn Store> = Arc::new(MemStore::with_clock(Arc::new(clock.clone())));
-    let client = Client::builder_shared(store)
-        .clock(Arc::new(clock.clone()))
-        .build();
-    let (tx, rx) = mpsc::channel();
-    let election = client
-        .campaign("k", ElectOptions::new(Duration::from_secs(3)), move |e| {
-            let _ = tx.send(e);
-        })
-        .unwrap();
-    let next = || rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    let LeaderEvent::Elected(leader) = next() else {
-        panic!("expected to be elected")
-    };
     // Past the local deadline (2,970 ms), inside the store's TTL (3,000).
-    clock.advance(2_980);
-    match next() {
-        LeaderEvent::Deposed(Deposed::Lost(LostReason::LocalDeadline)) => {}
-        other => panic!("expected a loss, got {other:?}"),
-    }
-    let LeaderEvent::Elected(again) = next() else {
-        panic!("expected a new term")
-    };
+    let (leader, again, election) = deposed_by_the_deadline_then_elected_again(2_980);
     assert!(
         again.token() > leader.token(),
         "the next term reused token {} of the lost one",
