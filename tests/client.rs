@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 #[path = "support/door.rs"]
 mod door;
 use door::{Door, Valve};
+#[path = "support/flaky.rs"]
+mod flaky;
+use flaky::Flaky;
 
 fn manual_pair() -> (ManualClock, ManualClock, Arc<dyn Store>) {
     let store_clock = ManualClock::new(1_000_000);
@@ -297,32 +300,6 @@ fn blocking_acquire_waits_for_release() {
         "{:?}",
         start.elapsed()
     );
-}
-
-/// A store that fails transiently a given number of times, then works.
-/// (`Arc<Flaky>` is a store too, so tests can change the count later.)
-struct Flaky {
-    inner: MemStore,
-    failures_left: AtomicUsize,
-}
-
-impl Store for Flaky {
-    fn transact(
-        &self,
-        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
-    ) -> leasehold::Result<()> {
-        if self
-            .failures_left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(Error::transient("testing", "SQLITE_BUSY (injected)"));
-        }
-        self.inner.transact(f)
-    }
-    fn describe(&self) -> String {
-        "flaky".into()
-    }
 }
 
 #[test]
@@ -911,4 +888,66 @@ fn a_hand_claimed_jobs_progress_goes_with_its_heartbeat_and_is_fenced() {
     local.advance(20_000);
     assert!(matches!(job.progress(0.1, "late"), Err(Error::Lost { .. })));
     assert_eq!(q.get(id).unwrap().progress, None);
+}
+
+/// A guard lost at its local deadline (TTL minus the drift margin) while
+/// the store still counts its grant live: releasing it (by hand or by
+/// drop) frees the key in the store at once, so another holder need not
+/// wait out the TTL, and this client's next grant is a new one with a
+/// larger token (L2), not the lost grant extended under the same token.
+fn lost_at_the_local_deadline(release: impl FnOnce(leasehold::LeaseGuard)) -> (u64, Client) {
+    let clock = ManualClock::new(1_000_000);
+    let flaky = Arc::new(Flaky::new(MemStore::with_clock(Arc::new(clock.clone())), 0));
+    let client = Client::builder_shared(flaky.clone())
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let guard = client.try_acquire("k", Duration::from_secs(3)).unwrap();
+    let token = guard.token();
+    // The store is out of reach past the local deadline (2,970 ms), but
+    // not past the store's TTL (3,000): the renewal fails, and the guard
+    // is lost at its local deadline.
+    clock.advance(2_980);
+    flaky.failing(true);
+    let renewed = guard.renew();
+    assert!(matches!(renewed, Err(Error::Busy { .. })), "{renewed:?}");
+    assert_eq!(guard.lost(), Some(LostReason::LocalDeadline));
+    // The store is back before the grant runs out there.
+    flaky.failing(false);
+    release(guard);
+    let other = Client::builder_shared(flaky)
+        .clock(Arc::new(clock.clone()))
+        .holder(Holder::new(HolderId(77)))
+        .build();
+    let taken = other.try_acquire("k", Duration::from_secs(3));
+    let taken = taken.unwrap_or_else(|e| panic!("the lost grant still holds the key: {e}"));
+    assert!(taken.token() > token);
+    taken.release().unwrap();
+    (token, client)
+}
+
+#[test]
+fn a_guard_lost_at_its_local_deadline_and_released_frees_the_key() {
+    let (token, client) = lost_at_the_local_deadline(|guard| {
+        let released = guard.release();
+        // The caller is still told the lease was lost: the work under it
+        // was not protected to the end.
+        assert!(
+            matches!(
+                released,
+                Err(Error::Lost {
+                    reason: LostReason::LocalDeadline,
+                    ..
+                })
+            ),
+            "{released:?}"
+        );
+    });
+    let again = client.try_acquire("k", Duration::from_secs(3)).unwrap();
+    assert!(!again.renewed());
+    assert!(again.token() > token, "reused token {token}");
+}
+
+#[test]
+fn a_guard_lost_at_its_local_deadline_and_dropped_frees_the_key() {
+    lost_at_the_local_deadline(drop);
 }

@@ -134,9 +134,12 @@ impl LeaseGuard {
     }
 
     /// Release the lease now and stop its keep-alive. [`Error::Lost`] when
-    /// it was lost before (a refused renewal, or the store found another
-    /// holder or token): nothing was released, and the work done under it
-    /// may not have been protected to the end.
+    /// it was lost before (a refused renewal, the store found another
+    /// holder or token, or the local deadline passed): the work done under
+    /// it may not have been protected to the end. A lease lost only at its
+    /// local deadline is still released in the store by its token (the
+    /// store may count it live a little longer), so the key is free at
+    /// once and this client's next grant of it carries a new token.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
         let released = self.release_inner();
@@ -168,18 +171,25 @@ impl LeaseGuard {
         #[cfg(not(loom))]
         let skip_join = false;
         if ending.keep_alive && !skip_join {
-            // Lost, there is nothing to release, and the caller is told
-            // so; still wait for the keep-alive, so that its loss callback
-            // has returned when release does.
+            // Wait for the keep-alive, so that its loss callback (if it
+            // saw one) has returned when release does.
             self.life.join();
         }
-        ending.usable?;
+        if !ending.release {
+            // Refused by the store, or ended already: nothing to release,
+            // and the caller is told so.
+            return ending.usable;
+        }
+        // Live, or lost only at the local deadline while the store may
+        // still count it live: release it by token, and tell the caller of
+        // the loss whatever the store answers.
         let id = self.client.inner.holder.id;
         // The callers (release, drop) unmark the key, however this ended.
         let first = FirstRead::Lease(&self.key);
-        self.client.run_reading("release", first, |tx| {
+        let released = self.client.run_reading("release", first, |tx| {
             core::lease::release(tx, &self.key, id, self.token)
-        })
+        });
+        ending.usable.and(released)
     }
 }
 

@@ -217,6 +217,7 @@ impl Lifeline {
         self.fork.check_strict()?;
         let mut st = lock(&self.state);
         let ended = st.life.end();
+        let release = st.life.may_be_live_in_store();
         st.life.finish();
         st.on_lost = None;
         let keep_alive = st.thread_running;
@@ -229,7 +230,11 @@ impl Lifeline {
             Some(End::Lost(reason)) => Err(self.lost_error(reason)),
             None => Ok(()),
         };
-        Ok(Ending { usable, keep_alive })
+        Ok(Ending {
+            usable,
+            release,
+            keep_alive,
+        })
     }
 
     /// Mark finished (released, completed, failed); stops the keep-alive.
@@ -371,9 +376,12 @@ impl Lifeline {
 /// What [`Lifeline::end_strict`] found.
 pub(crate) struct Ending {
     /// What [`Lifeline::check_usable`] would have said: `Err` (lost, or
-    /// ended already) when there is nothing to release; `Ok` when this
-    /// call ended a live grant.
+    /// ended already), to be reported; `Ok` when this call ended a live
+    /// grant.
     pub(crate) usable: Result<()>,
+    /// The store may still count the grant live: release it by token
+    /// (live, or lost only at the local deadline).
+    pub(crate) release: bool,
     /// A keep-alive was running: join it.
     pub(crate) keep_alive: bool,
 }

@@ -228,21 +228,22 @@ impl LeaseGuard {
     }
 
     /// Stop the keep-alive, wait for it to end, then release the lease.
-    /// [`Error::Lost`] when it was lost before: nothing was released.
+    /// [`Error::Lost`] when it was lost before (a refused renewal, the
+    /// store found another holder or token, or the local deadline passed):
+    /// the work done under it may not have been protected to the end. A
+    /// lease lost only at its local deadline is still released in the
+    /// store by its token, as [`crate::LeaseGuard::release`] does.
     /// The ending runs as a task of its own: if this future is dropped
     /// half-way (a `timeout` around it), the lease is still released and
     /// this client's next acquire of the key still asks the store.
     pub async fn release(mut self) -> Result<()> {
-        let usable = self.life.check_usable(true);
-        if let Err(e @ Error::Forked { .. }) = usable {
-            return Err(e);
-        }
+        let ending = self.life.end_strict()?;
         self.done = true;
-        let live = self.life.finish();
-        // Lost already: nothing to release, and the caller is told so.
-        // Ended already (a release that raced this one): nothing to do.
-        let release = usable.map(|()| live);
-        let ending = self.end(&tokio::runtime::Handle::current(), release);
+        let ending = self.end(
+            &tokio::runtime::Handle::current(),
+            ending.release,
+            ending.usable,
+        );
         joined(ending).await
     }
 
@@ -252,20 +253,21 @@ impl LeaseGuard {
         self.done = true;
         if self.life.fork.is_origin_strict() {
             self.life.finish();
-            let ending = self.end(&tokio::runtime::Handle::current(), Ok(false));
+            let ending = self.end(&tokio::runtime::Handle::current(), false, Ok(()));
             let _ = joined(ending).await;
         }
         (self.key.to_string(), self.token)
     }
 
-    /// Wait for the keep-alive, release the grant if `release` says to
-    /// (`Err`: the loss already known, passed on), then take back this
-    /// client's mark on the key: spawned on `rt`, so it runs to its end
-    /// whoever waits for it.
+    /// Wait for the keep-alive, release the grant by token if `release`
+    /// says to, then take back this client's mark on the key: spawned on
+    /// `rt`, so it runs to its end whoever waits for it. `usable`: the
+    /// loss already known, reported whatever the release answers.
     fn end(
         &mut self,
         rt: &tokio::runtime::Handle,
-        release: Result<bool>,
+        release: bool,
+        usable: Result<()>,
     ) -> JoinHandle<Result<()>> {
         let (client, key, token) = (self.client.clone(), self.key.clone(), self.token);
         let task = self.task.take();
@@ -273,13 +275,12 @@ impl LeaseGuard {
             if let Some(task) = task {
                 let _ = task.await;
             }
-            let result = match release {
-                Ok(true) => {
-                    let k = key.clone();
-                    client.call(move |c| c.release(&k, token)).await
-                }
-                Ok(false) => Ok(()),
-                Err(lost) => Err(lost),
+            let result = if release {
+                let k = key.clone();
+                let released = client.call(move |c| c.release(&k, token)).await;
+                usable.and(released)
+            } else {
+                usable
             };
             client.sync.unmark_held(&key, token);
             result
@@ -293,10 +294,13 @@ impl Drop for LeaseGuard {
         if self.done || !self.life.fork.is_origin_strict() {
             return;
         }
-        let live = self.life.check_usable(true).is_ok() && self.life.finish();
+        let Ok(ending) = self.life.end_strict() else {
+            return;
+        };
+        let live = ending.release;
         let token = self.token;
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(self.end(&rt, Ok(live))),
+            Ok(rt) => drop(self.end(&rt, live, Ok(()))),
             // No runtime (dropped outside one): the task is gone with its
             // runtime already; release here.
             Err(_) => {

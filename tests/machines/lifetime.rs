@@ -202,3 +202,26 @@ fn a_renewal_due_at_the_deadline_is_not_due() {
         "at the deadline: lost, not due"
     );
 }
+
+#[test]
+fn only_a_live_grant_or_one_lost_at_its_local_deadline_is_left_to_release() {
+    let mut l = life(4);
+    assert!(l.may_be_live_in_store(), "live");
+    assert_eq!(
+        l.handle_timeout(LocalMs(1_297)),
+        Some(LostReason::LocalDeadline)
+    );
+    assert!(
+        l.may_be_live_in_store(),
+        "past the local deadline the store may still count it live"
+    );
+    for reason in [LostReason::StaleToken, LostReason::Expired] {
+        let mut refused = life(4);
+        refused.renewal_sent(LocalMs(1_100));
+        refused.refused(LocalMs(1_100), reason);
+        assert!(!refused.may_be_live_in_store(), "refused: {reason:?}");
+    }
+    let mut finished = life(4);
+    finished.finish();
+    assert!(!finished.may_be_live_in_store(), "finished");
+}

@@ -7,6 +7,8 @@
 
 #[path = "../support/dir.rs"]
 mod dir;
+#[path = "../support/flaky.rs"]
+mod flaky;
 #[path = "../support/pg.rs"]
 mod pg;
 
@@ -132,4 +134,75 @@ fn a_postgres_store_dropped_inside_a_runtime_closes_quietly() {
         guard.release().await.unwrap();
         drop(client);
     });
+}
+
+/// A guard lost at its local deadline while the store still counts its
+/// grant live is released by token all the same, by `release` or by drop:
+/// another holder gets the key at once, and the same client's next grant
+/// has a new token (the sync guard's test, `tests/client.rs`).
+#[test]
+fn a_guard_lost_at_its_local_deadline_is_released_by_token() {
+    use leasehold::{Error, Holder, HolderId, LostReason, ManualClock, MemStore};
+    use std::time::Duration;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for by_drop in [false, true] {
+        let clock = ManualClock::new(1_000_000);
+        let flaky = Arc::new(flaky::Flaky::new(
+            MemStore::with_clock(Arc::new(clock.clone())),
+            0,
+        ));
+        let client = |n| {
+            leasehold::tokio::Client::new(
+                leasehold::Client::builder_shared(flaky.clone())
+                    .clock(Arc::new(clock.clone()))
+                    .holder(Holder::new(HolderId(n)))
+                    .build(),
+            )
+        };
+        let (mine, other) = (client(1), client(2));
+        rt.block_on(async {
+            let ttl = Duration::from_secs(3);
+            let guard = mine.try_acquire("k", ttl).await.unwrap();
+            let token = guard.token();
+            // Past the local deadline (2,970 ms), inside the store's TTL.
+            clock.advance(2_980);
+            flaky.failing(true);
+            assert!(guard.renew().await.is_err());
+            assert_eq!(guard.lost_reason(), Some(LostReason::LocalDeadline));
+            flaky.failing(false);
+            if by_drop {
+                drop(guard);
+                // The release runs as a task: wait for the key to be free.
+                let mut tries = 0;
+                while other.try_acquire("k", ttl).await.is_err() {
+                    tries += 1;
+                    assert!(tries < 500, "the dropped guard's grant still holds the key");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            } else {
+                let released = guard.release().await;
+                assert!(
+                    matches!(
+                        released,
+                        Err(Error::Lost {
+                            reason: LostReason::LocalDeadline,
+                            ..
+                        })
+                    ),
+                    "{released:?}"
+                );
+                let again = mine.try_acquire("k", ttl).await.unwrap();
+                assert!(!again.renewed());
+                assert!(again.token() > token, "reused token {token}");
+                again.release().await.unwrap();
+                let taken = other.try_acquire("k", ttl).await.unwrap();
+                assert!(taken.token() > token);
+                taken.release().await.unwrap();
+            }
+        });
+    }
 }

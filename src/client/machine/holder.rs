@@ -25,7 +25,7 @@
 //! debug builds, by the simulator after every event).
 
 use super::ensure;
-use super::lifetime::{renew_every, End, Lifetime};
+use super::lifetime::{renew_every, Lifetime};
 use super::{Outbox, ReplyTime};
 use crate::core::{Backoff, DriftBound, Grant};
 use crate::error::{Error, LostReason, Result};
@@ -475,15 +475,8 @@ impl HolderMachine {
                 release: release @ None,
             } => {
                 // Lost at the local deadline, the grant may still be live
-                // in the store (its TTL runs on the store's clock, past the
-                // drift margin): release it by token, so that the key is
-                // free at once and the holder's next grant is a new one
-                // with a new token instead of an extension of this one.
-                // Refused by the store, there is nothing left to release.
-                let live = matches!(
-                    life.end(),
-                    None | Some(End::Lost(LostReason::LocalDeadline))
-                );
+                // in the store: release it by token all the same.
+                let live = life.may_be_live_in_store();
                 life.finish();
                 *release = Some(now);
                 let token = *token;

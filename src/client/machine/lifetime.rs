@@ -188,6 +188,17 @@ impl Lifetime {
         self.end
     }
 
+    /// Whether the store may still count the grant live, so that a holder
+    /// done with it must release it by token: not ended, or lost only at
+    /// the local deadline (the store's TTL runs on past the drift margin;
+    /// released, the key is free at once and the holder's next grant is a
+    /// new one with a new token, not this one extended). Refused by the
+    /// store, or finished, there is nothing left to release. Ask it once,
+    /// before [`Lifetime::finish`] (which leaves a loss as it is).
+    pub fn may_be_live_in_store(&self) -> bool {
+        matches!(self.end, None | Some(End::Lost(LostReason::LocalDeadline)))
+    }
+
     /// Whether a scheduled renewal should be sent now.
     pub fn renewal_due(&self, now: LocalMs) -> bool {
         self.end.is_none()

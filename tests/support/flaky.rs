@@ -1,0 +1,48 @@
+//! A store that fails transiently a given number of times, then works.
+//! (`Arc<Flaky>` is a store too, so tests can change the count later.)
+
+#![allow(dead_code)] // each test binary uses some of this
+
+use leasehold::core::Txn;
+use leasehold::{Error, MemStore, Store};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub struct Flaky {
+    pub inner: MemStore,
+    pub failures_left: AtomicUsize,
+}
+
+impl Flaky {
+    /// Over `inner`, failing the next `failures` transactions.
+    pub fn new(inner: MemStore, failures: usize) -> Flaky {
+        Flaky {
+            inner,
+            failures_left: AtomicUsize::new(failures),
+        }
+    }
+
+    /// Fail every transaction from now on (`true`) or none (`false`).
+    pub fn failing(&self, on: bool) {
+        let n = if on { usize::MAX } else { 0 };
+        self.failures_left.store(n, Ordering::SeqCst);
+    }
+}
+
+impl Store for Flaky {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        if self
+            .failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::transient("testing", "SQLITE_BUSY (injected)"));
+        }
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "flaky".into()
+    }
+}
