@@ -951,3 +951,52 @@ fn a_guard_lost_at_its_local_deadline_and_released_frees_the_key() {
 fn a_guard_lost_at_its_local_deadline_and_dropped_frees_the_key() {
     lost_at_the_local_deadline(drop);
 }
+
+/// A store whose transactions, once armed, each take 200 ms and then fail
+/// transiently (a lock timeout on a busy database).
+struct SlowBusy {
+    inner: MemStore,
+    armed: AtomicBool,
+    attempts: AtomicUsize,
+}
+
+impl Store for SlowBusy {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        if self.armed.load(Ordering::SeqCst) {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(200));
+            return Err(Error::transient("testing", "lock timeout (injected)"));
+        }
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "slow-busy".into()
+    }
+}
+
+/// The busy timeout counts from the call's start, so a slow first attempt
+/// uses it up: a release whose one attempt outlasts the timeout is not
+/// tried again.
+#[test]
+fn the_busy_timeout_counts_from_the_calls_start() {
+    let store = Arc::new(SlowBusy {
+        inner: MemStore::new(),
+        armed: AtomicBool::new(false),
+        attempts: AtomicUsize::new(0),
+    });
+    let client = Client::builder_shared(store.clone())
+        .busy_timeout(Duration::from_millis(100))
+        .build();
+    let guard = client.try_acquire("k", Duration::from_secs(30)).unwrap();
+    store.armed.store(true, Ordering::SeqCst);
+    match guard.release() {
+        Err(Error::Busy { waited_ms, .. }) => {
+            assert!(waited_ms >= 100, "waited {waited_ms} ms")
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    assert_eq!(store.attempts.load(Ordering::SeqCst), 1, "tried again");
+}

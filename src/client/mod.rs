@@ -327,6 +327,9 @@ impl Client {
 
     /// [`Client::run`], but retrying no later than `until` on the
     /// local clock (a renewal is pointless past the local deadline).
+    /// The busy timeout counts from the call's start on the clock's
+    /// [`Clock::retry_ms`]; `until` is read on the local clock, only once
+    /// a transaction failed.
     pub(crate) fn run_until<R>(
         &self,
         op: &'static str,
@@ -335,29 +338,29 @@ impl Client {
         mut f: impl FnMut(&mut dyn core::Txn) -> Result<R>,
     ) -> Result<R> {
         self.inner.fork.check()?;
-        let start_ms = self.local_now();
-        let give_up_ms = start_ms
-            .saturating_add(ms_of(self.inner.busy_timeout))
-            .min(until.unwrap_or(LocalMs::MAX));
+        let clock = &self.inner.clock;
+        let start_ms = clock.retry_ms();
+        let busy_ms = ms_of(self.inner.busy_timeout);
         // The jitter is drawn only once a transaction failed (most never do).
         let mut backoff: Option<core::Backoff> = None;
         loop {
             match self.inner.store.txn_reading(op, first, &mut f) {
                 Err(e) if e.is_transient() => {
-                    let now_ms = self.local_now();
+                    let waited_ms = clock.retry_ms().saturating_sub(start_ms);
+                    let left_ms = busy_ms.saturating_sub(waited_ms).min(match until {
+                        Some(until) => until.saturating_sub(self.local_now()),
+                        None => u64::MAX,
+                    });
                     let backoff = backoff.get_or_insert_with(|| {
                         core::Backoff::new(1, RETRY_CAP_MS, self.jitter(u64::MAX))
                     });
-                    if now_ms >= give_up_ms {
+                    if left_ms == 0 {
                         return Err(Error::Busy {
-                            waited_ms: now_ms.saturating_sub(start_ms),
+                            waited_ms,
                             last: Box::new(e),
                         });
                     }
-                    let sleep_ms = backoff
-                        .next_wait()
-                        .min(give_up_ms.saturating_sub(now_ms))
-                        .max(1);
+                    let sleep_ms = backoff.next_wait().min(left_ms).max(1);
                     crate::sync::sleep(Duration::from_millis(sleep_ms));
                 }
                 other => return other,
