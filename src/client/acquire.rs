@@ -13,7 +13,7 @@ use super::machine::{
 use super::{ms_of, Client, LeaseGuard, LeaseOptions};
 use crate::core::{self, HolderInfo, Wake};
 use crate::error::{Error, Field, Result};
-use crate::sync::lock;
+use crate::sync::{lock, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,7 +99,10 @@ impl Client {
     /// store made it, so the recorded one is no longer live).
     /// The map shares the guard's key (no copy per grant).
     pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
-        lock(&self.inner.held).insert(key.clone(), token) != Some(token)
+        let mut held = lock(&self.inner.held);
+        let first = held.insert(key.clone(), token) != Some(token);
+        self.count_held(held.len());
+        first
     }
 
     /// The guard (or leader) of grant `token` of `key` ended: take back
@@ -111,6 +114,21 @@ impl Client {
                 held.insert(key, later);
             }
         }
+        self.count_held(held.len());
+    }
+
+    /// Whether a guard (or leader) of this client holds any key: when
+    /// none does, an acquire's check needs no lock. (A mark racing the
+    /// check is the race two acquires of one key through one client
+    /// always have: [`Client::mark_held`] settles it.)
+    pub(crate) fn holds_any(&self) -> bool {
+        self.inner.held_count.load(Ordering::Acquire) > 0
+    }
+
+    /// Record the held map's size (under its lock).
+    fn count_held(&self, len: usize) {
+        let len = u64::try_from(len).unwrap_or(u64::MAX);
+        self.inner.held_count.store(len, Ordering::Release);
     }
 }
 

@@ -15,7 +15,6 @@ use std::time::Duration;
 /// (in the creating process only).
 pub struct LeaseGuard {
     client: Client,
-    key: Arc<str>,
     token: u64,
     ttl_ms: u64,
     renewed: bool,
@@ -27,7 +26,7 @@ pub struct LeaseGuard {
 impl std::fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseGuard")
-            .field("key", &self.key)
+            .field("key", &self.key())
             .field("token", &self.token)
             .field("ttl_ms", &self.ttl_ms)
             .finish()
@@ -49,12 +48,8 @@ impl LeaseGuard {
         renewed: bool,
         life: Lifetime,
     ) -> Self {
-        let owner = Owner::Lease {
-            key: key.clone(),
-            token,
-        };
+        let owner = Owner::Lease { key, token };
         LeaseGuard {
-            key,
             token,
             ttl_ms,
             renewed,
@@ -66,7 +61,7 @@ impl LeaseGuard {
 
     /// The key.
     pub fn key(&self) -> &str {
-        &self.key
+        self.life.key()
     }
 
     /// The fencing token: pass it to whatever the lease protects, which
@@ -108,7 +103,7 @@ impl LeaseGuard {
     }
 
     fn renew_fn(&self) -> RenewFn {
-        lease_renewer(&self.client, &self.key, self.token, self.ttl_ms)
+        lease_renewer(&self.client, self.key(), self.token, self.ttl_ms)
     }
 
     /// Renew now, extending the local deadline.
@@ -146,7 +141,7 @@ impl LeaseGuard {
         if !matches!(released, Err(Error::Forked { .. })) {
             // However it ended (released, lost before, already ended), this
             // client no longer holds the key: its next acquire asks the store.
-            self.client.unmark_held(&self.key, self.token);
+            self.client.unmark_held(self.key(), self.token);
         }
         released
     }
@@ -159,9 +154,9 @@ impl LeaseGuard {
         if self.life.fork.is_origin_strict() {
             self.life.finish();
             self.life.join();
-            self.client.unmark_held(&self.key, self.token);
+            self.client.unmark_held(self.key(), self.token);
         }
-        (self.key.to_string(), self.token)
+        (self.key().to_owned(), self.token)
     }
 
     fn release_inner(&self) -> Result<()> {
@@ -185,10 +180,12 @@ impl LeaseGuard {
         // the loss whatever the store answers.
         let id = self.client.inner.holder.id;
         // The callers (release, drop) unmark the key, however this ended.
-        let first = FirstRead::Lease(&self.key);
-        let released = self.client.run_reading("release", first, |tx| {
-            core::lease::release(tx, &self.key, id, self.token)
-        });
+        let key = self.key();
+        let released = self
+            .client
+            .run_reading("release", FirstRead::Lease(key), |tx| {
+                core::lease::release(tx, key, id, self.token)
+            });
         ending.usable.and(released)
     }
 }
@@ -198,7 +195,7 @@ impl Drop for LeaseGuard {
         // In a forked child, do nothing: the lease is the parent's.
         if !self.released && self.life.fork.is_origin_strict() {
             let _ = self.release_inner();
-            self.client.unmark_held(&self.key, self.token);
+            self.client.unmark_held(self.key(), self.token);
         }
     }
 }

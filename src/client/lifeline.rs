@@ -117,6 +117,15 @@ impl Lifeline {
         self.fork.is_origin() && lock(&self.state).cancel_requested
     }
 
+    /// The key of the lease this lifeline keeps (its guard reads it here:
+    /// one count on the key per grant, not two). A job's has none: empty.
+    pub(crate) fn key(&self) -> &str {
+        match &self.owner {
+            Owner::Lease { key, .. } => key,
+            Owner::Job(_) => "",
+        }
+    }
+
     /// What this lifeline keeps alive, as errors name it.
     pub(crate) fn target(&self) -> Target {
         match &self.owner {

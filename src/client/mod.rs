@@ -86,6 +86,9 @@ struct ClientInner {
     /// contender instead of sharing the grant ([`Client::mark_held`]).
     /// (foldhash: hashed three times a pair.)
     held: Mutex<hashbrown::HashMap<Arc<str>, u64>>,
+    /// How many keys `held` has, written under its lock after each change:
+    /// an acquire's check skips the lock while this client holds nothing.
+    held_count: AtomicU64,
 }
 
 /// A handle on a store with one holder identity. Cheap to clone; clones
@@ -177,6 +180,7 @@ impl ClientBuilder {
                 jitter: AtomicU64::new(seed),
                 fork: ForkGuard::new(),
                 held: Mutex::new(hashbrown::HashMap::new()),
+                held_count: AtomicU64::new(0),
             }),
         }
     }
@@ -393,7 +397,7 @@ impl Client {
         ttl_ms: u64,
         limit: u32,
     ) -> Result<core::Grant> {
-        if lock(&self.inner.held).contains_key(key) {
+        if self.holds_any() && lock(&self.inner.held).contains_key(key) {
             let info = self.inspect(key)?;
             return Err(Error::Held {
                 key: key.to_owned(),
