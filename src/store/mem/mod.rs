@@ -17,9 +17,10 @@ use crate::core::{
 use crate::error::Result;
 use crate::store::{Store, Wake};
 use crate::sync::{lock, Condvar, Mutex};
-use hashbrown::hash_map::EntryRef;
-use hashbrown::HashMap;
+use hashbrown::hash_table::Entry;
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use std::collections::BTreeMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,13 +32,30 @@ use index::QueueIndex;
 /// the id counter are disjoint, so each log is replayed backwards on its own.
 #[derive(Debug, Default)]
 struct UndoLog {
-    leases: Vec<(Arc<str>, Option<LeaseRecord>)>,
+    leases: Vec<LeaseUndo>,
     jobs: Vec<(JobId, Option<JobRecord>)>,
     last_job_id: Option<u64>,
     schedules: Vec<(ScheduleKey, Option<ScheduleRecord>)>,
     configs: Vec<(Arc<str>, Option<QueueConfig>)>,
     rates: Vec<(ScheduleKey, Option<RateLog>)>,
     deps: Vec<(JobId, Option<Vec<JobId>>)>,
+}
+
+/// A lease record's first old value (`None`: the transaction made it),
+/// and where it is: its key's hash and the address of the key's text. A
+/// record is never removed but by a rollback, newest first, so while its
+/// transaction lasts the address names it alone, and the log holds no
+/// count on the key (two atomic operations a transaction fewer).
+#[derive(Debug)]
+struct LeaseUndo {
+    hash: u64,
+    key_at: usize,
+    old: Option<LeaseRecord>,
+}
+
+/// Where a lease key's text is: its identity in [`LeaseUndo`].
+fn key_at(key: &Arc<str>) -> usize {
+    Arc::as_ptr(key).cast::<u8>() as usize
 }
 
 /// A schedule's queue and name (or a rate bucket's queue and key).
@@ -48,9 +66,9 @@ struct MemState {
     last_now_ms: u64,
     /// Every token granted is above it ([`Txn::token_floor`]).
     token_floor: u64,
-    /// Each value keeps its own key, so one lookup yields both the record
-    /// and the key the undo log needs.
-    leases: HashMap<Arc<str>, (Arc<str>, LeaseRecord)>,
+    /// The lease records with their keys, hashed by `lease_hasher`.
+    leases: HashTable<(Arc<str>, LeaseRecord)>,
+    lease_hasher: DefaultHashBuilder,
     jobs: HashMap<JobId, JobRecord>,
     queues: HashMap<Arc<str>, QueueIndex>,
     last_job_id: u64,
@@ -98,13 +116,15 @@ impl MemState {
     }
 
     fn rollback(&mut self) {
-        while let Some((key, old)) = self.undo.leases.pop() {
-            match old {
-                Some(rec) => {
-                    self.leases.insert(key.clone(), (key, rec));
-                }
-                None => {
-                    self.leases.remove(&key);
+        while let Some(undo) = self.undo.leases.pop() {
+            let found = self
+                .leases
+                .find_entry(undo.hash, |(k, _)| key_at(k) == undo.key_at);
+            // Always found: see `LeaseUndo`.
+            if let Ok(entry) = found {
+                match undo.old {
+                    Some(rec) => entry.into_mut().1 = rec,
+                    None => drop(entry.remove()),
                 }
             }
         }
@@ -144,7 +164,7 @@ impl MemState {
     /// records' allocations for the next one.
     fn commit(&mut self) {
         const SPARE_MAX: usize = 64;
-        for (_, old) in self.undo.leases.drain(..) {
+        for LeaseUndo { old, .. } in self.undo.leases.drain(..) {
             if let (Some(rec), true) = (old, self.spare.len() < SPARE_MAX) {
                 self.spare.push(rec);
             }
@@ -194,6 +214,7 @@ impl MemStore {
             last_now_ms: st.last_now_ms,
             token_floor: st.token_floor,
             leases: st.leases.clone(),
+            lease_hasher: st.lease_hasher,
             jobs: st.jobs.clone(),
             queues: st.queues.clone(),
             last_job_id: st.last_job_id,
@@ -245,22 +266,36 @@ impl Txn for MemTxn<'_> {
 
     fn lease_mut(&mut self, key: &str, create: bool) -> Result<Option<&mut LeaseRecord>> {
         let st = &mut *self.st;
+        let hasher = &st.lease_hasher;
+        let hash = hasher.hash_one(key);
         // One hash lookup either way; the key is only allocated on insert.
-        Ok(match st.leases.entry_ref(key) {
-            EntryRef::Occupied(entry) => {
+        let entry = st
+            .leases
+            .entry(hash, |(k, _)| **k == *key, |(k, _)| hasher.hash_one(&**k));
+        Ok(match entry {
+            Entry::Occupied(entry) => {
                 let (k, rec) = entry.into_mut();
                 let mut old = st.spare.pop().unwrap_or_default();
                 old.clone_from(rec);
-                st.undo.leases.push((k.clone(), Some(old)));
+                let key_at = key_at(k);
+                st.undo.leases.push(LeaseUndo {
+                    hash,
+                    key_at,
+                    old: Some(old),
+                });
                 Some(rec)
             }
-            EntryRef::Vacant(entry) if create => {
+            Entry::Vacant(entry) if create => {
                 let k: Arc<str> = Arc::from(key);
-                st.undo.leases.push((k.clone(), None));
-                let (_, rec) = entry.insert((k, LeaseRecord::default()));
-                Some(rec)
+                let key_at = key_at(&k);
+                st.undo.leases.push(LeaseUndo {
+                    hash,
+                    key_at,
+                    old: None,
+                });
+                Some(&mut entry.insert((k, LeaseRecord::default())).into_mut().1)
             }
-            EntryRef::Vacant(_) => None,
+            Entry::Vacant(_) => None,
         })
     }
 
@@ -280,20 +315,18 @@ impl Txn for MemTxn<'_> {
         limit: usize,
         out: &mut Vec<(String, LeaseRecord)>,
     ) -> Result<()> {
-        let mut keys: Vec<&Arc<str>> = self
+        let mut page: Vec<&(Arc<str>, LeaseRecord)> = self
             .st
             .leases
             .iter()
-            .filter(|(k, (_, rec))| &***k > after && !rec.slots.is_empty())
-            .map(|(k, _)| k)
+            .filter(|(k, rec)| &**k > after && !rec.slots.is_empty())
             .collect();
-        keys.sort_unstable();
-        keys.truncate(limit);
-        for key in keys {
-            if let Some((_, rec)) = self.st.leases.get(key) {
-                out.push((key.to_string(), rec.clone()));
-            }
-        }
+        page.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        page.truncate(limit);
+        out.extend(
+            page.into_iter()
+                .map(|(k, rec)| (k.to_string(), rec.clone())),
+        );
         Ok(())
     }
 }
@@ -403,5 +436,52 @@ impl Store for MemStore {
         };
         st.waiters -= 1;
         st.epochs[wake.index()] != epoch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{lease, Holder, HolderId};
+    use crate::error::Error;
+    use crate::store::StoreExt;
+
+    /// A failed transaction puts every lease record back where it was
+    /// taken from: with 3,000 keys some share their hash's tag, so a
+    /// restore that matched on the hash alone would put one key's old
+    /// record into another's place (`LeaseUndo`).
+    #[test]
+    fn a_rollback_restores_each_record_to_its_own_key() {
+        let store = MemStore::new();
+        let (one, two) = (Holder::new(HolderId(1)), Holder::new(HolderId(2)));
+        let keys: Vec<String> = (0..3_000).map(|i| format!("key-{i}")).collect();
+        let state = |store: &MemStore| -> Vec<String> {
+            store
+                .txn(|tx| {
+                    keys.iter()
+                        .map(|k| lease::inspect(tx, k).map(|i| format!("{k}: {:?}", i.holders)))
+                        .collect()
+                })
+                .unwrap()
+        };
+        let tokens: Vec<u64> = store
+            .txn(|tx| {
+                // A TTL of its own for each: the records all differ.
+                (0..)
+                    .zip(&keys)
+                    .map(|(i, k)| Ok(lease::acquire(tx, k, &one, 60_000 + 7 * i, 1)?.token))
+                    .collect()
+            })
+            .unwrap();
+        let before = state(&store);
+        let failed: Result<()> = store.txn(|tx| {
+            for (i, key) in keys.iter().enumerate().step_by(5) {
+                lease::release(tx, key, one.id, tokens[i])?;
+                lease::acquire(tx, key, &two, 1_000, 1)?;
+            }
+            Err(Error::transient("testing", "injected failure after writes"))
+        });
+        assert!(failed.is_err());
+        assert_eq!(state(&store), before);
     }
 }

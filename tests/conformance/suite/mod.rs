@@ -196,7 +196,7 @@ macro_rules! conformance_lease_cases {
             lease_exclusive_then_released, lease_expiry_boundary, lease_renew_and_reacquire,
             lease_identity_checks, lease_counting, lease_limit_belongs_to_the_key,
             lease_inspect_creates_nothing,
-            lease_hostile_keys, txn_lease_rolls_back_on_error, store_clock_never_goes_back,
+            lease_hostile_keys, txn_lease_rolls_back_on_error, txn_rolls_back_each_of_many_leases, store_clock_never_goes_back,
             lease_list_shows_live_holders_only, lease_list_pages_through_every_key
         );
     };
