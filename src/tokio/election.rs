@@ -107,10 +107,16 @@ impl Task {
     /// The machine's requests go to the blocking pool and their replies
     /// come back on a channel: a store call that hangs never holds up the
     /// machine's deadlines (the term ends, and its cancellation fires, on
-    /// time).
+    /// time), nor the release and the next campaign after it. Only the
+    /// reply to the latest request reaches the machine: the machine sends
+    /// a request while another is out only once it is done with the other
+    /// (a release after the term's loss), and a reply that came back late
+    /// (a renewal of the lost term) must not be taken for an answer to a
+    /// later one (the next term's renewal).
     async fn drive(&mut self) -> Result<()> {
         let mut released = self.client.subscribe(Wake::LeaseFreed);
         let (replies_tx, mut replies) = mpsc::unbounded_channel();
+        let mut latest = 0u64;
         let mut seen = Commands::default();
         let mut handle_open = true;
         loop {
@@ -128,8 +134,10 @@ impl Task {
                     Next::Send(request) => {
                         let exec = self.session.exec().clone();
                         let tx = replies_tx.clone();
+                        latest += 1;
+                        let sent = latest;
                         drop(tokio::task::spawn_blocking(move || {
-                            let _ = tx.send(exec.run(request));
+                            let _ = tx.send((sent, exec.run(request)));
                         }));
                     }
                     Next::Event(event) => {
@@ -146,7 +154,11 @@ impl Task {
             let wait = until.saturating_sub(now).min(60_000);
             tokio::select! {
                 _ = nap(wait) => {}
-                Some(reply) = replies.recv() => self.session.reply(reply),
+                Some((sent, reply)) = replies.recv() => {
+                    if sent == latest {
+                        self.session.reply(reply);
+                    }
+                }
                 changed = released.changed() => {
                     if changed.is_ok() {
                         self.session.machine.handle_wake(self.session.now());

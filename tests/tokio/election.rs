@@ -190,3 +190,108 @@ pub fn a_hung_store_call_does_not_delay_the_end_of_a_term(db: &std::path::Path) 
         election.resign().await.unwrap();
     });
 }
+
+/// A store that holds back the transactions the test asks it to, each
+/// until the test lets that one go (in the order they arrived).
+struct Gate {
+    inner: leasehold::MemStore,
+    /// (transactions still to hold, arrived so far, let go so far)
+    state: std::sync::Mutex<(usize, usize, usize)>,
+    changed: std::sync::Condvar,
+}
+
+impl Gate {
+    fn hold_next(&self) {
+        self.state.lock().unwrap().0 += 1;
+    }
+
+    /// Wait until `n` held transactions have arrived.
+    fn wait_arrived(&self, n: usize) {
+        let st = self.state.lock().unwrap();
+        let (st, _) = self
+            .changed
+            .wait_timeout_while(st, Duration::from_secs(5), |s| s.1 < n)
+            .unwrap();
+        assert!(st.1 >= n, "{} held transactions arrived, not {n}", st.1);
+    }
+
+    /// Let the held transactions go, up to the `n`th to arrive.
+    fn let_go(&self, n: usize) {
+        self.state.lock().unwrap().2 = n;
+        self.changed.notify_all();
+    }
+}
+
+impl leasehold::Store for Gate {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.0 > 0 {
+            st.0 -= 1;
+            st.1 += 1;
+            let ticket = st.1;
+            self.changed.notify_all();
+            drop(self.changed.wait_while(st, |s| s.2 < ticket).unwrap());
+        } else {
+            drop(st);
+        }
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "gate".into()
+    }
+}
+
+async fn next(election: &mut leasehold::tokio::Election) -> LeaderEvent {
+    tokio::time::timeout(Duration::from_secs(5), election.next_event())
+        .await
+        .expect("an event within 5 s")
+        .expect("the election goes on")
+}
+
+/// A renewal of a lost term that answers late (its store call hung past
+/// the term's local deadline, while the release and the next campaign
+/// went ahead) is not taken for the answer to the next term's renewal:
+/// its refusal (the old token is stale by then) deposed the next term,
+/// which the store had just granted.
+pub fn a_late_answer_of_a_lost_term_does_not_end_the_next() {
+    let gate = Arc::new(Gate {
+        inner: leasehold::MemStore::new(),
+        state: std::sync::Mutex::new((0, 0, 0)),
+        changed: std::sync::Condvar::new(),
+    });
+    runtime().block_on(async {
+        let client = Client::new(leasehold::Client::builder_shared(gate.clone()).build());
+        let ttl = Duration::from_millis(1_200);
+        let mut election = client.campaign("k", ElectOptions::new(ttl)).unwrap();
+        let LeaderEvent::Elected(first) = next(&mut election).await else {
+            panic!("expected to be elected")
+        };
+        // The first term's next renewal hangs: the term is lost at its
+        // local deadline, released, and the key won again.
+        gate.hold_next();
+        gate.wait_arrived(1);
+        let deposed = next(&mut election).await;
+        assert!(
+            matches!(deposed, LeaderEvent::Deposed(leasehold::Deposed::Lost(_))),
+            "{deposed:?}"
+        );
+        let LeaderEvent::Elected(second) = next(&mut election).await else {
+            panic!("expected a new term")
+        };
+        assert!(second.token() > first.token());
+        // The second term's first renewal is out when the first term's
+        // answers (refused: its token is stale).
+        gate.hold_next();
+        gate.wait_arrived(2);
+        gate.let_go(1);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        gate.let_go(2);
+        let after = tokio::time::timeout(Duration::from_millis(500), election.next_event()).await;
+        assert!(after.is_err(), "the next term ended: {:?}", after.unwrap());
+        assert!(second.is_valid());
+        election.resign().await.unwrap();
+    });
+}

@@ -103,6 +103,11 @@ mod postgres {
 }
 
 #[test]
+fn a_late_answer_of_a_lost_term_does_not_end_the_next() {
+    election::a_late_answer_of_a_lost_term_does_not_end_the_next();
+}
+
+#[test]
 fn a_hung_store_call_does_not_delay_the_end_of_a_term() {
     let dir = temp_dir("hung");
     election::a_hung_store_call_does_not_delay_the_end_of_a_term(&dir.0.join("lh.db"));
