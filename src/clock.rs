@@ -11,9 +11,9 @@ pub trait Clock: Send + Sync + fmt::Debug {
 
     /// A reading for measuring how long a call has been retrying (the
     /// client's busy timeout), where no rule's safety depends on it: it
-    /// may lag [`Clock::now_ms`] by a few milliseconds and count from
-    /// another origin, at the same rate, if that makes it cheaper. By
-    /// default, [`Clock::now_ms`].
+    /// may lag [`Clock::now_ms`] by a few milliseconds, count from another
+    /// origin and stop while the machine is suspended, if that makes it
+    /// cheaper. By default, [`Clock::now_ms`].
     fn retry_ms(&self) -> u64 {
         self.now_ms()
     }
@@ -131,8 +131,9 @@ impl Clock for BootClock {
 
     /// `CLOCK_MONOTONIC_COARSE`: the kernel's last tick (a few ms behind;
     /// it stops while the machine is suspended), read without the
-    /// hardware counter, at a fraction of the cost. A release reads it
-    /// once to start its busy timeout.
+    /// hardware counter, at a fraction of the cost. A retried store call
+    /// (a release, a renewal, a job's) reads it at its start and after
+    /// each failure.
     fn retry_ms(&self) -> u64 {
         read_ms(libc::CLOCK_MONOTONIC_COARSE)
     }

@@ -1000,3 +1000,32 @@ fn the_busy_timeout_counts_from_the_calls_start() {
     }
     assert_eq!(store.attempts.load(Ordering::SeqCst), 1, "tried again");
 }
+
+/// A guard lost at its local deadline because the store is out of reach
+/// is released in one attempt: its release (or drop) does not wait out
+/// the busy timeout.
+#[test]
+fn a_lost_guards_release_tries_the_store_once() {
+    let clock = ManualClock::new(1_000_000);
+    let flaky = Arc::new(Flaky::new(MemStore::with_clock(Arc::new(clock.clone())), 0));
+    let client = Client::builder_shared(flaky.clone())
+        .clock(Arc::new(clock.clone()))
+        .busy_timeout(Duration::from_secs(30))
+        .build();
+    let guard = client.try_acquire("k", Duration::from_secs(3)).unwrap();
+    clock.advance(2_980);
+    flaky.failing(true);
+    assert!(guard.renew().is_err());
+    assert_eq!(guard.lost(), Some(LostReason::LocalDeadline));
+    let before = flaky.failures_left.load(Ordering::SeqCst);
+    // On a thread: a release that retried on this clock (which stands
+    // still) would never return.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(guard.release()));
+    let released = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the release returned within 5 s");
+    assert!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
+    let tries = before - flaky.failures_left.load(Ordering::SeqCst);
+    assert_eq!(tries, 1, "the store was tried {tries} times");
+}

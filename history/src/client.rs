@@ -29,8 +29,10 @@ pub struct Params {
 }
 
 /// `info` for an error whose outcome may be unknown (a store error: it
-/// may have committed), `fail` for one that certainly changed nothing (a
-/// rule's answer, bad input, a store that stayed busy).
+/// may have committed), `fail` for one that changed nothing the checker
+/// counts on (a rule's answer, bad input, a store that stayed busy; a
+/// release answered `Lost` may have freed a grant lost at its local
+/// deadline, but the checker ends a hold at its release's invoke anyway).
 pub fn completion(e: &Error) -> &'static str {
     match e {
         Error::Store { .. } => "info",

@@ -8,6 +8,7 @@ use super::Client;
 use crate::core;
 use crate::error::{Error, LostReason, Result};
 use crate::store::FirstRead;
+use crate::time::LocalMs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,12 +130,13 @@ impl LeaseGuard {
     }
 
     /// Release the lease now and stop its keep-alive. [`Error::Lost`] when
-    /// it was lost before (a refused renewal, the store found another
-    /// holder or token, or the local deadline passed): the work done under
-    /// it may not have been protected to the end. A lease lost only at its
-    /// local deadline is still released in the store by its token (the
-    /// store may count it live a little longer), so the key is free at
-    /// once and this client's next grant of it carries a new token.
+    /// it was seen lost before (a refused renewal, the store found another
+    /// holder or token, or the keep-alive or a renewal saw the local
+    /// deadline pass): the work done under it may not have been protected
+    /// to the end. A lease lost only at its local deadline is still
+    /// released in the store by its token, in one attempt (the store may
+    /// count it live a little longer), so the key is free at once and this
+    /// client's next grant of it carries a new token.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
         let released = self.release_inner();
@@ -176,16 +178,11 @@ impl LeaseGuard {
             return ending.usable;
         }
         // Live, or lost only at the local deadline while the store may
-        // still count it live: release it by token, and tell the caller of
-        // the loss whatever the store answers.
-        let id = self.client.inner.holder.id;
-        // The callers (release, drop) unmark the key, however this ended.
-        let key = self.key();
-        let released = self
-            .client
-            .run_reading("release", FirstRead::Lease(key), |tx| {
-                core::lease::release(tx, key, id, self.token)
-            });
+        // still count it live: release it by token (lost, in one attempt),
+        // and tell the caller of the loss whatever the store answers. The
+        // callers (release, drop) unmark the key, however this ended.
+        let once = ending.usable.is_err().then_some(LocalMs::ZERO);
+        let released = self.client.release_until(self.key(), self.token, once);
         ending.usable.and(released)
     }
 }

@@ -218,8 +218,10 @@ impl Lifeline {
     }
 
     /// [`Lifeline::check_usable`] (strictly) and [`Lifeline::finish`]
-    /// under one lock, for a release: `Err` only in a forked child (then
-    /// nothing is touched). The caller [`Lifeline::join`]s the keep-alive
+    /// under one lock, for a release, called once (its caller marks itself
+    /// released first: a grant lost at its local deadline stays lost, so a
+    /// second call would say to release it again): `Err` only in a forked
+    /// child (then nothing is touched). The caller [`Lifeline::join`]s the keep-alive
     /// if [`Ending::keep_alive`] says one ran: none can start once the
     /// grant has ended.
     pub(crate) fn end_strict(&self) -> Result<Ending> {

@@ -452,8 +452,22 @@ impl Client {
 
     /// Release a lease by key and token.
     pub fn release(&self, key: &str, token: u64) -> Result<()> {
+        self.release_until(key, token, None)
+    }
+
+    /// [`Client::release`], retrying transient store errors no later than
+    /// `until` (local): `Some(LocalMs::ZERO)` tries once (a guard lost at
+    /// its local deadline, most often because the store is out of reach,
+    /// frees its grant if it can, without making its caller wait).
+    pub(crate) fn release_until(
+        &self,
+        key: &str,
+        token: u64,
+        until: Option<LocalMs>,
+    ) -> Result<()> {
         let id = self.inner.holder.id;
-        self.run_reading("release", crate::FirstRead::Lease(key), |tx| {
+        let first = Some(crate::FirstRead::Lease(key));
+        self.run_until("release", until, first, |tx| {
             core::lease::release(tx, key, id, token)
         })
     }

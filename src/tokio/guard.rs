@@ -228,11 +228,12 @@ impl LeaseGuard {
     }
 
     /// Stop the keep-alive, wait for it to end, then release the lease.
-    /// [`Error::Lost`] when it was lost before (a refused renewal, the
-    /// store found another holder or token, or the local deadline passed):
-    /// the work done under it may not have been protected to the end. A
-    /// lease lost only at its local deadline is still released in the
-    /// store by its token, as [`crate::LeaseGuard::release`] does.
+    /// [`Error::Lost`] when it was seen lost before (a refused renewal, the
+    /// store found another holder or token, or the keep-alive or a renewal
+    /// saw the local deadline pass): the work done under it may not have
+    /// been protected to the end. A lease lost only at its local deadline
+    /// is still released in the store by its token, in one attempt, as
+    /// [`crate::LeaseGuard::release`] does.
     /// The ending runs as a task of its own: if this future is dropped
     /// half-way (a `timeout` around it), the lease is still released and
     /// this client's next acquire of the key still asks the store.
@@ -262,7 +263,8 @@ impl LeaseGuard {
     /// Wait for the keep-alive, release the grant by token if `release`
     /// says to, then take back this client's mark on the key: spawned on
     /// `rt`, so it runs to its end whoever waits for it. `usable`: the
-    /// loss already known, reported whatever the release answers.
+    /// loss already known, reported whatever the release answers (a lost
+    /// grant's release is tried once).
     fn end(
         &mut self,
         rt: &tokio::runtime::Handle,
@@ -277,7 +279,8 @@ impl LeaseGuard {
             }
             let result = if release {
                 let k = key.clone();
-                let released = client.call(move |c| c.release(&k, token)).await;
+                let once = usable.is_err().then_some(LocalMs::ZERO);
+                let released = client.call(move |c| c.release_until(&k, token, once)).await;
                 usable.and(released)
             } else {
                 usable
@@ -300,12 +303,13 @@ impl Drop for LeaseGuard {
         let live = ending.release;
         let token = self.token;
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(self.end(&rt, live, Ok(()))),
+            Ok(rt) => drop(self.end(&rt, live, ending.usable)),
             // No runtime (dropped outside one): the task is gone with its
             // runtime already; release here.
             Err(_) => {
                 if live {
-                    let _ = self.client.sync.release(&self.key, token);
+                    let once = ending.usable.is_err().then_some(LocalMs::ZERO);
+                    let _ = self.client.sync.release_until(&self.key, token, once);
                 }
                 self.client.sync.unmark_held(&self.key, token);
             }

@@ -79,10 +79,11 @@ class Lease:
 
     def release(self):
         """Release now; a second call does nothing. Raises
-        :class:`LeaseLost` when the lease was lost before: the work under
-        it may not have been protected to the end. (A lease lost only at
-        its local deadline is still released in the store by its token,
-        so the key is free at once.)"""
+        :class:`LeaseLost` when the lease was seen lost before (a refused
+        renewal, or the keep-alive saw the local deadline pass): the work
+        under it may not have been protected to the end. (A lease lost
+        only at its local deadline is still released in the store by its
+        token, in one attempt, so the key is free at once.)"""
         self._native.release()
 
     def __enter__(self):

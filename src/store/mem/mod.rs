@@ -121,6 +121,7 @@ impl MemState {
                 .leases
                 .find_entry(undo.hash, |(k, _)| key_at(k) == undo.key_at);
             // Always found: see `LeaseUndo`.
+            debug_assert!(found.is_ok(), "a lease record to restore is gone");
             if let Ok(entry) = found {
                 match undo.old {
                     Some(rec) => entry.into_mut().1 = rec,
