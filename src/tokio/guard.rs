@@ -218,7 +218,7 @@ impl LeaseGuard {
         let sent_at = self.client.local_now();
         let renew = lease_renewer(&self.client.sync, &self.key, self.token, self.ttl_ms);
         let deadline = self.life.deadline();
-        let outcome = super::blocking(move || {
+        let outcome = super::on_store(self.client.inline(), move || {
             let mut renew = renew;
             renew(deadline)
         })

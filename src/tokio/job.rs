@@ -126,7 +126,7 @@ impl ClaimedJob {
     /// cancel was requested (the token is then cancelled too).
     pub async fn heartbeat(&self) -> Result<bool> {
         let job = self.job.clone();
-        let outcome = super::blocking(move || job.heartbeat()).await;
+        let outcome = super::on_store(self.client.inline(), move || job.heartbeat()).await;
         if let Ok(true) = outcome {
             self.cancel.cancel();
         }
@@ -170,7 +170,7 @@ impl ClaimedJob {
             let _ = task.await;
         }
         let job = self.job.clone();
-        super::blocking(move || settle(&job)).await
+        super::on_store(self.client.inline(), move || settle(&job)).await
     }
 
     /// Mark the job done (see [`crate::ClaimedJob::complete`]).

@@ -35,7 +35,7 @@ impl Queue {
         f: impl FnOnce(&crate::Queue) -> R + Send + 'static,
     ) -> R {
         let queue = self.sync.clone();
-        super::blocking(move || f(&queue)).await
+        super::on_store(self.client.inline(), move || f(&queue)).await
     }
 
     /// Enqueue a job.

@@ -216,3 +216,43 @@ fn a_guard_lost_at_its_local_deadline_is_released_by_token() {
         });
     }
 }
+
+/// The mem store's calls run on the calling task (`Store::runs_inline`):
+/// with the runtime's one blocking thread busy, a lease pair, a push, a
+/// claim and its completion still go through at once.
+#[test]
+fn mem_store_calls_do_not_wait_for_the_blocking_pool() {
+    use std::time::{Duration, Instant};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client =
+            leasehold::tokio::Client::new(leasehold::Client::new(leasehold::MemStore::new()));
+        let busy = tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_secs(3)));
+        // Let the blocking thread start its sleep.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        let guard = client
+            .try_acquire("k", Duration::from_secs(10))
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        let queue = client.queue("q").unwrap();
+        queue.push(&leasehold::JobSpec::new("x")).await.unwrap();
+        let job = queue
+            .claim(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("a job");
+        job.complete().await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited {:?} for the blocking pool",
+            started.elapsed()
+        );
+        busy.await.unwrap();
+    });
+}

@@ -421,6 +421,11 @@ impl Store for MemStore {
         "mem".to_owned()
     }
 
+    /// One short lock, no I/O: the async client runs it on its task.
+    fn runs_inline(&self) -> bool {
+        true
+    }
+
     fn epoch(&self, wake: Wake) -> u64 {
         lock(&self.state).epochs[wake.index()]
     }
