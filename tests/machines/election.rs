@@ -301,3 +301,49 @@ fn no_campaign_attempt_while_a_resignation_is_in_flight() {
     assert!(!m.is_leader(LocalMs(5_000)));
     m.check(LocalMs(5_000)).unwrap();
 }
+
+/// The release after a loss at the local deadline failed (the store out
+/// of reach), and the next campaign's acquire extended the lost term's
+/// grant (the same token, `renewed`): that is not a new term. It is given
+/// back by token, and the campaign goes on to a grant with a new token.
+#[test]
+fn a_campaign_that_extends_the_lost_terms_grant_gives_it_back() {
+    let mut m = elected(false, LocalMs(1_000), 4);
+    m.handle_timeout(LocalMs(1_297));
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 4 }]
+    );
+    let unreachable = Error::transient("testing", "the store is out of reach");
+    m.handle_reply(LocalMs(1_298), HolderReply::Released(Err(unreachable)));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    let extended = HolderReply::Acquired(Ok(Grant {
+        token: 4,
+        expires_at_ms: 0,
+        granted_at_ms: 0,
+        renewed: true,
+    }));
+    m.handle_reply(LocalMs(1_300), extended);
+    let a = actions(&mut m);
+    assert_eq!(events(&a), Vec::<String>::new(), "not a new term");
+    assert_eq!(sends(&a), [HolderRequest::Release { token: 4 }]);
+    assert!(!m.is_leader(LocalMs(1_300)));
+    assert_eq!(m.token(), None);
+    m.check(LocalMs(1_300)).unwrap();
+    m.handle_reply(LocalMs(1_301), HolderReply::Released(Ok(())));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.handle_reply(LocalMs(1_302), grant(5));
+    assert_eq!(events(&actions(&mut m)), ["elected 5"]);
+    // A grant of this holder extended at a first campaign (a holder id
+    // shared with an earlier process) leads as before.
+    let mut fresh = ElectionMachine::new(config(false), LocalMs(0));
+    actions(&mut fresh);
+    let renewed = HolderReply::Acquired(Ok(Grant {
+        token: 7,
+        expires_at_ms: 0,
+        granted_at_ms: 0,
+        renewed: true,
+    }));
+    fresh.handle_reply(LocalMs(0), renewed);
+    assert_eq!(events(&actions(&mut fresh)), ["elected 7"]);
+}

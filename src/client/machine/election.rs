@@ -17,7 +17,9 @@
 //! store error → Done (`Failed`). Leading: a refused renewal or the local
 //! deadline → `Deposed(Lost)` (past the deadline, the grant is released
 //! first: it may still be live in the store, and the next term must not
-//! extend it under the same token), then Campaigning again (Done if `once`);
+//! extend it under the same token; if that release fails and a campaign's
+//! acquire extends the lost grant, it is given back and the campaign goes
+//! on), then Campaigning again (Done if `once`);
 //! `step_down` → `Deposed(Resigned)`, release, Campaigning again;
 //! `resign` → `Deposed(Resigned)`, release, Done.
 //!
@@ -111,6 +113,9 @@ pub struct ElectionMachine {
     /// A resignation's release is in flight: campaign again after it?
     releasing: Option<bool>,
     seen: Option<u64>,
+    /// The token of the last term that ended by a loss: a campaign's
+    /// grant that extends it is that term's grant again, not a new term.
+    lost_token: Option<u64>,
     terms: u64,
     out: Outbox<ElectionAction>,
     #[cfg(feature = "canaries")]
@@ -126,6 +131,7 @@ impl ElectionMachine {
             leading: false,
             releasing: None,
             seen: None,
+            lost_token: None,
             terms: 0,
             out: Outbox::new(),
             #[cfg(feature = "canaries")]
@@ -352,12 +358,25 @@ impl ElectionMachine {
                     term.release(now);
                 }
             }
+            HolderEvent::Granted {
+                token,
+                renewed: true,
+            } if self.lost_token == Some(token) => {
+                // The lost term's grant, extended (its release after the
+                // loss failed, and the store still counted it live): give
+                // it back by token and campaign on, so that the next term
+                // has a new token and fencing tells the two terms apart.
+                if let Some(term) = &mut self.term {
+                    term.release(now);
+                }
+            }
             HolderEvent::Granted { token, .. } => {
                 self.leading = true;
                 self.seen = Some(token);
                 self.event(ElectionEvent::Elected { token });
             }
             HolderEvent::Lost(reason) => {
+                self.lost_token = self.term.as_ref().and_then(HolderMachine::token);
                 if std::mem::take(&mut self.leading) {
                     self.event(ElectionEvent::Deposed(Deposed::Lost(reason)));
                 }
