@@ -157,7 +157,8 @@ impl ClaimedJob {
     }
 
     /// Stop the keep-alive and wait for it, then run `settle` (one of the
-    /// sync job's settle transactions) on the blocking pool.
+    /// sync job's settle transactions) on the blocking pool (or inline:
+    /// `on_store`).
     async fn settle<R: Send + 'static>(
         &self,
         settle: impl FnOnce(&crate::ClaimedJob) -> Result<R> + Send + 'static,

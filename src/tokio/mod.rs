@@ -102,13 +102,17 @@ pub(crate) async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + '
 
 /// Run `f`, a store call: on the calling task when the store's calls never
 /// block ([`crate::Store::runs_inline`]: the mem store), else on the
-/// blocking pool.
+/// blocking pool. Inline, it spends the task's cooperative budget, so a
+/// loop of calls still yields now and then (to the task that releases the
+/// lease it waits for, on a one-thread runtime).
 pub(crate) async fn on_store<R: Send + 'static>(
     inline: bool,
     f: impl FnOnce() -> R + Send + 'static,
 ) -> R {
     if inline {
-        f()
+        let r = f();
+        tokio::task::coop::consume_budget().await;
+        r
     } else {
         blocking(f).await
     }
@@ -158,7 +162,8 @@ impl Client {
         self.sync.store().runs_inline()
     }
 
-    /// Run `f` with the sync client on the blocking pool.
+    /// Run `f` with the sync client on the blocking pool, or inline
+    /// ([`on_store`]).
     pub(crate) async fn call<R: Send + 'static>(
         &self,
         f: impl FnOnce(&crate::Client) -> R + Send + 'static,

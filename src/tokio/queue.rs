@@ -29,7 +29,7 @@ impl Queue {
         &self.client
     }
 
-    /// Run `f` with the sync queue on the blocking pool.
+    /// Run `f` with the sync queue on the blocking pool (or inline: `on_store`).
     async fn call<R: Send + 'static>(
         &self,
         f: impl FnOnce(&crate::Queue) -> R + Send + 'static,

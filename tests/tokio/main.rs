@@ -256,3 +256,26 @@ fn mem_store_calls_do_not_wait_for_the_blocking_pool() {
         busy.await.unwrap();
     });
 }
+
+/// Inline calls still yield now and then: on a one-thread runtime, a loop
+/// trying a key that a dropped guard is releasing (in a task of its own)
+/// gets it, instead of spinning while the release never runs.
+#[test]
+fn a_loop_of_inline_calls_lets_other_tasks_run() {
+    use std::time::Duration;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = leasehold::MemStore::new();
+        let client = leasehold::tokio::Client::new(leasehold::Client::new(store));
+        let ttl = Duration::from_secs(30);
+        drop(client.try_acquire("k", ttl).await.unwrap());
+        let mut tries = 0u32;
+        while client.try_acquire("k", ttl).await.is_err() {
+            tries += 1;
+            assert!(tries < 100_000, "the dropped guard's release never ran");
+        }
+    });
+}
