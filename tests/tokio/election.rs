@@ -264,7 +264,7 @@ pub fn a_late_answer_of_a_lost_term_does_not_end_the_next() {
     });
     runtime().block_on(async {
         let client = Client::new(leasehold::Client::builder_shared(gate.clone()).build());
-        let ttl = Duration::from_millis(1_200);
+        let ttl = Duration::from_millis(2_400);
         let mut election = client.campaign("k", ElectOptions::new(ttl)).unwrap();
         let LeaderEvent::Elected(first) = next(&mut election).await else {
             panic!("expected to be elected")
