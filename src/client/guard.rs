@@ -8,7 +8,6 @@ use super::Client;
 use crate::core;
 use crate::error::{Error, LostReason, Result};
 use crate::store::FirstRead;
-use crate::time::LocalMs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -181,8 +180,8 @@ impl LeaseGuard {
         // still count it live: release it by token (lost, in one attempt),
         // and tell the caller of the loss whatever the store answers. The
         // callers (release, drop) unmark the key, however this ended.
-        let once = ending.usable.is_err().then_some(LocalMs::ZERO);
-        let released = self.client.release_until(self.key(), self.token, once);
+        let lost = ending.usable.is_err();
+        let released = self.client.release_grant(self.key(), self.token, lost);
         ending.usable.and(released)
     }
 }

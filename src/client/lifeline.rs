@@ -152,7 +152,14 @@ impl Lifeline {
         } else {
             self.fork.check()?;
         }
-        match lock(&self.state).life.end() {
+        let end = lock(&self.state).life.end();
+        self.usable(end)
+    }
+
+    /// What a grant that ended so (or not at all) says to a call that
+    /// would act on it.
+    fn usable(&self, end: Option<End>) -> Result<()> {
+        match end {
             Some(End::Finished) => Err(self.lost_error(LostReason::StaleToken)),
             Some(End::Lost(reason)) => Err(self.lost_error(reason)),
             None => Ok(()),
@@ -236,13 +243,8 @@ impl Lifeline {
             self.notify_all();
         }
         drop(st);
-        let usable = match ended {
-            Some(End::Finished) => Err(self.lost_error(LostReason::StaleToken)),
-            Some(End::Lost(reason)) => Err(self.lost_error(reason)),
-            None => Ok(()),
-        };
         Ok(Ending {
-            usable,
+            usable: self.usable(ended),
             release,
             keep_alive,
         })

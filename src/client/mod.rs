@@ -452,21 +452,17 @@ impl Client {
 
     /// Release a lease by key and token.
     pub fn release(&self, key: &str, token: u64) -> Result<()> {
-        self.release_until(key, token, None)
+        self.release_grant(key, token, false)
     }
 
-    /// [`Client::release`], retrying transient store errors no later than
-    /// `until` (local): `Some(LocalMs::ZERO)` tries once (a guard lost at
-    /// its local deadline, most often because the store is out of reach,
-    /// frees its grant if it can, without making its caller wait).
-    pub(crate) fn release_until(
-        &self,
-        key: &str,
-        token: u64,
-        until: Option<LocalMs>,
-    ) -> Result<()> {
+    /// [`Client::release`], retrying transient store errors up to the busy
+    /// timeout, or trying `once` (a guard lost at its local deadline, most
+    /// often because the store is out of reach, frees its grant if it can,
+    /// without making its caller wait).
+    pub(crate) fn release_grant(&self, key: &str, token: u64, once: bool) -> Result<()> {
         let id = self.inner.holder.id;
         let first = Some(crate::FirstRead::Lease(key));
+        let until = once.then_some(LocalMs::ZERO);
         self.run_until("release", until, first, |tx| {
             core::lease::release(tx, key, id, token)
         })

@@ -279,8 +279,8 @@ impl LeaseGuard {
             }
             let result = if release {
                 let k = key.clone();
-                let once = usable.is_err().then_some(LocalMs::ZERO);
-                let released = client.call(move |c| c.release_until(&k, token, once)).await;
+                let lost = usable.is_err();
+                let released = client.call(move |c| c.release_grant(&k, token, lost)).await;
                 usable.and(released)
             } else {
                 usable
@@ -308,8 +308,8 @@ impl Drop for LeaseGuard {
             // runtime already; release here.
             Err(_) => {
                 if live {
-                    let once = ending.usable.is_err().then_some(LocalMs::ZERO);
-                    let _ = self.client.sync.release_until(&self.key, token, once);
+                    let lost = ending.usable.is_err();
+                    let _ = self.client.sync.release_grant(&self.key, token, lost);
                 }
                 self.client.sync.unmark_held(&self.key, token);
             }

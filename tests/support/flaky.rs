@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses some of this
 
 use leasehold::core::Txn;
-use leasehold::{Error, MemStore, Store};
+use leasehold::{Error, LostReason, MemStore, Store};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub struct Flaky {
@@ -45,4 +45,16 @@ impl Store for Flaky {
     fn describe(&self) -> String {
         "flaky".into()
     }
+}
+
+/// Whether `r` reports a loss at the local deadline (what a guard lost
+/// while the store was out of reach says when released).
+pub fn lost_at_the_deadline<T>(r: &leasehold::Result<T>) -> bool {
+    matches!(
+        r,
+        Err(Error::Lost {
+            reason: LostReason::LocalDeadline,
+            ..
+        })
+    )
 }

@@ -147,7 +147,7 @@ fn a_postgres_store_dropped_inside_a_runtime_closes_quietly() {
 /// has a new token (the sync guard's test, `tests/client.rs`).
 #[test]
 fn a_guard_lost_at_its_local_deadline_is_released_by_token() {
-    use leasehold::{Error, Holder, HolderId, LostReason, ManualClock, MemStore};
+    use leasehold::{Holder, HolderId, LostReason, ManualClock, MemStore};
     use std::time::Duration;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -195,16 +195,7 @@ fn a_guard_lost_at_its_local_deadline_is_released_by_token() {
                 taken.release().await.unwrap();
             } else {
                 let released = guard.release().await;
-                assert!(
-                    matches!(
-                        released,
-                        Err(Error::Lost {
-                            reason: LostReason::LocalDeadline,
-                            ..
-                        })
-                    ),
-                    "{released:?}"
-                );
+                assert!(flaky::lost_at_the_deadline(&released), "{released:?}");
                 let again = mine.try_acquire("k", ttl).await.unwrap();
                 assert!(!again.renewed());
                 assert!(again.token() > token, "reused token {token}");
