@@ -71,3 +71,24 @@ pub fn nap<'a, T>(
         }
     }
 }
+
+/// A panic's payload, carried from the thread it happened on to the one
+/// that resumes it.
+pub type Panic = Box<dyn std::any::Any + Send>;
+
+/// Run `f`, catching a panic. The drivers run store calls on threads (and
+/// tasks) of their own and wait for the answer: a call that panicked sends
+/// its panic instead, which the driver resumes where its caller sees it,
+/// rather than waiting forever.
+pub fn caught<R>(f: impl FnOnce() -> R) -> Result<R, Panic> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+}
+
+/// What a panic said (its message, if it was text), for a failed job.
+pub fn panic_text(payload: &Panic) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}

@@ -17,7 +17,7 @@ mod door;
 use door::{Door, Valve};
 #[path = "support/flaky.rs"]
 mod flaky;
-use flaky::Flaky;
+use flaky::{ends_within, Flaky, Panicky};
 
 fn manual_pair() -> (ManualClock, ManualClock, Arc<dyn Store>) {
     let store_clock = ManualClock::new(1_000_000);
@@ -1019,4 +1019,33 @@ fn a_lost_guards_release_tries_the_store_once() {
     assert!(matches!(released, Err(Error::Lost { .. })), "{released:?}");
     let tries = before - flaky.failures_left.load(Ordering::SeqCst);
     assert_eq!(tries, 1, "the store was tried {tries} times");
+}
+
+/// A store call that panics (a bug in a store) ends the worker loop, and
+/// the panic reaches `work`'s caller. Before, the loop waited forever for
+/// the settle's answer.
+#[test]
+fn a_store_call_that_panics_ends_the_work_loop() {
+    let store = Arc::new(Panicky::new(MemStore::new()));
+    let q = Client::builder_shared(store.clone())
+        .build()
+        .queue("q")
+        .unwrap();
+    q.push(&JobSpec::new("x")).unwrap();
+    let ended = ends_within(Duration::from_secs(10), move || {
+        let opts = WorkOptions {
+            concurrency: 2,
+            ..WorkOptions::default()
+        };
+        // Never stopped: only the panic can end it. The handler arms the
+        // store, so the settle of its outcome panics.
+        q.work(&opts, &AtomicBool::new(false), |_| {
+            store.arm();
+            Ok(())
+        })
+    });
+    match ended {
+        Some(Err(message)) => assert!(message.contains("the store panicked"), "{message}"),
+        other => panic!("work should resume the store's panic, got {other:?}"),
+    }
 }

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 #[path = "support/door.rs"]
 mod door;
 use door::{Door, Valve};
+#[path = "support/flaky.rs"]
+mod flaky;
+use flaky::{ends_within, Panicky};
 
 fn named(store: &Arc<dyn Store>, n: u128) -> Client {
     let holder = Holder::with_label(HolderId(n), &format!("replica-{n}")).unwrap();
@@ -310,4 +313,84 @@ fn a_hung_store_call_does_not_delay_deposed() {
     blocker.join().unwrap();
     election.resign().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A campaign on `store` with a 30 s TTL whose `on_event` panics when it
+/// is elected; returned once it was.
+fn elected_with_a_panicking_on_event(store: &Arc<dyn Store>) -> Election {
+    let (elected_tx, elected_rx) = mpsc::channel();
+    let election = named(store, 1)
+        .campaign("k", ElectOptions::new(Duration::from_secs(30)), move |e| {
+            if let LeaderEvent::Elected(_) = e {
+                let _ = elected_tx.send(());
+                panic!("on_event failed");
+            }
+        })
+        .unwrap();
+    let elected = elected_rx.recv_timeout(Duration::from_secs(5));
+    elected.expect("elected");
+    election
+}
+
+/// A panic in `on_event` (the application's code) ends the election: the
+/// term is released, so the next campaigner leads at once, and the panic
+/// reaches whoever resigns. Before, the election thread unwound while its
+/// store thread waited for requests that never came, and `resign` hung.
+#[test]
+fn a_panic_in_on_event_releases_the_term_and_reaches_resign() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let election = elected_with_a_panicking_on_event(&store);
+    match ends_within(Duration::from_secs(10), move || election.resign()) {
+        Some(Err(message)) => assert!(message.contains("on_event failed"), "{message}"),
+        other => panic!("resign should resume the callback's panic, got {other:?}"),
+    }
+    // The term's 30 s grant was given back: another campaigner leads now.
+    let (tx, rx) = mpsc::channel();
+    let next = named(&store, 2)
+        .campaign("k", ElectOptions::new(Duration::from_secs(30)), move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+    let elected = std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(5)).ok())
+        .any(|e| matches!(e, LeaderEvent::Elected(_)));
+    assert!(elected, "the panicking leader's term was not released");
+    next.resign().unwrap();
+}
+
+/// A store call that panics (a bug in a store) ends the election, and the
+/// panic reaches whoever joins it. Before, the election waited forever for
+/// the answer.
+#[test]
+fn a_store_call_that_panics_ends_the_election() {
+    let store = Arc::new(Panicky::new(MemStore::new()));
+    let (tx, rx) = mpsc::channel();
+    let election = Client::builder_shared(store.clone())
+        .build()
+        .campaign(
+            "k",
+            ElectOptions::new(Duration::from_millis(300)),
+            move |e| {
+                let _ = tx.send(e);
+            },
+        )
+        .unwrap();
+    let elected = std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(5)).ok())
+        .any(|e| matches!(e, LeaderEvent::Elected(_)));
+    assert!(elected);
+    // The next renewal (about every 100 ms) panics.
+    store.arm();
+    match ends_within(Duration::from_secs(10), move || election.join()) {
+        Some(Err(message)) => assert!(message.contains("the store panicked"), "{message}"),
+        other => panic!("join should resume the store's panic, got {other:?}"),
+    }
+}
+
+/// Dropping an election whose `on_event` panicked resigns without
+/// resuming the panic (a drop while unwinding would abort the process).
+#[test]
+fn dropping_an_election_whose_on_event_panicked_does_not_panic() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let election = elected_with_a_panicking_on_event(&store);
+    let dropped = ends_within(Duration::from_secs(10), move || drop(election));
+    assert!(matches!(dropped, Some(Ok(()))), "{dropped:?}");
 }

@@ -18,7 +18,7 @@ use crate::core::{self, HolderInfo};
 use crate::error::{LostReason, Result};
 use crate::fork::ForkGuard;
 use crate::store::{FirstRead, StoreExt, Wake};
-use crate::sync::{lock, thread, Mutex};
+use crate::sync::{caught, lock, thread, Mutex, Panic};
 use crate::time::LocalMs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -343,7 +343,11 @@ impl Client {
     /// renewal, and a resigning one at once. `on_event` runs on the
     /// election's thread for each [`LeaderEvent`] (keep it short: the
     /// leader's work belongs on a thread of its own, checking
-    /// [`Leader::is_valid`] before each protected action).
+    /// [`Leader::is_valid`] before each protected action). If `on_event`
+    /// panics, the election resigns (a leader gives its term back), is
+    /// told nothing more, and ends; [`Election::join`] or
+    /// [`Election::resign`] resumes the panic. So does a store call that
+    /// panics (a bug in a store), though nothing is given back then.
     ///
     /// ```
     /// use leasehold::{Client, ElectOptions, LeaderEvent, MemStore};
@@ -384,7 +388,9 @@ impl Client {
                 let end = drive(&client, &mut session, &me, &mut on_event);
                 *lock(&me.leader) = None;
                 me.finished.store(true, Ordering::SeqCst);
-                end
+                // A panic (of `on_event` or of a store call) reaches
+                // whoever joins the election.
+                end.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             })
             .map_err(|e| crate::Error::store("starting the election thread", e.to_string()))?;
         Ok(Election {
@@ -397,8 +403,8 @@ impl Client {
 
 /// What reaches the election thread.
 enum Delivery {
-    /// The store's answer to a request.
-    Reply(HolderReply),
+    /// The store's answer to a request, or the call's panic.
+    Reply(std::result::Result<HolderReply, Panic>),
     /// The store announced a release.
     Woke,
     /// The application set a command (resign, step down).
@@ -408,30 +414,37 @@ enum Delivery {
 /// The election thread: the machine's events and timeouts, and the
 /// application's commands (each wakes it). Requests run on a store thread
 /// of their own, so a store call that hangs never holds up a deadline: the
-/// term ends on time, its handle and `on_event` told at once.
+/// term ends on time, its handle and `on_event` told at once. A panic (of
+/// `on_event` or of a store call) comes back as `Err`, once the store
+/// thread is done.
 fn drive(
     client: &Client,
     session: &mut ElectionSession,
     shared: &Arc<Shared>,
     on_event: &mut dyn FnMut(LeaderEvent),
-) -> Result<()> {
+) -> std::result::Result<Result<()>, Panic> {
     let requests: Channel<HolderRequest> = Channel::new();
     let quit = Arc::new(AtomicBool::new(false));
     let exec = session.exec().clone();
     let woken = shared.clone();
-    spawn_waker(
+    if let Err(e) = spawn_waker(
         client.store().clone(),
         Wake::LeaseFreed,
         quit.clone(),
         move || woken.inbox.push(Delivery::Woke),
-    )?;
+    ) {
+        return Ok(Err(e));
+    }
     std::thread::scope(|s| {
         s.spawn(|| {
             while let Some(request) = requests.pop() {
-                shared.inbox.push(Delivery::Reply(exec.run(request)));
+                let reply = caught(|| exec.run(request));
+                shared.inbox.push(Delivery::Reply(reply));
             }
         });
-        let end = campaign(session, shared, on_event, &requests, &shared.inbox);
+        let end = caught(|| campaign(session, shared, on_event, &requests, &shared.inbox));
+        // Also after a panic: the store thread waits for requests until
+        // the channel closes, and the scope for the store thread.
         quit.store(true, Ordering::SeqCst);
         requests.close();
         end
@@ -446,10 +459,14 @@ fn campaign(
     inbox: &Channel<Delivery>,
 ) -> Result<()> {
     let mut wait = Duration::ZERO;
+    // A panic of `on_event`, resumed once the term it ended is given back.
+    let mut panicked = None;
     loop {
         for delivery in inbox.drain_wait(wait) {
             match delivery {
-                Delivery::Reply(reply) => session.reply(reply),
+                Delivery::Reply(Ok(reply)) => session.reply(reply),
+                // A bug in the store: nothing more can be asked of it.
+                Delivery::Reply(Err(panic)) => std::panic::resume_unwind(panic),
                 Delivery::Woke => session.machine.handle_wake(session.now()),
                 Delivery::Command => {}
             }
@@ -467,9 +484,19 @@ fn campaign(
                 Next::Send(request) => requests.push(request),
                 Next::Event(event) => {
                     *lock(&shared.leader) = session.leader();
-                    on_event(event);
+                    // The application's code failed: resign (a leader
+                    // gives its term back), and tell it nothing more.
+                    if panicked.is_none() {
+                        panicked = caught(|| on_event(event)).err();
+                        if panicked.is_some() {
+                            session.machine.resign(session.now());
+                        }
+                    }
                 }
-                Next::End(end) => return end,
+                Next::End(end) => match panicked {
+                    Some(panic) => std::panic::resume_unwind(panic),
+                    None => return end,
+                },
             }
         }
         let now = session.now();
@@ -502,32 +529,31 @@ impl Election {
     pub fn resign(mut self) -> Result<()> {
         self.shared.command(|c| c.resign = true);
         self.join_thread()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     /// Wait for the election to end by itself (`once`, or a store error).
     pub fn join(mut self) -> Result<()> {
         self.join_thread()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
-    fn join_thread(&mut self) -> Result<()> {
+    /// How the election's thread ended, or its panic.
+    fn join_thread(&mut self) -> std::result::Result<Result<()>, Panic> {
         if !self.fork.is_origin_strict() {
             // A forked child has no election thread: the campaign is the
             // parent's.
             std::mem::forget(self.thread.take());
-            return Err(self
-                .fork
-                .check_strict()
-                .err()
-                .unwrap_or(crate::Error::Forked {
+            return Ok(Err(self.fork.check_strict().err().unwrap_or(
+                crate::Error::Forked {
                     created_pid: 0,
                     current_pid: std::process::id(),
-                }));
+                },
+            )));
         }
-        match self.thread.take().map(thread::JoinHandle::join) {
-            Some(Ok(end)) => end,
-            Some(Err(panic)) => std::panic::resume_unwind(panic),
-            None => Ok(()),
-        }
+        self.thread
+            .take()
+            .map_or(Ok(Ok(())), thread::JoinHandle::join)
     }
 }
 
@@ -535,6 +561,9 @@ impl Drop for Election {
     fn drop(&mut self) {
         if self.thread.is_some() {
             self.shared.command(|c| c.resign = true);
+            // Its panic (of `on_event`, or of a store call) was reported
+            // when it happened; resumed in a drop it could abort the
+            // process (a drop while unwinding).
             let _ = self.join_thread();
         }
     }

@@ -26,7 +26,7 @@ use super::session::{Next, Session};
 use crate::core::{self, JobRecord};
 use crate::error::Result;
 use crate::store::Wake;
-use crate::sync::{lock, Condvar, Mutex};
+use crate::sync::{caught, lock, panic_text, Condvar, Mutex, Panic};
 use crate::time::LocalMs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -180,9 +180,9 @@ struct Core {
     over: bool,
     /// How the loop ended, once a step found out, for the driver.
     end: Option<Result<WorkReport>>,
-    /// A panic of a step (`observe` is the user's code in it) on any
-    /// thread, resumed by the driver.
-    panic: Option<Box<dyn std::any::Any + Send>>,
+    /// A panic of a step (`observe` is the user's code in it) or of a
+    /// store call, on any thread, resumed by the driver.
+    panic: Option<Panic>,
 }
 
 impl Core {
@@ -245,7 +245,8 @@ impl Queue {
     /// learnt it, one call at a time. Transient store trouble is waited
     /// out; any other store error stops the loop and is returned.
     /// `work_with` returns once every handler call has returned; a panic
-    /// of `observe` stops the loop and is resumed on the calling thread.
+    /// of `observe`, or of a store call (a bug in a store), stops the loop
+    /// and is resumed on the calling thread.
     pub fn work_with(
         &self,
         opts: &WorkOptions,
@@ -286,8 +287,13 @@ impl Queue {
             for _ in 0..store_threads.clamp(1, STORE_THREADS) {
                 s.spawn(|| {
                     while let Some(request) = shared.requests.pop() {
-                        let reply = exec.run(request);
-                        shared.step(false, |session, _| session.reply(reply));
+                        // A store call that panicked ends the loop like a
+                        // step that panicked: the driver resumes it.
+                        let reply = caught(|| exec.run(request));
+                        shared.step(false, |session, _| match reply {
+                            Ok(reply) => session.reply(reply),
+                            Err(panic) => std::panic::resume_unwind(panic),
+                        });
                     }
                 });
             }
@@ -325,15 +331,8 @@ fn run_handler(
     handler: &(impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync),
     job: &ClaimedJob,
 ) -> HandlerOutcome {
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(job)));
-    let result = run.unwrap_or_else(|payload| {
-        let text = payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(format!("the handler panicked: {text}"))
-    });
+    let result = caught(|| handler(job))
+        .unwrap_or_else(|payload| Err(format!("the handler panicked: {}", panic_text(&payload))));
     match result {
         Ok(()) => HandlerOutcome::Completed(job.take_result()),
         Err(reason) => HandlerOutcome::Failed(reason),

@@ -9,7 +9,7 @@ use super::{nap, Client};
 use crate::client::election::{ElectionSession, Next};
 use crate::error::Result;
 use crate::store::Wake;
-use crate::sync::{lock, Mutex};
+use crate::sync::{caught, lock, Mutex, Panic};
 use crate::time::LocalMs;
 use crate::{ElectOptions, Leader, LeaderEvent};
 use std::sync::Arc;
@@ -44,7 +44,9 @@ impl Client {
     /// Campaign for leadership of `key` (see [`crate::Client::campaign`]):
     /// a task campaigns, leads and campaigns again; its events arrive
     /// through [`Election::next_event`], and a leader's
-    /// [`Leader::cancellation`] is cancelled when its term ends.
+    /// [`Leader::cancellation`] is cancelled when its term ends. A store
+    /// call that panics (a bug in a store) ends the task, and
+    /// [`Election::join`] or [`Election::resign`] resumes its panic.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -101,7 +103,8 @@ impl Task {
     async fn run(mut self) -> Result<()> {
         let end = self.drive().await;
         *lock(&self.leader) = None;
-        end
+        // A store call's panic reaches whoever joins the election.
+        end.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     /// The machine's requests go to the blocking pool and their replies
@@ -112,8 +115,9 @@ impl Task {
     /// a request while another is out only once it is done with the other
     /// (a release after the term's loss), and a reply that came back late
     /// (a renewal of the lost term) must not be taken for an answer to a
-    /// later one (the next term's renewal).
-    async fn drive(&mut self) -> Result<()> {
+    /// later one (the next term's renewal). A store call that panicked
+    /// ends it with the panic.
+    async fn drive(&mut self) -> std::result::Result<Result<()>, Panic> {
         let mut released = self.client.subscribe(Wake::LeaseFreed);
         let (replies_tx, mut replies) = mpsc::unbounded_channel();
         let mut latest = 0u64;
@@ -137,7 +141,7 @@ impl Task {
                         latest += 1;
                         let sent = latest;
                         drop(tokio::task::spawn_blocking(move || {
-                            let _ = tx.send((sent, exec.run(request)));
+                            let _ = tx.send((sent, caught(|| exec.run(request))));
                         }));
                     }
                     Next::Event(event) => {
@@ -145,7 +149,7 @@ impl Task {
                         // Nobody listening is fine: the election goes on.
                         let _ = self.events.send(event);
                     }
-                    Next::End(end) => return end,
+                    Next::End(end) => return Ok(end),
                 }
             }
             let now = self.session.now();
@@ -154,11 +158,12 @@ impl Task {
             let wait = until.saturating_sub(now).min(60_000);
             tokio::select! {
                 _ = nap(wait) => {}
-                Some((sent, reply)) = replies.recv() => {
-                    if sent == latest {
-                        self.session.reply(reply);
-                    }
-                }
+                Some((sent, reply)) = replies.recv() => match reply {
+                    Ok(reply) if sent == latest => self.session.reply(reply),
+                    Ok(_) => {}
+                    // A bug in the store: nothing more can be asked of it.
+                    Err(panic) => return Err(panic),
+                },
                 changed = released.changed() => {
                     if changed.is_ok() {
                         self.session.machine.handle_wake(self.session.now());

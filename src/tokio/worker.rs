@@ -15,6 +15,7 @@ use crate::client::{ms_of, WorkOptions, WorkReport, STORE_THREADS};
 use crate::core::JobRecord;
 use crate::error::Result;
 use crate::store::Wake;
+use crate::sync::{caught, panic_text, Panic};
 use crate::time::LocalMs;
 use std::collections::HashMap;
 use std::future::Future;
@@ -38,7 +39,8 @@ impl Queue {
     /// its job cancelled. After `shutdown`: no more claims; running
     /// handlers have `opts.shutdown_grace` to finish, then their futures
     /// are dropped and their jobs given back (retried by another worker).
-    /// Returns once every handler task has ended.
+    /// Returns once every handler task has ended. A store call that panics
+    /// (a bug in a store) stops the loop, and its panic resumes here.
     pub async fn work<F, Fut>(
         &self,
         opts: &WorkOptions,
@@ -83,15 +85,18 @@ impl Queue {
             )),
         };
         let end = driver.run(opts, shutdown, &observe).await;
-        // Normally every handler has reported; after a store error some
-        // may run still: stop them and wait.
+        // Normally every handler has reported; after a store error (or a
+        // store call's panic) some may run still: stop them and wait.
         for job in driver.running.values() {
             job.stop();
         }
         while driver.tasks.join_next().await.is_some() {}
-        end
+        end.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 }
+
+/// The store's answer to a request, or the call's panic.
+type Answer = std::result::Result<WorkerReply, Panic>;
 
 struct Driver<'q, F> {
     queue: &'q Queue,
@@ -102,8 +107,8 @@ struct Driver<'q, F> {
     tasks: JoinSet<()>,
     done: (mpsc::UnboundedSender<Done>, mpsc::UnboundedReceiver<Done>),
     replies: (
-        mpsc::UnboundedSender<WorkerReply>,
-        mpsc::UnboundedReceiver<WorkerReply>,
+        mpsc::UnboundedSender<Answer>,
+        mpsc::UnboundedReceiver<Answer>,
     ),
     /// Store requests running at once: a request waits for a permit (the
     /// order among waiting requests is not kept; none depends on another's).
@@ -115,12 +120,14 @@ where
     F: Fn(ClaimedJob) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = std::result::Result<(), String>> + Send + 'static,
 {
+    /// Drive the machine until the loop ends, or until a store call
+    /// panics (`Err`: its panic).
     async fn run(
         &mut self,
         opts: &WorkOptions,
         shutdown: impl Future<Output = ()> + Send,
         observe: &(dyn Fn(&JobRecord, JobOutcome) + Send + Sync),
-    ) -> Result<WorkReport> {
+    ) -> std::result::Result<Result<WorkReport>, Panic> {
         let mut ready = self.queue.client.subscribe(Wake::JobReady);
         let mut shutdown = std::pin::pin!(shutdown);
         let mut stopping = false;
@@ -130,7 +137,7 @@ where
                 self.handler_done(now, claim, result);
             }
             while let Ok(reply) = self.replies.1.try_recv() {
-                self.session.reply(reply);
+                self.session.reply(reply?);
             }
             self.session.machine.handle_timeout(now);
             while let Some(next) = self.session.next(observe) {
@@ -144,7 +151,7 @@ where
                         drop(tokio::spawn(async move {
                             if let Ok(turn) = turns.acquire_owned().await {
                                 drop(tokio::task::spawn_blocking(move || {
-                                    let _ = replies.send(exec.run(request));
+                                    let _ = replies.send(caught(|| exec.run(request)));
                                     drop(turn);
                                 }));
                             }
@@ -156,7 +163,7 @@ where
                             job.stop();
                         }
                     }
-                    Next::End(end) => return end,
+                    Next::End(end) => return Ok(end),
                 }
             }
             let now = self.session.now();
@@ -171,7 +178,7 @@ where
                 Some((claim, result)) = self.done.1.recv() => {
                     self.handler_done(self.session.now(), claim, result);
                 }
-                Some(reply) = self.replies.1.recv() => self.session.reply(reply),
+                Some(reply) = self.replies.1.recv() => self.session.reply(reply?),
                 changed = ready.changed() => {
                     if changed.is_ok() {
                         self.session.machine.wake(self.session.now());
@@ -208,7 +215,7 @@ where
             let result = tokio::select! {
                 joined = &mut run => match joined {
                     Ok(result) => result,
-                    Err(e) if e.is_panic() => Err(format!("the handler panicked: {}", panic_text(e.into_panic()))),
+                    Err(e) if e.is_panic() => Err(format!("the handler panicked: {}", panic_text(&e.into_panic()))),
                     Err(_) => Err("the handler task was cancelled".to_owned()),
                 },
                 _ = stop.cancelled() => {
@@ -224,12 +231,4 @@ where
             let _ = done.send((claim, outcome));
         });
     }
-}
-
-fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_default()
 }

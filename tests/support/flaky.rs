@@ -58,3 +58,60 @@ pub fn lost_at_the_deadline<T>(r: &leasehold::Result<T>) -> bool {
         })
     )
 }
+
+/// A store whose transactions panic while `armed` (a bug in a store, or in
+/// something it calls): the drivers must not hang waiting for an answer
+/// that never comes.
+pub struct Panicky {
+    pub inner: MemStore,
+    pub armed: std::sync::atomic::AtomicBool,
+}
+
+impl Panicky {
+    pub fn new(inner: MemStore) -> Panicky {
+        Panicky {
+            inner,
+            armed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Store for Panicky {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        assert!(
+            !self.armed.load(Ordering::SeqCst),
+            "the store panicked (injected)"
+        );
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "panicky".into()
+    }
+}
+
+/// Run `f` on a thread of its own and say how it ended within `limit`:
+/// `Some(Ok)` returned, `Some(Err(message))` panicked, `None` still running
+/// (a hang: the thread is left behind).
+pub fn ends_within<R: Send + 'static>(
+    limit: std::time::Duration,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> Option<Result<R, String>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+            p.downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default()
+        });
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(limit).ok()
+}

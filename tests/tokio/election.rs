@@ -8,7 +8,7 @@ use leasehold::{ElectOptions, Holder, HolderId, JobSpec, LeaderEvent, ManualCloc
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn runtime() -> tokio::runtime::Runtime {
+pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -16,6 +16,7 @@ use dir::Dir;
 
 mod cases;
 mod election;
+mod panics;
 
 use leasehold::Store;
 use std::sync::Arc;

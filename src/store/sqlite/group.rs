@@ -22,7 +22,7 @@
 //! explore every interleaving of it.
 
 use crate::error::{Error, Result, StoreFailure};
-use crate::sync::{lock, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{caught, lock, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, Panic};
 use std::collections::BTreeMap;
 
 /// The connection actions group commit needs, in SQL terms.
@@ -120,8 +120,6 @@ pub struct GroupCommit<C, N> {
     #[cfg(loom)]
     canary: Canary,
 }
-
-type Panic = Box<dyn std::any::Any + Send>;
 
 fn closed() -> Error {
     Error::store("running a transaction", "the connection is closed")
@@ -389,7 +387,7 @@ fn run_member<C: GroupConn, N>(
             return (Err(e), None);
         }
     }
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| member(conn))) {
+    match caught(|| member(conn)) {
         Ok(ran) => (ran, None),
         Err(payload) => (
             Err(Error::store(

@@ -1,0 +1,66 @@
+//! A store call that panics (a bug in a store) ends the async drivers that
+//! made it, and the panic reaches whoever awaits them; before, the drivers
+//! waited forever for an answer that never came.
+
+use crate::election::runtime;
+use crate::flaky::{ends_within, Panicky};
+use leasehold::tokio::Client;
+use leasehold::{ElectOptions, JobSpec, LeaderEvent, MemStore, WorkOptions};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn client(store: &Arc<Panicky>) -> Client {
+    Client::new(leasehold::Client::builder_shared(store.clone()).build())
+}
+
+/// How `ended` should read: the store's panic, resumed.
+fn resumed_the_stores_panic<R: std::fmt::Debug>(ended: Option<Result<R, String>>) {
+    match ended {
+        Some(Err(message)) => assert!(message.contains("the store panicked"), "{message}"),
+        other => panic!("the driver should resume the store's panic, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_store_call_that_panics_ends_the_election() {
+    let store = Arc::new(Panicky::new(MemStore::new()));
+    let ended = ends_within(Duration::from_secs(10), move || {
+        runtime().block_on(async move {
+            let opts = ElectOptions::new(Duration::from_millis(300));
+            let mut election = client(&store).campaign("k", opts).unwrap();
+            loop {
+                match election.next_event().await {
+                    Some(LeaderEvent::Elected(_)) => break,
+                    Some(_) => continue,
+                    None => panic!("the election ended before it was elected"),
+                }
+            }
+            // The next renewal (about every 100 ms) panics.
+            store.arm();
+            election.join().await
+        })
+    });
+    resumed_the_stores_panic(ended);
+}
+
+#[test]
+fn a_store_call_that_panics_ends_the_work_loop() {
+    let store = Arc::new(Panicky::new(MemStore::new()));
+    let ended = ends_within(Duration::from_secs(10), move || {
+        runtime().block_on(async move {
+            let q = client(&store).queue("q").unwrap();
+            q.push(&JobSpec::new("x")).await.unwrap();
+            // Never shut down: only the panic can end it. The handler arms
+            // the store, so the settle of its outcome panics.
+            q.work(&WorkOptions::default(), std::future::pending(), move |_| {
+                let store = store.clone();
+                async move {
+                    store.arm();
+                    Ok(())
+                }
+            })
+            .await
+        })
+    });
+    resumed_the_stores_panic(ended);
+}
