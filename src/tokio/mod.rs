@@ -13,7 +13,9 @@
 //! ([`crate::Store::runs_inline`]: the mem store, one short lock): its
 //! calls run on the calling task, as the two thread hops would cost a
 //! hundred times the call (a lease pair 62 µs through the pool, 2.2 µs
-//! inline).
+//! inline). Not the calls whose cost grows with the queue
+//! ([`Queue::purge`], [`Queue::list`]): those go to the pool on every
+//! store.
 //!
 //! - **Waiting parks no thread per waiter.** A waiting acquire sleeps on a
 //!   tokio timer until the machine's next retry, or until the store

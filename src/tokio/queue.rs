@@ -38,6 +38,18 @@ impl Queue {
         super::on_store(self.client.inline(), move || f(&queue)).await
     }
 
+    /// Run `f`, a call whose cost grows with the queue (it may read or
+    /// delete every job), with the sync queue on the blocking pool, even
+    /// on a store whose calls run inline: a purge of a large mem queue
+    /// must not hold a runtime thread.
+    async fn call_long<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&crate::Queue) -> R + Send + 'static,
+    ) -> R {
+        let queue = self.sync.clone();
+        super::blocking(move || f(&queue)).await
+    }
+
     /// Enqueue a job.
     pub async fn push(&self, spec: &JobSpec) -> Result<EnqueueOutcome> {
         let spec = spec.clone();
@@ -132,7 +144,7 @@ impl Queue {
         after: JobId,
         limit: usize,
     ) -> Result<Vec<JobRecord>> {
-        self.call(move |q| q.list(state, after, limit)).await
+        self.call_long(move |q| q.list(state, after, limit)).await
     }
 
     /// One job by id.
@@ -152,6 +164,6 @@ impl Queue {
 
     /// Delete terminal jobs that finished at least `older_than` ago.
     pub async fn purge(&self, older_than: Duration) -> Result<u64> {
-        self.call(move |q| q.purge(older_than)).await
+        self.call_long(move |q| q.purge(older_than)).await
     }
 }

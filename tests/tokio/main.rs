@@ -271,3 +271,67 @@ fn a_loop_of_inline_calls_lets_other_tasks_run() {
         }
     });
 }
+
+/// A mem store's calls run inline, but not those whose cost grows with the
+/// queue (`purge`, `list`): they go to the blocking pool, so a purge of a
+/// large queue does not hold a runtime thread. (A store that runs inline
+/// and says on which thread each transaction ran.)
+#[test]
+fn calls_that_grow_with_the_queue_leave_the_runtime_thread() {
+    use leasehold::core::Txn;
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+    struct Where {
+        inner: leasehold::MemStore,
+        ran_on: Mutex<Vec<ThreadId>>,
+    }
+    impl Store for Where {
+        fn transact(
+            &self,
+            f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+        ) -> leasehold::Result<()> {
+            self.ran_on
+                .lock()
+                .unwrap()
+                .push(std::thread::current().id());
+            self.inner.transact(f)
+        }
+        fn runs_inline(&self) -> bool {
+            true
+        }
+        fn describe(&self) -> String {
+            "where".into()
+        }
+    }
+    let store = Arc::new(Where {
+        inner: leasehold::MemStore::new(),
+        ran_on: Mutex::new(Vec::new()),
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let here = std::thread::current().id();
+    // Whether each transaction `call` ran was on the runtime's thread.
+    let on_this_thread = |call: &str| {
+        let ran = std::mem::take(&mut *store.ran_on.lock().unwrap());
+        assert!(!ran.is_empty(), "{call} ran no transaction");
+        ran.iter().all(|t| *t == here)
+    };
+    rt.block_on(async {
+        let client =
+            leasehold::tokio::Client::new(leasehold::Client::builder_shared(store.clone()).build());
+        let queue = client.queue("q").unwrap();
+        let pushed = queue.push(&leasehold::JobSpec::new("x")).await.unwrap();
+        assert!(on_this_thread("push"));
+        queue.get(pushed.id).await.unwrap();
+        assert!(on_this_thread("get"));
+        queue.purge(std::time::Duration::ZERO).await.unwrap();
+        assert!(!on_this_thread("purge"));
+        queue
+            .list(Some(leasehold::JobState::Done), leasehold::JobId(0), 10)
+            .await
+            .unwrap();
+        assert!(!on_this_thread("list"));
+    });
+}
