@@ -366,23 +366,27 @@ fn a_store_call_that_panics_ends_the_election() {
     let (tx, rx) = mpsc::channel();
     let election = Client::builder_shared(store.clone())
         .build()
-        .campaign(
-            "k",
-            ElectOptions::new(Duration::from_millis(300)),
-            move |e| {
-                let _ = tx.send(e);
-            },
-        )
+        .campaign("k", ElectOptions::new(Duration::from_secs(3)), move |e| {
+            let _ = tx.send(e);
+        })
         .unwrap();
-    let elected = std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(5)).ok())
-        .any(|e| matches!(e, LeaderEvent::Elected(_)));
-    assert!(elected);
-    // The next renewal (about every 100 ms) panics.
+    let leader = std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(5)).ok())
+        .find_map(|e| match e {
+            LeaderEvent::Elected(leader) => Some(leader),
+            _ => None,
+        })
+        .expect("elected");
+    // The next renewal (about a second from now) panics.
     store.arm();
     match ends_within(Duration::from_secs(10), move || election.join()) {
         Some(Err(message)) => assert!(message.contains("the store panicked"), "{message}"),
         other => panic!("join should resume the store's panic, got {other:?}"),
     }
+    // The term ended with the election, well before its local deadline
+    // (about 3 s after the grant), and the application was told.
+    assert!(!leader.is_valid(), "the term outlived its election");
+    let told = rx.try_iter().any(|e| matches!(e, LeaderEvent::Deposed(_)));
+    assert!(told, "the application was not told its term ended");
 }
 
 /// Dropping an election whose `on_event` panicked resigns without

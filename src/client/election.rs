@@ -240,6 +240,19 @@ impl ElectionSession {
         }
     }
 
+    /// The election ends without its machine (a store call panicked):
+    /// the current term ends as lost, as at its local deadline (nothing
+    /// renews it any more; the store lets it lapse), and the key's mark is
+    /// taken back. The event to tell, if a term ended.
+    pub(crate) fn abandon(&mut self) -> Option<LeaderEvent> {
+        if let Some(token) = self.marked.take() {
+            self.exec.client.unmark_held(&self.exec.key, token);
+        }
+        let why = Deposed::Lost(LostReason::LocalDeadline);
+        self.current.take()?.end(why);
+        Some(LeaderEvent::Deposed(why))
+    }
+
     /// What the machine asks for next; `None` when nothing, for now.
     /// Once the machine holds no grant (its release answered, or the term
     /// ended without one), the key's mark is taken back: not at
@@ -347,7 +360,9 @@ impl Client {
     /// panics, the election resigns (a leader gives its term back), is
     /// told nothing more, and ends; [`Election::join`] or
     /// [`Election::resign`] resumes the panic. So does a store call that
-    /// panics (a bug in a store), though nothing is given back then.
+    /// panics (a bug in a store), though nothing is given back then: the
+    /// term ends at once, as lost (`Deposed(Lost(LocalDeadline))`, told to
+    /// `on_event`), and the store lets its grant lapse.
     ///
     /// ```
     /// use leasehold::{Client, ElectOptions, LeaderEvent, MemStore};
@@ -466,7 +481,16 @@ fn campaign(
             match delivery {
                 Delivery::Reply(Ok(reply)) => session.reply(reply),
                 // A bug in the store: nothing more can be asked of it.
-                Delivery::Reply(Err(panic)) => std::panic::resume_unwind(panic),
+                // The term ends here, and the application is told.
+                Delivery::Reply(Err(panic)) => {
+                    if let Some(event) = session.abandon() {
+                        *lock(&shared.leader) = None;
+                        if panicked.is_none() {
+                            let _ = caught(|| on_event(event));
+                        }
+                    }
+                    std::panic::resume_unwind(panic)
+                }
                 Delivery::Woke => session.machine.handle_wake(session.now()),
                 Delivery::Command => {}
             }
@@ -512,7 +536,8 @@ impl Election {
     }
 
     /// Whether the election is over (resigned, `once` and the term ended,
-    /// or a store error: [`Election::join`] returns it).
+    /// a store error, or a panic: [`Election::join`] returns or resumes
+    /// it).
     pub fn is_finished(&self) -> bool {
         self.shared.finished.load(Ordering::SeqCst)
     }
@@ -532,7 +557,9 @@ impl Election {
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
-    /// Wait for the election to end by itself (`once`, or a store error).
+    /// Wait for the election to end by itself (`once`, or a store error),
+    /// or by a panic of `on_event` or of a store call, which is resumed
+    /// here.
     pub fn join(mut self) -> Result<()> {
         self.join_thread()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

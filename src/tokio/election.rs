@@ -46,7 +46,9 @@ impl Client {
     /// through [`Election::next_event`], and a leader's
     /// [`Leader::cancellation`] is cancelled when its term ends. A store
     /// call that panics (a bug in a store) ends the task, and
-    /// [`Election::join`] or [`Election::resign`] resumes its panic.
+    /// [`Election::join`] or [`Election::resign`] resumes its panic; the
+    /// term ends at once, as lost (`Deposed(Lost(LocalDeadline))`), and the
+    /// store lets its grant lapse.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -162,7 +164,14 @@ impl Task {
                     Ok(reply) if sent == latest => self.session.reply(reply),
                     Ok(_) => {}
                     // A bug in the store: nothing more can be asked of it.
-                    Err(panic) => return Err(panic),
+                    // The term ends here, and the application is told.
+                    Err(panic) => {
+                        if let Some(event) = self.session.abandon() {
+                            *lock(&self.leader) = None;
+                            let _ = self.events.send(event);
+                        }
+                        return Err(panic);
+                    }
                 },
                 changed = released.changed() => {
                     if changed.is_ok() {
@@ -206,7 +215,8 @@ impl Election {
         self.join().await
     }
 
-    /// Wait for the election to end by itself (`once`, or a store error).
+    /// Wait for the election to end by itself (`once`, or a store error),
+    /// or by a store call's panic, which is resumed here.
     pub async fn join(&mut self) -> Result<()> {
         match self.task.take() {
             Some(task) => match task.await {

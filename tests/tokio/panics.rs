@@ -26,17 +26,23 @@ fn a_store_call_that_panics_ends_the_election() {
     let store = Arc::new(Panicky::new(MemStore::new()));
     let ended = ends_within(Duration::from_secs(10), move || {
         runtime().block_on(async move {
-            let opts = ElectOptions::new(Duration::from_millis(300));
+            let opts = ElectOptions::new(Duration::from_secs(3));
             let mut election = client(&store).campaign("k", opts).unwrap();
-            loop {
+            let leader = loop {
                 match election.next_event().await {
-                    Some(LeaderEvent::Elected(_)) => break,
+                    Some(LeaderEvent::Elected(leader)) => break leader,
                     Some(_) => continue,
                     None => panic!("the election ended before it was elected"),
                 }
-            }
-            // The next renewal (about every 100 ms) panics.
+            };
+            // The next renewal (about a second from now) panics. The term
+            // ends with the election, well before its local deadline (about
+            // 3 s after the grant), and the application is told.
             store.arm();
+            let told = election.next_event().await;
+            assert!(matches!(told, Some(LeaderEvent::Deposed(_))), "{told:?}");
+            assert!(leader.cancellation().is_cancelled());
+            assert!(!leader.is_valid(), "the term outlived its election");
             election.join().await
         })
     });
