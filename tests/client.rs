@@ -943,6 +943,38 @@ fn a_guard_lost_at_its_local_deadline_and_dropped_frees_the_key() {
     lost_at_the_local_deadline(drop);
 }
 
+/// A guard whose grant ran out in the store (it could not renew it) does
+/// not keep its own client from the key: the client's next acquire gets a
+/// new grant, with a larger token, while the old guard still exists; the
+/// old guard's end leaves the new one's mark alone. Before, the client
+/// refused itself the key (`Held`) until the old guard was dropped.
+#[test]
+fn a_guard_whose_grant_ran_out_does_not_keep_its_client_from_the_key() {
+    let clock = ManualClock::new(1_000_000);
+    let flaky = Arc::new(Flaky::new(MemStore::with_clock(Arc::new(clock.clone())), 0));
+    let client = Client::builder_shared(flaky.clone())
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let ttl = Duration::from_secs(3);
+    let old = client.try_acquire("k", ttl).unwrap();
+    // Past the store's TTL with the store out of reach: nothing renewed it.
+    clock.advance(3_100);
+    flaky.failing(true);
+    assert!(old.renew().is_err());
+    flaky.failing(false);
+    let new = client
+        .try_acquire("k", ttl)
+        .expect("the ran-out grant kept the key");
+    assert!(new.token() > old.token(), "token {}", new.token());
+    assert!(!new.renewed());
+    drop(old);
+    // The new guard's mark outlived the old guard's end.
+    let third = client.try_acquire("k", ttl);
+    assert!(matches!(third, Err(Error::Held { .. })), "{third:?}");
+    assert!(new.is_valid());
+    new.release().unwrap();
+}
+
 /// A store whose transactions, once armed, each take 200 ms and then fail
 /// transiently (a lock timeout on a busy database).
 struct SlowBusy {

@@ -390,19 +390,34 @@ impl Client {
     }
 
     /// One acquire transaction, or the refusal a second guard of this
-    /// client meets while one holds the key.
+    /// client meets while one holds the key. A mark whose grant the store
+    /// no longer holds gives way (its holder ended without a release that
+    /// reached the store, e.g. an election ended by a store's panic): the
+    /// acquire then gets a new grant, with a larger token.
     pub(crate) fn try_acquire_once(
         &self,
         key: &str,
         ttl_ms: u64,
         limit: u32,
     ) -> Result<core::Grant> {
-        if self.holds_any() && lock(&self.inner.held).contains_key(key) {
+        let marked = match self.holds_any() {
+            true => lock(&self.inner.held).get(key).copied(),
+            false => None,
+        };
+        if let Some(token) = marked {
             let info = self.inspect(key)?;
-            return Err(Error::Held {
-                key: key.to_owned(),
-                holders: info.holders,
-            });
+            let me = self.inner.holder.id;
+            if info
+                .holders
+                .iter()
+                .any(|h| h.holder.id == me && h.token == token)
+            {
+                return Err(Error::Held {
+                    key: key.to_owned(),
+                    holders: info.holders,
+                });
+            }
+            self.unmark_held(key, token);
         }
         let holder = &self.inner.holder;
         let first = Some(crate::FirstRead::Lease(key));
