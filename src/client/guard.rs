@@ -135,16 +135,13 @@ impl LeaseGuard {
     /// to the end. A lease lost only at its local deadline is still
     /// released in the store by its token, in one attempt (the store may
     /// count it live a little longer), so the key is free at once and this
-    /// client's next grant of it carries a new token.
+    /// client's next grant of it carries a new token. If that attempt goes
+    /// unanswered, this client's next acquire of the key is refused
+    /// ([`Error::Held`]) until the grant runs out in the store, rather
+    /// than handed the same grant (and token) again.
     pub fn release(mut self) -> Result<()> {
         self.released = true;
-        let released = self.release_inner();
-        if !matches!(released, Err(Error::Forked { .. })) {
-            // However it ended (released, lost before, already ended), this
-            // client no longer holds the key: its next acquire asks the store.
-            self.client.unmark_held(self.key(), self.token);
-        }
-        released
+        self.release_inner()
     }
 
     /// Stop managing the lease without releasing it: it stays held in the
@@ -171,17 +168,14 @@ impl LeaseGuard {
             // saw one) has returned when release does.
             self.life.join();
         }
-        if !ending.release {
-            // Refused by the store, or ended already: nothing to release,
-            // and the caller is told so.
-            return ending.usable;
-        }
         // Live, or lost only at the local deadline while the store may
         // still count it live: release it by token (lost, in one attempt),
-        // and tell the caller of the loss whatever the store answers. The
-        // callers (release, drop) unmark the key, however this ended.
+        // and tell the caller of the loss whatever the store answers.
+        // Refused by the store, or ended already: nothing to release, and
+        // the caller is told so. Either way the client's mark on the key
+        // goes, unless a release went unanswered.
         let lost = ending.usable.is_err();
-        let released = self.client.release_grant(self.key(), self.token, lost);
+        let released = (self.client).end_grant(self.key(), self.token, ending.release, lost);
         ending.usable.and(released)
     }
 }
@@ -191,7 +185,6 @@ impl Drop for LeaseGuard {
         // In a forked child, do nothing: the lease is the parent's.
         if !self.released && self.life.fork.is_origin_strict() {
             let _ = self.release_inner();
-            self.client.unmark_held(self.key(), self.token);
         }
     }
 }

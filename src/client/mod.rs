@@ -470,6 +470,25 @@ impl Client {
         self.release_grant(key, token, false)
     }
 
+    /// End this client's grant `token` of `key` (a guard's end): release
+    /// it by token if `release` (in one attempt if `once`), then take back
+    /// the client's mark on the key, unless the release went unanswered
+    /// (an error other than [`Error::Lost`]). Then the store may hold the
+    /// grant still, and until it lapses this client's next acquire of the
+    /// key must not be handed it again, its token for a new guard; once it
+    /// lapses the mark gives way ([`Client::try_acquire_once`]).
+    pub(crate) fn end_grant(&self, key: &str, token: u64, release: bool, once: bool) -> Result<()> {
+        let released = match release {
+            true => self.release_grant(key, token, once),
+            false => Ok(()),
+        };
+        let unanswered = matches!(&released, Err(e) if !matches!(e, Error::Lost { .. }));
+        if !unanswered {
+            self.unmark_held(key, token);
+        }
+        released
+    }
+
     /// [`Client::release`], retrying transient store errors up to the busy
     /// timeout, or trying `once` (a guard lost at its local deadline, most
     /// often because the store is out of reach, frees its grant if it can,

@@ -261,7 +261,8 @@ impl LeaseGuard {
     }
 
     /// Wait for the keep-alive, release the grant by token if `release`
-    /// says to, then take back this client's mark on the key: spawned on
+    /// says to, then take back this client's mark on the key unless the
+    /// release went unanswered (`Client::end_grant`): spawned on
     /// `rt`, so it runs to its end whoever waits for it. `usable`: the
     /// loss already known, reported whatever the release answers (a lost
     /// grant's release is tried once).
@@ -277,16 +278,17 @@ impl LeaseGuard {
             if let Some(task) = task {
                 let _ = task.await;
             }
-            let result = if release {
-                let k = key.clone();
+            // As the sync guard's end: the mark goes unless a release went
+            // unanswered (`Client::end_grant`).
+            let released = if release {
                 let lost = usable.is_err();
-                let released = client.call(move |c| c.release_grant(&k, token, lost)).await;
-                usable.and(released)
+                client
+                    .call(move |c| c.end_grant(&key, token, true, lost))
+                    .await
             } else {
-                usable
+                client.sync.end_grant(&key, token, false, false)
             };
-            client.sync.unmark_held(&key, token);
-            result
+            usable.and(released)
         })
     }
 }
@@ -307,11 +309,8 @@ impl Drop for LeaseGuard {
             // No runtime (dropped outside one): the task is gone with its
             // runtime already; release here.
             Err(_) => {
-                if live {
-                    let lost = ending.usable.is_err();
-                    let _ = self.client.sync.release_grant(&self.key, token, lost);
-                }
-                self.client.sync.unmark_held(&self.key, token);
+                let lost = ending.usable.is_err();
+                let _ = self.client.sync.end_grant(&self.key, token, live, lost);
             }
         }
     }
