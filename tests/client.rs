@@ -890,17 +890,23 @@ fn a_hand_claimed_jobs_progress_goes_with_its_heartbeat_and_is_fenced() {
     assert_eq!(q.get(id).unwrap().progress, None);
 }
 
+/// A client and its flaky mem store, both on one manual clock.
+fn on_a_manual_clock() -> (ManualClock, Arc<Flaky>, Client) {
+    let clock = ManualClock::new(1_000_000);
+    let flaky = Arc::new(Flaky::new(MemStore::with_clock(Arc::new(clock.clone())), 0));
+    let client = Client::builder_shared(flaky.clone())
+        .clock(Arc::new(clock.clone()))
+        .build();
+    (clock, flaky, client)
+}
+
 /// A guard lost at its local deadline (TTL minus the drift margin) while
 /// the store still counts its grant live: releasing it (by hand or by
 /// drop) frees the key in the store at once, so another holder need not
 /// wait out the TTL, and this client's next grant is a new one with a
 /// larger token (L2), not the lost grant extended under the same token.
 fn lost_at_the_local_deadline(release: impl FnOnce(leasehold::LeaseGuard)) -> (u64, Client) {
-    let clock = ManualClock::new(1_000_000);
-    let flaky = Arc::new(Flaky::new(MemStore::with_clock(Arc::new(clock.clone())), 0));
-    let client = Client::builder_shared(flaky.clone())
-        .clock(Arc::new(clock.clone()))
-        .build();
+    let (clock, flaky, client) = on_a_manual_clock();
     let guard = client.try_acquire("k", Duration::from_secs(3)).unwrap();
     let token = guard.token();
     // The store is out of reach past the local deadline (2,970 ms), but
@@ -950,11 +956,7 @@ fn a_guard_lost_at_its_local_deadline_and_dropped_frees_the_key() {
 /// guard); once the grant runs out there, the acquire gets a new token.
 #[test]
 fn an_unanswered_release_does_not_hand_the_same_grant_to_the_next_guard() {
-    let clock = ManualClock::new(1_000_000);
-    let flaky = Arc::new(Flaky::new(MemStore::with_clock(Arc::new(clock.clone())), 0));
-    let client = Client::builder_shared(flaky.clone())
-        .clock(Arc::new(clock.clone()))
-        .build();
+    let (clock, flaky, client) = on_a_manual_clock();
     let ttl = Duration::from_secs(3);
     let guard = client.try_acquire("k", ttl).unwrap();
     let token = guard.token();
@@ -985,11 +987,7 @@ fn an_unanswered_release_does_not_hand_the_same_grant_to_the_next_guard() {
 /// refused itself the key (`Held`) until the old guard was dropped.
 #[test]
 fn a_guard_whose_grant_ran_out_does_not_keep_its_client_from_the_key() {
-    let clock = ManualClock::new(1_000_000);
-    let flaky = Arc::new(Flaky::new(MemStore::with_clock(Arc::new(clock.clone())), 0));
-    let client = Client::builder_shared(flaky.clone())
-        .clock(Arc::new(clock.clone()))
-        .build();
+    let (clock, flaky, client) = on_a_manual_clock();
     let ttl = Duration::from_secs(3);
     let old = client.try_acquire("k", ttl).unwrap();
     // Past the store's TTL with the store out of reach: nothing renewed it.
