@@ -949,37 +949,6 @@ fn a_guard_lost_at_its_local_deadline_and_dropped_frees_the_key() {
     lost_at_the_local_deadline(drop);
 }
 
-/// A guard lost at its local deadline whose one-attempt release goes
-/// unanswered (the store is still out of reach): while the store may hold
-/// the grant, the same client's next acquire of the key is refused rather
-/// than handed the grant again (its token, `renewed()` true, for a new
-/// guard); once the grant runs out there, the acquire gets a new token.
-#[test]
-fn an_unanswered_release_does_not_hand_the_same_grant_to_the_next_guard() {
-    let (clock, flaky, client) = on_a_manual_clock();
-    let ttl = Duration::from_secs(3);
-    let guard = client.try_acquire("k", ttl).unwrap();
-    let token = guard.token();
-    // Past the local deadline (2,970 ms), not past the store's TTL (3,000).
-    clock.advance(2_980);
-    flaky.failing(true);
-    assert!(guard.renew().is_err());
-    let released = guard.release();
-    assert!(flaky::lost_at_the_deadline(&released), "{released:?}");
-    flaky.failing(false);
-    let again = client.try_acquire("k", ttl);
-    assert!(
-        matches!(again, Err(Error::Held { .. })),
-        "the grant went to the next guard: {:?}",
-        again.map(|g| (g.token(), g.renewed()))
-    );
-    clock.advance(100);
-    let again = client.try_acquire("k", ttl).unwrap();
-    assert!(again.token() > token, "token {}", again.token());
-    assert!(!again.renewed());
-    again.release().unwrap();
-}
-
 /// A guard whose grant ran out in the store (it could not renew it) does
 /// not keep its own client from the key: the client's next acquire gets a
 /// new grant, with a larger token, while the old guard still exists; the

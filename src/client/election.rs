@@ -242,12 +242,15 @@ impl ElectionSession {
 
     /// The election ends without its machine (a store call panicked):
     /// the current term ends as lost, as at its local deadline (nothing
-    /// renews it any more; the store lets it lapse). The key's mark stays:
-    /// while the store still holds the grant, an acquire of this client
-    /// would be handed it again, the ended term's token for a new holder;
-    /// once it lapses, the mark gives way ([`Client::try_acquire_once`]).
-    /// The event to tell, if a term ended.
+    /// renews it any more; the store lets it lapse), and the key's mark is
+    /// taken back, as at a term's end (an acquire of this client while the
+    /// store still holds the grant extends it, `renewed()` true, as for
+    /// any acquire by the grant's holder). The event to tell, if a term
+    /// ended.
     pub(crate) fn abandon(&mut self) -> Option<LeaderEvent> {
+        if let Some(token) = self.marked.take() {
+            self.exec.client.unmark_held(&self.exec.key, token);
+        }
         let why = Deposed::Lost(LostReason::LocalDeadline);
         self.current.take()?.end(why);
         Some(LeaderEvent::Deposed(why))

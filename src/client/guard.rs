@@ -135,10 +135,10 @@ impl LeaseGuard {
     /// to the end. A lease lost only at its local deadline is still
     /// released in the store by its token, in one attempt (the store may
     /// count it live a little longer), so the key is free at once and this
-    /// client's next grant of it carries a new token. If that attempt goes
-    /// unanswered, this client's next acquire of the key is refused
-    /// ([`Error::Held`]) until the grant runs out in the store, rather
-    /// than handed the same grant (and token) again.
+    /// client's next grant of it carries a new token. (If that attempt goes
+    /// unanswered and the store still holds the grant, this client's next
+    /// acquire of the key extends it, as for any acquire by the grant's
+    /// holder: the same token, [`LeaseGuard::renewed`] true.)
     pub fn release(mut self) -> Result<()> {
         self.released = true;
         self.release_inner()
@@ -173,7 +173,7 @@ impl LeaseGuard {
         // and tell the caller of the loss whatever the store answers.
         // Refused by the store, or ended already: nothing to release, and
         // the caller is told so. Either way the client's mark on the key
-        // goes, unless a release went unanswered.
+        // goes.
         let lost = ending.usable.is_err();
         let released = (self.client).end_grant(self.key(), self.token, ending.release, lost);
         ending.usable.and(released)

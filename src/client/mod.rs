@@ -391,9 +391,9 @@ impl Client {
 
     /// One acquire transaction, or the refusal a second guard of this
     /// client meets while one holds the key. A mark whose grant the store
-    /// no longer holds gives way (its holder ended without a release that
-    /// reached the store, e.g. an election ended by a store's panic): the
-    /// acquire then gets a new grant, with a larger token.
+    /// no longer holds gives way (the grant ran out there while its guard
+    /// lived on, past its local deadline): the acquire then gets a new
+    /// grant, with a larger token.
     pub(crate) fn try_acquire_once(
         &self,
         key: &str,
@@ -472,20 +472,16 @@ impl Client {
 
     /// End this client's grant `token` of `key` (a guard's end): release
     /// it by token if `release` (in one attempt if `once`), then take back
-    /// the client's mark on the key, unless the release went unanswered
-    /// (an error other than [`Error::Lost`]). Then the store may hold the
-    /// grant still, and until it lapses this client's next acquire of the
-    /// key must not be handed it again, its token for a new guard; once it
-    /// lapses the mark gives way ([`Client::try_acquire_once`]).
+    /// the client's mark on the key, however the release went: its next
+    /// acquire asks the store. (If the release went unanswered and the
+    /// store still holds the grant, that acquire extends it: the same
+    /// token, `renewed()` true, as for any acquire by the grant's holder.)
     pub(crate) fn end_grant(&self, key: &str, token: u64, release: bool, once: bool) -> Result<()> {
         let released = match release {
             true => self.release_grant(key, token, once),
             false => Ok(()),
         };
-        let unanswered = matches!(&released, Err(e) if !matches!(e, Error::Lost { .. }));
-        if !unanswered {
-            self.unmark_held(key, token);
-        }
+        self.unmark_held(key, token);
         released
     }
 

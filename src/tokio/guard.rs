@@ -261,8 +261,8 @@ impl LeaseGuard {
     }
 
     /// Wait for the keep-alive, release the grant by token if `release`
-    /// says to, then take back this client's mark on the key unless the
-    /// release went unanswered (`Client::end_grant`): spawned on
+    /// says to, then take back this client's mark on the key
+    /// (`Client::end_grant`): spawned on
     /// `rt`, so it runs to its end whoever waits for it. `usable`: the
     /// loss already known, reported whatever the release answers (a lost
     /// grant's release is tried once).
@@ -278,8 +278,7 @@ impl LeaseGuard {
             if let Some(task) = task {
                 let _ = task.await;
             }
-            // As the sync guard's end: the mark goes unless a release went
-            // unanswered (`Client::end_grant`).
+            // As the sync guard's end (`Client::end_grant`).
             let released = if release {
                 let lost = usable.is_err();
                 client

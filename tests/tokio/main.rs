@@ -209,51 +209,6 @@ fn a_guard_lost_at_its_local_deadline_is_released_by_token() {
     }
 }
 
-/// As the sync guard's: a lost guard whose one-attempt release goes
-/// unanswered keeps its client from being handed the same grant again
-/// while the store may hold it; once it runs out there, a new token.
-#[test]
-fn an_unanswered_release_does_not_hand_the_same_grant_to_the_next_guard() {
-    use leasehold::{Error, ManualClock, MemStore};
-    use std::time::Duration;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let flaky = Arc::new(flaky::Flaky::new(
-        MemStore::with_clock(Arc::new(clock.clone())),
-        0,
-    ));
-    let client = leasehold::tokio::Client::new(
-        leasehold::Client::builder_shared(flaky.clone())
-            .clock(Arc::new(clock.clone()))
-            .build(),
-    );
-    rt.block_on(async {
-        let ttl = Duration::from_secs(3);
-        let guard = client.try_acquire("k", ttl).await.unwrap();
-        let token = guard.token();
-        // Past the local deadline (2,970 ms), inside the store's TTL.
-        clock.advance(2_980);
-        flaky.failing(true);
-        assert!(guard.renew().await.is_err());
-        let released = guard.release().await;
-        assert!(flaky::lost_at_the_deadline(&released), "{released:?}");
-        flaky.failing(false);
-        let again = client.try_acquire("k", ttl).await;
-        assert!(
-            matches!(again, Err(Error::Held { .. })),
-            "the grant went to the next guard: {:?}",
-            again.map(|g| (g.token(), g.renewed()))
-        );
-        clock.advance(100);
-        let again = client.try_acquire("k", ttl).await.unwrap();
-        assert!(again.token() > token, "token {}", again.token());
-        again.release().await.unwrap();
-    });
-}
-
 /// The mem store's calls run on the calling task (`Store::runs_inline`):
 /// with the runtime's one blocking thread busy, a lease pair, a push, a
 /// claim and its completion still go through at once.
