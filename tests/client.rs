@@ -1083,3 +1083,95 @@ fn a_store_call_that_panics_ends_the_work_loop() {
         other => panic!("work should resume the store's panic, got {other:?}"),
     }
 }
+
+/// A loop ended by a store call's panic tells the handlers still running
+/// to stop: their handles turn invalid at once, not at their claims' local
+/// deadlines (the loop renews nothing any more).
+#[test]
+fn a_loop_ended_by_a_store_panic_tells_its_running_handlers_to_stop() {
+    let store = Arc::new(Panicky::new(MemStore::new()));
+    let q = Client::builder_shared(store.clone())
+        .build()
+        .queue("q")
+        .unwrap();
+    q.push(&JobSpec::new("quick")).unwrap();
+    q.push(&JobSpec::new("slow")).unwrap();
+    let slow_started = AtomicBool::new(false);
+    let told = Arc::new(AtomicBool::new(false));
+    let saw = told.clone();
+    let ended = ends_within(Duration::from_secs(10), move || {
+        let opts = WorkOptions {
+            concurrency: 2,
+            lease: Duration::from_secs(60),
+            ..WorkOptions::default()
+        };
+        q.work(&opts, &AtomicBool::new(false), |job| {
+            if job.payload() == b"slow" {
+                slow_started.store(true, Ordering::SeqCst);
+                let since = Instant::now();
+                while job.is_valid() && since.elapsed() < Duration::from_secs(60) {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                saw.store(!job.is_valid(), Ordering::SeqCst);
+            } else {
+                while !slow_started.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                // The settle of this outcome panics.
+                store.arm();
+            }
+            Ok(())
+        })
+    });
+    match ended {
+        Some(Err(message)) => assert!(message.contains("the store panicked"), "{message}"),
+        None => panic!("the running handler was never told to stop"),
+        other => panic!("work should resume the store's panic, got {other:?}"),
+    }
+    assert!(told.load(Ordering::SeqCst));
+}
+
+/// Once a store call's panic has ended the loop, the requests queued
+/// behind it (here a settle or an idle poll's claim, queued while the
+/// loop's one store thread is held in the call) are not sent: a claim sent
+/// then would take jobs nobody runs (held until their claims ran out, an
+/// attempt counted).
+#[test]
+fn a_loop_ended_by_a_store_panic_claims_nothing_more() {
+    let store = Arc::new(Panicky::new(MemStore::new()));
+    let client = Client::builder_shared(store.clone()).build();
+    let q = client.queue("q").unwrap();
+    q.push(&JobSpec::new("first")).unwrap();
+    let worker = q.clone();
+    let armer = store.clone();
+    let ended = std::thread::spawn(move || {
+        ends_within(Duration::from_secs(20), move || {
+            let opts = WorkOptions {
+                concurrency: 1,
+                idle_poll: Duration::from_millis(20),
+                ..WorkOptions::default()
+            };
+            worker.work(&opts, &AtomicBool::new(false), |_| {
+                // The loop's next store call (on its one store thread)
+                // waits at the gate, then panics.
+                armer.arm_once_gated();
+                Ok(())
+            })
+        })
+    });
+    store.wait_at_gate();
+    // A job to claim, while the loop's store thread is held at the gate:
+    // the loop's idle polls queue claims behind the held call.
+    let second = q.push(&JobSpec::new("second")).unwrap().id;
+    std::thread::sleep(Duration::from_millis(300));
+    store.open_gate();
+    match ended.join().unwrap() {
+        Some(Err(message)) => assert!(message.contains("the store panicked"), "{message}"),
+        other => panic!("work should resume the store's panic, got {other:?}"),
+    }
+    // (Read before this test's own reads, which count too.)
+    let sent_after = store.after_panic.load(Ordering::SeqCst);
+    assert_eq!(sent_after, 0, "store calls made after the loop ended");
+    let state = q.get(second).unwrap().state;
+    assert_eq!(state, JobState::Ready, "claimed after the loop ended");
+}

@@ -349,6 +349,15 @@ impl Session {
         None
     }
 
+    /// The loop has ended: every handle still out (its handler running,
+    /// or its job started and not run) turns invalid, so its handler stops
+    /// acting; nothing renews its claim any more.
+    pub fn stop_running(&self) {
+        for job in self.handles.values() {
+            job.life.finish();
+        }
+    }
+
     /// The key a settled claim's bookkeeping is removed under: its own
     /// (under the canary, the newest claim of the same job, as when the
     /// session was keyed by job).

@@ -12,6 +12,17 @@
 //! hand-off between these threads notifies only a thread that sleeps,
 //! after the lock is let go.
 //!
+//! The end: once a step ends the loop (the machine's end, or a panic of a
+//! step or a store call), nothing steps it again ([`Core::over`]), what
+//! the ending step sent and started is dropped, the requests still queued
+//! are dropped, not sent (a claim sent then would take jobs nobody runs;
+//! an outcome not yet committed is lost, and its job runs again once its
+//! claim runs out), and no queued job starts. (A request a store thread
+//! took just before the end was already on its way.)
+//! After a panic, every handle still out turns invalid, so a handler
+//! still running stops ([`Session::stop_running`]). `work` returns once
+//! every handler has returned.
+//!
 //! Measured with 8 no-op handlers on SQLite (BENCHMARKS.md): with one
 //! driver thread that every result went through, the loop made 1.2 thread
 //! switches and 1.9 futex calls per job; stepped where the news is, 0.08
@@ -209,6 +220,9 @@ struct Shared<'a, O> {
     stop: &'a AtomicBool,
     grace_ms: u64,
     observe: &'a O,
+    /// [`Core::over`], read without the lock: set by the step that ends
+    /// the loop, before that step's thread takes anything more.
+    ended: AtomicBool,
 }
 
 /// Most store threads: a claim, a renewal round, a settle batch and a
@@ -246,7 +260,14 @@ impl Queue {
     /// out; any other store error stops the loop and is returned.
     /// `work_with` returns once every handler call has returned; a panic
     /// of `observe`, or of a store call (a bug in a store), stops the loop
-    /// and is resumed on the calling thread.
+    /// and is resumed on the calling thread. A loop that has stopped sends
+    /// none of its queued requests to the store (an outcome not committed
+    /// yet is not recorded: its job runs again once its claim runs out,
+    /// and `observe` is not called for it) and starts no queued job. One stopped by
+    /// a panic also turns the handles of the handlers still running
+    /// invalid ([`ClaimedJob::is_valid`]); after a store error they stay
+    /// valid to their claims' local deadlines (nothing renews them), so a
+    /// job near its end may finish.
     pub fn work_with(
         &self,
         opts: &WorkOptions,
@@ -276,6 +297,7 @@ impl Queue {
             stop,
             grace_ms: ms_of(opts.shutdown_grace),
             observe: &observe,
+            ended: AtomicBool::new(false),
         };
         let quit = Arc::new(AtomicBool::new(false));
         let threads = opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY);
@@ -287,6 +309,9 @@ impl Queue {
             for _ in 0..store_threads.clamp(1, STORE_THREADS) {
                 s.spawn(|| {
                     while let Some(request) = shared.requests.pop() {
+                        if shared.ended.load(Ordering::SeqCst) {
+                            continue;
+                        }
                         // A store call that panicked ends the loop like a
                         // step that panicked: the driver resumes it.
                         let reply = caught(|| exec.run(request));
@@ -317,6 +342,10 @@ impl Queue {
                 Ok(()) => shared.drive(),
                 Err(e) => Ok(Err(e)),
             };
+            shared.ended.store(true, Ordering::SeqCst);
+            if ended.is_err() {
+                lock(&shared.hub.core).session.stop_running();
+            }
             quit.store(true, Ordering::SeqCst);
             shared.pool.close();
             shared.requests.close();
@@ -345,7 +374,7 @@ fn handler_thread<O: Fn(&JobRecord, JobOutcome) + Sync>(
     shared: &Shared<'_, O>,
     handler: &(impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync),
 ) {
-    let mut next = shared.pool.pop();
+    let mut next = shared.next_job();
     while let Some(job) = next {
         let outcome = run_handler(handler, &job);
         let claim = ClaimId::of(job.record());
@@ -354,11 +383,22 @@ fn handler_thread<O: Fn(&JobRecord, JobOutcome) + Sync>(
             .step(true, |session, now| {
                 session.machine.handler_done(now, claim, outcome)
             })
-            .or_else(|| shared.pool.pop());
+            .or_else(|| shared.next_job());
     }
 }
 
 impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
+    /// The next job from the pool, waiting for one; `None` once the pool
+    /// closes. A job queued when the loop ended is dropped, not run.
+    fn next_job(&self) -> Option<Arc<ClaimedJob>> {
+        while let Some(job) = self.pool.pop() {
+            if !self.ended.load(Ordering::SeqCst) {
+                return Some(job);
+            }
+        }
+        None
+    }
+
     /// Feed the machine `event` at the local now (read under the lock, so
     /// every thread's steps see time in order), after the stop flag and
     /// any wake-up, then do what it says: requests go to the store
@@ -377,7 +417,10 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
         if core.over {
             return None;
         }
-        let mut kept = None;
+        // What the step sends and starts, handed on only if it did not
+        // end the loop.
+        let mut sends = Vec::new();
+        let mut starts = Vec::new();
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let now = core.session.now();
             let machine = &mut core.session.machine;
@@ -394,11 +437,8 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
             core.session.machine.handle_timeout(now);
             while let Some(next) = core.session.next(self.observe) {
                 match next {
-                    Next::Send(request) => self.requests.push(request),
-                    Next::Start(job) if keep && kept.is_none() => {
-                        kept = Some(self.pool.swap(job));
-                    }
-                    Next::Start(job) => self.pool.push(job),
+                    Next::Send(request) => sends.push(request),
+                    Next::Start(job) => starts.push(job),
                     // The handler sees its handle turn invalid.
                     Next::Stop(..) => {}
                     Next::End(end) => return Some(end),
@@ -411,6 +451,21 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
             Err(panic) => core.panic = Some(panic),
         }
         core.over = core.end.is_some() || core.panic.is_some();
+        let mut kept = None;
+        if core.over {
+            self.ended.store(true, Ordering::SeqCst);
+        } else {
+            for request in sends {
+                self.requests.push(request);
+            }
+            for job in starts {
+                if keep && kept.is_none() {
+                    kept = Some(self.pool.swap(job));
+                } else {
+                    self.pool.push(job);
+                }
+            }
+        }
         let sooner = |until| {
             core.over
                 || core

@@ -40,7 +40,11 @@ impl Queue {
     /// handlers have `opts.shutdown_grace` to finish, then their futures
     /// are dropped and their jobs given back (retried by another worker).
     /// Returns once every handler task has ended. A store call that panics
-    /// (a bug in a store) stops the loop, and its panic resumes here.
+    /// (a bug in a store) stops the loop, and its panic resumes here. A
+    /// loop that stops (a panic, or a store error) stops its running
+    /// handlers, and sends no request still waiting for its turn (after a
+    /// store error, one that got its turn as the failing call ended may
+    /// still go).
     pub async fn work<F, Fut>(
         &self,
         opts: &WorkOptions,
@@ -86,7 +90,10 @@ impl Queue {
         };
         let end = driver.run(opts, shutdown, &observe).await;
         // Normally every handler has reported; after a store error (or a
-        // store call's panic) some may run still: stop them and wait.
+        // store call's panic) some may run still: stop them and wait. No
+        // request still waiting for its turn goes to the store.
+        driver.turns.close();
+        driver.session.stop_running();
         for job in driver.running.values() {
             job.stop();
         }
@@ -149,9 +156,18 @@ where
                         let replies = self.replies.0.clone();
                         let turns = self.turns.clone();
                         drop(tokio::spawn(async move {
-                            if let Ok(turn) = turns.acquire_owned().await {
+                            if let Ok(turn) = turns.clone().acquire_owned().await {
                                 drop(tokio::task::spawn_blocking(move || {
-                                    let _ = replies.send(caught(|| exec.run(request)));
+                                    if turns.is_closed() {
+                                        return;
+                                    }
+                                    let answer = caught(|| exec.run(request));
+                                    // A panic ends the loop: the requests
+                                    // waiting for this turn are not sent.
+                                    if answer.is_err() {
+                                        turns.close();
+                                    }
+                                    let _ = replies.send(answer);
                                     drop(turn);
                                 }));
                             }

@@ -65,6 +65,15 @@ pub fn lost_at_the_deadline<T>(r: &leasehold::Result<T>) -> bool {
 pub struct Panicky {
     pub inner: MemStore,
     pub armed: std::sync::atomic::AtomicBool,
+    /// [`Panicky::arm_once_gated`]: the next transaction waits for
+    /// [`Panicky::open_gate`], then panics; the ones after it work.
+    once: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    gate: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// Transactions begun after the one-shot panic.
+    pub after_panic: AtomicUsize,
+    panicked: std::sync::atomic::AtomicBool,
+    /// A transaction armed by `arm_once_gated` waits at the gate.
+    at_gate: std::sync::atomic::AtomicBool,
 }
 
 impl Panicky {
@@ -72,11 +81,41 @@ impl Panicky {
         Panicky {
             inner,
             armed: std::sync::atomic::AtomicBool::new(false),
+            once: std::sync::Mutex::new(None),
+            gate: std::sync::Mutex::new(None),
+            after_panic: AtomicUsize::new(0),
+            panicked: std::sync::atomic::AtomicBool::new(false),
+            at_gate: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     pub fn arm(&self) {
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// The next transaction waits until [`Panicky::open_gate`] and then
+    /// panics; later ones work (so whatever runs after it is seen).
+    pub fn arm_once_gated(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.gate.lock().unwrap() = Some(tx);
+        *self.once.lock().unwrap() = Some(rx);
+    }
+
+    /// Wait (up to 10 s, else panic) until a transaction armed by
+    /// [`Panicky::arm_once_gated`] waits at the gate.
+    pub fn wait_at_gate(&self) {
+        let since = std::time::Instant::now();
+        while !self.at_gate.load(Ordering::SeqCst) {
+            let waited = since.elapsed();
+            assert!(waited.as_secs() < 10, "nothing reached the gate");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    pub fn open_gate(&self) {
+        if let Some(tx) = self.gate.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
     }
 }
 
@@ -89,6 +128,17 @@ impl Store for Panicky {
             !self.armed.load(Ordering::SeqCst),
             "the store panicked (injected)"
         );
+        if self.panicked.load(Ordering::SeqCst) {
+            self.after_panic.fetch_add(1, Ordering::SeqCst);
+        }
+        let once = self.once.lock().unwrap().take();
+        if let Some(gate) = once {
+            self.at_gate.store(true, Ordering::SeqCst);
+            let _ = gate.recv();
+            self.at_gate.store(false, Ordering::SeqCst);
+            self.panicked.store(true, Ordering::SeqCst);
+            panic!("the store panicked once (injected)");
+        }
         self.inner.transact(f)
     }
     fn describe(&self) -> String {

@@ -5,7 +5,8 @@
 use crate::election::runtime;
 use crate::flaky::{ends_within, Panicky};
 use leasehold::tokio::Client;
-use leasehold::{ElectOptions, JobSpec, LeaderEvent, MemStore, WorkOptions};
+use leasehold::{ElectOptions, JobSpec, JobState, LeaderEvent, MemStore, WorkOptions};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,4 +70,48 @@ fn a_store_call_that_panics_ends_the_work_loop() {
         })
     });
     resumed_the_stores_panic(ended);
+}
+
+/// Once a store call's panic has ended the loop, the requests waiting for
+/// their turn behind it (a settle, or an idle poll's claim, queued while
+/// the call is held) are not sent: a claim sent then would take jobs
+/// nobody runs.
+#[test]
+fn a_loop_ended_by_a_store_panic_claims_nothing_more() {
+    let store = Arc::new(Panicky::new(MemStore::new()));
+    let q = client(&store).queue("q").unwrap();
+    let armer = store.clone();
+    let worker = q.clone();
+    let ended = std::thread::spawn(move || {
+        ends_within(Duration::from_secs(20), move || {
+            runtime().block_on(async move {
+                worker.push(&JobSpec::new("first")).await.unwrap();
+                let opts = WorkOptions {
+                    idle_poll: Duration::from_millis(20),
+                    ..WorkOptions::default()
+                };
+                worker
+                    .work(&opts, std::future::pending(), move |_| {
+                        // The loop's next store call waits at the gate,
+                        // then panics.
+                        armer.arm_once_gated();
+                        async { Ok(()) }
+                    })
+                    .await
+            })
+        })
+    });
+    store.wait_at_gate();
+    let second = runtime()
+        .block_on(q.push(&JobSpec::new("second")))
+        .unwrap()
+        .id;
+    std::thread::sleep(Duration::from_millis(300));
+    store.open_gate();
+    resumed_the_stores_panic(ended.join().unwrap());
+    // (Read before this test's own reads, which count too.)
+    let sent_after = store.after_panic.load(Ordering::SeqCst);
+    assert_eq!(sent_after, 0, "store calls made after the loop ended");
+    let state = runtime().block_on(q.get(second)).unwrap().state;
+    assert_eq!(state, JobState::Ready, "claimed after the loop ended");
 }
