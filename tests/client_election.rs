@@ -19,7 +19,7 @@ mod door;
 use door::{Door, Valve};
 #[path = "support/flaky.rs"]
 mod flaky;
-use flaky::{ends_within, Panicky};
+use flaky::{ends_within, Flaky, Panicky};
 
 fn named(store: &Arc<dyn Store>, n: u128) -> Client {
     let holder = Holder::with_label(HolderId(n), &format!("replica-{n}")).unwrap();
@@ -178,6 +178,36 @@ fn deposed_by_the_deadline_then_elected_again(advance_ms: u64) -> (Leader, Leade
         panic!("expected a new term")
     };
     (leader, again, election)
+}
+
+/// A resignation whose one release attempt went unanswered leaves the
+/// term's grant live in the store, and the same client's next campaign
+/// extends it (one holder id). That campaign used to lead under the
+/// resigned term's token: two terms, one token, which fencing cannot tell
+/// apart. It gives that grant back and leads under a new token.
+#[test]
+fn a_campaign_after_an_unanswered_resignation_leads_under_a_new_token() {
+    let store = Arc::new(Flaky::new(MemStore::new(), 0));
+    let client = Client::builder_shared(store.clone()).build();
+    let opts = ElectOptions::new(Duration::from_secs(30));
+    let first = client.campaign("k", opts, |_| {}).unwrap();
+    assert!(wait_for(Duration::from_secs(5), || first
+        .leader()
+        .is_some()));
+    let old = first.leader().unwrap().token();
+    store.failing(true);
+    let _ = first.resign();
+    store.failing(false);
+    let second = client.campaign("k", opts, |_| {}).unwrap();
+    assert!(wait_for(Duration::from_secs(5), || second
+        .leader()
+        .is_some()));
+    let new = second.leader().unwrap().token();
+    assert!(
+        new > old,
+        "the new term leads under the old term's token {old}"
+    );
+    second.resign().unwrap();
 }
 
 #[test]

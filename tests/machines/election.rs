@@ -68,6 +68,17 @@ fn held_by(token: u64) -> HolderReply {
 }
 
 /// Elected at `at` with `token` (the acquire sent at `at`).
+/// The store's answer to an acquire that extended a grant this holder
+/// already had (the same token, `renewed`).
+fn extended(token: u64) -> HolderReply {
+    HolderReply::Acquired(Ok(Grant {
+        token,
+        expires_at_ms: 0,
+        granted_at_ms: 0,
+        renewed: true,
+    }))
+}
+
 fn elected(once: bool, at: LocalMs, token: u64) -> ElectionMachine {
     let mut m = ElectionMachine::new(config(once), at);
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
@@ -317,13 +328,7 @@ fn a_campaign_that_extends_the_lost_terms_grant_gives_it_back() {
     let unreachable = Error::transient("testing", "the store is out of reach");
     m.handle_reply(LocalMs(1_298), HolderReply::Released(Err(unreachable)));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
-    let extended = HolderReply::Acquired(Ok(Grant {
-        token: 4,
-        expires_at_ms: 0,
-        granted_at_ms: 0,
-        renewed: true,
-    }));
-    m.handle_reply(LocalMs(1_300), extended);
+    m.handle_reply(LocalMs(1_300), extended(4));
     let a = actions(&mut m);
     assert_eq!(events(&a), Vec::<String>::new(), "not a new term");
     assert_eq!(sends(&a), [HolderRequest::Release { token: 4 }]);
@@ -334,16 +339,83 @@ fn a_campaign_that_extends_the_lost_terms_grant_gives_it_back() {
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     m.handle_reply(LocalMs(1_302), grant(5));
     assert_eq!(events(&actions(&mut m)), ["elected 5"]);
-    // A grant of this holder extended at a first campaign (a holder id
-    // shared with an earlier process) leads as before.
-    let mut fresh = ElectionMachine::new(config(false), LocalMs(0));
-    actions(&mut fresh);
-    let renewed = HolderReply::Acquired(Ok(Grant {
-        token: 7,
-        expires_at_ms: 0,
-        granted_at_ms: 0,
-        renewed: true,
-    }));
-    fresh.handle_reply(LocalMs(0), renewed);
-    assert_eq!(events(&actions(&mut fresh)), ["elected 7"]);
+}
+
+/// A grant extended by an election's first campaign: an earlier grant of
+/// the same holder id, whose release went unanswered (an earlier election
+/// of the same client, or a process restarted under a fixed `--holder`,
+/// maybe still running). Leading under its token would give two terms one
+/// token: it is given back, and the campaign goes on to a new token, even
+/// for an election of one term (`once`).
+#[test]
+fn a_first_campaign_that_extends_an_earlier_grant_gives_it_back() {
+    for once in [false, true] {
+        let mut fresh = ElectionMachine::new(config(once), LocalMs(0));
+        actions(&mut fresh);
+        fresh.handle_reply(LocalMs(0), extended(7));
+        let a = actions(&mut fresh);
+        assert_eq!(events(&a), Vec::<String>::new(), "not a new term");
+        assert_eq!(sends(&a), [HolderRequest::Release { token: 7 }]);
+        assert!(!fresh.is_leader(LocalMs(0)));
+        fresh.check(LocalMs(0)).unwrap();
+        fresh.handle_reply(LocalMs(1), HolderReply::Released(Ok(())));
+        assert_eq!(sends(&actions(&mut fresh)), [HolderRequest::Acquire]);
+        fresh.handle_reply(LocalMs(2), grant(8));
+        assert_eq!(events(&actions(&mut fresh)), ["elected 8"]);
+        assert!(fresh.is_leader(LocalMs(2)));
+    }
+}
+
+/// A step-down whose release went unanswered, then the next campaign's
+/// acquire extends the resigned term's grant: given back, as after a loss.
+#[test]
+fn a_campaign_that_extends_a_resigned_terms_grant_gives_it_back() {
+    let mut m = elected(false, LocalMs(0), 4);
+    m.step_down(LocalMs(10));
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 4 }]
+    );
+    let unreachable = Error::transient("testing", "the store is out of reach");
+    m.handle_reply(LocalMs(11), HolderReply::Released(Err(unreachable)));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.handle_reply(LocalMs(12), extended(4));
+    let a = actions(&mut m);
+    assert_eq!(events(&a), Vec::<String>::new(), "not a new term");
+    assert_eq!(sends(&a), [HolderRequest::Release { token: 4 }]);
+    m.check(LocalMs(12)).unwrap();
+    // Resigned meanwhile: the give-back's answer ends the election.
+    m.resign(LocalMs(13));
+    m.handle_reply(LocalMs(14), HolderReply::Released(Ok(())));
+    assert!(sends(&actions(&mut m)).is_empty());
+    assert!(m.is_done());
+}
+
+/// Whether a grant may still be live in the store (the driver keeps the
+/// key's mark until it may not): not while campaigning; while leading;
+/// while a release (a step-down's, or a give-back's) is unanswered; not
+/// once it is answered.
+#[test]
+fn a_grant_is_held_from_its_answer_until_its_release_is_answered() {
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
+    actions(&mut m);
+    assert!(!m.holds_grant(), "campaigning");
+    m.handle_reply(LocalMs(1), grant(3));
+    actions(&mut m);
+    assert!(m.holds_grant(), "leading");
+    m.step_down(LocalMs(2));
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 3 }]
+    );
+    assert!(m.holds_grant(), "the release is unanswered");
+    m.handle_reply(LocalMs(3), HolderReply::Released(Ok(())));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    assert!(!m.holds_grant(), "released, campaigning again");
+    m.handle_reply(LocalMs(4), extended(3));
+    actions(&mut m);
+    assert!(m.holds_grant(), "being given back");
+    m.handle_reply(LocalMs(5), HolderReply::Released(Ok(())));
+    actions(&mut m);
+    assert!(!m.holds_grant(), "given back");
 }

@@ -12,22 +12,31 @@
 //! the last leader reported, so each change of leader is reported once.
 //!
 //! # Transitions
-//! Campaigning: granted → Leading (`Elected` with the token); held by
+//! Campaigning: granted → Leading (`Elected` with the token); granted by
+//! extending a grant this holder already had (`renewed`) → given back,
+//! then Campaigning again (whatever `once` says: it was no term); held by
 //! another → the leader seen (`Leader`, when it changed); a permanent
 //! store error → Done (`Failed`). Leading: a refused renewal or the local
 //! deadline → `Deposed(Lost)` (past the deadline, the grant is released
 //! first: it may still be live in the store, and the next term must not
-//! extend it under the same token; if that release fails and a campaign's
-//! acquire extends the lost grant, it is given back and the campaign goes
-//! on), then Campaigning again (Done if `once`);
-//! `step_down` → `Deposed(Resigned)`, release, Campaigning again;
-//! `resign` → `Deposed(Resigned)`, release, Done.
+//! extend it under the same token), then Campaigning again (Done if
+//! `once`); `step_down` → `Deposed(Resigned)`, release, Campaigning
+//! again; `resign` → `Deposed(Resigned)`, release, Done.
 //!
 //! # Invariants
 //! [`ElectionMachine::is_leader`] holds only while Leading and before the
 //! term's local deadline, so two leaders never act at the same true time
 //! while clocks drift within the bound. `Elected` and `Deposed` alternate,
-//! once per term. A resignation releases the key, so the next campaigner
+//! once per term. Every term's token is new: a grant that extends one of
+//! this holder's earlier grants (a release that went unanswered, in this
+//! election or in an earlier one of the same holder id, in this process or
+//! another) carries that grant's token, so it never leads; fencing tells
+//! every two terms apart. The price, in two rare cases: a campaign whose
+//! acquire committed without an answer (ambiguous) finds its own grant
+//! again, `renewed`, and gives it back too (a rival may win meanwhile);
+//! and two live campaigners sharing one holder id (a misconfiguration:
+//! the lease cannot tell them apart) keep giving each other's grants back,
+//! taking turns under new tokens instead of leading together under one. A resignation releases the key, so the next campaigner
 //! takes over at once instead of after the TTL.
 
 use super::holder::{
@@ -113,9 +122,9 @@ pub struct ElectionMachine {
     /// A resignation's release is in flight: campaign again after it?
     releasing: Option<bool>,
     seen: Option<u64>,
-    /// The token of the last term that ended by a loss: a campaign's
-    /// grant that extends it is that term's grant again, not a new term.
-    lost_token: Option<u64>,
+    /// A campaign's grant that extended an earlier grant of this holder
+    /// is being given back; the campaign goes on once that is answered.
+    giving_back: bool,
     terms: u64,
     out: Outbox<ElectionAction>,
     #[cfg(feature = "canaries")]
@@ -131,7 +140,7 @@ impl ElectionMachine {
             leading: false,
             releasing: None,
             seen: None,
-            lost_token: None,
+            giving_back: false,
             terms: 0,
             out: Outbox::new(),
             #[cfg(feature = "canaries")]
@@ -184,8 +193,9 @@ impl ElectionMachine {
     }
 
     /// Whether a grant of this election may still be live in the store:
-    /// leading, or released but not yet answered (false once the release
-    /// is answered, or the term ended without one).
+    /// leading, or released (a term's end, or a grant being given back)
+    /// but not yet answered (false once the release is answered, or the
+    /// term ended without one).
     pub fn holds_grant(&self) -> bool {
         self.term.as_ref().is_some_and(|t| t.token().is_some())
     }
@@ -358,14 +368,14 @@ impl ElectionMachine {
                     term.release(now);
                 }
             }
-            HolderEvent::Granted {
-                token,
-                renewed: true,
-            } if self.lost_token == Some(token) => {
-                // The lost term's grant, extended (its release after the
-                // loss failed, and the store still counted it live): give
-                // it back by token and campaign on, so that the next term
-                // has a new token and fencing tells the two terms apart.
+            HolderEvent::Granted { renewed: true, .. } => {
+                // An earlier grant of this holder, extended: a term whose
+                // release went unanswered (lost, resigned, or an earlier
+                // election's or process's under the same holder id) that
+                // the store still counted live. Not a new term: give it
+                // back by token and campaign on, so that the next term
+                // has a new token and fencing tells the two apart.
+                self.giving_back = true;
                 if let Some(term) = &mut self.term {
                     term.release(now);
                 }
@@ -376,7 +386,6 @@ impl ElectionMachine {
                 self.event(ElectionEvent::Elected { token });
             }
             HolderEvent::Lost(reason) => {
-                self.lost_token = self.term.as_ref().and_then(HolderMachine::token);
                 if std::mem::take(&mut self.leading) {
                     self.event(ElectionEvent::Deposed(Deposed::Lost(reason)));
                 }
@@ -388,14 +397,19 @@ impl ElectionMachine {
                 }
             }
             HolderEvent::Released => {
-                let again = self.releasing.take().unwrap_or(!self.cfg.once);
+                let gave_back = std::mem::take(&mut self.giving_back);
+                let again = match self.releasing.take() {
+                    Some(again) => again && !self.cfg.once,
+                    None => gave_back || !self.cfg.once,
+                };
                 self.term = None;
-                if again && !self.cfg.once {
+                if again {
                     self.campaign(now);
                 }
             }
             HolderEvent::GaveUp(e) | HolderEvent::Failed(e) => {
                 self.leading = false;
+                self.giving_back = false;
                 self.term = None;
                 self.event(ElectionEvent::Failed(e));
             }
