@@ -1084,6 +1084,75 @@ fn a_store_call_that_panics_ends_the_work_loop() {
     }
 }
 
+/// A store that releases one grant (by holder and token, behind the
+/// client's back) just before its `at`-th transaction: a guard of the same
+/// client whose release commits between an acquire that extended its slot
+/// and that acquire's guard.
+struct ReleaseBefore {
+    inner: MemStore,
+    calls: AtomicUsize,
+    at: AtomicUsize,
+    grant: std::sync::Mutex<Option<(HolderId, u64)>>,
+}
+
+impl Store for ReleaseBefore {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.at.load(Ordering::SeqCst) {
+            if let Some((id, token)) = self.grant.lock().unwrap().take() {
+                self.inner
+                    .transact(&mut |tx| leasehold::core::lease::release(tx, "k", id, token))
+                    .unwrap();
+            }
+        }
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "release-before".into()
+    }
+}
+
+/// An acquire that extended a slot of its own holder, whose guard's
+/// release then committed: the slot is gone, so the grant is no guard's.
+/// Before, it became a guard of nothing (token 1, `renewed`) while the
+/// next acquire made a new grant: two guards of one client at once
+/// (tests/tokio `tasks_of_one_client_take_turns` on PostgreSQL, a quarter
+/// of runs). Now the acquire marks the key, finds the slot gone and
+/// acquires again: a new grant.
+#[test]
+fn an_acquire_whose_extended_slot_was_released_meanwhile_gets_a_new_grant() {
+    let store = Arc::new(ReleaseBefore {
+        inner: MemStore::new(),
+        calls: AtomicUsize::new(0),
+        at: AtomicUsize::new(usize::MAX),
+        grant: std::sync::Mutex::new(None),
+    });
+    let holder = Holder::new(HolderId(7));
+    let c = Client::builder_shared(store.clone())
+        .holder(holder.clone())
+        .build();
+    // Token 1, live in the store, no longer this client's guard's.
+    let (_, token) = c
+        .try_acquire("k", Duration::from_secs(30))
+        .unwrap()
+        .detach();
+    assert_eq!(token, 1);
+    // The next acquire extends it; the store releases it right after.
+    *store.grant.lock().unwrap() = Some((HolderId(7), 1));
+    let next = store.calls.load(Ordering::SeqCst) + 2;
+    store.at.store(next, Ordering::SeqCst);
+    let guard = c.try_acquire("k", Duration::from_secs(30)).unwrap();
+    assert_eq!(guard.token(), 2, "a guard of a released slot");
+    assert!(!guard.renewed());
+    let info = c.inspect("k").unwrap();
+    let tokens: Vec<u64> = info.holders.iter().map(|h| h.token).collect();
+    assert_eq!(tokens, [2]);
+    guard.release().unwrap();
+}
+
 /// A loop ended by a store call's panic tells the handlers still running
 /// to stop: their handles turn invalid at once, not at their claims' local
 /// deadlines (the loop renews nothing any more).

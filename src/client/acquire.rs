@@ -126,7 +126,7 @@ impl Client {
     }
 
     /// Record the held map's size (under its lock).
-    fn count_held(&self, len: usize) {
+    pub(super) fn count_held(&self, len: usize) {
         let len = u64::try_from(len).unwrap_or(u64::MAX);
         self.inner.held_count.store(len, Ordering::Release);
     }
@@ -169,6 +169,11 @@ pub(crate) fn mark_grant(
     let HolderReply::Acquired(Ok(grant)) = reply else {
         return (reply, None);
     };
+    if grant.renewed {
+        // Marked by the acquire itself (`Client::claim_extended`).
+        let token = grant.token;
+        return (HolderReply::Acquired(Ok(grant)), Some(token));
+    }
     if client.mark_held(key, grant.token) {
         let token = grant.token;
         return (HolderReply::Acquired(Ok(grant)), Some(token));

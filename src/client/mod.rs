@@ -389,11 +389,12 @@ impl Client {
         self.inner.fork.check()
     }
 
-    /// One acquire transaction, or the refusal a second guard of this
-    /// client meets while one holds the key. A mark whose grant the store
-    /// no longer holds gives way (the grant ran out there while its guard
-    /// lived on, past its local deadline): the acquire then gets a new
-    /// grant, with a larger token.
+    /// One acquire, or the refusal a second guard of this client meets
+    /// while one holds the key. A mark whose grant the store no longer
+    /// holds gives way (the grant ran out there while its guard lived on,
+    /// past its local deadline): the acquire then gets a new grant, with a
+    /// larger token. A grant that extended a slot of this holder is marked
+    /// here ([`Client::claim_extended`]).
     pub(crate) fn try_acquire_once(
         &self,
         key: &str,
@@ -421,9 +422,78 @@ impl Client {
         }
         let holder = &self.inner.holder;
         let first = Some(crate::FirstRead::Lease(key));
-        self.inner.store.txn_reading("acquire", first, |tx| {
-            core::lease::acquire(tx, key, holder, ttl_ms, limit)
-        })
+        // A slot found gone is released by now: the next try makes a
+        // new grant (or extends a slot another guard of this client got
+        // meanwhile, and is refused by its mark).
+        let mut tries = 0;
+        loop {
+            let grant = self.inner.store.txn_reading("acquire", first, |tx| {
+                core::lease::acquire(tx, key, holder, ttl_ms, limit)
+            })?;
+            if !grant.renewed {
+                return Ok(grant);
+            }
+            tries += 1;
+            match self.claim_extended(key, grant)? {
+                Some(grant) => return Ok(grant),
+                None if tries < 3 => continue,
+                None => {
+                    return Err(Error::transient(
+                        format!("acquiring {key:?}"),
+                        "the grant this acquire extended was released meanwhile",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// A grant that extended a slot this holder already had in the store:
+    /// held by another guard (or leader) of this client, which the key's
+    /// mark says (refused: `Held`, as a contender); or left by one that
+    /// ended with its release unanswered (the grant is live: kept,
+    /// `renewed`); or left by one whose release committed after this
+    /// acquire extended the slot (the slot is gone: `None`, try again).
+    /// The last two are told apart by the store, after the key is marked
+    /// for this grant: from then on no other guard of this client can hold
+    /// the key, so none releases the slot between the look and the guard.
+    /// Without this, the grant of a slot released meanwhile became a
+    /// guard of nothing while the next acquire made a new grant: two
+    /// guards of one client at once (tests/tokio, PostgreSQL).
+    fn claim_extended(&self, key: &str, grant: core::Grant) -> Result<Option<core::Grant>> {
+        let me = self.inner.holder.id;
+        let key: Arc<str> = Arc::from(key);
+        {
+            let mut held = lock(&self.inner.held);
+            if let Some(&token) = held.get(&key) {
+                drop(held);
+                return Err(Error::Held {
+                    key: key.to_string(),
+                    holders: vec![core::HolderInfo {
+                        holder: self.inner.holder.clone(),
+                        token,
+                        expires_at_ms: grant.expires_at_ms,
+                    }],
+                });
+            }
+            held.insert(key.clone(), grant.token);
+            self.count_held(held.len());
+        }
+        let live = self.inspect(&key).map(|info| {
+            info.holders
+                .iter()
+                .any(|h| h.holder.id == me && h.token == grant.token)
+        });
+        match live {
+            Ok(true) => Ok(Some(grant)),
+            Ok(false) => {
+                self.unmark_held(&key, grant.token);
+                Ok(None)
+            }
+            Err(e) => {
+                self.unmark_held(&key, grant.token);
+                Err(e)
+            }
+        }
     }
 
     /// The store's clock now, the time its rules run on: convert a
