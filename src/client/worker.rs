@@ -18,7 +18,8 @@
 //! are dropped, not sent (a claim sent then would take jobs nobody runs;
 //! an outcome not yet committed is lost, and its job runs again once its
 //! claim runs out), and no queued job starts. (A request a store thread
-//! took just before the end was already on its way.)
+//! took, or a job a handler thread took, just before the end was already
+//! on its way.)
 //! After a panic, every handle still out turns invalid, so a handler
 //! still running stops ([`Session::stop_running`]). `work` returns once
 //! every handler has returned.
@@ -194,6 +195,10 @@ struct Core {
     /// A panic of a step (`observe` is the user's code in it) or of a
     /// store call, on any thread, resumed by the driver.
     panic: Option<Panic>,
+    /// What a step sends and starts, handed on after it (kept between
+    /// steps, empty, so that a step allocates nothing for them).
+    sends: Vec<WorkerRequest>,
+    starts: Vec<Arc<ClaimedJob>>,
 }
 
 impl Core {
@@ -263,7 +268,8 @@ impl Queue {
     /// and is resumed on the calling thread. A loop that has stopped sends
     /// none of its queued requests to the store (an outcome not committed
     /// yet is not recorded: its job runs again once its claim runs out,
-    /// and `observe` is not called for it) and starts no queued job. One stopped by
+    /// and `observe` is not called for it) and starts no queued job (what
+    /// a thread took just before the end was already on its way). One stopped by
     /// a panic also turns the handles of the handlers still running
     /// invalid ([`ClaimedJob::is_valid`]); after a store error they stay
     /// valid to their claims' local deadlines (nothing renews them), so a
@@ -287,6 +293,8 @@ impl Queue {
                 over: false,
                 end: None,
                 panic: None,
+                sends: Vec::new(),
+                starts: Vec::new(),
             }),
             driver_cv: Condvar::new(),
         });
@@ -376,6 +384,10 @@ fn handler_thread<O: Fn(&JobRecord, JobOutcome) + Sync>(
 ) {
     let mut next = shared.next_job();
     while let Some(job) = next {
+        if shared.ended.load(Ordering::SeqCst) {
+            // Taken as the loop ended: not run.
+            break;
+        }
         let outcome = run_handler(handler, &job);
         let claim = ClaimId::of(job.record());
         drop(job);
@@ -419,8 +431,8 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
         }
         // What the step sends and starts, handed on only if it did not
         // end the loop.
-        let mut sends = Vec::new();
-        let mut starts = Vec::new();
+        let mut sends = std::mem::take(&mut core.sends);
+        let mut starts = std::mem::take(&mut core.starts);
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let now = core.session.now();
             let machine = &mut core.session.machine;
@@ -454,11 +466,13 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
         let mut kept = None;
         if core.over {
             self.ended.store(true, Ordering::SeqCst);
+            sends.clear();
+            starts.clear();
         } else {
-            for request in sends {
+            for request in sends.drain(..) {
                 self.requests.push(request);
             }
-            for job in starts {
+            for job in starts.drain(..) {
                 if keep && kept.is_none() {
                     kept = Some(self.pool.swap(job));
                 } else {
@@ -466,6 +480,7 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
                 }
             }
         }
+        (core.sends, core.starts) = (sends, starts);
         let sooner = |until| {
             core.over
                 || core

@@ -122,6 +122,14 @@ struct Driver<'q, F> {
     turns: Arc<Semaphore>,
 }
 
+/// A loop whose future is dropped (cancelled) sends no request still
+/// waiting for its turn either.
+impl<F> Drop for Driver<'_, F> {
+    fn drop(&mut self) {
+        self.turns.close();
+    }
+}
+
 impl<F, Fut> Driver<'_, F>
 where
     F: Fn(ClaimedJob) -> Fut + Send + Sync + 'static,

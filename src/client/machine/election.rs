@@ -6,10 +6,11 @@
 //! # State
 //! `Campaigning` (a holder machine acquiring without a time limit, with
 //! its jittered backoff, woken early by a release), `Leading` (its grant:
-//! the token and the lifetime), `Releasing` (resigned, stepped down, or
-//! deposed by the local deadline: the release in flight, then campaign
-//! again or stop), `Done`. Besides: the token of
-//! the last leader reported, so each change of leader is reported once.
+//! the token and the lifetime), `Releasing` (resigned, stepped down,
+//! deposed by the local deadline, or giving back a grant that was no
+//! term: the release in flight, then campaign again or stop), `Done`.
+//! Besides: the token of the last leader reported, so each change of
+//! leader is reported once.
 //!
 //! # Transitions
 //! Campaigning: granted → Leading (`Elected` with the token); granted by
@@ -36,8 +37,9 @@
 //! again, `renewed`, and gives it back too (a rival may win meanwhile);
 //! and two live campaigners sharing one holder id (a misconfiguration:
 //! the lease cannot tell them apart) keep giving each other's grants back,
-//! taking turns under new tokens instead of leading together under one. A resignation releases the key, so the next campaigner
-//! takes over at once instead of after the TTL.
+//! taking turns under new tokens instead of leading together under one.
+//! A resignation releases the key, so the next campaigner takes over at
+//! once instead of after the TTL.
 
 use super::holder::{
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,
@@ -234,6 +236,10 @@ impl ElectionMachine {
         super::ensure(!(self.leading && self.releasing.is_some()), || {
             "leading while resigning".to_owned()
         })?;
+        super::ensure(
+            !self.giving_back || (!self.leading && self.holds_grant()),
+            || "giving a grant back while leading, or with none".to_owned(),
+        )?;
         let valid = self.term.as_ref().is_some_and(|t| t.is_valid(now));
         super::ensure(self.leading || !valid, || {
             format!("a valid term at {now} while not leading")
