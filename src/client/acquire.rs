@@ -41,7 +41,7 @@ impl Client {
             while let Some(next) = acquiring.next() {
                 match next {
                     AcquireNext::Send => {
-                        let reply = acquiring.exec().run();
+                        let reply = acquiring.exec().run().take();
                         acquiring.reply(reply);
                     }
                     AcquireNext::Granted {
@@ -91,12 +91,14 @@ impl Client {
     }
 
     /// Record that a guard (or a leader) of this client holds `key` with
-    /// the grant `token`; `false` if one already holds that very grant.
-    /// Two acquires of one key through one client can both pass the check
-    /// before either grant, and the store extends the first grant for the
-    /// second (one holder, the same token): only the first to mark it may
-    /// build a guard. A grant with another token replaces the record (the
-    /// store made it, so the recorded one is no longer live).
+    /// the new grant `token`; `false` if one already holds that very
+    /// grant. Two acquires of one key through one client can both pass
+    /// the check before either grant, and the store extends the first
+    /// grant for the second (one holder, the same token): the second marks
+    /// it as it gets it ([`Client::claim_extended`]), the first here, and
+    /// only the first of the two to mark it may build a guard. A new grant
+    /// with another token replaces the record (the store made it, so the
+    /// recorded one is no longer live).
     /// The map shares the guard's key (no copy per grant).
     pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
         let mut held = lock(&self.inner.held);
@@ -144,23 +146,63 @@ pub(crate) struct AcquireExec {
 
 impl AcquireExec {
     /// The acquire transaction, and its answer.
-    pub(crate) fn run(&self) -> HolderReply {
+    pub(crate) fn run(&self) -> Answer {
         let reply = self
             .client
             .try_acquire_once(&self.key, self.ttl_ms, self.limit);
-        HolderReply::Acquired(reply)
+        Answer {
+            reply: Some(HolderReply::Acquired(reply)),
+            client: self.client.clone(),
+            key: self.key.clone(),
+        }
     }
 }
 
-/// An acquire's answer, its grant kept only if no other guard (or leader)
-/// of `client` holds that very grant ([`Client::mark_held`]). Two
-/// acquires of one key through one client can both pass the client's
-/// check before either grant; the store then extends the first grant for
-/// the second (one holder, the same token). The one that marks it second
-/// is told the key is held (by the other), and waits like any other
-/// contender. Also returns the token this acquire marked: the mark passes
-/// to the guard (or the term) the grant becomes, and the caller takes it
-/// back if the machine did not keep the grant.
+/// An acquire's answer on its way to the machine ([`Answer::take`]). A
+/// grant the acquire marked itself (one that extended a slot of this
+/// holder: [`Client::claim_extended`]) is unmarked if the answer is
+/// dropped unread: a tokio acquire cancelled while its store call ran
+/// would otherwise leave the key marked, and this client refused the key
+/// until that slot ran out in the store.
+pub(crate) struct Answer {
+    reply: Option<HolderReply>,
+    client: Client,
+    key: Arc<str>,
+}
+
+impl Answer {
+    /// The reply, for [`Acquiring::reply`].
+    pub(crate) fn take(mut self) -> HolderReply {
+        self.reply.take().unwrap_or_else(|| {
+            HolderReply::Acquired(Err(Error::store(
+                "acquiring",
+                "the answer was already taken",
+            )))
+        })
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(HolderReply::Acquired(Ok(grant))) = &self.reply {
+            if grant.renewed {
+                self.client.unmark_held(&self.key, grant.token);
+            }
+        }
+    }
+}
+
+/// An acquire's answer, a new grant kept only if no other guard (or
+/// leader) of `client` holds that very grant ([`Client::mark_held`]); a
+/// grant that extended one of this holder's was marked (or refused) by
+/// the acquire itself ([`Client::claim_extended`]). Two acquires of one
+/// key through one client can both pass the client's check before either
+/// grant; the store then extends the first grant for the second (one
+/// holder, the same token). The one that marks it second is told the key
+/// is held (by the other), and waits like any other contender. Also
+/// returns the token this acquire marked: the mark passes to the guard
+/// (or the term) the grant becomes, and the caller takes it back if the
+/// machine did not keep the grant.
 pub(crate) fn mark_grant(
     client: &Client,
     key: &Arc<str>,

@@ -36,8 +36,9 @@ impl std::fmt::Debug for LeaseGuard {
 impl LeaseGuard {
     /// A guard over a grant of `key` whose lifetime the acquiring machine
     /// started (the local deadline counts from the acquire's send time).
-    /// The acquire marked the key held ([`Acquiring::reply`]); the guard
-    /// unmarks it when it ends.
+    /// The acquire marked the key held ([`Acquiring::reply`], or, for a
+    /// grant that extended one of this holder's, the acquire's own store
+    /// call); the guard unmarks it when it ends.
     ///
     /// [`Acquiring::reply`]: super::acquire::Acquiring::reply
     pub(crate) fn new(

@@ -454,11 +454,14 @@ impl Client {
     /// `renewed`); or left by one whose release committed after this
     /// acquire extended the slot (the slot is gone: `None`, try again).
     /// The last two are told apart by the store, after the key is marked
-    /// for this grant: from then on no other guard of this client can hold
-    /// the key, so none releases the slot between the look and the guard.
-    /// Without this, the grant of a slot released meanwhile became a
-    /// guard of nothing while the next acquire made a new grant: two
-    /// guards of one client at once (tests/tokio, PostgreSQL).
+    /// for this grant: from then on no guard of this client that marks the
+    /// key can release the slot between the look and the guard. Without
+    /// this, the grant of a slot released meanwhile became a guard of
+    /// nothing while the next acquire made a new grant: two guards of one
+    /// client at once (tests/tokio, PostgreSQL). Left open: a sibling
+    /// acquire whose new grant this one extended marks it only when its
+    /// answer is handled, after this look; and a release by token from
+    /// outside the guards (`Client::release`, `leasehold lock release`).
     fn claim_extended(&self, key: &str, grant: core::Grant) -> Result<Option<core::Grant>> {
         let me = self.inner.holder.id;
         let key: Arc<str> = Arc::from(key);

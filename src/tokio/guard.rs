@@ -126,7 +126,9 @@ impl std::fmt::Debug for LeaseGuard {
 impl LeaseGuard {
     /// The guard of a grant the acquiring machine started `life` for, its
     /// keep-alive running. The acquire marked the key held
-    /// (`Acquiring::reply`); the guard unmarks it when it ends.
+    /// (`Acquiring::reply`, or, for a grant that extended one of this
+    /// holder's, the acquire's own store call); the guard unmarks it when
+    /// it ends.
     pub(crate) fn start(
         client: &Client,
         key: Arc<str>,

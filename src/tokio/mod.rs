@@ -195,8 +195,10 @@ impl Client {
                 match next {
                     AcquireNext::Send => {
                         let exec = acquiring.exec().clone();
-                        let reply = on_store(self.inline(), move || exec.run()).await;
-                        acquiring.reply(reply);
+                        // (Dropped unread, a cancelled acquire's answer
+                        // takes back a mark the acquire made.)
+                        let answer = on_store(self.inline(), move || exec.run()).await;
+                        acquiring.reply(answer.take());
                     }
                     AcquireNext::Granted {
                         token,

@@ -7,6 +7,8 @@
 
 #[path = "../support/dir.rs"]
 mod dir;
+#[path = "../support/door.rs"]
+mod door;
 #[path = "../support/flaky.rs"]
 mod flaky;
 #[path = "../support/pg.rs"]
@@ -14,6 +16,7 @@ mod pg;
 
 use dir::Dir;
 
+mod cancelled;
 mod cases;
 mod election;
 mod panics;
