@@ -128,7 +128,69 @@ impl Client {
     }
 
     /// Record the held map's size (under its lock).
-    pub(super) fn count_held(&self, len: usize) {
+    /// A grant that extended a slot this holder already had in the store:
+    /// held by another guard (or leader) of this client, which the key's
+    /// mark says (refused: `Held`, as a contender); or left by one that
+    /// ended with its release unanswered (the grant is live: kept,
+    /// `renewed`); or left by one whose release committed after this
+    /// acquire extended the slot (the slot is gone: `None`, try again).
+    /// The last two are told apart by the store, after the key is marked
+    /// for this grant: from then on no guard of this client that marks the
+    /// key can release the slot between the look and the guard. Without
+    /// this, the grant of a slot released meanwhile became a guard of
+    /// nothing while the next acquire made a new grant: two guards of one
+    /// client at once (tests/tokio, PostgreSQL). Left open: a sibling
+    /// acquire whose new grant this one extended marks it only when its
+    /// answer is handled, after this look; and a release by token from
+    /// outside the guards (`Client::release`, `leasehold lock release`).
+    pub(super) fn claim_extended(
+        &self,
+        key: &str,
+        grant: core::Grant,
+    ) -> Result<Option<core::Grant>> {
+        let me = self.inner.holder.id;
+        let key: Arc<str> = Arc::from(key);
+        {
+            let mut held = lock(&self.inner.held);
+            if let Some(&token) = held.get(&key) {
+                drop(held);
+                return Err(self.held_here(&key, token, grant.expires_at_ms));
+            }
+            held.insert(key.clone(), grant.token);
+            self.count_held(held.len());
+        }
+        let live = self.inspect(&key).map(|info| {
+            info.holders
+                .iter()
+                .any(|h| h.holder.id == me && h.token == grant.token)
+        });
+        match live {
+            Ok(true) => Ok(Some(grant)),
+            Ok(false) => {
+                self.unmark_held(&key, grant.token);
+                Ok(None)
+            }
+            Err(e) => {
+                self.unmark_held(&key, grant.token);
+                Err(e)
+            }
+        }
+    }
+
+    /// The refusal an acquire meets when a guard (or leader) of this
+    /// client holds `key` with grant `token`.
+    fn held_here(&self, key: &str, token: u64, expires_at_ms: u64) -> Error {
+        Error::Held {
+            key: key.to_owned(),
+            holders: vec![HolderInfo {
+                holder: self.holder().clone(),
+                token,
+                expires_at_ms,
+            }],
+        }
+    }
+
+    fn count_held(&self, len: usize) {
         let len = u64::try_from(len).unwrap_or(u64::MAX);
         self.inner.held_count.store(len, Ordering::Release);
     }
@@ -220,14 +282,7 @@ pub(crate) fn mark_grant(
         let token = grant.token;
         return (HolderReply::Acquired(Ok(grant)), Some(token));
     }
-    let held = Error::Held {
-        key: key.to_string(),
-        holders: vec![HolderInfo {
-            holder: client.holder().clone(),
-            token: grant.token,
-            expires_at_ms: grant.expires_at_ms,
-        }],
-    };
+    let held = client.held_here(key, grant.token, grant.expires_at_ms);
     (HolderReply::Acquired(Err(held)), None)
 }
 

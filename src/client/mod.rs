@@ -447,58 +447,6 @@ impl Client {
         }
     }
 
-    /// A grant that extended a slot this holder already had in the store:
-    /// held by another guard (or leader) of this client, which the key's
-    /// mark says (refused: `Held`, as a contender); or left by one that
-    /// ended with its release unanswered (the grant is live: kept,
-    /// `renewed`); or left by one whose release committed after this
-    /// acquire extended the slot (the slot is gone: `None`, try again).
-    /// The last two are told apart by the store, after the key is marked
-    /// for this grant: from then on no guard of this client that marks the
-    /// key can release the slot between the look and the guard. Without
-    /// this, the grant of a slot released meanwhile became a guard of
-    /// nothing while the next acquire made a new grant: two guards of one
-    /// client at once (tests/tokio, PostgreSQL). Left open: a sibling
-    /// acquire whose new grant this one extended marks it only when its
-    /// answer is handled, after this look; and a release by token from
-    /// outside the guards (`Client::release`, `leasehold lock release`).
-    fn claim_extended(&self, key: &str, grant: core::Grant) -> Result<Option<core::Grant>> {
-        let me = self.inner.holder.id;
-        let key: Arc<str> = Arc::from(key);
-        {
-            let mut held = lock(&self.inner.held);
-            if let Some(&token) = held.get(&key) {
-                drop(held);
-                return Err(Error::Held {
-                    key: key.to_string(),
-                    holders: vec![core::HolderInfo {
-                        holder: self.inner.holder.clone(),
-                        token,
-                        expires_at_ms: grant.expires_at_ms,
-                    }],
-                });
-            }
-            held.insert(key.clone(), grant.token);
-            self.count_held(held.len());
-        }
-        let live = self.inspect(&key).map(|info| {
-            info.holders
-                .iter()
-                .any(|h| h.holder.id == me && h.token == grant.token)
-        });
-        match live {
-            Ok(true) => Ok(Some(grant)),
-            Ok(false) => {
-                self.unmark_held(&key, grant.token);
-                Ok(None)
-            }
-            Err(e) => {
-                self.unmark_held(&key, grant.token);
-                Err(e)
-            }
-        }
-    }
-
     /// The store's clock now, the time its rules run on: convert a
     /// record's instants to wall-clock time from their distance to it.
     pub fn store_now(&self) -> Result<StoreMs> {
