@@ -86,8 +86,8 @@ pub mod tokio;
 
 pub use client::{
     fit_reason, random_holder_id, ClaimedJob, Client, ClientBuilder, Deposed, ElectOptions,
-    Election, JobOutcome, Leader, LeaderEvent, LeaseGuard, LeaseOptions, Queue, WorkOptions,
-    WorkReport,
+    Election, JobOutcome, Leader, LeaderEvent, LeaseGuard, LeaseOptions, Queue, Stop, StopSignal,
+    WorkOptions, WorkReport,
 };
 pub use clock::{BootClock, Clock, ManualClock, MonotonicClock, SystemClock};
 pub use core::{

@@ -15,13 +15,13 @@ use crate::run::{install_signal_handlers, poke_signal_pipe, sleep_until_signal, 
 use crate::{CliResult, Fail};
 use clap::Args;
 use leasehold::core::job::Progress;
-use leasehold::{ClaimedJob, Client, JobOutcome, JobRecord, JobState, WorkOptions};
+use leasehold::{ClaimedJob, Client, JobOutcome, JobRecord, JobState, StopSignal, WorkOptions};
 use serde_json::json;
 use std::io::{IsTerminal, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -61,7 +61,7 @@ pub struct WorkArgs {
 }
 
 /// Set once SIGTERM or SIGINT arrived: claim nothing more.
-static STOPPING: AtomicBool = AtomicBool::new(false);
+static STOPPING: LazyLock<StopSignal> = LazyLock::new(StopSignal::new);
 
 /// Where a job command's stdout goes: our stderr.
 fn child_stdout() -> Stdio {
@@ -233,7 +233,7 @@ fn handle(job: &ClaimedJob, args: &WorkArgs) -> Result<(), String> {
             child.stop_and_wait(libc::SIGTERM, args.grace);
             return Err("cancelled while running".to_owned());
         }
-        if !forwarded && STOPPING.load(Ordering::SeqCst) {
+        if !forwarded && STOPPING.is_set() {
             // Shutting down: the whole tree gets the signal, SIGKILL after
             // the grace period; its status decides the job.
             forwarded = true;
@@ -371,14 +371,14 @@ pub fn work(client: Client, args: WorkArgs) -> CliResult {
             // Asleep on the signal pipe while nothing happens (no timer).
             while !watcher_done.load(Ordering::SeqCst) {
                 if SIGNAL.load(Ordering::SeqCst) != 0 {
-                    STOPPING.store(true, Ordering::SeqCst);
+                    STOPPING.set();
                 }
                 sleep_until_signal(Duration::from_secs(60));
             }
         });
         let report = queue.work_with(
             &opts,
-            &STOPPING,
+            &*STOPPING,
             |job| handle(job, &args),
             |job, outcome| tally.record(job, outcome),
         );

@@ -314,7 +314,7 @@ fn run_loop(
     opts: WorkOptions,
     handler: impl Fn(&ClaimedJob) -> Result<(), String> + Send + Sync + 'static,
 ) -> PyResult<Py<PyAny>> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(leasehold::StopSignal::new());
     let (q, stop2) = (queue.clone(), stop.clone());
     let (tx, rx) = std::sync::mpsc::channel();
     let worker = std::thread::Builder::new()
@@ -341,7 +341,7 @@ fn run_loop(
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 if interrupted.is_none() {
                     if let Err(e) = py.check_signals() {
-                        stop.store(true, Ordering::SeqCst);
+                        stop.set();
                         interrupted = Some(e);
                     }
                 }

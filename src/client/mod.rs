@@ -28,6 +28,7 @@ pub(crate) mod lifeline;
 pub mod machine;
 mod queue;
 pub(crate) mod session;
+mod stop;
 mod worker;
 
 /// The worker session as the simulator drives it (cargo feature
@@ -44,6 +45,7 @@ pub use job::ClaimedJob;
 pub use machine::Deposed;
 pub use machine::JobOutcome;
 pub use queue::Queue;
+pub use stop::{Stop, StopSignal};
 #[cfg(all(feature = "tokio", not(loom)))]
 pub(crate) use worker::STORE_THREADS;
 pub use worker::{fit_reason, WorkOptions, WorkReport};

@@ -3,7 +3,8 @@
 //! thread its handler's result (and it takes the next job the machine
 //! starts, so a fast job costs no thread switch), a store thread the
 //! answer to a request, the calling thread (the driver) a due timer, the
-//! stop flag or a wake-up. Store threads run the machine's transactions
+//! stop flag or a wake-up (a [`Stop`] that can wake the driver does so
+//! when set; a plain flag is looked at every 200 ms while idle). Store threads run the machine's transactions
 //! (a claim, a renewal round, a settle batch and a drain check may be in
 //! flight at once: the machine allows one of each; as many threads as the
 //! store gains from, one on SQLite); `concurrency` handler threads run
@@ -35,6 +36,9 @@ use super::machine::{ClaimId, HandlerOutcome, JobOutcome, WorkerRequest};
 use super::ms_of;
 use super::queue::Queue;
 use super::session::{Next, Session};
+use super::stop::Stop;
+#[cfg(doc)]
+use super::stop::StopSignal;
 use crate::core::{self, JobRecord};
 use crate::error::Result;
 use crate::store::Wake;
@@ -185,6 +189,9 @@ struct Core {
     /// The store announced a job made ready (the waker thread sets this:
     /// it outlives the loop's borrows, so it cannot step).
     woke: bool,
+    /// The stop flag woke the driver (its waker sets this): it steps to
+    /// look at the flag.
+    nudged: bool,
     /// When the sleeping driver wakes by itself (`None`: it is awake). A
     /// step that arms an earlier timer or ends the loop wakes it.
     driver_until: Option<LocalMs>,
@@ -215,6 +222,44 @@ struct Hub {
     driver_cv: Condvar,
 }
 
+impl Hub {
+    /// Wake the driver if it sleeps, after `news` marks why.
+    fn rouse(&self, news: impl FnOnce(&mut Core)) {
+        let mut core = lock(&self.core);
+        news(&mut core);
+        let rouse = core.rouse();
+        drop(core);
+        if rouse {
+            self.driver_cv.notify_one();
+        }
+    }
+}
+
+/// The driver's waker for a [`Stop`] that can wake it.
+struct StopWake(Arc<Hub>);
+
+impl std::task::Wake for StopWake {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.0.rouse(|core| core.nudged = true);
+    }
+}
+
+/// Takes the loop's waker off its stop flag when the loop ends, however
+/// it ends.
+struct Watch<'a> {
+    stop: &'a dyn Stop,
+    waker: std::task::Waker,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.stop.unwatch(&self.waker);
+    }
+}
+
 /// What the driver, the handler threads and the store threads share.
 struct Shared<'a, O> {
     hub: Arc<Hub>,
@@ -222,7 +267,9 @@ struct Shared<'a, O> {
     pool: Channel<Arc<ClaimedJob>>,
     /// Requests waiting for a store thread.
     requests: Channel<WorkerRequest>,
-    stop: &'a AtomicBool,
+    stop: &'a dyn Stop,
+    /// The stop flag wakes the driver when set: no need to look at it.
+    stop_wakes: bool,
     grace_ms: u64,
     observe: &'a O,
     /// [`Core::over`], read without the lock: set by the step that ends
@@ -237,13 +284,21 @@ struct Shared<'a, O> {
 /// wait their turn in order (the tokio loop's limit too).
 pub(crate) const STORE_THREADS: usize = 3;
 
-/// How often an idle driver looks at the stop flag (it is a plain flag:
-/// nothing wakes the driver when it is set).
+/// How often an idle driver looks at a stop flag that cannot wake it (a
+/// plain [`AtomicBool`]).
 const STOP_POLL_MS: u64 = 200;
+
+/// The longest the driver sleeps when nothing (no timer of the machine,
+/// no stop flag to look at) wakes it sooner: a backstop, not a rule.
+const IDLE_NAP_MS: u64 = 60_000;
 
 impl Queue {
     /// Claim and run jobs until `stop` is set (or, with `drain`, until the
-    /// queue is drained), `opts.concurrency` at a time. The handler's `Ok`
+    /// queue is drained), `opts.concurrency` at a time. A [`StopSignal`]
+    /// (or any [`Stop`] that can wake the loop) is acted on the moment it
+    /// is set, and an idle loop sleeps until its next claim or the signal;
+    /// a plain [`AtomicBool`] is looked at every 200 ms while the loop is
+    /// idle. The handler's `Ok`
     /// completes a job, `Err(reason)` fails it (a reason longer than the
     /// store takes is cut: [`fit_reason`]); a panicking handler fails its
     /// job. Claims come in batches, outcomes are committed in batches, and
@@ -253,7 +308,7 @@ impl Queue {
     pub fn work(
         &self,
         opts: &WorkOptions,
-        stop: &AtomicBool,
+        stop: &dyn Stop,
         handler: impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync,
     ) -> Result<WorkReport> {
         self.work_with(opts, stop, handler, |_, _| {})
@@ -277,7 +332,7 @@ impl Queue {
     pub fn work_with(
         &self,
         opts: &WorkOptions,
-        stop: &AtomicBool,
+        stop: &dyn Stop,
         handler: impl Fn(&ClaimedJob) -> std::result::Result<(), String> + Sync,
         observe: impl Fn(&JobRecord, JobOutcome) + Sync,
     ) -> Result<WorkReport> {
@@ -289,6 +344,7 @@ impl Queue {
                 session,
                 stopping: false,
                 woke: false,
+                nudged: false,
                 driver_until: None,
                 over: false,
                 end: None,
@@ -298,11 +354,17 @@ impl Queue {
             }),
             driver_cv: Condvar::new(),
         });
+        let watch = Watch {
+            stop,
+            waker: std::sync::Arc::new(StopWake(hub.clone())).into(),
+        };
+        let stop_wakes = stop.watch(&watch.waker);
         let shared = Shared {
             hub: hub.clone(),
             pool: Channel::new(),
             requests: Channel::new(),
             stop,
+            stop_wakes,
             grace_ms: ms_of(opts.shutdown_grace),
             observe: &observe,
             ended: AtomicBool::new(false),
@@ -336,15 +398,7 @@ impl Queue {
                 self.client.store().clone(),
                 Wake::JobReady,
                 quit.clone(),
-                move || {
-                    let mut core = lock(&hub.core);
-                    core.woke = true;
-                    let rouse = core.rouse();
-                    drop(core);
-                    if rouse {
-                        hub.driver_cv.notify_one();
-                    }
-                },
+                move || hub.rouse(|core| core.woke = true),
             );
             let ended = match woken {
                 Ok(()) => shared.drive(),
@@ -438,7 +492,7 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
             let machine = &mut core.session.machine;
             // The stop flag first: a handler that finished because of the
             // same shutdown must not free a slot for a queued job.
-            if !core.stopping && self.stop.load(Ordering::SeqCst) {
+            if !core.stopping && self.stop.is_set() {
                 core.stopping = true;
                 machine.shutdown(now, now.saturating_add(self.grace_ms));
             }
@@ -511,12 +565,17 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
             if let Some(end) = core.end.take() {
                 return Ok(end);
             }
-            if core.woke {
+            if core.woke || std::mem::take(&mut core.nudged) {
                 continue;
             }
             let now = core.session.now();
             let until = core.session.machine.poll_timeout().unwrap_or(LocalMs::MAX);
-            let ms = until.saturating_sub(now).clamp(0, STOP_POLL_MS);
+            let most = if self.stop_wakes {
+                IDLE_NAP_MS
+            } else {
+                STOP_POLL_MS
+            };
+            let ms = until.saturating_sub(now).min(most);
             if ms == 0 {
                 continue;
             }
