@@ -970,7 +970,7 @@ fn an_idle_queue_work_exits_at_once_on_sigterm() {
     d.json(&["queue", "push", "warm"]);
     let mut quick = 0;
     let mut took = Vec::new();
-    for round in 0..5u64 {
+    for round in 0..7u64 {
         let mut worker = d
             .cmd()
             .args(["queue", "work", "idle", "--", "true"])
@@ -991,9 +991,10 @@ fn an_idle_queue_work_exits_at_once_on_sigterm() {
         took.push(ms);
         quick += usize::from(ms < 50);
     }
-    // One slow exit is allowed for a loaded machine; a loop that looks at
-    // its flag every 200 ms makes three in four slow.
-    assert!(quick >= 4, "SIGTERM to exit, ms: {took:?}");
+    // Two slow exits are allowed for a loaded machine; a loop that looks
+    // at its flag every 200 ms makes three in four slow (it passes this
+    // about once in 75 runs).
+    assert!(quick >= 5, "SIGTERM to exit, ms: {took:?}");
 }
 
 #[test]

@@ -29,11 +29,17 @@ use std::task::Waker;
 
 /// What tells a sync worker loop ([`Queue::work`](super::Queue::work)) to
 /// stop. A plain [`AtomicBool`] is looked at every 200 ms while the loop
-/// is idle; a [`StopSignal`] wakes the loop when it is set, so an idle
-/// loop on one wakes only for its own work (measured in BENCHMARKS.md:
-/// the idle cost). Implement it for your own shutdown source: `is_set`
-/// must stay true once it turned true, and a `watch` that returns true
-/// promises to wake `waker` once `is_set` turns true.
+/// is idle; a [`StopSignal`] wakes the loop when it is set, so the loop
+/// acts on it at once and an idle loop wakes only for its own work.
+///
+/// Implement it for your own shutdown source:
+/// - `is_set` must stay true once it turned true, and be cheap: the loop
+///   calls it at every step, holding its own lock;
+/// - a `watch` that returns true promises to wake `waker` once `is_set`
+///   turns true, from any thread (a wake from inside `is_set`, or from the
+///   loop's `observe`, is allowed);
+/// - `unwatch` forgets the waker that `watch` was given (the same
+///   [`Waker::data`]).
 pub trait Stop: Sync {
     /// Whether the loop should stop (begin its shutdown).
     fn is_set(&self) -> bool;
@@ -158,6 +164,8 @@ impl Stop for StopSignal {
     }
 
     fn unwatch(&self, waker: &Waker) {
-        lock(&self.watchers).retain(|w| !w.will_wake(waker));
+        // Each loop's waker has its own data pointer (`will_wake` may
+        // also say false for a clone of the same waker).
+        lock(&self.watchers).retain(|w| !std::ptr::eq(w.data(), waker.data()));
     }
 }

@@ -4,10 +4,11 @@
 //! starts, so a fast job costs no thread switch), a store thread the
 //! answer to a request, the calling thread (the driver) a due timer, the
 //! stop flag or a wake-up (a [`Stop`] that can wake the driver does so
-//! when set; a plain flag is looked at every 200 ms while idle). Store threads run the machine's transactions
-//! (a claim, a renewal round, a settle batch and a drain check may be in
-//! flight at once: the machine allows one of each; as many threads as the
-//! store gains from, one on SQLite); `concurrency` handler threads run
+//! when set, even from `observe`; a plain flag is looked at every 200 ms
+//! while idle). Store threads run the machine's transactions (a claim, a
+//! renewal round, a settle batch and a drain check may be in flight at
+//! once: the machine allows one of each; as many threads as the store
+//! gains from, one on SQLite); `concurrency` handler threads run
 //! the handler; a waker thread turns the store's "job ready" wake-ups
 //! into [`WorkerMachine::wake`]. Every timing rule is the machine's. A
 //! hand-off between these threads notifies only a thread that sleeps,
@@ -220,6 +221,17 @@ impl Core {
 struct Hub {
     core: Mutex<Core>,
     driver_cv: Condvar,
+    /// The stop flag woke the loop from inside a step of this same thread
+    /// (`observe` set it, or a [`Stop`] woke from `is_set`), which holds
+    /// the core's lock: the step turns it into [`Core::nudged`] before it
+    /// lets go.
+    stop_pending: AtomicBool,
+}
+
+thread_local! {
+    /// The [`Hub`] (its address) whose core this thread holds locked in
+    /// [`Shared::step`], 0 if none.
+    static STEPPING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl Hub {
@@ -233,6 +245,11 @@ impl Hub {
             self.driver_cv.notify_one();
         }
     }
+
+    /// This hub's address, as [`STEPPING`] holds it.
+    fn address(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
 }
 
 /// The driver's waker for a [`Stop`] that can wake it.
@@ -243,7 +260,30 @@ impl std::task::Wake for StopWake {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &std::sync::Arc<Self>) {
-        self.0.rouse(|core| core.nudged = true);
+        let hub = &self.0;
+        if STEPPING.with(std::cell::Cell::get) == hub.address() {
+            // This thread holds the core's lock (set from `observe`):
+            // taking it again would never return.
+            hub.stop_pending.store(true, Ordering::SeqCst);
+        } else {
+            hub.rouse(|core| core.nudged = true);
+        }
+    }
+}
+
+/// Marks this thread as stepping `hub` while it lives (see [`STEPPING`]).
+struct Stepping;
+
+impl Stepping {
+    fn enter(hub: &Hub) -> Stepping {
+        STEPPING.with(|s| s.set(hub.address()));
+        Stepping
+    }
+}
+
+impl Drop for Stepping {
+    fn drop(&mut self) {
+        STEPPING.with(|s| s.set(0));
     }
 }
 
@@ -289,8 +329,11 @@ pub(crate) const STORE_THREADS: usize = 3;
 const STOP_POLL_MS: u64 = 200;
 
 /// The longest the driver sleeps when nothing (no timer of the machine,
-/// no stop flag to look at) wakes it sooner: a backstop, not a rule.
-const IDLE_NAP_MS: u64 = 60_000;
+/// no stop flag to look at) wakes it sooner: a backstop for what its nap
+/// does not follow (a system suspend, which the nap's clock does not
+/// count and the local clock does; a manual clock), not a rule. An idle
+/// loop claims about this often anyway (`idle_poll`, 1 s).
+const IDLE_NAP_MS: u64 = 1_000;
 
 impl Queue {
     /// Claim and run jobs until `stop` is set (or, with `drain`, until the
@@ -353,6 +396,7 @@ impl Queue {
                 starts: Vec::new(),
             }),
             driver_cv: Condvar::new(),
+            stop_pending: AtomicBool::new(false),
         });
         let watch = Watch {
             stop,
@@ -479,6 +523,7 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
         event: impl FnOnce(&mut Session, LocalMs),
     ) -> Option<Arc<ClaimedJob>> {
         let mut guard = lock(&self.hub.core);
+        let stepping = Stepping::enter(&self.hub);
         let core = &mut *guard;
         if core.over {
             return None;
@@ -543,7 +588,11 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
                     .poll_timeout()
                     .is_some_and(|t| t < until)
         };
-        let rouse = core.driver_until.is_some_and(sooner) && core.rouse();
+        // A stop set during the step, on this thread: the driver looks.
+        let stopped = self.hub.stop_pending.swap(false, Ordering::SeqCst);
+        core.nudged |= stopped;
+        let rouse = (stopped || core.driver_until.is_some_and(sooner)) && core.rouse();
+        drop(stepping);
         drop(guard);
         if rouse {
             self.hub.driver_cv.notify_one();
@@ -552,8 +601,9 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
     }
 
     /// The calling thread's part: step when a timer is due, a wake-up
-    /// came or the stop flag may be set (polled every [`STOP_POLL_MS`]),
-    /// sleep otherwise; return how the loop ended, or the panic that
+    /// came or the stop flag was set (a flag that cannot wake the driver
+    /// is looked at every [`STOP_POLL_MS`]), sleep otherwise (at most
+    /// [`IDLE_NAP_MS`]); return how the loop ended, or the panic that
     /// ended it (resumed by the caller once the threads are done).
     fn drive(&self) -> std::thread::Result<Result<WorkReport>> {
         loop {
