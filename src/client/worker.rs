@@ -264,7 +264,7 @@ impl std::task::Wake for StopWake {
         if STEPPING.with(std::cell::Cell::get) == hub.address() {
             // This thread holds the core's lock (set from `observe`):
             // taking it again would never return.
-            hub.stop_pending.store(true, Ordering::SeqCst);
+            hub.stop_pending.store(true, Ordering::Relaxed);
         } else {
             hub.rouse(|core| core.nudged = true);
         }
@@ -523,7 +523,8 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
         event: impl FnOnce(&mut Session, LocalMs),
     ) -> Option<Arc<ClaimedJob>> {
         let mut guard = lock(&self.hub.core);
-        let stepping = Stepping::enter(&self.hub);
+        // Only a stop that wakes the driver can wake it from this step.
+        let stepping = self.stop_wakes.then(|| Stepping::enter(&self.hub));
         let core = &mut *guard;
         if core.over {
             return None;
@@ -588,8 +589,10 @@ impl<O: Fn(&JobRecord, JobOutcome) + Sync> Shared<'_, O> {
                     .poll_timeout()
                     .is_some_and(|t| t < until)
         };
-        // A stop set during the step, on this thread: the driver looks.
-        let stopped = self.hub.stop_pending.swap(false, Ordering::SeqCst);
+        // A stop set during the step, on this thread (so read in program
+        // order, no fence needed): the driver looks.
+        let stopped = self.hub.stop_pending.load(Ordering::Relaxed)
+            && self.hub.stop_pending.swap(false, Ordering::Relaxed);
         core.nudged |= stopped;
         let rouse = (stopped || core.driver_until.is_some_and(sooner)) && core.rouse();
         drop(stepping);
