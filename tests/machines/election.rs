@@ -366,6 +366,47 @@ fn a_first_campaign_that_extends_an_earlier_grant_gives_it_back() {
     }
 }
 
+/// A give-back whose release fails (the store may still count the grant
+/// live) campaigns again only at that grant's local deadline: at once, the
+/// store would extend the same grant again, to be given back again, with
+/// no pause for as long as releases fail and acquires succeed. A release
+/// that is answered lets it campaign at once.
+#[test]
+fn a_give_back_whose_release_fails_campaigns_again_at_the_grants_deadline() {
+    let deadline = LocalMs(leasehold::core::local_deadline_ms(0, 300, DRIFT));
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
+    actions(&mut m);
+    m.handle_reply(LocalMs(0), extended(7));
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 7 }]
+    );
+    let unreachable = Error::transient("testing", "the store is out of reach");
+    m.handle_reply(LocalMs(1), HolderReply::Released(Err(unreachable)));
+    assert!(sends(&actions(&mut m)).is_empty(), "no acquire at once");
+    assert!(!m.is_done() && !m.holds_grant());
+    assert_eq!(m.poll_timeout(), Some(deadline));
+    m.check(LocalMs(1)).unwrap();
+    m.handle_timeout(LocalMs(deadline.0 - 1));
+    assert!(sends(&actions(&mut m)).is_empty());
+    m.handle_timeout(deadline);
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+    m.handle_reply(deadline, grant(8));
+    assert_eq!(events(&actions(&mut m)), ["elected 8"]);
+
+    // Resigned while it waits: the election ends, nothing more is sent.
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
+    actions(&mut m);
+    m.handle_reply(LocalMs(0), extended(7));
+    actions(&mut m);
+    let unreachable = Error::transient("testing", "the store is out of reach");
+    m.handle_reply(LocalMs(1), HolderReply::Released(Err(unreachable)));
+    m.resign(LocalMs(2));
+    assert!(m.is_done());
+    m.handle_timeout(deadline);
+    assert!(sends(&actions(&mut m)).is_empty());
+}
+
 /// A step-down whose release went unanswered, then the next campaign's
 /// acquire extends the resigned term's grant: given back, as after a loss.
 #[test]

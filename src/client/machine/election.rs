@@ -15,7 +15,11 @@
 //! # Transitions
 //! Campaigning: granted → Leading (`Elected` with the token); granted by
 //! extending a grant this holder already had (`renewed`) → given back,
-//! then Campaigning again (whatever `once` says: it was no term); held by
+//! then Campaigning again (whatever `once` says: it was no term), at once
+//! if the release was answered, else from that grant's local deadline
+//! (the store may still count it live and would extend it again: without
+//! the pause, a store failing releases and granting acquires would be
+//! asked over and over; wake-ups do not cut the pause short); held by
 //! another → the leader seen (`Leader`, when it changed); a permanent
 //! store error → Done (`Failed`). Leading: a refused renewal or the local
 //! deadline → `Deposed(Lost)` (past the deadline, the grant is released
@@ -125,8 +129,14 @@ pub struct ElectionMachine {
     releasing: Option<bool>,
     seen: Option<u64>,
     /// A campaign's grant that extended an earlier grant of this holder
-    /// is being given back; the campaign goes on once that is answered.
-    giving_back: bool,
+    /// is being given back (with that grant's local deadline); the
+    /// campaign goes on once that is answered: at once, or at that
+    /// deadline if the release failed (the store may still count the
+    /// grant live, and would extend it again).
+    giving_back: Option<LocalMs>,
+    /// A campaign waits until then for a grant given back (a failed
+    /// release) to run out: wake-ups do not cut it short.
+    paused_until: Option<LocalMs>,
     terms: u64,
     out: Outbox<ElectionAction>,
     #[cfg(feature = "canaries")]
@@ -142,7 +152,8 @@ impl ElectionMachine {
             leading: false,
             releasing: None,
             seen: None,
-            giving_back: false,
+            giving_back: None,
+            paused_until: None,
             terms: 0,
             out: Outbox::new(),
             #[cfg(feature = "canaries")]
@@ -160,7 +171,13 @@ impl ElectionMachine {
     }
 
     fn campaign(&mut self, now: LocalMs) {
+        self.campaign_from(now, now);
+    }
+
+    /// A new term's campaign, its first acquire at `start`.
+    fn campaign_from(&mut self, now: LocalMs, start: LocalMs) {
         self.terms += 1;
+        self.paused_until = (start > now).then_some(start);
         let lease = HolderConfig {
             wait_ms: u64::MAX,
             busy_ms: u64::MAX,
@@ -168,7 +185,7 @@ impl ElectionMachine {
             seed: crate::core::mix64(self.cfg.lease.seed ^ self.terms),
             ..self.cfg.lease
         };
-        self.term = Some(HolderMachine::new(lease, now));
+        self.term = Some(HolderMachine::starting(lease, now, start));
         self.pump(now);
     }
 
@@ -237,7 +254,7 @@ impl ElectionMachine {
             "leading while resigning".to_owned()
         })?;
         super::ensure(
-            !self.giving_back || (!self.leading && self.holds_grant()),
+            self.giving_back.is_none() || (!self.leading && self.holds_grant()),
             || "giving a grant back while leading, or with none".to_owned(),
         )?;
         let valid = self.term.as_ref().is_some_and(|t| t.is_valid(now));
@@ -268,7 +285,7 @@ impl ElectionMachine {
 
     /// The store announced a release: a campaign tries again now.
     pub fn handle_wake(&mut self, now: LocalMs) {
-        if self.releasing.is_some() {
+        if self.releasing.is_some() || self.paused_until.is_some_and(|t| now < t) {
             return;
         }
         if let Some(term) = &mut self.term {
@@ -381,8 +398,8 @@ impl ElectionMachine {
                 // the store still counted live. Not a new term: give it
                 // back by token and campaign on, so that the next term
                 // has a new token and fencing tells the two apart.
-                self.giving_back = true;
                 if let Some(term) = &mut self.term {
+                    self.giving_back = term.lifetime().map(|l| l.deadline());
                     term.release(now);
                 }
             }
@@ -403,19 +420,27 @@ impl ElectionMachine {
                 }
             }
             HolderEvent::Released => {
-                let gave_back = std::mem::take(&mut self.giving_back);
+                let gave_back = self.giving_back.take();
                 let again = match self.releasing.take() {
                     Some(again) => again && !self.cfg.once,
-                    None => gave_back || !self.cfg.once,
+                    None => gave_back.is_some() || !self.cfg.once,
                 };
+                // A grant given back that may still be live: the next
+                // campaign waits for it to run out, or the store would
+                // extend it again.
+                let failed = self
+                    .term
+                    .as_ref()
+                    .is_some_and(HolderMachine::release_failed);
+                let start = gave_back.filter(|_| failed).map_or(now, |d| d.max(now));
                 self.term = None;
                 if again {
-                    self.campaign(now);
+                    self.campaign_from(now, start);
                 }
             }
             HolderEvent::GaveUp(e) | HolderEvent::Failed(e) => {
                 self.leading = false;
-                self.giving_back = false;
+                self.giving_back = None;
                 self.term = None;
                 self.event(ElectionEvent::Failed(e));
             }

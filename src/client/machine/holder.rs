@@ -130,6 +130,9 @@ enum Phase {
 pub struct HolderMachine {
     cfg: HolderConfig,
     phase: Phase,
+    /// The release was answered with an error: the grant may stay live in
+    /// the store until its TTL runs out there.
+    release_failed: bool,
     out: Outbox<HolderAction>,
     #[cfg(feature = "canaries")]
     breakage: super::lifetime::Breakage,
@@ -141,19 +144,28 @@ const BACKOFF_CAP_MS: u64 = 250;
 impl HolderMachine {
     /// Start acquiring at local instant `now`.
     pub fn new(cfg: HolderConfig, now: LocalMs) -> Self {
+        HolderMachine::starting(cfg, now, now)
+    }
+
+    /// Made at local instant `now`, the first acquire sent at `start`
+    /// (now, if `start` is not later); a wake-up before then sends it.
+    pub fn starting(cfg: HolderConfig, now: LocalMs, start: LocalMs) -> Self {
         let mut m = HolderMachine {
             cfg,
             phase: Phase::Acquiring {
                 in_flight: None,
                 started: now,
-                retry_at: now,
+                retry_at: start,
                 backoff: Backoff::new(1, BACKOFF_CAP_MS, cfg.seed),
             },
+            release_failed: false,
             out: Outbox::new(),
             #[cfg(feature = "canaries")]
             breakage: super::lifetime::Breakage::default(),
         };
-        m.send_acquire(now);
+        if start <= now {
+            m.send_acquire(now);
+        }
         m
     }
 
@@ -213,6 +225,12 @@ impl HolderMachine {
             Phase::Held { life, .. } => Some(life),
             _ => None,
         }
+    }
+
+    /// Whether its release was answered with an error (so the grant may
+    /// stay live in the store until its TTL runs out there).
+    pub fn release_failed(&self) -> bool {
+        self.release_failed
     }
 
     /// Whether it is over (released, lost and released, gave up, failed).
@@ -320,8 +338,9 @@ impl HolderMachine {
                 self.renewed(now, r);
                 now
             }
-            HolderReply::Released(_) => {
+            HolderReply::Released(r) => {
                 if matches!(self.phase, Phase::Held { .. }) {
+                    self.release_failed = r.is_err();
                     self.phase = Phase::Done;
                     self.out
                         .push_back(HolderAction::Event(HolderEvent::Released));
