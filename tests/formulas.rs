@@ -2,7 +2,7 @@
 //! simulator's replays depend on it), backoff bounds and spread, and the
 //! holder's local deadline.
 
-use leasehold::core::{self, backoff_ms, local_deadline_ms, mix64};
+use leasehold::core::{self, backoff_ms, local_deadline_ms, local_lapse_ms, mix64};
 use leasehold::{DriftBound, JobId, QueuePolicy};
 use std::collections::BTreeSet;
 
@@ -91,6 +91,34 @@ fn backoff_jitter_spreads_and_depends_on_seed_job_and_attempt() {
 }
 
 const PINNED: [u64; 3] = [814, 3004, 1825];
+
+/// The latest local instant a store's slot can last: its store time left
+/// from the answer's arrival, on a local clock up to `ppm` slower (divided
+/// by `1 - ppm/1e6`, rounded up), plus the margin and 1 ms.
+#[test]
+fn local_lapse_stretches_the_store_time_by_a_slow_clock_and_adds_the_margin() {
+    let d = DriftBound {
+        ppm: 10_000,
+        margin_ms: 5,
+    };
+    // 1,000 / 0.99 = 1,010.1…, rounded up.
+    assert_eq!(local_lapse_ms(100, 1_000, d), 100 + 1_011 + 5 + 1);
+    assert!(local_lapse_ms(100, 1_000, d) > local_deadline_ms(100, 1_000, d));
+    let exact = DriftBound {
+        ppm: 0,
+        margin_ms: 0,
+    };
+    assert_eq!(local_lapse_ms(100, 1_000, exact), 1_101);
+    // A clock allowed to stop (ppm at or past a million) and the ends of
+    // time: saturated, never wrapped.
+    let stopped = DriftBound {
+        ppm: u32::MAX,
+        margin_ms: 0,
+    };
+    assert_eq!(local_lapse_ms(0, 1, stopped), 1_000_001);
+    assert_eq!(local_lapse_ms(u64::MAX - 1, core::MAX_TTL_MS, d), u64::MAX);
+    assert_eq!(local_lapse_ms(1, u64::MAX, d), u64::MAX);
+}
 
 #[test]
 fn local_deadline_subtracts_drift_and_margin() {

@@ -428,6 +428,23 @@ impl Default for DriftBound {
     }
 }
 
+/// The local instant by which the store has surely let a slot lapse: the
+/// mirror of [`local_deadline_ms`] (the earliest the store may end a
+/// grant; this, the latest). The slot had `store_left_ms` of store time
+/// from a commit that came no later than `replied_at_ms`, the local clock
+/// read when the answer arrived; a local clock that runs down to
+/// `1 - ppm/1e6` of the store's rate counts that as at most
+/// `store_left_ms / (1 - ppm/1e6)`, and the margin comes on top.
+pub fn local_lapse_ms(replied_at_ms: u64, store_left_ms: u64, drift: DriftBound) -> u64 {
+    let slow = 1_000_000u128.saturating_sub(u128::from(drift.ppm)).max(1);
+    let stretched = (u128::from(store_left_ms) * 1_000_000).div_ceil(slow);
+    let stretched = u64::try_from(stretched).unwrap_or(u64::MAX);
+    replied_at_ms
+        .saturating_add(stretched)
+        .saturating_add(drift.margin_ms)
+        .saturating_add(1)
+}
+
 /// The holder's local validity deadline (L3), on its own monotonic clock.
 ///
 /// `sent_at_ms` is the local clock read *before* the request was sent: the

@@ -80,7 +80,8 @@ pub use job::{
     StateCounts, StateSet, SummaryOptions,
 };
 pub use lease::{
-    local_deadline_ms, DriftBound, Grant, LeaseInfo, LeasePage, LeaseRecord, LeaseSlot,
+    local_deadline_ms, local_lapse_ms, DriftBound, Grant, LeaseInfo, LeasePage, LeaseRecord,
+    LeaseSlot,
 };
 pub use schedule::{Missed, Rule, ScheduleRecord, ScheduleSpec};
 #[doc(hidden)]

@@ -79,6 +79,17 @@ fn extended(token: u64) -> HolderReply {
     }))
 }
 
+/// [`extended`], the slot's expiry `left` ms after the store's grant
+/// time (an earlier grant's longer TTL, kept by the extension).
+fn extended_for(token: u64, left: u64) -> HolderReply {
+    HolderReply::Acquired(Ok(Grant {
+        token,
+        expires_at_ms: 1_000 + left,
+        granted_at_ms: 1_000,
+        renewed: true,
+    }))
+}
+
 fn elected(once: bool, at: LocalMs, token: u64) -> ElectionMachine {
     let mut m = ElectionMachine::new(config(once), at);
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
@@ -367,43 +378,69 @@ fn a_first_campaign_that_extends_an_earlier_grant_gives_it_back() {
 }
 
 /// A give-back whose release fails (the store may still count the grant
-/// live) campaigns again only at that grant's local deadline: at once, the
+/// live) campaigns again only once the store has surely let that grant
+/// lapse: the extending answer's arrival plus the store time the grant had
+/// left (at least the TTL), stretched by the drift bound. At once, the
 /// store would extend the same grant again, to be given back again, with
 /// no pause for as long as releases fail and acquires succeed. A release
-/// that is answered lets it campaign at once.
+/// refused as not held (the slot is gone) lets it campaign at once.
 #[test]
-fn a_give_back_whose_release_fails_campaigns_again_at_the_grants_deadline() {
-    let deadline = LocalMs(leasehold::core::local_deadline_ms(0, 300, DRIFT));
+fn a_give_back_whose_release_fails_campaigns_again_once_the_grant_has_lapsed() {
+    let unreachable = || Error::transient("testing", "the store is out of reach");
+    // The store's answer: the TTL asked for (300), or more left from an
+    // earlier grant with a longer TTL.
+    for (store_left, extending) in [(300, extended(7)), (5_000, extended_for(7, 5_000))] {
+        let lapse = LocalMs(leasehold::core::local_lapse_ms(10, store_left, DRIFT));
+        assert!(
+            lapse.0 > 10 + store_left,
+            "stretched past the store's own time"
+        );
+        let mut m = ElectionMachine::new(config(false), LocalMs(0));
+        actions(&mut m);
+        m.handle_reply(LocalMs(10), extending);
+        assert_eq!(
+            sends(&actions(&mut m)),
+            [HolderRequest::Release { token: 7 }]
+        );
+        m.handle_reply(LocalMs(11), HolderReply::Released(Err(unreachable())));
+        assert!(sends(&actions(&mut m)).is_empty(), "no acquire at once");
+        assert!(!m.is_done() && !m.holds_grant());
+        assert_eq!(m.poll_timeout(), Some(lapse));
+        m.check(LocalMs(11)).unwrap();
+        // Wake-ups (a release elsewhere) do not cut the pause short.
+        m.handle_wake(LocalMs(12));
+        m.handle_timeout(LocalMs(lapse.0 - 1));
+        assert!(sends(&actions(&mut m)).is_empty());
+        m.handle_timeout(lapse);
+        assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+        m.handle_reply(lapse, grant(8));
+        assert_eq!(events(&actions(&mut m)), ["elected 8"]);
+    }
+
+    // Refused as not held: nothing left to lapse, the campaign goes on.
     let mut m = ElectionMachine::new(config(false), LocalMs(0));
     actions(&mut m);
     m.handle_reply(LocalMs(0), extended(7));
-    assert_eq!(
-        sends(&actions(&mut m)),
-        [HolderRequest::Release { token: 7 }]
-    );
-    let unreachable = Error::transient("testing", "the store is out of reach");
-    m.handle_reply(LocalMs(1), HolderReply::Released(Err(unreachable)));
-    assert!(sends(&actions(&mut m)).is_empty(), "no acquire at once");
-    assert!(!m.is_done() && !m.holds_grant());
-    assert_eq!(m.poll_timeout(), Some(deadline));
-    m.check(LocalMs(1)).unwrap();
-    m.handle_timeout(LocalMs(deadline.0 - 1));
-    assert!(sends(&actions(&mut m)).is_empty());
-    m.handle_timeout(deadline);
+    actions(&mut m);
+    let gone = Error::Lost {
+        target: leasehold::Target::Lease {
+            key: "k".into(),
+            token: 7,
+        },
+        reason: LostReason::Expired,
+    };
+    m.handle_reply(LocalMs(1), HolderReply::Released(Err(gone)));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
-    m.handle_reply(deadline, grant(8));
-    assert_eq!(events(&actions(&mut m)), ["elected 8"]);
 
     // Resigned while it waits: the election ends, nothing more is sent.
     let mut m = ElectionMachine::new(config(false), LocalMs(0));
     actions(&mut m);
     m.handle_reply(LocalMs(0), extended(7));
     actions(&mut m);
-    let unreachable = Error::transient("testing", "the store is out of reach");
-    m.handle_reply(LocalMs(1), HolderReply::Released(Err(unreachable)));
+    m.handle_reply(LocalMs(1), HolderReply::Released(Err(unreachable())));
     m.resign(LocalMs(2));
     assert!(m.is_done());
-    m.handle_timeout(deadline);
+    m.handle_timeout(LocalMs(1_000_000));
     assert!(sends(&actions(&mut m)).is_empty());
 }
 

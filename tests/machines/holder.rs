@@ -421,3 +421,53 @@ fn a_renewal_by_hand_moves_the_deadline_from_its_send_and_a_refused_one_loses() 
     m.renewed_by_hand(LocalMs(1), LocalMs(2), &Err(lost(LostReason::StaleToken)));
     assert!(actions(&mut m).is_empty());
 }
+
+/// A holder made to start later sends nothing until then (its timer is
+/// that instant), then acquires; a wake-up before then acquires at once;
+/// one made to start now (or earlier) is `new`. A grant records the store
+/// time it had left (at least the TTL) and a release refused as not held
+/// is no failed release.
+#[test]
+fn a_holder_started_later_acquires_at_its_start_or_at_a_wake_up() {
+    let mut m = HolderMachine::starting(holder(u64::MAX, false), LocalMs(10), LocalMs(500));
+    assert!(sends(&actions(&mut m)).is_empty());
+    assert_eq!(m.poll_timeout(), Some(LocalMs(500)));
+    m.handle_timeout(LocalMs(499));
+    assert!(sends(&actions(&mut m)).is_empty());
+    m.handle_timeout(LocalMs(500));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+
+    let mut m = HolderMachine::starting(holder(u64::MAX, false), LocalMs(10), LocalMs(500));
+    m.handle_wake(LocalMs(20));
+    assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+
+    for start in [0, 10] {
+        let mut m = HolderMachine::starting(holder(0, false), LocalMs(10), LocalMs(start));
+        assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
+        assert_eq!(m.store_left_ms(), 0, "no grant yet");
+        let longer = Grant {
+            expires_at_ms: 9_000,
+            granted_at_ms: 1_000,
+            ..grant(2)
+        };
+        m.handle_reply(LocalMs(11), HolderReply::Acquired(Ok(longer)));
+        assert_eq!(m.store_left_ms(), 8_000);
+        m.release(LocalMs(12));
+        assert_eq!(
+            sends(&actions(&mut m)),
+            [HolderRequest::Release { token: 2 }]
+        );
+        let refused = HolderReply::Released(Err(lost(LostReason::Expired)));
+        m.handle_reply(LocalMs(13), refused);
+        assert!(m.is_done() && !m.release_failed(), "refused: nothing left");
+    }
+    let mut m = HolderMachine::new(holder(0, false), LocalMs(0));
+    actions(&mut m);
+    m.handle_reply(LocalMs(1), HolderReply::Acquired(Ok(grant(2))));
+    assert_eq!(m.store_left_ms(), 300, "at least the TTL");
+    m.release(LocalMs(2));
+    actions(&mut m);
+    let unreachable = Error::transient("testing", "the store is out of reach");
+    m.handle_reply(LocalMs(3), HolderReply::Released(Err(unreachable)));
+    assert!(m.is_done() && m.release_failed());
+}

@@ -16,10 +16,12 @@
 //! Campaigning: granted → Leading (`Elected` with the token); granted by
 //! extending a grant this holder already had (`renewed`) → given back,
 //! then Campaigning again (whatever `once` says: it was no term), at once
-//! if the release was answered, else from that grant's local deadline
-//! (the store may still count it live and would extend it again: without
-//! the pause, a store failing releases and granting acquires would be
-//! asked over and over; wake-ups do not cut the pause short); held by
+//! if the release was answered, else once the store has surely let that
+//! grant lapse (the extending answer's arrival plus the store time it had
+//! left, stretched by the drift bound: until then the store may count it
+//! live and would extend it again, and without the pause a store failing
+//! releases and granting acquires would be asked over and over; wake-ups
+//! do not cut the pause short); held by
 //! another → the leader seen (`Leader`, when it changed); a permanent
 //! store error → Done (`Failed`). Leading: a refused renewal or the local
 //! deadline → `Deposed(Lost)` (past the deadline, the grant is released
@@ -49,7 +51,7 @@ use super::holder::{
     HolderAction, HolderConfig, HolderEvent, HolderMachine, HolderReply, HolderRequest,
 };
 use super::Outbox;
-use crate::core::HolderInfo;
+use crate::core::{local_lapse_ms, HolderInfo};
 use crate::error::{Error, LostReason};
 use crate::time::LocalMs;
 
@@ -129,13 +131,14 @@ pub struct ElectionMachine {
     releasing: Option<bool>,
     seen: Option<u64>,
     /// A campaign's grant that extended an earlier grant of this holder
-    /// is being given back (with that grant's local deadline); the
-    /// campaign goes on once that is answered: at once, or at that
-    /// deadline if the release failed (the store may still count the
-    /// grant live, and would extend it again).
+    /// is being given back (with the local instant by which the store has
+    /// surely let it lapse, [`local_lapse_ms`]); the campaign goes on once
+    /// that is answered: at once, or at that instant if the release failed
+    /// (the store may count the grant live until then, and would extend it
+    /// again).
     giving_back: Option<LocalMs>,
     /// A campaign waits until then for a grant given back (a failed
-    /// release) to run out: wake-ups do not cut it short.
+    /// release) to lapse: wake-ups do not cut it short.
     paused_until: Option<LocalMs>,
     terms: u64,
     out: Outbox<ElectionAction>,
@@ -399,7 +402,8 @@ impl ElectionMachine {
                 // back by token and campaign on, so that the next term
                 // has a new token and fencing tells the two apart.
                 if let Some(term) = &mut self.term {
-                    self.giving_back = term.lifetime().map(|l| l.deadline());
+                    let lapse = local_lapse_ms(now.0, term.store_left_ms(), self.cfg.lease.drift);
+                    self.giving_back = Some(LocalMs(lapse));
                     term.release(now);
                 }
             }
@@ -426,7 +430,7 @@ impl ElectionMachine {
                     None => gave_back.is_some() || !self.cfg.once,
                 };
                 // A grant given back that may still be live: the next
-                // campaign waits for it to run out, or the store would
+                // campaign waits for it to lapse, or the store would
                 // extend it again.
                 let failed = self
                     .term
@@ -441,6 +445,7 @@ impl ElectionMachine {
             HolderEvent::GaveUp(e) | HolderEvent::Failed(e) => {
                 self.leading = false;
                 self.giving_back = None;
+                self.paused_until = None;
                 self.term = None;
                 self.event(ElectionEvent::Failed(e));
             }

@@ -130,9 +130,12 @@ enum Phase {
 pub struct HolderMachine {
     cfg: HolderConfig,
     phase: Phase,
-    /// The release was answered with an error: the grant may stay live in
-    /// the store until its TTL runs out there.
+    /// The release was answered with an error other than "not held" (the
+    /// grant may stay live in the store until its TTL runs out there).
     release_failed: bool,
+    /// Store time the last grant had left when it was made (at least the
+    /// TTL asked for).
+    store_left_ms: u64,
     out: Outbox<HolderAction>,
     #[cfg(feature = "canaries")]
     breakage: super::lifetime::Breakage,
@@ -148,17 +151,19 @@ impl HolderMachine {
     }
 
     /// Made at local instant `now`, the first acquire sent at `start`
-    /// (now, if `start` is not later); a wake-up before then sends it.
+    /// (now, if `start` is not later); a wake-up before then sends it. A
+    /// wait (`wait_ms`) counts from `now`.
     pub fn starting(cfg: HolderConfig, now: LocalMs, start: LocalMs) -> Self {
         let mut m = HolderMachine {
             cfg,
             phase: Phase::Acquiring {
                 in_flight: None,
                 started: now,
-                retry_at: start,
+                retry_at: start.max(now),
                 backoff: Backoff::new(1, BACKOFF_CAP_MS, cfg.seed),
             },
             release_failed: false,
+            store_left_ms: 0,
             out: Outbox::new(),
             #[cfg(feature = "canaries")]
             breakage: super::lifetime::Breakage::default(),
@@ -227,10 +232,17 @@ impl HolderMachine {
         }
     }
 
-    /// Whether its release was answered with an error (so the grant may
-    /// stay live in the store until its TTL runs out there).
+    /// Whether its release was answered with an error other than "not
+    /// held" (so the grant may stay live in the store until its TTL runs
+    /// out there).
     pub fn release_failed(&self) -> bool {
         self.release_failed
+    }
+
+    /// The store time the grant had left when the store made it (its
+    /// expiry less its grant time, at least the TTL; 0 before a grant).
+    pub fn store_left_ms(&self) -> u64 {
+        self.store_left_ms
     }
 
     /// Whether it is over (released, lost and released, gave up, failed).
@@ -340,7 +352,8 @@ impl HolderMachine {
             }
             HolderReply::Released(r) => {
                 if matches!(self.phase, Phase::Held { .. }) {
-                    self.release_failed = r.is_err();
+                    // Refused as not held: the slot is gone already.
+                    self.release_failed = r.is_err_and(|e| !matches!(e, Error::Lost { .. }));
                     self.phase = Phase::Done;
                     self.out
                         .push_back(HolderAction::Event(HolderEvent::Released));
@@ -368,6 +381,9 @@ impl HolderMachine {
             0
         };
         let seed = self.cfg.seed ^ grant.token;
+        // An extended slot keeps a later expiry if it had one.
+        let left = grant.expires_at_ms.saturating_sub(grant.granted_at_ms);
+        self.store_left_ms = left.max(self.cfg.ttl_ms);
         let life = Lifetime::granted(sent_at, self.cfg.ttl_ms, self.cfg.drift, every, seed);
         // Only the canary that counts the deadline from the reply reads it.
         #[cfg(feature = "canaries")]
