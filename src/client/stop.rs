@@ -17,8 +17,9 @@
 //! reads the list, so either the loop's next look sees the flag or `set`
 //! finds its waker. A loop that cannot watch (a plain [`AtomicBool`]) has
 //! to look: it wakes every 200 ms while idle to do so. A loop on a
-//! [`StopSignal`] sleeps until its own timers (the idle claim, at most
-//! [`WorkOptions::idle_poll`](super::WorkOptions::idle_poll)) or the
+//! [`StopSignal`] sleeps until its own timers (the idle claim, every
+//! [`WorkOptions::idle_poll`](super::WorkOptions::idle_poll) at most;
+//! and at most a second apart, a backstop for a system suspend) or the
 //! signal wake it.
 //!
 //! [`Queue::work`]: super::Queue::work
