@@ -29,6 +29,7 @@ pub mod machine;
 mod queue;
 pub(crate) mod session;
 mod stop;
+mod work_options;
 mod worker;
 
 /// The worker session as the simulator drives it (cargo feature
@@ -46,9 +47,9 @@ pub use machine::Deposed;
 pub use machine::JobOutcome;
 pub use queue::Queue;
 pub use stop::{Stop, StopSignal};
+pub use work_options::{fit_reason, WorkOptions, WorkReport};
 #[cfg(all(feature = "tokio", not(loom)))]
 pub(crate) use worker::STORE_THREADS;
-pub use worker::{fit_reason, WorkOptions, WorkReport};
 
 use crate::clock::{BootClock, Clock, SystemClock};
 use crate::core::{

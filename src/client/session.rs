@@ -25,7 +25,7 @@ use super::machine::{
     ClaimId, JobOutcome, StopWhy, WorkerAction, WorkerConfig, WorkerMachine, WorkerReply,
     WorkerRequest,
 };
-use super::worker::{WorkOptions, WorkReport};
+use super::work_options::{WorkOptions, WorkReport};
 use super::{ms_of, Client};
 use crate::clock::Clock;
 use crate::core::{self, HolderId, JobId, JobRecord, QueuePolicy};

@@ -40,7 +40,10 @@ use super::session::{Next, Session};
 use super::stop::Stop;
 #[cfg(doc)]
 use super::stop::StopSignal;
-use crate::core::{self, JobRecord};
+#[cfg(doc)]
+use super::work_options::fit_reason;
+use super::work_options::{WorkOptions, WorkReport};
+use crate::core::JobRecord;
 use crate::error::Result;
 use crate::store::Wake;
 use crate::sync::{caught, lock, panic_text, Condvar, Mutex, Panic};
@@ -48,133 +51,6 @@ use crate::time::LocalMs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Options of [`Queue::work`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkOptions {
-    /// Lease of each claim; renewal rounds extend it.
-    pub lease: Duration,
-    /// Most jobs claimed per transaction, and most outcomes committed per
-    /// transaction (default 128: with fast handlers a job pays mostly its
-    /// share of each transaction's fixed cost; against 64, in one run, 8
-    /// handlers did 16-20 % more jobs/s on PostgreSQL, 4-8 % on SQLite).
-    /// A higher-priority job pushed meanwhile starts after the jobs already
-    /// claimed: 512 made the loop faster (10 % on SQLite, 27 % on
-    /// PostgreSQL) but such a job's start 2 to 5 times later (BENCHMARKS.md).
-    pub batch: usize,
-    /// Handlers running at once (threads).
-    pub concurrency: usize,
-    /// Jobs claimed ahead of a free handler (bounded prefetch). While
-    /// handlers run dry waiting on claims, the loop doubles it, up to twice
-    /// `batch`; a claim that finds fewer jobs than it asked for resets it.
-    pub prefetch: usize,
-    /// Return once the queue is drained ([`crate::core::job::drained`]: no
-    /// job ready, running, or due, retries in backoff included).
-    pub drain: bool,
-    /// Longest sleep between claims when the queue is empty. A push, a
-    /// retry or a job given back announced by the store (in any process:
-    /// SQLite's and the file store's doorbell, PostgreSQL's NOTIFY) cuts
-    /// it short, and an empty claim says when the queue next changes by
-    /// time alone (a retry or a delayed job falls due, a claim runs out),
-    /// which cuts it short too: polling is only the fallback (default 1 s).
-    pub idle_poll: Duration,
-    /// Longest an outcome waits for others to share its transaction.
-    pub flush_delay: Duration,
-    /// Renewal round interval (`None`: a third of the lease, at most a
-    /// second, so a cancel reaches the handler within a second).
-    pub heartbeat: Option<Duration>,
-    /// After `stop`: how long running handlers may finish before their jobs
-    /// are given back (to be retried) and [`ClaimedJob::is_valid`] turns false.
-    pub shutdown_grace: Duration,
-    /// Sample the queue's jobs per state this often for the
-    /// `leasehold_queue_jobs` gauge (`None`: never; each sample is a
-    /// transaction that counts the queue).
-    pub sample: Option<Duration>,
-    /// Fire the queue's schedules ([`Queue::schedule`]): each tick as it
-    /// comes due, and a look at least this often for schedules added or
-    /// changed elsewhere (`None`: this worker fires none).
-    pub schedules: Option<Duration>,
-}
-
-impl WorkOptions {
-    /// The most handlers a worker loop runs at once (a larger
-    /// `concurrency` is taken as this).
-    pub const MAX_CONCURRENCY: usize = 1024;
-}
-
-impl Default for WorkOptions {
-    fn default() -> Self {
-        WorkOptions {
-            lease: Duration::from_secs(30),
-            batch: 128,
-            concurrency: 1,
-            prefetch: 1,
-            drain: false,
-            idle_poll: Duration::from_secs(1),
-            flush_delay: Duration::from_millis(1),
-            heartbeat: None,
-            shutdown_grace: Duration::from_secs(30),
-            sample: None,
-            schedules: Some(Duration::from_secs(5)),
-        }
-    }
-}
-
-/// What a worker loop did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WorkReport {
-    /// Jobs completed.
-    pub completed: u64,
-    /// Jobs reported failed.
-    pub failed: u64,
-    /// Jobs given back at shutdown.
-    pub abandoned: u64,
-    /// Jobs whose claim was lost (or whose outcome is unknown) before the
-    /// outcome was recorded; the store retries them after their lease.
-    pub lost: u64,
-}
-
-impl WorkReport {
-    pub(crate) fn count(&mut self, outcome: JobOutcome) {
-        match outcome {
-            JobOutcome::Done => self.completed += 1,
-            JobOutcome::Failed(_) => self.failed += 1,
-            JobOutcome::Abandoned(_) => self.abandoned += 1,
-            JobOutcome::Lost => self.lost += 1,
-        }
-    }
-}
-
-/// A failure reason as the store takes it: at most
-/// [`crate::core::MAX_TEXT_BYTES`], without NUL. A longer one (a stack
-/// trace, captured stderr) keeps its head and its tail around a marker
-/// saying how much was cut: the worker loop cannot ask the handler for a
-/// shorter one, and losing the job's outcome over its length would be worse.
-pub fn fit_reason(reason: &str) -> std::borrow::Cow<'_, str> {
-    let max = core::MAX_TEXT_BYTES;
-    if reason.len() <= max && !reason.contains('\0') {
-        return std::borrow::Cow::Borrowed(reason);
-    }
-    let clean = reason.replace('\0', "\u{fffd}");
-    if clean.len() <= max {
-        return std::borrow::Cow::Owned(clean);
-    }
-    let keep = (max - 64) / 2;
-    let mut head = keep;
-    while !clean.is_char_boundary(head) {
-        head -= 1;
-    }
-    let mut tail = clean.len() - keep;
-    while !clean.is_char_boundary(tail) {
-        tail += 1;
-    }
-    std::borrow::Cow::Owned(format!(
-        "{}\n[... {} bytes cut ...]\n{}",
-        &clean[..head],
-        tail - head,
-        &clean[tail..]
-    ))
-}
 
 /// The loop's state, stepped by whichever thread has news: a handler
 /// thread with its handler's result, a store thread with a reply, the
