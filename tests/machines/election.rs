@@ -90,6 +90,19 @@ fn extended_for(token: u64, left: u64) -> HolderReply {
     }))
 }
 
+/// A first campaign answered at `at` with `extending` (a grant of token 7
+/// that extended an earlier one), and so giving that grant back.
+fn giving_back(at: LocalMs, extending: HolderReply) -> ElectionMachine {
+    let mut m = ElectionMachine::new(config(false), LocalMs(0));
+    actions(&mut m);
+    m.handle_reply(at, extending);
+    assert_eq!(
+        sends(&actions(&mut m)),
+        [HolderRequest::Release { token: 7 }]
+    );
+    m
+}
+
 fn elected(once: bool, at: LocalMs, token: u64) -> ElectionMachine {
     let mut m = ElectionMachine::new(config(once), at);
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
@@ -336,8 +349,7 @@ fn a_campaign_that_extends_the_lost_terms_grant_gives_it_back() {
         sends(&actions(&mut m)),
         [HolderRequest::Release { token: 4 }]
     );
-    let unreachable = Error::transient("testing", "the store is out of reach");
-    m.handle_reply(LocalMs(1_298), HolderReply::Released(Err(unreachable)));
+    m.handle_reply(LocalMs(1_298), HolderReply::Released(Err(unreachable())));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     m.handle_reply(LocalMs(1_300), extended(4));
     let a = actions(&mut m);
@@ -386,7 +398,6 @@ fn a_first_campaign_that_extends_an_earlier_grant_gives_it_back() {
 /// refused as not held (the slot is gone) lets it campaign at once.
 #[test]
 fn a_give_back_whose_release_fails_campaigns_again_once_the_grant_has_lapsed() {
-    let unreachable = || Error::transient("testing", "the store is out of reach");
     // The store's answer: the TTL asked for (300), or more left from an
     // earlier grant with a longer TTL.
     for (store_left, extending) in [(300, extended(7)), (5_000, extended_for(7, 5_000))] {
@@ -395,13 +406,7 @@ fn a_give_back_whose_release_fails_campaigns_again_once_the_grant_has_lapsed() {
             lapse.0 > 10 + store_left,
             "stretched past the store's own time"
         );
-        let mut m = ElectionMachine::new(config(false), LocalMs(0));
-        actions(&mut m);
-        m.handle_reply(LocalMs(10), extending);
-        assert_eq!(
-            sends(&actions(&mut m)),
-            [HolderRequest::Release { token: 7 }]
-        );
+        let mut m = giving_back(LocalMs(10), extending);
         m.handle_reply(LocalMs(11), HolderReply::Released(Err(unreachable())));
         assert!(sends(&actions(&mut m)).is_empty(), "no acquire at once");
         assert!(!m.is_done() && !m.holds_grant());
@@ -424,12 +429,9 @@ fn a_give_back_whose_release_fails_campaigns_again_once_the_grant_has_lapsed() {
     }
 
     // Refused as not held: nothing left to lapse, the campaign goes on.
-    let mut m = ElectionMachine::new(config(false), LocalMs(0));
-    actions(&mut m);
-    m.handle_reply(LocalMs(0), extended(7));
-    actions(&mut m);
+    let mut m = giving_back(LocalMs(0), extended(7));
     let gone = Error::Lost {
-        target: leasehold::Target::Lease {
+        target: Target::Lease {
             key: "k".into(),
             token: 7,
         },
@@ -439,10 +441,7 @@ fn a_give_back_whose_release_fails_campaigns_again_once_the_grant_has_lapsed() {
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
 
     // Resigned while it waits: the election ends, nothing more is sent.
-    let mut m = ElectionMachine::new(config(false), LocalMs(0));
-    actions(&mut m);
-    m.handle_reply(LocalMs(0), extended(7));
-    actions(&mut m);
+    let mut m = giving_back(LocalMs(0), extended(7));
     m.handle_reply(LocalMs(1), HolderReply::Released(Err(unreachable())));
     m.resign(LocalMs(2));
     assert!(m.is_done());
@@ -460,8 +459,7 @@ fn a_campaign_that_extends_a_resigned_terms_grant_gives_it_back() {
         sends(&actions(&mut m)),
         [HolderRequest::Release { token: 4 }]
     );
-    let unreachable = Error::transient("testing", "the store is out of reach");
-    m.handle_reply(LocalMs(11), HolderReply::Released(Err(unreachable)));
+    m.handle_reply(LocalMs(11), HolderReply::Released(Err(unreachable())));
     assert_eq!(sends(&actions(&mut m)), [HolderRequest::Acquire]);
     m.handle_reply(LocalMs(12), extended(4));
     let a = actions(&mut m);

@@ -467,7 +467,6 @@ fn a_holder_started_later_acquires_at_its_start_or_at_a_wake_up() {
     assert_eq!(m.store_left_ms(), 300, "at least the TTL");
     m.release(LocalMs(2));
     actions(&mut m);
-    let unreachable = Error::transient("testing", "the store is out of reach");
-    m.handle_reply(LocalMs(3), HolderReply::Released(Err(unreachable)));
+    m.handle_reply(LocalMs(3), HolderReply::Released(Err(unreachable())));
     assert!(m.is_done() && m.release_failed());
 }

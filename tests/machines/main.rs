@@ -19,6 +19,11 @@ const DRIFT: DriftBound = DriftBound {
     margin_ms: 0,
 };
 
+/// A store error a release (or any request) may be answered with.
+fn unreachable() -> Error {
+    Error::transient("testing", "the store is out of reach")
+}
+
 mod election;
 mod holder;
 mod lifetime;
