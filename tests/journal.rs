@@ -108,7 +108,7 @@ fn nothing_is_recorded_unless_asked() {
 }
 
 #[test]
-fn a_ready_push_wakes_workers_and_a_delayed_one_does_not() {
+fn a_push_wakes_idle_workers_delayed_or_not_and_a_claim_does_not() {
     let w = World::new(0);
     let p = w.policy;
     let ready = w.tx(true, |tx| core::job::enqueue(tx, Q, &JobSpec::new("x"), &p));
@@ -122,10 +122,18 @@ fn a_ready_push_wakes_workers_and_a_delayed_one_does_not() {
         delayed.events,
         vec![job(delayed.value.id, 0, 0, JobChange::Enqueued)]
     );
-    assert_eq!(delayed.woke, [false, false], "a scheduled job wakes nobody");
-    // A claim (the job goes running) wakes nobody either.
+    // A scheduled job changes when the queue next changes by time: idle
+    // workers read it again rather than poll for it.
+    assert_eq!(delayed.woke, [false, true], "a scheduled job wakes workers");
+    // A claim wakes nobody where transactions run one at a time (an
+    // empty claim after it sees it; PostgreSQL's claims, which overlap,
+    // announce themselves: `tests/postgres.rs`), and an empty one never.
     let claimed = w.tx(true, |tx| core::job::claim(tx, Q, HolderId(1), 1000, 1, &p));
+    assert_eq!(claimed.value.len(), 1);
     assert!(!claimed.woke[READY]);
+    let empty = w.tx(true, |tx| core::job::claim(tx, Q, HolderId(1), 1000, 1, &p));
+    assert!(empty.value.is_empty());
+    assert_eq!(empty.woke, [false, false]);
 }
 
 #[test]

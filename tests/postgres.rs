@@ -172,7 +172,7 @@ fn a_version_3_schema_gains_schedules_in_place() {
         schema.0
     ))[0]
         .get(0);
-    assert_eq!((version.as_str(), SCHEMA_VERSION), ("15", 15));
+    assert_eq!((version.as_str(), SCHEMA_VERSION), ("16", 16));
     let spec = ScheduleSpec {
         name: "s".into(),
         rule: Rule::every(60_000),
@@ -965,11 +965,17 @@ fn notifications_wake_blocked_acquirers_and_idle_workers() {
         );
         t.join().unwrap();
     }
-    // A claim, which makes nothing ready, does not wake workers.
+    // A claim wakes idle workers (it runs out if its worker dies: a
+    // worker whose look raced it learns when); an empty one does not.
+    let q = Client::new(other.clone()).queue("q").unwrap();
     settle(Wake::JobReady);
     let epoch = store.epoch(Wake::JobReady);
-    let q = Client::new(other.clone()).queue("q").unwrap();
     q.claim(Duration::from_secs(30)).unwrap().unwrap();
+    assert!(store.wait_epoch(Wake::JobReady, epoch, Duration::from_secs(10)));
+    while q.claim(Duration::from_secs(30)).unwrap().is_some() {}
+    settle(Wake::JobReady);
+    let epoch = store.epoch(Wake::JobReady);
+    assert!(q.claim(Duration::from_secs(30)).unwrap().is_none());
     assert!(!store.wait_epoch(Wake::JobReady, epoch, Duration::from_millis(500)));
 }
 

@@ -55,6 +55,30 @@ fn settle(store: &Arc<dyn Store>) {
     }
 }
 
+/// A delayed job pushed in a transaction wakes idle workers too: they
+/// sleep until the queue's next change by time, and learn it from the
+/// note (before schema version 16, only a ready job sent one).
+#[test]
+fn a_delayed_job_pushed_in_a_transaction_wakes_workers_at_the_commit() {
+    if !pg::enabled() {
+        return;
+    }
+    let (_schema, store, client) = setup("push_in_delayed");
+    let queue = client.queue("mail").unwrap();
+    settle(&store);
+    let epoch = store.epoch(Wake::JobReady);
+    let mut db = app_db();
+    let later = JobSpec {
+        delay_ms: 60_000,
+        ..JobSpec::new("later")
+    };
+    push_committed(&mut db, &queue, &later);
+    assert!(
+        store.wait_epoch(Wake::JobReady, epoch, Duration::from_secs(10)),
+        "the delayed push woke nobody"
+    );
+}
+
 #[test]
 fn a_job_pushed_in_a_transaction_appears_and_wakes_workers_at_the_commit() {
     if !pg::enabled() {

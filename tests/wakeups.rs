@@ -165,3 +165,128 @@ fn an_unrelated_wake_does_not_end_a_wait() {
         "the push rang its own bell"
     );
 }
+
+/// Every change that lets an idle worker start a job sooner than it last
+/// read moves the `JobReady` epoch (so a worker can wait for it instead of
+/// polling): a delayed push, a retry scheduled, a schedule put, a job
+/// parked until a rate allows it. What changes nothing for an idle worker
+/// moves nothing: an empty claim, a claim (on SQLite), a renewal, a
+/// completion (no waiting jobs), so a worker's own claims wake nobody.
+#[test]
+fn every_change_an_idle_worker_waits_for_is_announced() {
+    use leasehold::core::schedule::{Missed, Rule, ScheduleSpec};
+    use leasehold::{Limits, Rate};
+    let dir = Dir::new("announced");
+    let url = format!("sqlite:{}", dir.0.join("q.db").display());
+    let waiter = open(&url);
+    assert!(waiter.announces_changes(), "a shared doorbell");
+    let client = Client::builder_shared(open(&url)).build();
+    let queue = client.queue("q").unwrap();
+    let lease = Duration::from_secs(30);
+    let rings = |what: &str, act: &dyn Fn()| {
+        let epoch = waiter.epoch(Wake::JobReady);
+        act();
+        assert_ne!(waiter.epoch(Wake::JobReady), epoch, "{what}: not announced");
+    };
+    let silent = |what: &str, act: &dyn Fn()| {
+        let epoch = waiter.epoch(Wake::JobReady);
+        act();
+        assert_eq!(waiter.epoch(Wake::JobReady), epoch, "{what}: announced");
+    };
+    let delayed = JobSpec {
+        delay_ms: 60_000,
+        ..JobSpec::new("later")
+    };
+    rings("a delayed push", &|| {
+        queue.push(&delayed).unwrap();
+    });
+    silent("an empty claim", &|| {
+        assert!(queue.claim(lease).unwrap().is_none());
+    });
+    let retried = JobSpec {
+        max_attempts: 3,
+        ..JobSpec::new("retried")
+    };
+    queue.push(&retried).unwrap();
+    // A claim: an empty claim after it sees it (SQLite runs one at a
+    // time), so it wakes nobody (PostgreSQL's, which overlap, do).
+    let job = std::cell::RefCell::new(None);
+    silent("a claim", &|| {
+        *job.borrow_mut() = queue.claim(lease).unwrap();
+    });
+    let job = job.into_inner().expect("the ready job");
+    silent("a renewal", &|| {
+        assert!(!job.heartbeat().unwrap(), "no cancel asked");
+    });
+    rings("a retry scheduled after its backoff", &|| {
+        assert_eq!(job.fail("flaky").unwrap(), leasehold::JobState::Scheduled);
+    });
+    let spec = ScheduleSpec {
+        name: "hourly".into(),
+        rule: Rule::every(3_600_000),
+        job: JobSpec::new("report"),
+        missed: Missed::Skip,
+    };
+    rings("a schedule put", &|| {
+        queue.schedule(&spec).unwrap();
+    });
+    // A per-key rate of one start a minute: the second job of the key is
+    // parked by a claim that starts nothing.
+    let rated = client.queue("rated").unwrap();
+    rated
+        .set_limits(Limits::none().with_per_key_rate(Some(Rate::new(1, 60_000))))
+        .unwrap();
+    let keyed = || JobSpec {
+        key: Some("k".into()),
+        ..JobSpec::new("keyed")
+    };
+    rated.push(&keyed()).unwrap();
+    let first = rated.claim(lease).unwrap().expect("the first of the key");
+    rated.push(&keyed()).unwrap();
+    rings("a job parked until its rate allows it", &|| {
+        assert!(rated.claim(lease).unwrap().is_none());
+    });
+    silent("a completion with nothing waiting on it", &|| {
+        first.complete().unwrap();
+    });
+}
+
+/// A waker that is ending is told at once: `interrupt_waits` ends a wait
+/// on the store's announcements (returning false: no event), whatever
+/// carries them (a shared doorbell, a process-local bell, the mem store).
+#[test]
+fn interrupt_waits_ends_a_wait_at_once() {
+    let dir = Dir::new("interrupt");
+    std::fs::create_dir(dir.0.join("local.db-wake")).unwrap();
+    let stores: [(&str, Arc<dyn Store>); 3] = [
+        (
+            "doorbell",
+            open(&format!("sqlite:{}", dir.0.join("q.db").display())),
+        ),
+        (
+            "local bell",
+            Arc::new(SqliteStore::open(dir.0.join("local.db")).unwrap()),
+        ),
+        ("mem", Arc::new(leasehold::MemStore::new())),
+    ];
+    for (name, store) in stores {
+        assert_eq!(store.announces_changes(), name != "local bell", "{name}");
+        let epoch = store.epoch(Wake::JobReady);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| store.wait_epoch(Wake::JobReady, epoch, PATIENCE));
+            // Until it woke: an interruption before the wait began is
+            // missed by design (the waiter's timeout bounds that race).
+            while !waiting.is_finished() && started.elapsed() < PATIENCE {
+                store.interrupt_waits(Wake::JobReady);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(!waiting.join().unwrap(), "{name}: no event came");
+        });
+        assert!(
+            started.elapsed() < PATIENCE / 2,
+            "{name}: the wait ran {:?}",
+            started.elapsed()
+        );
+    }
+}

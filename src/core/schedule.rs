@@ -376,6 +376,9 @@ pub fn put(tx: &mut dyn Txn, queue: &str, spec: &ScheduleSpec, wall: WallMs) -> 
         missed: spec.missed,
         next_ms,
     })?;
+    // Idle workers fire it at its first tick rather than at their next
+    // look ([`crate::core::Wake::JobReady`]).
+    tx.journal().wake(crate::core::Wake::JobReady);
     Ok(outcome)
 }
 

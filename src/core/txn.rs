@@ -78,8 +78,15 @@ impl Journal {
 pub enum Wake {
     /// A lease slot was freed (released): blocked acquirers retry.
     LeaseFreed = 0,
-    /// A job became ready (pushed, retried, due, rescheduled without
-    /// backoff, given back): idle workers claim.
+    /// A queue's plan changed for its idle workers: a job became ready
+    /// (pushed, due, given back, released), or the instant the queue next
+    /// changes by time alone ([`crate::core::job::next_change_in`]) may
+    /// have moved earlier than an idle worker last read (a job scheduled:
+    /// a delayed push, a retry's backoff; where claims overlap
+    /// ([`JobTxn::claims_overlap`]), a claim taken, which runs out if its
+    /// worker dies; a job parked until a rate allows it; a schedule put).
+    /// Idle workers claim (and read the plan again), so they need no
+    /// polling to start a job when it can start.
     JobReady = 1,
 }
 
@@ -221,6 +228,18 @@ pub trait JobTxn {
     /// See [`Txn::token_floor`].
     fn token_floor(&self) -> u64 {
         0
+    }
+
+    /// Whether another transaction's claim may run beside this one unseen
+    /// by it (PostgreSQL: READ COMMITTED, claims skip locked rows). Then a
+    /// claim announces itself ([`Wake::JobReady`]): an idle worker whose
+    /// empty claim overlapped it learns when it runs out (the worker may
+    /// die). False, the default, where transactions run one at a time
+    /// (SQLite, the file and mem stores): an empty claim sees every claim
+    /// committed before it, and announcing each would only wake every idle
+    /// worker for nothing.
+    fn claims_overlap(&self) -> bool {
+        false
     }
 
     /// A fresh job id: never handed out before, and greater than every id

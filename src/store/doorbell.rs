@@ -14,7 +14,11 @@
 //!   the epoch's word.
 //! - **wait** (with the epoch the caller read *before* it looked at the
 //!   store): sleepers + 1; while the epoch is still the one read,
-//!   `FUTEX_WAIT` on its word until the timeout; sleepers - 1.
+//!   `FUTEX_WAIT_BITSET` on its word until the timeout, under the
+//!   process's bit; sleepers - 1.
+//! - **interrupt** (a waiter of this process is ending): `FUTEX_WAKE_BITSET`
+//!   of this process's bit, the epoch unchanged: its sleepers return and
+//!   look again (or go).
 //!
 //! # Invariants
 //! A ring is never missed by a waiter that read the epoch before the ring:
@@ -143,8 +147,25 @@ impl Doorbell {
             let word = self.epoch_word(wake);
             word.fetch_add(1, Ordering::SeqCst);
             if self.sleepers(wake).load(Ordering::SeqCst) > 0 {
-                futex(word, libc::FUTEX_WAKE, i32::MAX as u32, None);
+                // Every sleeper, whatever its bit.
+                futex(word, libc::FUTEX_WAKE, i32::MAX as u32, None, 0);
             }
+        }
+    }
+
+    /// Wake this process's sleepers on `wake` with no event: they find
+    /// the epoch unchanged and look again or go. Each process sleeps under
+    /// a bit of its own ([`process_bit`]), so only this process's sleepers
+    /// wake, and those of the processes that share its bit (one in 32).
+    pub(crate) fn interrupt(&self, wake: Wake) {
+        if self.sleepers(wake).load(Ordering::SeqCst) > 0 {
+            futex(
+                self.epoch_word(wake),
+                libc::FUTEX_WAKE_BITSET,
+                i32::MAX as u32,
+                None,
+                process_bit(),
+            );
         }
     }
 
@@ -162,7 +183,15 @@ impl Doorbell {
         if word.load(Ordering::SeqCst) == seen {
             // One sleep: a signal or a spurious return ends it early, and
             // the caller looks again (waking is never a rule).
-            futex(word, libc::FUTEX_WAIT, seen, Some(timeout));
+            // Under this process's bit, so that `interrupt` can wake it
+            // alone.
+            futex(
+                word,
+                libc::FUTEX_WAIT_BITSET,
+                seen,
+                Some(deadline(timeout)),
+                process_bit(),
+            );
         }
         sleepers.fetch_sub(1, Ordering::SeqCst);
         word.load(Ordering::SeqCst) != seen
@@ -176,18 +205,40 @@ impl Drop for Doorbell {
     }
 }
 
+/// This process's bit among a doorbell's sleepers (its pid modulo 32).
+fn process_bit() -> u32 {
+    1 << (std::process::id() % 32)
+}
+
+/// `timeout` from now on `CLOCK_MONOTONIC`: the absolute deadline that
+/// `FUTEX_WAIT_BITSET` takes.
+#[allow(clippy::unnecessary_cast)] // `time_t` and `c_long` are i32 on some targets
+fn deadline(timeout: Duration) -> libc::timespec {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the current time into `now`, which outlives the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let nanos = i64::from(timeout.subsec_nanos()) + now.tv_nsec as i64;
+    let secs = (now.tv_sec as i64)
+        .saturating_add(i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX / 2))
+        .saturating_add(nanos / 1_000_000_000);
+    libc::timespec {
+        tv_sec: secs as libc::time_t,
+        tv_nsec: (nanos % 1_000_000_000) as libc::c_long,
+    }
+}
+
 /// One `futex(2)` call on a word of a shared mapping (no private flag:
-/// other processes wait on the same word).
-fn futex(word: &AtomicU32, op: libc::c_int, val: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
+/// other processes wait on the same word); `bits` is the bitset of the
+/// `_BITSET` operations.
+fn futex(word: &AtomicU32, op: libc::c_int, val: u32, ts: Option<libc::timespec>, bits: u32) {
     let ts_ptr = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `word` is a valid, aligned 32-bit word for the call's
-    // duration; the timeout (relative, for FUTEX_WAIT) outlives it. The
+    // duration; the deadline (absolute, for FUTEX_WAIT_BITSET) outlives it. The
     // result is ignored on purpose: a wake that fails or a wait that ends
     // early only makes the caller look again.
     unsafe {
@@ -198,7 +249,7 @@ fn futex(word: &AtomicU32, op: libc::c_int, val: u32, timeout: Option<Duration>)
             val,
             ts_ptr,
             std::ptr::null::<u32>(),
-            0u32,
+            bits,
         );
     }
 }
@@ -227,7 +278,6 @@ impl Bell {
     }
 
     /// Whether other processes hear this bell.
-    #[allow(dead_code)]
     pub(crate) fn is_shared(&self) -> bool {
         matches!(self, Bell::Shared(_))
     }
@@ -245,6 +295,14 @@ impl Bell {
         match self {
             Bell::Shared(d) => d.epoch(wake),
             Bell::Local(e) => e.epoch(wake),
+        }
+    }
+
+    /// See [`crate::Store::interrupt_waits`].
+    pub(crate) fn interrupt(&self, wake: Wake) {
+        match self {
+            Bell::Shared(d) => d.interrupt(wake),
+            Bell::Local(e) => e.interrupt(),
         }
     }
 

@@ -108,6 +108,28 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// Whether [`Store::epoch`] moves for every event made by any process
+    /// that opened the store (SQLite's and the file store's shared
+    /// doorbell, PostgreSQL's `NOTIFY`, the mem store's one process): a
+    /// worker loop then waits for announcements, and polls only as a
+    /// backstop ([`crate::WorkOptions::idle_poll`]); else it polls at
+    /// least every second. False, the default, for a store that cannot
+    /// tell.
+    fn announces_changes(&self) -> bool {
+        false
+    }
+
+    /// Wake this process's threads blocked in [`Store::wait_epoch`] on
+    /// `wake` with no event (they return false, as at their timeout): a
+    /// waiter that is ending (a worker loop's waker thread) is told at
+    /// once. A waiter about to block when this is called may miss it and
+    /// wait out its timeout; a waiter of another process may wake too (a
+    /// doorbell's sleepers are told apart by a bit per process, 32 bits)
+    /// and finds no event. The default does nothing.
+    fn interrupt_waits(&self, wake: Wake) {
+        let _ = wake;
+    }
+
     /// How many of one client's transactions gain by running at once: the
     /// store threads of a worker loop (its claim, renewal round and settle
     /// may be in flight together). 1, the default, where the store runs
@@ -411,6 +433,14 @@ impl Epochs {
         crate::sync::lock(&self.state).0[wake.index()]
     }
 
+    /// See [`Store::interrupt_waits`].
+    pub fn interrupt(&self) {
+        let st = crate::sync::lock(&self.state);
+        if st.1 > 0 {
+            self.changed.notify_all();
+        }
+    }
+
     /// See [`Store::wait_epoch`].
     pub fn wait(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
         let mut st = crate::sync::lock(&self.state);
@@ -502,6 +532,12 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: Duration) -> bool {
         (**self).wait_epoch(wake, epoch, timeout)
+    }
+    fn announces_changes(&self) -> bool {
+        (**self).announces_changes()
+    }
+    fn interrupt_waits(&self, wake: Wake) {
+        (**self).interrupt_waits(wake)
     }
 
     fn concurrent_txns(&self) -> usize {

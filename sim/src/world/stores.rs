@@ -36,6 +36,18 @@ impl<S: Store> Store for TempStore<S> {
     fn describe(&self) -> String {
         self.store.describe()
     }
+    fn epoch(&self, wake: leasehold::Wake) -> u64 {
+        self.store.epoch(wake)
+    }
+    fn wait_epoch(&self, wake: leasehold::Wake, epoch: u64, timeout: std::time::Duration) -> bool {
+        self.store.wait_epoch(wake, epoch, timeout)
+    }
+    fn announces_changes(&self) -> bool {
+        self.store.announces_changes()
+    }
+    fn interrupt_waits(&self, wake: leasehold::Wake) {
+        self.store.interrupt_waits(wake)
+    }
 }
 
 /// Open a store of kind `tag` in a fresh temporary directory.
@@ -144,6 +156,18 @@ impl Store for BrokenStore {
     }
     fn describe(&self) -> String {
         format!("broken {}", self.inner.describe())
+    }
+    fn epoch(&self, wake: leasehold::Wake) -> u64 {
+        self.inner.epoch(wake)
+    }
+    fn wait_epoch(&self, wake: leasehold::Wake, epoch: u64, timeout: std::time::Duration) -> bool {
+        self.inner.wait_epoch(wake, epoch, timeout)
+    }
+    fn announces_changes(&self) -> bool {
+        self.inner.announces_changes()
+    }
+    fn interrupt_waits(&self, wake: leasehold::Wake) {
+        self.inner.interrupt_waits(wake)
     }
 }
 

@@ -191,8 +191,10 @@ pub(super) fn release(
                 child.reschedule(child.run_at_ms, now_ms);
                 tx.put_job(&child)?;
                 note(tx, &child, JobChange::Released);
-                if child.state == JobState::Ready {
+                if super::rules::wakes_idle(child.state) {
                     tx.journal().wake(Wake::JobReady);
+                }
+                if child.state == JobState::Ready {
                     ready.push(child);
                 }
             } else {

@@ -276,6 +276,12 @@ pub(super) fn claim_limited(
                 if !keys[at].admit(&limits, now_ms) {
                     job.parked = true;
                     tx.put_job(&job)?;
+                    // Parked until a rate allows it, maybe sooner than
+                    // idle workers plan to look (a key that is full
+                    // frees by an ending, which wakes them anyway).
+                    if limits.per_key_rate.is_some() {
+                        tx.journal().wake(Wake::JobReady);
+                    }
                     parked_now += 1;
                     continue;
                 }

@@ -43,10 +43,17 @@ fn put_released(tx: &mut dyn JobTxn, job: &JobRecord) -> Result<Vec<JobRecord>> 
     } else {
         tx.put_job(job)?;
     }
-    if job.state == JobState::Ready {
+    if wakes_idle(job.state) {
         tx.journal().wake(Wake::JobReady);
     }
     Ok(released)
+}
+
+/// Whether a job written in `state` changes the plan of idle workers
+/// ([`Wake::JobReady`]): it is claimable now, or at a time they may not
+/// know (a scheduled job's `run_at`).
+pub(super) fn wakes_idle(state: JobState) -> bool {
+    matches!(state, JobState::Ready | JobState::Scheduled)
 }
 
 /// Record that `job` made the transition `change` (see [`Event`]).
@@ -313,6 +320,11 @@ pub(super) fn start(
         deadline_ms,
     });
     tx.put_job(job)?;
+    // Its claim runs out at `lease_until_ms` if its worker dies: idle
+    // workers whose look overlapped it learn the instant.
+    if tx.claims_overlap() {
+        tx.journal().wake(Wake::JobReady);
+    }
     let wait_ms = now_ms.saturating_sub(job.run_at_ms.max(job.created_at_ms));
     note(tx, job, JobChange::Claimed { wait_ms });
     Ok(())

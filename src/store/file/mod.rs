@@ -440,4 +440,14 @@ impl Store for FileStore {
     fn wait_epoch(&self, wake: Wake, epoch: u64, timeout: std::time::Duration) -> bool {
         self.bell.wait(wake, epoch, timeout)
     }
+
+    /// Only where the doorbell is shared: without it, other processes'
+    /// events go unannounced.
+    fn announces_changes(&self) -> bool {
+        self.bell.is_shared()
+    }
+
+    fn interrupt_waits(&self, wake: Wake) {
+        self.bell.interrupt(wake);
+    }
 }

@@ -443,6 +443,18 @@ impl Store for MemStore {
         st.waiters -= 1;
         st.epochs[wake.index()] != epoch
     }
+
+    /// Every transaction is this process's: all are announced.
+    fn announces_changes(&self) -> bool {
+        true
+    }
+
+    fn interrupt_waits(&self, _wake: Wake) {
+        let st = lock(&self.state);
+        if st.waiters > 0 {
+            self.changed.notify_all();
+        }
+    }
 }
 
 #[cfg(test)]

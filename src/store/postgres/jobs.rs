@@ -44,6 +44,11 @@ impl JobTxn for PgTxn<'_> {
         self.token_floor
     }
 
+    /// Claims run side by side, each skipping the rows others locked.
+    fn claims_overlap(&self) -> bool {
+        true
+    }
+
     fn reserve_job_ids(&mut self, last: JobId) -> Result<()> {
         // Ids taken before may be at or below `last`: never hand them out.
         self.ids.retain(|&id| id > last.0);

@@ -1,7 +1,12 @@
 //! Wake-ups across processes: a transaction that frees a lease slot or
-//! makes a job ready sends `pg_notify` on the schema's channel; one thread
-//! per store handle (started on the first wait, with its own connection)
-//! listens and bumps the counter of the event each notification names.
+//! changes a queue's plan for its idle workers ([`Wake::JobReady`]) sends
+//! `pg_notify` on the schema's channel; one thread per store handle
+//! (started on the first wait, with its own connection) listens and bumps
+//! the counter of the event each notification names. A connection that
+//! died silently (a half-open socket after a failover) would lose every
+//! note, so a wait that hears nothing for [`LISTEN_WAIT`] asks the server
+//! whether the session is alive, and reconnects (bumping every epoch) if
+//! not.
 
 use super::pool::Connector;
 use crate::store::Wake;
@@ -9,6 +14,12 @@ use crate::sync::{lock, thread, Condvar, Mutex};
 use fallible_iterator::FallibleIterator;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Longest the listener thread waits for a notification before it looks
+/// at its stop flag again: how long it outlives its store handle when no
+/// `stop` note reached it (an idle session sends one at the handle's
+/// drop). Not a poll: a wait that times out bumps nothing.
+const LISTEN_WAIT: Duration = Duration::from_secs(5);
 
 /// Wake-up counters fed by the listener thread.
 #[derive(Default)]
@@ -44,9 +55,13 @@ impl Listener {
         }
     }
 
-    /// Ask the thread to end (it notices within a quarter second).
-    pub fn stop(&self) {
-        lock(&self.state).stop = true;
+    /// Ask the thread to end (it notices at a `stop` note on the channel,
+    /// or within [`LISTEN_WAIT`]); whether it was started (and so whether
+    /// a note is worth sending).
+    pub fn stop(&self) -> bool {
+        let mut st = lock(&self.state);
+        st.stop = true;
+        st.started
     }
 
     /// See [`crate::Store::epoch`].
@@ -65,6 +80,12 @@ impl Listener {
             Err(poisoned) => poisoned.into_inner(),
         };
         st.epochs[wake.index()] != epoch
+    }
+
+    /// See [`crate::Store::interrupt_waits`].
+    pub fn interrupt(&self) {
+        let _st = lock(&self.state);
+        self.changed.notify_all();
     }
 
     /// Bump the epoch of `which` (every epoch when `None`).
@@ -97,12 +118,17 @@ impl Listener {
             while !stopped() {
                 let next = {
                     let mut notes = client.notifications();
-                    let next = notes.timeout_iter(Duration::from_millis(250)).next();
+                    let next = notes.timeout_iter(LISTEN_WAIT).next();
                     next
                 };
                 match next {
+                    // A handle's stop (its own or another process's): it
+                    // announces no event.
+                    Ok(Some(n)) if n.payload() == "stop" => {}
                     Ok(Some(n)) => self.bump(n.payload().parse::<usize>().ok().filter(|&w| w < 2)),
-                    Ok(None) if !client.is_closed() => {}
+                    // Quiet: unless stopping, make sure the session lives.
+                    Ok(None) if stopped() => {}
+                    Ok(None) if client.is_valid(LISTEN_WAIT).is_ok() => {}
                     _ => break,
                 }
             }

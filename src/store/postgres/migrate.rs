@@ -16,7 +16,7 @@ pub(super) const ADVISORY_CLASS: i32 = 0x4C53_4844;
 
 /// Migrations, in order: `MIGRATIONS[i]` brings a schema from version `i`
 /// to `i + 1`. `{s}` is the quoted schema name.
-const MIGRATIONS: [&str; 15] = [
+const MIGRATIONS: [&str; 16] = [
     "
 CREATE TABLE {s}.leases (
     key text PRIMARY KEY,
@@ -96,6 +96,9 @@ CREATE UNIQUE INDEX jobs_unique ON {s}.jobs (queue, unique_key)
     // migration marks, the failover fence and the server's timeline); and
     // `push` refuses a moved schema (re-created below).
     META_FUNCTION,
+    // v16: `push` announces a delayed job too (idle workers sleep until
+    // the queue's next change by time, and learn of it from the note).
+    PUSH_FUNCTION,
 ];
 
 /// Stands for the text of `meta::meta_function` in [`MIGRATIONS`].

@@ -52,10 +52,12 @@
 //!   table nor a hash join to choose (`sql.rs`, `BY_ID`), since a plan
 //!   made while the table was small scanned all of it for every batch
 //!   once it had grown.
-//! - **Wake-ups**: a transaction that frees a lease slot or makes a job
-//!   ready sends `pg_notify` on the schema's channel; a listener thread per
-//!   store handle (started on the first wait, with its own connection)
-//!   wakes blocked acquirers and idle workers. Polling stays the fallback.
+//! - **Wake-ups**: a transaction that frees a lease slot or changes a
+//!   queue's plan for its idle workers (a job made ready or scheduled, a
+//!   claim taken: [`Wake::JobReady`]) sends `pg_notify` on the schema's
+//!   channel; a listener thread per store handle (started on the first
+//!   wait, with its own connection) wakes blocked acquirers and idle
+//!   workers. Idle workers keep a backstop claim (`idle_poll`).
 //! - **Errors**: serialization failures, deadlocks, lock timeouts, unique
 //!   violations (two first grants of one key) and lost connections are
 //!   transient; the client retries them with jittered backoff up to its
@@ -516,9 +518,14 @@ impl PostgresStore {
 
 impl Drop for PostgresStore {
     fn drop(&mut self) {
-        self.listener.stop();
-        let idle = self.pool.take_idle();
+        let listening = self.listener.stop();
+        let mut idle = self.pool.take_idle();
         if self.fork.is_origin_strict() {
+            // A note that wakes the listener to see its stop now rather
+            // than at the end of its wait (other processes' listeners
+            // ignore it); without an idle session to send it on, the wait
+            // ends it.
+            let note = listening.then(|| format!("NOTIFY \"{}\", 'stop'", self.channel));
             // Closing a session blocks on the driver's own runtime, which
             // panics on a thread that drives a tokio runtime (a store
             // dropped inside async code): close them on a thread of their
@@ -526,7 +533,12 @@ impl Drop for PostgresStore {
             if !idle.is_empty() {
                 let closing = std::thread::Builder::new()
                     .name("leasehold-pg-close".to_owned())
-                    .spawn(move || drop(idle));
+                    .spawn(move || {
+                        if let (Some(note), Some(conn)) = (note, idle.first_mut()) {
+                            let _ = conn.client.batch_execute(&note);
+                        }
+                        drop(idle)
+                    });
                 drop(closing);
             }
         } else {
@@ -587,5 +599,15 @@ impl Store for PostgresStore {
             self.listener.start(&self.pool.cfg.connector, &self.channel);
         }
         self.listener.wait(wake, epoch, timeout)
+    }
+
+    /// `NOTIFY` reaches every listening process; a listener that
+    /// (re)connects bumps every epoch, for what it may have missed.
+    fn announces_changes(&self) -> bool {
+        true
+    }
+
+    fn interrupt_waits(&self, _wake: Wake) {
+        self.listener.interrupt();
     }
 }

@@ -9,7 +9,8 @@
 //!   back savepoint) leaves nothing, and no worker can see it before the
 //!   commit (READ COMMITTED scans see committed rows only).
 //! - **Woken by the commit**: the function sends `pg_notify` on the
-//!   schema's channel when the job is ready; PostgreSQL delivers a
+//!   schema's channel (a ready job can start; a delayed one changes when
+//!   the queue next changes by time); PostgreSQL delivers a
 //!   transaction's notifications when it commits, and drops them when it
 //!   rolls back, so idle workers wake at the commit and only then.
 //! - **No lock that blocks workers**: the insert locks only its own new
@@ -205,9 +206,9 @@ BEGIN
     VALUES (push.id, push.queue, push.payload, push.priority, at_ms, now_ms, push.max_attempts,
             0, 0, 0, CASE WHEN at_ms <= now_ms THEN 0 ELSE 1 END, false,
             push.unique_key, push.concurrency_key, false, push.timeout_ms);
-    IF at_ms <= now_ms THEN
-        PERFORM pg_notify('{channel}', '{job_ready}');
-    END IF;
+    -- Ready or scheduled, idle workers read the queue again (a delayed
+    -- job moves when it next changes by time).
+    PERFORM pg_notify('{channel}', '{job_ready}');
 END
 $push$;
 COMMENT ON FUNCTION {s}.push IS 'leasehold: enqueue a job in the calling transaction (see the README, Transactional enqueue)';

@@ -456,6 +456,16 @@ impl Store for SqliteStore {
         self.bell.wait(wake, epoch, timeout)
     }
 
+    /// Only where the doorbell is shared: without it, other processes'
+    /// events go unannounced.
+    fn announces_changes(&self) -> bool {
+        self.bell.is_shared()
+    }
+
+    fn interrupt_waits(&self, wake: Wake) {
+        self.bell.interrupt(wake);
+    }
+
     /// Read on a connection of its own (marks are read and written
     /// rarely; the group's connection may be inside a transaction).
     fn marks(&self) -> Result<crate::store::Marks> {
