@@ -997,6 +997,49 @@ fn an_idle_queue_work_exits_at_once_on_sigterm() {
     assert!(quick >= 5, "SIGTERM to exit, ms: {took:?}");
 }
 
+/// Context switches of every thread of process `pid` so far (each is a
+/// wake-up: a thread that slept and ran again, or was preempted).
+fn context_switches(pid: u32) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// An idle `queue work` sleeps: no claims every second, no store waits
+/// that time out, no looks at its schedules every 5 s. What is left is
+/// the presence lease's renewal (every 10 s) and the waker's 10 s wait.
+/// Before: about 5 wake-ups a second (55 over the 10 s here).
+#[test]
+fn an_idle_queue_work_wakes_rarely() {
+    let d = Dir::new("idle-wakes");
+    d.json(&["queue", "push", "warm"]);
+    let mut worker = d
+        .cmd()
+        .args(["queue", "work", "idle", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let before = context_switches(worker.id());
+    std::thread::sleep(Duration::from_secs(10));
+    let woke = context_switches(worker.id()) - before;
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(worker.id() as i32, libc::SIGTERM);
+    }
+    assert!(worker.wait().unwrap().success());
+    assert!(woke <= 15, "{woke} wake-ups in 10 s of nothing");
+}
+
 #[test]
 fn run_forwards_sigterm_and_exits_with_the_commands_status() {
     let d = Dir::new("forward");

@@ -10,31 +10,71 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Longest a waker thread sleeps in one wait where the store announces
+/// changes: how long one that missed its interruption (a race with the
+/// start of its wait) lingers after its driver ended. Not a poll: a wait
+/// that times out delivers nothing.
+const WAKER_WAIT: Duration = Duration::from_secs(10);
+
+/// The same where the store cannot tell ([`Store::announces_changes`]):
+/// it may not interrupt its waits either, and its waiters poll anyway.
+const WAKER_WAIT_UNANNOUNCED: Duration = Duration::from_secs(1);
+
+/// The thread [`spawn_waker`] started. Dropping this stops it: it is told
+/// at once ([`Store::interrupt_waits`]) and ends without delivering.
+pub(crate) struct WakerThread {
+    quit: Arc<AtomicBool>,
+    store: Arc<dyn Store>,
+    wake: Wake,
+}
+
+impl Drop for WakerThread {
+    fn drop(&mut self) {
+        self.quit.store(true, Ordering::SeqCst);
+        self.store.interrupt_waits(self.wake);
+    }
+}
+
 /// Call `deliver` whenever `store` announces `wake`, on a thread of its
-/// own, until `quit` is set. Detached, so that a driver that stops never
-/// waits out the thread's current wait (it ends at its next wake-up or
-/// within a second, holding its store handle until then): `Queue::work
-/// --drain` and `elect --once` return as soon as they are done, and an
-/// idle one wakes once a second.
+/// own, until the returned handle is dropped. Detached, so that a driver
+/// that stops never waits for the thread (it ends when interrupted, at
+/// worst after [`WAKER_WAIT`], holding its store handle until then):
+/// `Queue::work --drain` and `elect --once` return as soon as they are
+/// done. It wakes only when `wake` is announced (or interrupted), so an
+/// idle driver's waker costs nothing.
 pub(crate) fn spawn_waker(
     store: Arc<dyn Store>,
     wake: Wake,
-    quit: Arc<AtomicBool>,
     deliver: impl Fn() + Send + 'static,
-) -> crate::error::Result<()> {
+) -> crate::error::Result<WakerThread> {
+    let quit = Arc::new(AtomicBool::new(false));
+    let handle = WakerThread {
+        quit: quit.clone(),
+        store: store.clone(),
+        wake,
+    };
     thread::Builder::new()
         .name("leasehold-waker".to_owned())
         .spawn(move || {
+            let wait = if store.announces_changes() {
+                WAKER_WAIT
+            } else {
+                WAKER_WAIT_UNANNOUNCED
+            };
+            // The epoch last delivered, read before the delivery: a change
+            // committed while the driver acts on it moves the epoch past
+            // it, and the next wait returns at once.
+            let mut epoch = store.epoch(wake);
             while !quit.load(Ordering::SeqCst) {
-                let epoch = store.epoch(wake);
-                if store.wait_epoch(wake, epoch, Duration::from_secs(1))
-                    && !quit.load(Ordering::SeqCst)
-                {
-                    deliver();
+                if store.wait_epoch(wake, epoch, wait) {
+                    epoch = store.epoch(wake);
+                    if !quit.load(Ordering::SeqCst) {
+                        deliver();
+                    }
                 }
             }
         })
-        .map(drop)
+        .map(|_| handle)
         .map_err(|e| crate::Error::store("starting the waker thread", e.to_string()))
 }
 

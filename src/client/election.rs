@@ -442,17 +442,14 @@ fn drive(
     on_event: &mut dyn FnMut(LeaderEvent),
 ) -> std::result::Result<Result<()>, Panic> {
     let requests: Channel<HolderRequest> = Channel::new();
-    let quit = Arc::new(AtomicBool::new(false));
     let exec = session.exec().clone();
     let woken = shared.clone();
-    if let Err(e) = spawn_waker(
-        client.store().clone(),
-        Wake::LeaseFreed,
-        quit.clone(),
-        move || woken.inbox.push(Delivery::Woke),
-    ) {
-        return Ok(Err(e));
-    }
+    let waker = match spawn_waker(client.store().clone(), Wake::LeaseFreed, move || {
+        woken.inbox.push(Delivery::Woke)
+    }) {
+        Ok(waker) => waker,
+        Err(e) => return Ok(Err(e)),
+    };
     std::thread::scope(|s| {
         s.spawn(|| {
             while let Some(request) = requests.pop() {
@@ -463,7 +460,7 @@ fn drive(
         let end = caught(|| campaign(session, shared, on_event, &requests, &shared.inbox));
         // Also after a panic: the store thread waits for requests until
         // the channel closes, and the scope for the store thread.
-        quit.store(true, Ordering::SeqCst);
+        drop(waker);
         requests.close();
         end
     })

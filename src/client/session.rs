@@ -208,13 +208,15 @@ impl Session {
     /// A session of `client` on `queue` with `opts`, starting now.
     pub fn new(client: &Client, queue: &Arc<str>, opts: &WorkOptions) -> Session {
         let lease_ms = ms_of(opts.lease);
+        let announced = client.store().announces_changes();
         let cfg = WorkerConfig {
             lease_ms,
             concurrency: opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY),
             prefetch: opts.prefetch,
             batch_max: opts.batch.clamp(1, core::MAX_BATCH),
             flush_delay_ms: ms_of(opts.flush_delay),
-            idle_max_ms: ms_of(opts.idle_poll).max(1),
+            idle_max_ms: opts.idle_max_ms(announced),
+            announced,
             heartbeat_ms: opts.heartbeat.map_or(0, ms_of),
             drain: opts.drain,
             drift: client.inner.drift,

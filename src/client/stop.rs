@@ -19,8 +19,8 @@
 //! to look: it wakes every 200 ms while idle to do so. A loop on a
 //! [`StopSignal`] sleeps until its own timers (the idle claim, every
 //! [`WorkOptions::idle_poll`](super::WorkOptions::idle_poll) at most;
-//! and at most a second apart, a backstop for a system suspend) or the
-//! signal wake it.
+//! and at most 30 s apart, a backstop for a system suspend), the store's
+//! announcements or the signal wake it.
 //!
 //! [`Queue::work`]: super::Queue::work
 

@@ -31,12 +31,21 @@ pub struct WorkOptions {
     /// Return once the queue is drained ([`crate::core::job::drained`]: no
     /// job ready, running, or due, retries in backoff included).
     pub drain: bool,
-    /// Longest sleep between claims when the queue is empty. A push, a
-    /// retry or a job given back announced by the store (in any process:
-    /// SQLite's and the file store's doorbell, PostgreSQL's NOTIFY) cuts
-    /// it short, and an empty claim says when the queue next changes by
-    /// time alone (a retry or a delayed job falls due, a claim runs out),
-    /// which cuts it short too: polling is only the fallback (default 1 s).
+    /// Longest sleep between claims when the queue is empty (default
+    /// 30 s; each sleep is drawn from its second half): a backstop, not a
+    /// poll. Every change that can start a job sooner is announced by the
+    /// store, in any process (SQLite's doorbell, PostgreSQL's `NOTIFY`):
+    /// a push, a job given back or released, a retry or a delayed job
+    /// scheduled, a schedule put, a queue resumed, and on PostgreSQL,
+    /// where claims overlap, a claim taken elsewhere (it runs out if its
+    /// worker dies). The announcement wakes the loop, and an empty claim says
+    /// when the queue next changes by time alone (a retry or a delayed
+    /// job falls due, a claim runs out, a rate allows a start), which
+    /// ends the sleep too. So an idle loop costs no wake-ups while nothing
+    /// happens. Where the store cannot announce other processes' changes
+    /// ([`crate::Store::announces_changes`]: a SQLite database whose
+    /// doorbell file could not be made), the loop polls instead: empty
+    /// claims back off from 1 ms to at most a second (or this, if less).
     pub idle_poll: Duration,
     /// Longest an outcome waits for others to share its transaction.
     pub flush_delay: Duration,
@@ -60,6 +69,21 @@ impl WorkOptions {
     /// The most handlers a worker loop runs at once (a larger
     /// `concurrency` is taken as this).
     pub const MAX_CONCURRENCY: usize = 1024;
+
+    /// The longest idle wait where the store cannot announce every
+    /// change: a poll.
+    const UNANNOUNCED_POLL_MS: u64 = 1_000;
+
+    /// The machine's longest idle wait (ms): `idle_poll`, at most a
+    /// second where the store's changes go unannounced.
+    pub(crate) fn idle_max_ms(&self, announced: bool) -> u64 {
+        let ms = super::ms_of(self.idle_poll).max(1);
+        if announced {
+            ms
+        } else {
+            ms.min(Self::UNANNOUNCED_POLL_MS)
+        }
+    }
 }
 
 impl Default for WorkOptions {
@@ -70,7 +94,7 @@ impl Default for WorkOptions {
             concurrency: 1,
             prefetch: 1,
             drain: false,
-            idle_poll: Duration::from_secs(1),
+            idle_poll: Duration::from_secs(30),
             flush_delay: Duration::from_millis(1),
             heartbeat: None,
             shutdown_grace: Duration::from_secs(30),
@@ -134,4 +158,22 @@ pub fn fit_reason(reason: &str) -> std::borrow::Cow<'_, str> {
         tail - head,
         &clean[tail..]
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_wait_is_the_backstop_where_announced_and_at_most_a_second_elsewhere() {
+        let at = |ms: u64| WorkOptions {
+            idle_poll: Duration::from_millis(ms),
+            ..WorkOptions::default()
+        };
+        assert_eq!(WorkOptions::default().idle_max_ms(true), 30_000);
+        assert_eq!(WorkOptions::default().idle_max_ms(false), 1_000);
+        assert_eq!(at(250).idle_max_ms(false), 250, "a shorter poll is kept");
+        assert_eq!(at(90_000).idle_max_ms(true), 90_000);
+        assert_eq!(at(0).idle_max_ms(true), 1, "never zero: no busy loop");
+    }
 }

@@ -207,9 +207,11 @@ const STOP_POLL_MS: u64 = 200;
 /// The longest the driver sleeps when nothing (no timer of the machine,
 /// no stop flag to look at) wakes it sooner: a backstop for what its nap
 /// does not follow (a system suspend, which the nap's clock does not
-/// count and the local clock does; a manual clock), not a rule. An idle
-/// loop claims about this often anyway (`idle_poll`, 1 s).
-const IDLE_NAP_MS: u64 = 1_000;
+/// count and the local clock does; a manual clock), not a rule: the
+/// default `idle_poll`'s length, so an idle loop sleeps undisturbed
+/// until its backstop claim (a timer in hand, a renewal of a held job, is
+/// never more than a second away).
+const IDLE_NAP_MS: u64 = 30_000;
 
 impl Queue {
     /// Claim and run jobs until `stop` is set (or, with `drain`, until the
@@ -289,7 +291,6 @@ impl Queue {
             observe: &observe,
             ended: AtomicBool::new(false),
         };
-        let quit = Arc::new(AtomicBool::new(false));
         let threads = opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY);
         let ended = std::thread::scope(|s| {
             for _ in 0..threads {
@@ -314,21 +315,18 @@ impl Queue {
             }
             // Started last: started first, it made the one-handler loop
             // about 15 % slower (measured; thread placement on 2 cores).
-            let woken = spawn_waker(
-                self.client.store().clone(),
-                Wake::JobReady,
-                quit.clone(),
-                move || hub.rouse(|core| core.woke = true),
-            );
+            let woken = spawn_waker(self.client.store().clone(), Wake::JobReady, move || {
+                hub.rouse(|core| core.woke = true)
+            });
             let ended = match woken {
-                Ok(()) => shared.drive(),
+                // The waker stops (interrupted) as the driver returns.
+                Ok(_waker) => shared.drive(),
                 Err(e) => Ok(Err(e)),
             };
             shared.ended.store(true, Ordering::SeqCst);
             if ended.is_err() {
                 lock(&shared.hub.core).session.stop_running();
             }
-            quit.store(true, Ordering::SeqCst);
             shared.pool.close();
             shared.requests.close();
             ended

@@ -272,7 +272,7 @@ impl Client {
     }
 
     /// A receiver that changes whenever the store announces `wake`.
-    pub(crate) fn subscribe(&self, wake: Wake) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self, wake: Wake) -> Subscription {
         self.wakes.subscribe(wake)
     }
 }
@@ -284,6 +284,60 @@ impl Client {
 struct Wakes {
     store: Arc<dyn Store>,
     senders: Mutex<[Option<watch::Sender<u64>>; 2]>,
+}
+
+/// Longest a watcher sleeps in one wait: how long one lingers after its
+/// last listener left if it missed its interruption (a race with the
+/// start of its wait), or where the store cannot interrupt its waits
+/// (a runtime's shutdown waits for it). Not a poll: a wait that times out
+/// sends nothing.
+const WATCH_WAIT: Duration = Duration::from_secs(5);
+
+/// The same where the store cannot tell ([`Store::announces_changes`]):
+/// it may not interrupt its waits either.
+const WATCH_WAIT_UNANNOUNCED: Duration = Duration::from_millis(100);
+
+/// A task's receiver of a store's announcements (it derefs to the
+/// [`watch::Receiver`]). The last one dropped interrupts the watcher's
+/// wait ([`Store::interrupt_waits`]), so the watcher ends at once rather
+/// than wake now and then to see whether anyone still listens.
+pub(crate) struct Subscription {
+    rx: Option<watch::Receiver<u64>>,
+    wakes: Arc<Wakes>,
+    wake: Wake,
+}
+
+impl std::ops::Deref for Subscription {
+    type Target = watch::Receiver<u64>;
+    fn deref(&self) -> &Self::Target {
+        self.rx
+            .as_ref()
+            .expect("a subscription's receiver lives until it is dropped")
+    }
+}
+
+impl std::ops::DerefMut for Subscription {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.rx
+            .as_mut()
+            .expect("a subscription's receiver lives until it is dropped")
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let last = {
+            // Under the lock the watcher reads the count with.
+            let senders = lock(&self.wakes.senders);
+            drop(self.rx.take());
+            senders[self.wake.index()]
+                .as_ref()
+                .is_some_and(|tx| tx.receiver_count() == 0)
+        };
+        if last {
+            self.wakes.store.interrupt_waits(self.wake);
+        }
+    }
 }
 
 /// The announcements of each store handle in use, by its address.
@@ -311,16 +365,23 @@ impl Wakes {
         wakes
     }
 
-    fn subscribe(self: &Arc<Self>, wake: Wake) -> watch::Receiver<u64> {
+    fn subscribe(self: &Arc<Self>, wake: Wake) -> Subscription {
         let mut senders = lock(&self.senders);
-        if let Some(tx) = &senders[wake.index()] {
-            return tx.subscribe();
+        let rx = match &senders[wake.index()] {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = watch::channel(self.store.epoch(wake));
+                senders[wake.index()] = Some(tx);
+                let me = Arc::clone(self);
+                drop(tokio::task::spawn_blocking(move || me.watch(wake)));
+                rx
+            }
+        };
+        Subscription {
+            rx: Some(rx),
+            wakes: Arc::clone(self),
+            wake,
         }
-        let (tx, rx) = watch::channel(self.store.epoch(wake));
-        senders[wake.index()] = Some(tx);
-        let me = Arc::clone(self);
-        drop(tokio::task::spawn_blocking(move || me.watch(wake)));
-        rx
     }
 
     /// The watcher: wait for the store's epoch to move, tell the
@@ -338,10 +399,12 @@ impl Wakes {
                     }
                 }
             };
-            if self
-                .store
-                .wait_epoch(wake, epoch, Duration::from_millis(100))
-            {
+            let wait = if self.store.announces_changes() {
+                WATCH_WAIT
+            } else {
+                WATCH_WAIT_UNANNOUNCED
+            };
+            if self.store.wait_epoch(wake, epoch, wait) {
                 let now = self.store.epoch(wake);
                 if let Some(tx) = &lock(&self.senders)[wake.index()] {
                     tx.send_replace(now);

@@ -172,3 +172,104 @@ fn a_draining_worker_waits_for_its_fire_before_it_finishes() {
     let a = drain(&mut m);
     assert!(requests(&a).contains(&WorkerRequest::Claim { max: 1 }));
 }
+
+/// A worker on a store that announces changes (30 s idle wait, a look at
+/// the schedules every 5 s while busy), its first fire in flight and its
+/// first claim answered empty: quiet.
+fn quiet_announced() -> WorkerMachine {
+    let cfg = WorkerConfig {
+        announced: true,
+        idle_max_ms: 30_000,
+        ..firing(5_000)
+    };
+    let mut m = WorkerMachine::new(cfg, LocalMs(0));
+    assert_eq!(fires(&drain(&mut m)), 1);
+    m.handle_reply(LocalMs(0), WorkerReply::Claimed(Ok(vec![])));
+    drain(&mut m);
+    m
+}
+
+#[test]
+fn a_quiet_worker_on_an_announcing_store_looks_at_its_schedules_when_woken() {
+    let mut m = quiet_announced();
+    // No schedule (or one far away): idle, it looks again at the idle
+    // wait, not every 5 s.
+    m.handle_reply(LocalMs(10), report(0, None));
+    assert!(m.poll_timeout().unwrap() > LocalMs(5_010));
+    m.handle_timeout(LocalMs(5_010));
+    assert_eq!(fires(&drain(&mut m)), 0);
+    // A wake-up (a schedule put elsewhere announces itself): a fire now.
+    m.wake(LocalMs(6_000));
+    let a = drain(&mut m);
+    assert_eq!(fires(&a), 1, "{a:?}");
+    m.handle_reply(LocalMs(6_010), report(0, Some(700)));
+    assert_eq!(m.poll_timeout(), Some(LocalMs(6_710)));
+    // The wake-up sent a claim too: it brings a job. A fire answered
+    // while the worker holds it looks again within 5 s, not 30.
+    m.handle_reply(LocalMs(6_011), WorkerReply::Claimed(Ok(vec![job(1, 1)])));
+    drain(&mut m);
+    m.handle_timeout(LocalMs(6_710));
+    assert_eq!(fires(&drain(&mut m)), 1, "the tick");
+    m.handle_reply(LocalMs(6_720), report(0, None));
+    m.handle_timeout(LocalMs(11_719));
+    assert_eq!(fires(&drain(&mut m)), 0);
+    m.handle_timeout(LocalMs(11_720));
+    assert_eq!(fires(&drain(&mut m)), 1, "busy: every 5 s");
+}
+
+#[test]
+fn a_wake_up_during_a_fire_brings_the_next_fire_forward_but_not_closer_than_a_second() {
+    let mut m = quiet_announced();
+    // A put announced while the fire is in flight (it may have read the
+    // schedules before): the answer does not push the next fire 30 s
+    // away, but to a second after the last.
+    m.wake(LocalMs(100));
+    assert_eq!(
+        requests(&drain(&mut m)),
+        [WorkerRequest::Claim { max: 1 }],
+        "a claim; the fire is in flight"
+    );
+    m.handle_reply(LocalMs(150), WorkerReply::Claimed(Ok(vec![])));
+    m.handle_reply(LocalMs(200), report(0, None));
+    m.handle_timeout(LocalMs(999));
+    assert_eq!(fires(&drain(&mut m)), 0, "not closer than a second");
+    m.handle_timeout(LocalMs(1_000));
+    assert_eq!(fires(&drain(&mut m)), 1);
+    m.handle_reply(LocalMs(1_010), report(0, None));
+    // A storm of wake-ups: a fire a second at most.
+    let mut fired = 0;
+    for t in (1_020..6_000).step_by(10) {
+        m.wake(LocalMs(t));
+        let a = drain(&mut m);
+        fired += fires(&a);
+        // Answer every claim and fire at once.
+        for r in requests(&a) {
+            match r {
+                WorkerRequest::Claim { .. } => {
+                    m.handle_reply(LocalMs(t), WorkerReply::Claimed(Ok(vec![])))
+                }
+                WorkerRequest::Fire => m.handle_reply(LocalMs(t), report(0, None)),
+                _ => {}
+            }
+        }
+        drain(&mut m);
+    }
+    assert!((4..=5).contains(&fired), "{fired} fires in 5 s of wake-ups");
+}
+
+#[test]
+fn without_announcements_a_quiet_worker_still_looks_every_fire_ms() {
+    let mut m = WorkerMachine::new(
+        WorkerConfig {
+            idle_max_ms: 30_000,
+            ..firing(5_000)
+        },
+        LocalMs(0),
+    );
+    assert_eq!(fires(&drain(&mut m)), 1);
+    m.handle_reply(LocalMs(0), WorkerReply::Claimed(Ok(vec![])));
+    drain(&mut m);
+    m.handle_reply(LocalMs(10), report(0, None));
+    m.handle_timeout(LocalMs(5_010));
+    assert_eq!(fires(&drain(&mut m)), 1);
+}

@@ -11,6 +11,7 @@ pub(crate) fn worker(concurrency: usize, prefetch: usize, batch_max: usize) -> W
         batch_max,
         flush_delay_ms: 5,
         idle_max_ms: 200,
+        announced: false,
         heartbeat_ms: 0,
         drain: false,
         drift: DRIFT,
@@ -752,6 +753,80 @@ fn an_idle_worker_claims_again_when_the_queue_changes_by_time() {
         },
     );
     assert_eq!(m.poll_timeout(), Some(now + 1));
+}
+
+#[test]
+fn where_every_change_is_announced_an_empty_claim_waits_the_whole_backstop() {
+    let cfg = WorkerConfig {
+        announced: true,
+        idle_max_ms: 30_000,
+        ..worker(1, 0, 8)
+    };
+    let mut m = WorkerMachine::new(cfg, LocalMs(0));
+    let mut now = LocalMs(0);
+    for _ in 0..5 {
+        assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+        m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+        let next = m.poll_timeout().unwrap();
+        // Equal jitter of the cap from the first wait: no ramp from 1 ms.
+        assert!(
+            (now + 15_000..=now + 30_000).contains(&next),
+            "{next} after {now}"
+        );
+        now = next;
+        m.handle_timeout(now);
+    }
+    // The queue's next change by time still ends the wait.
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+    m.handle_reply(
+        now,
+        WorkerReply::Idle {
+            next_change_in_ms: Some(40),
+        },
+    );
+    assert_eq!(m.poll_timeout(), Some(now + 41));
+    // So does a wake-up.
+    m.wake(now + 5);
+    assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+}
+
+#[test]
+fn a_wake_up_during_a_claim_makes_its_empty_answer_claim_again_at_once() {
+    for announced in [true, false] {
+        let cfg = WorkerConfig {
+            announced,
+            idle_max_ms: 30_000,
+            ..worker(1, 0, 8)
+        };
+        let mut m = WorkerMachine::new(cfg, LocalMs(0));
+        let mut now = LocalMs(0);
+        // Settle into idling: several empty claims.
+        for _ in 0..6 {
+            assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+            m.handle_reply(now, WorkerReply::Claimed(Ok(vec![])));
+            now = m.poll_timeout().unwrap();
+            m.handle_timeout(now);
+        }
+        assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+        // A push is announced while the claim is in flight: the claim may
+        // have read the queue before it.
+        m.wake(now + 1);
+        assert!(requests(&drain(&mut m)).is_empty(), "one claim in flight");
+        m.handle_reply(
+            now + 2,
+            WorkerReply::Idle {
+                next_change_in_ms: None,
+            },
+        );
+        assert_eq!(
+            requests(&drain(&mut m)),
+            [WorkerRequest::Claim { max: 1 }],
+            "claims again at once (announced: {announced})"
+        );
+        // Without a wake-up, the next empty answer waits again.
+        m.handle_reply(now + 3, WorkerReply::Claimed(Ok(vec![])));
+        assert!(m.poll_timeout().unwrap() > now + 3);
+    }
 }
 
 #[test]

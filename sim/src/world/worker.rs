@@ -154,6 +154,10 @@ impl Sim<'_> {
             prefetch: rng.random_range(0..=2),
             batch: rng.random_range(1..=4),
             flush_delay: Duration::from_millis(rng.random_range(0..=5)),
+            // The world delivers no store announcements (only bursts
+            // wake a worker), so an idle worker runs on this backstop and
+            // the queue's next change by time: progress must not need
+            // the announcements.
             idle_poll: Duration::from_millis(30),
             heartbeat: None,
             drain: false,

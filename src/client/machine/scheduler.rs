@@ -8,8 +8,12 @@
 //! # Transitions
 //! due → sent → answered: the next fire is at the next tick the store
 //! reported (a wall-clock wait, counted on the local clock from the
-//! answer), at most one poll interval away, so schedules added or changed
-//! by others are seen within it; a failed fire is retried after a
+//! answer), at most one poll interval away (the machine's interval for
+//! that answer), so schedules added or changed by others are seen within
+//! it; a wake-up brings the next fire forward (`hurry`: a schedule put
+//! announces itself), though no closer than a second (or the poll
+//! interval) after the last fire, and one that comes while a fire is in
+//! flight brings its successor forward; a failed fire is retried after a
 //! [`Backoff`] (doubling, at most the poll interval).
 //!
 //! # Invariants
@@ -39,6 +43,12 @@ pub(super) struct FireTimer {
     next_at: LocalMs,
     sent: bool,
     backoff: Backoff,
+    /// When the last fire was sent: wake-ups bring the next one no closer
+    /// than `spacing` after it.
+    last_sent: LocalMs,
+    /// A wake-up while a fire was in flight (it may have read the
+    /// schedules before the put it announces): the next fire by then.
+    hurried: Option<LocalMs>,
 }
 
 impl FireTimer {
@@ -50,7 +60,16 @@ impl FireTimer {
             next_at: now,
             sent: false,
             backoff: Backoff::new(1, poll_ms.max(1), crate::core::mix64(seed ^ 0xf1e)),
+            last_sent: LocalMs::ZERO,
+            hurried: None,
         }
+    }
+
+    /// The least time between fires that wake-ups bring forward: the poll
+    /// interval, at most a second (a storm of wake-ups costs a fire a
+    /// second at most).
+    fn spacing(&self) -> u64 {
+        self.poll_ms.min(1_000)
     }
 
     /// When the next fire is due, unless off or in flight.
@@ -63,22 +82,40 @@ impl FireTimer {
         self.sent
     }
 
-    /// The fire due was sent: it is in flight.
-    pub(super) fn sent(&mut self) {
+    /// The fire due was sent at `now`: it is in flight.
+    pub(super) fn sent(&mut self, now: LocalMs) {
         self.sent = true;
+        self.last_sent = now;
+    }
+
+    /// Fire by `at` at the latest (unless off or in flight): a wake-up
+    /// may announce a schedule put elsewhere.
+    pub(super) fn hurry(&mut self, at: LocalMs) {
+        if self.poll_ms == 0 {
+            return;
+        }
+        let at = at.max(self.last_sent.saturating_add(self.spacing()));
+        if self.sent {
+            self.hurried = Some(self.hurried.map_or(at, |h| h.min(at)));
+        } else {
+            self.next_at = self.next_at.min(at);
+        }
     }
 
     /// The fire in flight was answered at `now`; whether it enqueued jobs.
-    pub(super) fn answered(&mut self, now: LocalMs, r: &Result<FireReport>) -> bool {
+    /// The next look is at the next tick, at most `poll_ms` away (the
+    /// machine's interval: `poll_ms` of [`FireTimer::new`], or longer
+    /// while the worker is idle on a store that announces changes).
+    pub(super) fn answered(&mut self, now: LocalMs, r: &Result<FireReport>, poll_ms: u64) -> bool {
         if !std::mem::take(&mut self.sent) {
             return false;
         }
-        match r {
+        let hurried = self.hurried.take();
+        let enqueued = match r {
             Ok(report) => {
                 self.backoff.reset();
-                let wait = report
-                    .next_in_ms
-                    .map_or(self.poll_ms, |w| w.min(self.poll_ms));
+                let poll_ms = poll_ms.max(1);
+                let wait = report.next_in_ms.map_or(poll_ms, |w| w.min(poll_ms));
                 self.next_at = now.saturating_add(wait.max(1));
                 report.enqueued > 0
             }
@@ -86,6 +123,10 @@ impl FireTimer {
                 self.next_at = now.saturating_add(self.backoff.next_wait().max(1));
                 false
             }
+        };
+        if let Some(at) = hurried {
+            self.next_at = self.next_at.min(at.max(now));
         }
+        enqueued
     }
 }

@@ -17,8 +17,12 @@
 //!   running, up to `batch_max` per transaction, one claim in flight: at
 //!   once when a handler slot is free and nothing is queued, else once at
 //!   least half of that room is free (so that claims come in batches). An
-//!   empty claim backs off ([`Backoff`], doubling up to `idle_max_ms`); a
-//!   wake-up (a job became ready) cuts the backoff short. A claim answered
+//!   empty claim backs off ([`Backoff`], doubling up to `idle_max_ms`;
+//!   where the store announces every change, `announced`, it waits
+//!   `idle_max_ms` at once), never past the queue's next change by time;
+//!   a wake-up (a job became ready, or the queue's plan moved earlier)
+//!   cuts the wait short, and one that came while a claim was in flight
+//!   makes an empty answer claim again at once. A claim answered
 //!   after its local deadline (sent during a store stall) is given back at
 //!   once, unstarted, costing no attempt.
 //! - **Prefetch adapts**: `ahead` starts at `prefetch`. A claim that came
@@ -57,9 +61,11 @@
 //! - **Sample** the queue's jobs per state every `sample_ms` (if set), one
 //!   request in flight, for the queue-depth gauges.
 //! - **Fire** the queue's schedules (if `fire_ms` is set) when the next
-//!   tick is due and at least every `fire_ms`, one request in flight
-//!   (`FireTimer`); jobs it enqueued are claimed at once. Not after
-//!   shutdown.
+//!   tick is due and at least every `fire_ms` (while quiet on a store that
+//!   announces changes, every `idle_max_ms` if longer), one request in
+//!   flight (`FireTimer`); a wake-up makes a quiet worker fire at once
+//!   and a busy one within `fire_ms`; jobs it enqueued are claimed at
+//!   once. Not after shutdown.
 //! - **Shutdown**: stop claiming, give queued jobs back at once, let running
 //!   handlers finish until the deadline, then give theirs back (counted as
 //!   attempts) and tell them to stop; finish once everything is settled.
@@ -80,8 +86,9 @@
 //! counts the running jobs and is at most `concurrency`; the queue holds
 //! exactly the held jobs not started; every outcome waiting in the
 //! completer or in flight is a reported claim, in one of the two; at most
-//! one request of each kind is in flight; after shutdown nothing is
-//! queued; and no timer is left due (everything due at `now` was done).
+//! one request of each kind is in flight (and a wake-up kept for a claim
+//! only while one is); after shutdown nothing is queued; and no timer is
+//! left due (everything due at `now` was done).
 
 use super::lifetime::{renewal_wait, Lifetime};
 pub use super::worker_io::{
@@ -192,6 +199,10 @@ pub struct WorkerMachine {
     pub(super) ahead: usize,
     pub(super) next_claim: LocalMs,
     pub(super) idle: Backoff,
+    /// A wake-up came while a claim was in flight: the claim may have read
+    /// the queue before the change it announces, so an empty answer claims
+    /// again at once instead of waiting.
+    pub(super) rewake: bool,
     pub(super) round_sent: Option<(LocalMs, Vec<(JobId, u64)>)>,
     pub(super) next_round: LocalMs,
     pub(super) drain_sent: bool,
@@ -237,7 +248,12 @@ impl WorkerMachine {
             starved: 0,
             ahead: cfg.prefetch,
             next_claim: now,
-            idle: Backoff::new(1, cfg.idle_max_ms.max(1), mix64(cfg.seed ^ 0x1d1e)),
+            idle: Backoff::new(
+                if cfg.announced { cfg.idle_max_ms } else { 1 },
+                cfg.idle_max_ms.max(1),
+                mix64(cfg.seed ^ 0x1d1e),
+            ),
+            rewake: false,
             round_sent: None,
             next_round: LocalMs::MAX,
             drain_sent: false,
@@ -323,7 +339,7 @@ impl WorkerMachine {
                 self.send(WorkerRequest::Sample);
             }
             Timer::Fire => {
-                self.fire.sent();
+                self.fire.sent(now);
                 self.send(WorkerRequest::Fire);
             }
         }
@@ -386,6 +402,15 @@ impl WorkerMachine {
         if self.may_claim() {
             self.next_claim = self.next_claim.min(now);
             self.idle.reset();
+            self.rewake |= self.claim_sent.is_some();
+            // A schedule may have been put: a quiet worker looks now, a
+            // busy one within `fire_ms`.
+            let look = if self.quiet() {
+                now
+            } else {
+                now.saturating_add(self.cfg.fire_ms)
+            };
+            self.fire.hurry(look);
             self.step(now);
         }
     }

@@ -108,6 +108,9 @@ impl WorkerMachine {
                 format!("{n} requests of kind {k} queued, in flight: {flying}")
             })?;
         }
+        ensure(!self.rewake || self.claim_sent.is_some(), || {
+            "a wake-up is kept for a claim that is not in flight".to_owned()
+        })?;
         Ok(())
     }
 }
@@ -155,6 +158,7 @@ mod tests {
             batch_max: 8,
             flush_delay_ms: 50,
             idle_max_ms: 100,
+            announced: false,
             heartbeat_ms: 0,
             drain: false,
             drift: DriftBound::default(),
@@ -278,6 +282,7 @@ mod tests {
                 batch_max: 8,
                 flush_delay_ms: 50,
                 idle_max_ms: 100,
+                announced: false,
                 heartbeat_ms: 1_000,
                 drain: false,
                 drift: DriftBound::default(),
@@ -308,6 +313,7 @@ mod tests {
             batch_max: 8,
             flush_delay_ms: 1_000,
             idle_max_ms: 100,
+            announced: false,
             heartbeat_ms: 0,
             drain: false,
             drift: DriftBound::default(),

@@ -105,6 +105,13 @@ pub struct WorkerConfig {
     pub flush_delay_ms: u64,
     /// Longest idle wait between claims (a wake-up cuts it short).
     pub idle_max_ms: u64,
+    /// The store announces every change an idle worker waits for, from
+    /// every process ([`crate::Store::announces_changes`]): an empty claim
+    /// waits `idle_max_ms` at once (or until the queue's next change by
+    /// time) instead of ramping up from 1 ms, and a quiet worker looks at
+    /// its schedules when woken and otherwise at most every `idle_max_ms`
+    /// (not every `fire_ms`). Without it, waiting is polling.
+    pub announced: bool,
     /// Renewal round interval (0: a third of the lease, at most a second).
     pub heartbeat_ms: u64,
     /// Finish once the queue is drained.

@@ -28,7 +28,14 @@ impl WorkerMachine {
             WorkerReply::Settled(r) => self.settled(now, r),
             WorkerReply::Drained(r) => self.drained(r),
             WorkerReply::Fired(r) => {
-                if self.fire.answered(now, &r) && self.may_claim() {
+                // Idle on a store that announces schedule changes: look
+                // again when woken, else at the idle wait.
+                let poll_ms = if self.cfg.announced && self.quiet() {
+                    self.cfg.fire_ms.max(self.cfg.idle_max_ms)
+                } else {
+                    self.cfg.fire_ms
+                };
+                if self.fire.answered(now, &r, poll_ms) && self.may_claim() {
                     self.next_claim = self.next_claim.min(now);
                     self.idle.reset();
                 }
@@ -62,6 +69,8 @@ impl WorkerMachine {
         let Some(sent_at) = self.claim_sent.take() else {
             return;
         };
+        // (A claim without an answer backs off whatever came meanwhile.)
+        let rewake = std::mem::take(&mut self.rewake) && r.is_ok();
         let jobs = match r {
             Ok(jobs) => jobs,
             // No answer: whatever was claimed expires and is retried.
@@ -72,6 +81,9 @@ impl WorkerMachine {
         self.last_claim_empty = jobs.is_empty();
         if jobs.is_empty() {
             self.idle(now, change_in);
+            if rewake {
+                self.next_claim = now;
+            }
             return;
         }
         self.idle.reset();
