@@ -179,17 +179,24 @@ fn an_idle_loop_fires_a_schedule_put_elsewhere_at_its_first_tick() {
     });
 }
 
-/// While nothing happens an idle loop makes no transactions: no claims
-/// every second, no looks at its schedules every five (over 6 s: before,
-/// 7-13 claims and a look). A push then starts at once.
+/// While nothing happens an idle loop makes almost no transactions: no
+/// claims every second, no looks at its schedules every five (over 6 s:
+/// before, 7-13 claims and a look; now at most its second look at the
+/// schedules, 5 s after the first, and its backstop claim). A push then
+/// starts at once.
 #[test]
-fn an_idle_loop_makes_no_transactions_while_nothing_happens() {
+fn an_idle_loop_makes_almost_no_transactions_while_nothing_happens() {
     let dir = Dir::new("idle-quiet");
     with_idle_worker(&dir, WorkOptions::default(), |elsewhere, store, started| {
+        // Its first claim and first look at the schedules are made.
+        let begun = Instant::now();
+        while store.txns.load(Ordering::SeqCst) < 2 && begun.elapsed() < PROMPT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let before = store.txns.load(Ordering::SeqCst);
         std::thread::sleep(Duration::from_secs(6));
         let made = store.txns.load(Ordering::SeqCst) - before;
-        assert!(made <= 1, "{made} transactions in 6 s of nothing");
+        assert!(made <= 2, "{made} transactions in 6 s of nothing");
         let pushed = Instant::now();
         elsewhere
             .queue("q")

@@ -271,6 +271,15 @@ fn interrupt_waits_ends_a_wait_at_once() {
     ];
     for (name, store) in stores {
         assert_eq!(store.announces_changes(), name != "local bell", "{name}");
+        // A wait with no event and no interruption lasts its timeout.
+        let epoch = store.epoch(Wake::JobReady);
+        let started = Instant::now();
+        assert!(!store.wait_epoch(Wake::JobReady, epoch, Duration::from_millis(200)));
+        assert!(
+            started.elapsed() >= Duration::from_millis(190),
+            "{name}: a 200 ms wait returned after {:?}",
+            started.elapsed()
+        );
         let epoch = store.epoch(Wake::JobReady);
         let started = Instant::now();
         std::thread::scope(|s| {

@@ -1014,9 +1014,10 @@ fn context_switches(pid: u32) -> u64 {
 }
 
 /// An idle `queue work` sleeps: no claims every second, no store waits
-/// that time out, no looks at its schedules every 5 s. What is left is
-/// the presence lease's renewal (every 10 s) and the waker's 10 s wait.
-/// Before: about 5 wake-ups a second (55 over the 10 s here).
+/// that time out every second, no looks at its schedules every 5 s. What
+/// is left is the presence lease's renewal (every 10 s), the waker's 10 s
+/// wait and a backstop claim every 15-30 s: about 4 wake-ups in 10 s.
+/// Before: about 6 a second (65 over the 10 s here).
 #[test]
 fn an_idle_queue_work_wakes_rarely() {
     let d = Dir::new("idle-wakes");
@@ -1028,16 +1029,19 @@ fn an_idle_queue_work_wakes_rarely() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // Past its start (its first look at the schedules, answered while
+    // its first claim was in flight, comes 5 s in).
+    std::thread::sleep(Duration::from_secs(6));
     let before = context_switches(worker.id());
     std::thread::sleep(Duration::from_secs(10));
-    let woke = context_switches(worker.id()) - before;
+    let woke = context_switches(worker.id()).saturating_sub(before);
     // SAFETY: signalling our own child.
     unsafe {
         libc::kill(worker.id() as i32, libc::SIGTERM);
     }
     assert!(worker.wait().unwrap().success());
-    assert!(woke <= 15, "{woke} wake-ups in 10 s of nothing");
+    // Room for a loaded machine's preemptions.
+    assert!(woke <= 30, "{woke} wake-ups in 10 s of nothing");
 }
 
 #[test]

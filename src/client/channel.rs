@@ -53,6 +53,12 @@ pub(crate) fn spawn_waker(
         store: store.clone(),
         wake,
     };
+    // Read here, before the driver's first look at the store (not on the
+    // thread, which may start after it): a change between the two is
+    // delivered. Then the epoch last delivered, read before the delivery:
+    // a change committed while the driver acts on it moves the epoch past
+    // it, and the next wait returns at once.
+    let mut epoch = store.epoch(wake);
     thread::Builder::new()
         .name("leasehold-waker".to_owned())
         .spawn(move || {
@@ -61,10 +67,6 @@ pub(crate) fn spawn_waker(
             } else {
                 WAKER_WAIT_UNANNOUNCED
             };
-            // The epoch last delivered, read before the delivery: a change
-            // committed while the driver acts on it moves the epoch past
-            // it, and the next wait returns at once.
-            let mut epoch = store.epoch(wake);
             while !quit.load(Ordering::SeqCst) {
                 if store.wait_epoch(wake, epoch, wait) {
                     epoch = store.epoch(wake);

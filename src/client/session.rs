@@ -208,7 +208,9 @@ impl Session {
     /// A session of `client` on `queue` with `opts`, starting now.
     pub fn new(client: &Client, queue: &Arc<str>, opts: &WorkOptions) -> Session {
         let lease_ms = ms_of(opts.lease);
-        let announced = client.store().announces_changes();
+        // A draining worker waits for others' jobs to end, which nothing
+        // announces: it polls (at most a second), to exit soon after.
+        let announced = client.store().announces_changes() && !opts.drain;
         let cfg = WorkerConfig {
             lease_ms,
             concurrency: opts.concurrency.clamp(1, WorkOptions::MAX_CONCURRENCY),

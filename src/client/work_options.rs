@@ -41,11 +41,13 @@ pub struct WorkOptions {
     /// worker dies). The announcement wakes the loop, and an empty claim says
     /// when the queue next changes by time alone (a retry or a delayed
     /// job falls due, a claim runs out, a rate allows a start), which
-    /// ends the sleep too. So an idle loop costs no wake-ups while nothing
-    /// happens. Where the store cannot announce other processes' changes
-    /// ([`crate::Store::announces_changes`]: a SQLite database whose
-    /// doorbell file could not be made), the loop polls instead: empty
-    /// claims back off from 1 ms to at most a second (or this, if less).
+    /// ends the sleep too. So an idle loop wakes only for this backstop
+    /// while nothing happens. Where the store cannot announce other
+    /// processes' changes ([`crate::Store::announces_changes`]: a SQLite
+    /// database whose doorbell file could not be made), and with `drain`
+    /// (the end of a job another worker runs is not announced), the loop
+    /// polls instead: empty claims back off from 1 ms to at most a second
+    /// (or this, if less).
     pub idle_poll: Duration,
     /// Longest an outcome waits for others to share its transaction.
     pub flush_delay: Duration,

@@ -1052,16 +1052,26 @@ fn transient_and_ambiguous() -> [Error; 2] {
 }
 
 #[test]
-fn a_claim_without_an_answer_backs_off_like_an_empty_one() {
-    for e in transient_and_ambiguous() {
-        let mut m = WorkerMachine::new(worker(1, 0, 64), LocalMs(0));
-        drain(&mut m);
-        m.handle_reply(LocalMs(1), WorkerReply::Claimed(Err(e)));
-        let a = drain(&mut m);
-        assert!(!m.is_finished(), "{a:?}");
-        let next = m.poll_timeout().expect("claims again");
-        m.handle_timeout(next);
-        assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+fn a_claim_without_an_answer_is_sent_again_within_a_second() {
+    for announced in [false, true] {
+        for e in transient_and_ambiguous() {
+            let cfg = WorkerConfig {
+                announced,
+                idle_max_ms: 30_000,
+                ..worker(1, 0, 64)
+            };
+            let mut m = WorkerMachine::new(cfg, LocalMs(0));
+            drain(&mut m);
+            m.handle_reply(LocalMs(1), WorkerReply::Claimed(Err(e)));
+            let a = drain(&mut m);
+            assert!(!m.is_finished(), "{a:?}");
+            // Not an idle wait (15-30 s where announced): the wake-up that
+            // sent the claim may be lost with its answer.
+            let next = m.poll_timeout().expect("claims again");
+            assert!(next <= LocalMs(1_001), "{next} (announced: {announced})");
+            m.handle_timeout(next);
+            assert_eq!(requests(&drain(&mut m)), [WorkerRequest::Claim { max: 1 }]);
+        }
     }
 }
 

@@ -11,6 +11,9 @@ use crate::core::{HeartbeatReply, JobId, JobRecord, JobState};
 use crate::error::{Error, LostReason, Result};
 use crate::time::LocalMs;
 
+/// Longest wait before a claim that got no answer is sent again.
+const CLAIM_RETRY_CAP_MS: u64 = 1_000;
+
 impl WorkerMachine {
     /// The store answered a request (at local instant `now`).
     pub fn handle_reply(&mut self, now: LocalMs, reply: WorkerReply) {
@@ -73,8 +76,16 @@ impl WorkerMachine {
         let rewake = std::mem::take(&mut self.rewake) && r.is_ok();
         let jobs = match r {
             Ok(jobs) => jobs,
-            // No answer: whatever was claimed expires and is retried.
-            Err(e) if e.is_transient() || e.is_ambiguous() => Vec::new(),
+            // No answer: whatever was claimed expires and is retried; the
+            // next claim comes soon (the wake-up that sent this one may be
+            // lost with it), at most a second away, not an idle wait.
+            Err(e) if e.is_transient() || e.is_ambiguous() => {
+                self.adapt_ahead(0);
+                self.last_claim_empty = false;
+                let wait = self.idle.next_wait().min(CLAIM_RETRY_CAP_MS);
+                self.next_claim = now.saturating_add(wait.max(1));
+                return;
+            }
             Err(e) => return self.fail(e),
         };
         self.adapt_ahead(jobs.len());
