@@ -146,7 +146,9 @@ fn an_idle_loop_runs_a_dead_workers_job_when_its_claim_runs_out() {
     let dir = Dir::new("idle-dead");
     // The dead worker claimed before this loop started, so the loop's
     // first empty claim learns when the claim runs out; a claim taken
-    // after the loop last looked announces itself (`wakeups.rs`).
+    // after the loop last looked is seen by its next look (SQLite runs
+    // them one at a time; on PostgreSQL a look that passed over a claim
+    // in flight looks again soon: `postgres.rs`).
     let elsewhere = Client::new(SqliteStore::open(dir.db()).unwrap());
     let q = elsewhere.queue("q").unwrap();
     q.push(&JobSpec::new("orphan")).unwrap();

@@ -125,9 +125,10 @@ fn a_push_wakes_idle_workers_delayed_or_not_and_a_claim_does_not() {
     // A scheduled job changes when the queue next changes by time: idle
     // workers read it again rather than poll for it.
     assert_eq!(delayed.woke, [false, true], "a scheduled job wakes workers");
-    // A claim wakes nobody where transactions run one at a time (an
-    // empty claim after it sees it; PostgreSQL's claims, which overlap,
-    // announce themselves: `tests/postgres.rs`), and an empty one never.
+    // A claim wakes nobody: where transactions run one at a time an
+    // empty claim after it sees it (where claims overlap, an empty claim
+    // that passed over it looks again soon: `tests/postgres.rs`), and an
+    // empty one never.
     let claimed = w.tx(true, |tx| core::job::claim(tx, Q, HolderId(1), 1000, 1, &p));
     assert_eq!(claimed.value.len(), 1);
     assert!(!claimed.woke[READY]);

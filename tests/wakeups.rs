@@ -209,7 +209,8 @@ fn every_change_an_idle_worker_waits_for_is_announced() {
     };
     queue.push(&retried).unwrap();
     // A claim: an empty claim after it sees it (SQLite runs one at a
-    // time), so it wakes nobody (PostgreSQL's, which overlap, do).
+    // time), so it wakes nobody (on PostgreSQL, where claims overlap, an
+    // empty claim that passed over it looks again soon instead).
     let job = std::cell::RefCell::new(None);
     silent("a claim", &|| {
         *job.borrow_mut() = queue.claim(lease).unwrap();

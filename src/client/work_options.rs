@@ -36,12 +36,13 @@ pub struct WorkOptions {
     /// poll. Every change that can start a job sooner is announced by the
     /// store, in any process (SQLite's doorbell, PostgreSQL's `NOTIFY`):
     /// a push, a job given back or released, a retry or a delayed job
-    /// scheduled, a schedule put, a queue resumed, and on PostgreSQL,
-    /// where claims overlap, a claim taken elsewhere (it runs out if its
-    /// worker dies). The announcement wakes the loop, and an empty claim says
-    /// when the queue next changes by time alone (a retry or a delayed
-    /// job falls due, a claim runs out, a rate allows a start), which
-    /// ends the sleep too. So an idle loop wakes only for this backstop
+    /// scheduled, a schedule put, a queue resumed. The announcement wakes
+    /// the loop, and an empty claim says when the queue next changes by
+    /// time alone (a retry or a delayed job falls due, a claim runs out, a
+    /// rate allows a start), which ends the sleep too. On PostgreSQL,
+    /// where claims overlap, an empty claim that passed over rows another
+    /// worker's claim held locked looks again within 10 ms, and then
+    /// sees that claim (it runs out if its worker dies). So an idle loop wakes only for this backstop
     /// while nothing happens. Where the store cannot announce other
     /// processes' changes ([`crate::Store::announces_changes`]: a SQLite
     /// database whose doorbell file could not be made), and with `drain`

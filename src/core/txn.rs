@@ -82,9 +82,11 @@ pub enum Wake {
     /// (pushed, due, given back, released), or the instant the queue next
     /// changes by time alone ([`crate::core::job::next_change_in`]) may
     /// have moved earlier than an idle worker last read (a job scheduled:
-    /// a delayed push, a retry's backoff; where claims overlap
-    /// ([`JobTxn::claims_overlap`]), a claim taken, which runs out if its
-    /// worker dies; a job parked until a rate allows it; a schedule put).
+    /// a delayed push, a retry's backoff; a job parked until a rate allows
+    /// it; a schedule put). A claim does not announce itself: where claims
+    /// overlap, an idle worker's claim that passed over rows another
+    /// transaction held looks again soon instead
+    /// ([`JobTxn::skipped_locked`]).
     /// Idle workers claim (and read the plan again), so they need no
     /// polling to start a job when it can start.
     JobReady = 1,
@@ -230,15 +232,19 @@ pub trait JobTxn {
         0
     }
 
-    /// Whether another transaction's claim may run beside this one unseen
-    /// by it (PostgreSQL: READ COMMITTED, claims skip locked rows). Then a
-    /// claim announces itself ([`Wake::JobReady`]): an idle worker whose
-    /// empty claim overlapped it learns when it runs out (the worker may
-    /// die). False, the default, where transactions run one at a time
-    /// (SQLite, the file and mem stores): an empty claim sees every claim
-    /// committed before it, and announcing each would only wake every idle
-    /// worker for nothing.
-    fn claims_overlap(&self) -> bool {
+    /// Whether a claim in this transaction passed over ready jobs that
+    /// other transactions held locked (PostgreSQL: READ COMMITTED, claims
+    /// skip locked rows). Such a job is being changed by a transaction
+    /// still open (another worker's claim, most often): an idle worker
+    /// that found nothing looks again soon
+    /// ([`crate::core::job::next_change_in`]), and then sees what that
+    /// transaction did, a claim's expiry included. (Due and expired jobs
+    /// passed over need nothing: `next_change_in` reads them as due.) Announcing every
+    /// claim instead serialized the commits of all claims on the server
+    /// (PostgreSQL orders notifying commits under one lock). False, the
+    /// default, where transactions run one at a time (SQLite, the file and
+    /// mem stores): a claim sees every claim committed before it.
+    fn skipped_locked(&self) -> bool {
         false
     }
 

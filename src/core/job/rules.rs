@@ -320,11 +320,6 @@ pub(super) fn start(
         deadline_ms,
     });
     tx.put_job(job)?;
-    // Its claim runs out at `lease_until_ms` if its worker dies: idle
-    // workers whose look overlapped it learn the instant.
-    if tx.claims_overlap() {
-        tx.journal().wake(Wake::JobReady);
-    }
     let wait_ms = now_ms.saturating_sub(job.run_at_ms.max(job.created_at_ms));
     note(tx, job, JobChange::Claimed { wait_ms });
     Ok(())
@@ -405,8 +400,11 @@ pub fn heartbeat_many(
 /// these comes, or the queue is paused (F2). An idle worker claims again
 /// by then at the latest (a wake-up may come first), so a retry waiting
 /// out its backoff, a delayed job, a dead worker's job or a job held back
-/// by a rate starts when it can, without the worker polling for it. Three
-/// reads, and one per rate set.
+/// by a rate starts when it can, without the worker polling for it. Where
+/// this transaction's claim passed over rows another transaction held
+/// ([`JobTxn::skipped_locked`]), at most [`OVERLAP_RELOOK_MS`]: that
+/// transaction's change (a claim that may run out, a job it leaves ready)
+/// is not in what this one read. Three reads, and one per rate set.
 pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
     check_queue(queue)?;
     let tx = tx.jobs()?;
@@ -435,9 +433,22 @@ pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
     let runs_out = first(tx, JobState::Running)?
         .first()
         .and_then(|p| p.job.claim.map(|c| c.lease_until_ms));
-    let at = due.into_iter().chain(runs_out).chain(allowed).min();
+    let relook = tx
+        .skipped_locked()
+        .then(|| now_ms.saturating_add(OVERLAP_RELOOK_MS));
+    let at = due
+        .into_iter()
+        .chain(runs_out)
+        .chain(allowed)
+        .chain(relook)
+        .min();
     Ok(at.map(|at| at.saturating_sub(now_ms)))
 }
+
+/// How soon (store ms) an idle worker looks again when its claim passed
+/// over rows another open transaction held ([`next_change_in`]): about as
+/// long as a claim's transaction takes to commit.
+pub const OVERLAP_RELOOK_MS: u64 = 10;
 
 /// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):
 /// a queue is drained once no job is ready, running or due, where a retry

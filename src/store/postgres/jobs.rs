@@ -5,7 +5,7 @@
 use super::error::{pg_err, Stage};
 use super::listing;
 use super::rows::{job_from_row, queue_config, Cells};
-use super::statements::{Lazy, Statements, JOB_COLUMN_COUNT};
+use super::statements::{Lazy, Statements, JOB_COLUMN_COUNT, SKIPPED_COLUMN};
 use super::txn::{CachedJob, PgTxn, MAX_ID_BLOCK};
 use crate::core::{
     JobCursor, JobId, JobPeek, JobQuery, JobRecord, JobState, JobTxn, Journal, Pending,
@@ -44,9 +44,10 @@ impl JobTxn for PgTxn<'_> {
         self.token_floor
     }
 
-    /// Claims run side by side, each skipping the rows others locked.
-    fn claims_overlap(&self) -> bool {
-        true
+    /// Claims run side by side, each skipping the rows others locked: a
+    /// claim's read says whether it skipped any ([`SKIPPED_COLUMN`]).
+    fn skipped_locked(&self) -> bool {
+        self.skipped_locked
     }
 
     fn reserve_job_ids(&mut self, last: JobId) -> Result<()> {
@@ -505,6 +506,9 @@ impl PgTxn<'_> {
             // a lone row without a job id says no job was read.
             let config = queue_config(row, JOB_COLUMN_COUNT)?;
             let id = row.int(0).map_err(|e| Error::store(what.to_owned(), e))?;
+            let skipped = row.flag(SKIPPED_COLUMN);
+            self.skipped_locked |=
+                skipped.map_err(|e| Error::store(what.to_owned(), e))? == Some(true);
             self.configs.insert(Arc::from(queue), config.clone());
             read.config = config;
             if id.is_none() {

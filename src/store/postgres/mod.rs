@@ -53,11 +53,15 @@
 //!   made while the table was small scanned all of it for every batch
 //!   once it had grown.
 //! - **Wake-ups**: a transaction that frees a lease slot or changes a
-//!   queue's plan for its idle workers (a job made ready or scheduled, a
-//!   claim taken: [`Wake::JobReady`]) sends `pg_notify` on the schema's
-//!   channel; a listener thread per store handle (started on the first
-//!   wait, with its own connection) wakes blocked acquirers and idle
-//!   workers. Idle workers keep a backstop claim (`idle_poll`).
+//!   queue's plan for its idle workers (a job made ready or scheduled:
+//!   [`Wake::JobReady`]) sends `pg_notify` on the schema's channel; a
+//!   listener thread per store handle (started on the first wait, with its
+//!   own connection) wakes blocked acquirers and idle workers. A claim
+//!   does not notify (notifying commits take turns on the server): an
+//!   empty claim whose scans skipped rows another transaction held says
+//!   so, and its worker looks again soon
+//!   ([`crate::core::JobTxn::skipped_locked`]). Idle workers keep a
+//!   backstop claim (`idle_poll`).
 //! - **Errors**: serialization failures, deadlocks, lock timeouts, unique
 //!   violations (two first grants of one key) and lost connections are
 //!   transient; the client retries them with jittered backoff up to its

@@ -79,10 +79,9 @@ pub(super) struct Statements {
 /// The columns of a job row, in the order [`PgTxn`](super::txn::PgTxn) decodes them.
 pub(super) const COLUMNS: &str = "id, queue, payload, priority, run_at, created_at, max_attempts, attempts, expiries, last_token, state, claim_holder, claim_token, lease_until, cancel_requested, last_error, unique_key, finished_at, result, conc_key, parked, timeout_ms, claim_deadline, progress, progress_msg, after_ids, after_any, waiting_on, has_children";
 
-/// How many [`COLUMNS`] there are (where a claim's read puts the queue's
-/// settings).
-pub(super) const JOB_COLUMN_COUNT: usize = {
-    let bytes = COLUMNS.as_bytes();
+/// How many columns a comma-separated list names.
+const fn column_count(list: &str) -> usize {
+    let bytes = list.as_bytes();
     let (mut i, mut commas) = (0, 0);
     while i < bytes.len() {
         if bytes[i] == b',' {
@@ -91,7 +90,11 @@ pub(super) const JOB_COLUMN_COUNT: usize = {
         i += 1;
     }
     commas + 1
-};
+}
+
+/// How many [`COLUMNS`] there are (where a claim's read puts the queue's
+/// settings).
+pub(super) const JOB_COLUMN_COUNT: usize = column_count(COLUMNS);
 
 /// The columns of a queue's settings row, in the order [`queue_config`]
 /// decodes them from `at`, each prefixed with `c.` (the join's alias).
@@ -114,6 +117,9 @@ pub(super) fn job_get_sql() -> String {
     )
 }
 
+/// The rows of a queue ($1) a claim's ready scan reads.
+const READY: &str = "state = 0 AND parked = false";
+
 /// The job scans, each on the partial index ordered as it orders; the
 /// maintenance statements combine them ($1 queue, $2 now, $3 limit, $4 the
 /// ready limit).
@@ -132,20 +138,36 @@ fn due_scan() -> String {
 
 /// A claim's read ($1 queue, $2 now, $3 the expired and due limit, $4 the
 /// ready limit): the expired, due and ready scans, with the queue's
-/// settings riding along as the last columns ([`QUEUE_COLUMNS`]), on a row
-/// of NULL job columns if no job was read.
+/// settings riding along as the last columns ([`QUEUE_COLUMNS`]) and then
+/// whether the ready scan skipped rows others held locked ([`SKIPPED_COLUMN`]),
+/// on a row of NULL job columns if no job was read.
+///
+/// The ready scan skipped rows when it came back short of its limit
+/// while the ready rows as the statement's snapshot has them include one
+/// it did not lock: one probe of the ready index, only for a short scan.
+/// (The snapshot may also hold a row a transaction committed a change to
+/// since: then an idle worker looks once more for nothing.) The expired
+/// and due scans need no probe: a row they passed over is still expired
+/// or due in what [`crate::core::job::next_change_in`] reads after them,
+/// or the change that made it otherwise is in it.
 pub(super) fn pending_ready_sql() -> String {
     format!(
         "WITH e AS ({}), d AS ({}), r AS (SELECT {COLUMNS} FROM {{s}}.jobs
-           WHERE queue = $1 AND state = 0 AND parked = false
-           ORDER BY priority DESC, run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED),
+           WHERE queue = $1 AND {READY} ORDER BY priority DESC, run_at, id
+           LIMIT $4 FOR UPDATE SKIP LOCKED),
            j AS (SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r)
-         SELECT j.*, {QUEUE_COLUMNS} FROM (SELECT) AS one
-           LEFT JOIN j ON true LEFT JOIN {{s}}.queues c ON c.queue = $1",
+         SELECT j.*, {QUEUE_COLUMNS},
+           (SELECT count(*) FROM r) < $4 AND EXISTS (SELECT 1 FROM {{s}}.jobs
+             WHERE queue = $1 AND {READY} AND id NOT IN (SELECT id FROM r))
+         FROM (SELECT) AS one LEFT JOIN j ON true LEFT JOIN {{s}}.queues c ON c.queue = $1",
         expired_scan(),
-        due_scan()
+        due_scan(),
     )
 }
+
+/// Where a claim's read puts whether its ready scan skipped locked rows: after
+/// the job's columns and the queue's settings.
+pub(super) const SKIPPED_COLUMN: usize = JOB_COLUMN_COUNT + column_count(QUEUE_COLUMNS);
 
 /// [`COLUMNS`], each prefixed with `j.` (for a join with the queues).
 fn job_columns_of_j() -> String {

@@ -55,6 +55,9 @@ pub(super) struct PgTxn<'c> {
     pub(super) early_claim: Option<EarlyClaim>,
     /// A read sent with BEGIN served this transaction.
     pub(super) early_used: bool,
+    /// A claim's scans skipped rows others held locked
+    /// ([`crate::core::JobTxn::skipped_locked`]).
+    pub(super) skipped_locked: bool,
     /// BEGIN set [`BY_ID`](super::job_writes::BY_ID): a batch is read by the
     /// statement kept for it (`jobs_get_by_id`).
     pub(super) by_id: bool,
@@ -115,6 +118,7 @@ impl<'c> PgTxn<'c> {
             early_lease: None,
             early_claim: None,
             early_used: false,
+            skipped_locked: false,
             by_id: false,
             ids: Vec::new(),
             id_block: 1,
