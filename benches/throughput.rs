@@ -3,7 +3,9 @@
 //!
 //! - leasehold's worker loop (`Queue::work`) with 1 and 8 handlers, on
 //!   SQLite and (with `LEASEHOLD_TEST_PG`) PostgreSQL, and the tokio loop
-//!   (`leasehold::tokio::Queue::work`, async handlers) beside it;
+//!   (`leasehold::tokio::Queue::work`, async handlers) beside it, and four
+//!   workers of 2 handlers on one queue, each with a store of its own (as
+//!   four processes would have);
 //! - leasehold's own `claim` + `complete` in a plain loop (no worker loop),
 //!   one transaction each, on SQLite and PostgreSQL;
 //! - a hand-written best-practice SQLite loop (BEGIN IMMEDIATE, one UPDATE
@@ -93,6 +95,43 @@ fn work_loop(store: &Arc<dyn Store>, concurrency: usize) -> Duration {
     let elapsed = start.elapsed();
     assert_eq!(report.completed, JOBS, "{report:?}");
     check_done(store, &queue);
+    elapsed
+}
+
+/// Four workers on one queue, each with its own store (its own sessions
+/// and listener, as four processes on one database would have) and 2
+/// handlers: the time until the 20,000 jobs are done. Where claims of
+/// different workers overlap (PostgreSQL), this is where their commits
+/// meet.
+fn four_workers(open: &dyn Fn() -> Arc<dyn Store>) -> Duration {
+    let queue = fresh_queue();
+    let stores: Vec<Arc<dyn Store>> = (0..4).map(|_| open()).collect();
+    push(&stores[0], &queue);
+    let start = Instant::now();
+    let completed: u64 = std::thread::scope(|s| {
+        let workers: Vec<_> = stores
+            .iter()
+            .map(|store| {
+                let queue = &queue;
+                s.spawn(move || {
+                    let client = Client::builder_shared(store.clone()).build();
+                    let q = client.queue(queue).unwrap();
+                    let opts = WorkOptions {
+                        concurrency: 2,
+                        drain: true,
+                        ..WorkOptions::default()
+                    };
+                    q.work(&opts, &AtomicBool::new(false), |_| Ok(()))
+                        .unwrap()
+                        .completed
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    let elapsed = start.elapsed();
+    assert_eq!(completed, JOBS);
+    check_done(&stores[0], &queue);
     elapsed
 }
 
@@ -390,6 +429,11 @@ fn same_work(c: &mut Criterion) {
             b.iter_custom(|iters| runs(iters, || tokio_work_loop(&sqlite, n)))
         });
     }
+    let open_sqlite =
+        || -> Arc<dyn Store> { Arc::new(SqliteStore::open(dir.join("lh.db")).unwrap()) };
+    g.bench_function("sqlite/four_workers/2", |b| {
+        b.iter_custom(|iters| runs(iters, || four_workers(&open_sqlite)))
+    });
     g.bench_function("sqlite/plain_claim_complete/1", |b| {
         b.iter_custom(|iters| runs(iters, || plain_loop(&sqlite)))
     });
@@ -415,6 +459,11 @@ fn same_work(c: &mut Criterion) {
                 b.iter_custom(|iters| runs(iters, || tokio_work_loop(&pg, n)))
             });
         }
+        let open_pg =
+            || -> Arc<dyn Store> { Arc::new(leasehold::PostgresStore::open(&lh).unwrap()) };
+        g.bench_function("postgres/four_workers/2", |b| {
+            b.iter_custom(|iters| runs(iters, || four_workers(&open_pg)))
+        });
         g.bench_function("postgres/plain_claim_complete/1", |b| {
             b.iter_custom(|iters| runs(iters, || plain_loop(&pg)))
         });
