@@ -114,6 +114,72 @@ fn two_campaigns_of_one_client_never_both_lead() {
     assert_eq!(elected.len(), 1, "{elected:?}");
 }
 
+/// A mem store whose first transaction commits and then waits to answer
+/// until the test lets it go: a grant answered late.
+struct LateAnswer {
+    inner: MemStore,
+    /// (the first has come, it is let go)
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl Store for LateAnswer {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn leasehold::core::Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        let r = self.inner.transact(f);
+        let mut state = self.state.lock().unwrap();
+        if !state.0 {
+            state.0 = true;
+            self.changed.notify_all();
+            drop(self.changed.wait_while(state, |s| !s.1).unwrap());
+        }
+        r
+    }
+    fn describe(&self) -> String {
+        "late answer".into()
+    }
+}
+
+#[test]
+fn a_grant_answered_after_a_sibling_claimed_and_gave_it_back_does_not_lead() {
+    // Campaign A's acquire commits a new grant, and its answer is late.
+    // Campaign B of the same client meets the grant in the store (the
+    // same holder: extended), claims it, gives it back (not a term of its
+    // own) and wins a new term. A's answer then comes: its grant is gone,
+    // and A must not lead beside B.
+    let store = Arc::new(LateAnswer {
+        inner: MemStore::new(),
+        state: std::sync::Mutex::new((false, false)),
+        changed: std::sync::Condvar::new(),
+    });
+    let client = Client::builder_shared(store.clone()).build();
+    let opts = ElectOptions::new(Duration::from_secs(10));
+    let a = client.campaign("leader", opts, |_| {}).unwrap();
+    {
+        let state = store.state.lock().unwrap();
+        let (state, _) = store
+            .changed
+            .wait_timeout_while(state, Duration::from_secs(5), |s| !s.0)
+            .unwrap();
+        assert!(state.0, "A's acquire never reached the store");
+    }
+    let b = client.campaign("leader", opts, |_| {}).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || b.leader().is_some()),
+        "B never led"
+    );
+    let b_token = b.leader().unwrap().token();
+    store.state.lock().unwrap().1 = true;
+    store.changed.notify_all();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(a.leader().is_none(), "A leads beside B");
+    let b_leader = b.leader().expect("B still leads");
+    assert_eq!(b_leader.token(), b_token);
+    assert!(b_leader.is_valid());
+}
+
 #[test]
 fn a_stepping_down_leaders_grant_is_not_handed_to_a_guard_of_its_client() {
     // The leader steps down; its release is still on its way to the store

@@ -17,6 +17,23 @@ use crate::sync::{lock, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The keys a client's guards and leaders hold, and the grants its
+/// acquires claimed by extension. (foldhash: hashed three times a pair.)
+#[derive(Default)]
+pub(crate) struct HeldKeys {
+    /// Each key held through a live guard (or leader), with its grant's
+    /// token.
+    pub(crate) live: hashbrown::HashMap<Arc<str>, u64>,
+    /// Each key whose last grant claimed by extension
+    /// ([`Client::claim_extended`]) had this token: the acquire whose new
+    /// grant it was may get its answer only after that claim, even after
+    /// the claimer gave the grant back, and must not build on it
+    /// ([`Client::mark_held`]). One entry per key that ever met such a
+    /// race (rare: two acquires of one key through one client at once, or
+    /// a release left unanswered), kept for the client's life.
+    extended: hashbrown::HashMap<Arc<str>, u64>,
+}
+
 impl Client {
     /// Try once to acquire `key`; [`Error::Held`] if it is taken.
     pub fn try_acquire(&self, key: &str, ttl: Duration) -> Result<LeaseGuard> {
@@ -91,32 +108,43 @@ impl Client {
     }
 
     /// Record that a guard (or a leader) of this client holds `key` with
-    /// the new grant `token`; `false` if one already holds that very
-    /// grant. Two acquires of one key through one client can both pass
-    /// the check before either grant, and the store extends the first
-    /// grant for the second (one holder, the same token): the second marks
-    /// it as it gets it ([`Client::claim_extended`]), the first here, and
-    /// only the first of the two to mark it may build a guard. A new grant
-    /// with another token replaces the record (the store made it, so the
-    /// recorded one is no longer live).
-    /// The map shares the guard's key (no copy per grant).
+    /// the new grant `token`; `false` if this answer may not build one.
+    /// Two acquires of one key through one client can both pass the check
+    /// before either grant, and the store extends the first grant for the
+    /// second (one holder, the same token): the second marks it as it
+    /// gets it ([`Client::claim_extended`]), the first here, and only the
+    /// first of the two to mark it may build a guard. So `false` when:
+    /// - the key is marked with this grant (another guard holds it);
+    /// - the key is marked with a later grant: the store made that one
+    ///   for this holder, so this one, answered late, is no longer live;
+    /// - this grant was claimed by extension: its claimer may have given
+    ///   it back since, unmarking it (two leaders of one client, seconds
+    ///   apart, before this rule).
+    ///
+    /// A mark of an earlier grant is replaced (the store made this one, so
+    /// the recorded one is no longer live). The map shares the guard's key
+    /// (no copy per grant).
     pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
         let mut held = lock(&self.inner.held);
-        let first = held.insert(key.clone(), token) != Some(token);
-        self.count_held(held.len());
-        first
+        let claimed = !held.extended.is_empty() && held.extended.get(key) == Some(&token);
+        if claimed || held.live.get(key).is_some_and(|&m| m >= token) {
+            return false;
+        }
+        held.live.insert(key.clone(), token);
+        self.count_held(held.live.len());
+        true
     }
 
     /// The guard (or leader) of grant `token` of `key` ended: take back
     /// its record, unless a later grant replaced it.
     pub(crate) fn unmark_held(&self, key: &str, token: u64) {
         let mut held = lock(&self.inner.held);
-        if let Some((key, later)) = held.remove_entry(key) {
+        if let Some((key, later)) = held.live.remove_entry(key) {
             if later != token {
-                held.insert(key, later);
+                held.live.insert(key, later);
             }
         }
-        self.count_held(held.len());
+        self.count_held(held.live.len());
     }
 
     /// Whether a guard (or leader) of this client holds any key: when
@@ -139,10 +167,11 @@ impl Client {
     /// key can release the slot between the look and the guard. Without
     /// this, the grant of a slot released meanwhile became a guard of
     /// nothing while the next acquire made a new grant: two guards of one
-    /// client at once (tests/tokio, PostgreSQL). Left open: a sibling
-    /// acquire whose new grant this one extended marks it only when its
-    /// answer is handled, after this look; and a release by token from
-    /// outside the guards (`Client::release`, `leasehold lock release`).
+    /// client at once (tests/tokio, PostgreSQL). A sibling acquire whose
+    /// new grant this one extended gets its answer only later: the claim
+    /// is remembered, and that answer refused ([`Client::mark_held`]).
+    /// Left open: a release by token from outside the guards
+    /// (`Client::release`, `leasehold lock release`).
     pub(super) fn claim_extended(
         &self,
         key: &str,
@@ -152,12 +181,13 @@ impl Client {
         let key: Arc<str> = Arc::from(key);
         {
             let mut held = lock(&self.inner.held);
-            if let Some(&token) = held.get(&key) {
+            if let Some(&token) = held.live.get(&key) {
                 drop(held);
                 return Err(self.held_here(&key, token, grant.expires_at_ms));
             }
-            held.insert(key.clone(), grant.token);
-            self.count_held(held.len());
+            held.live.insert(key.clone(), grant.token);
+            held.extended.insert(key.clone(), grant.token);
+            self.count_held(held.live.len());
         }
         let live = self.inspect(&key).map(|info| {
             info.holders

@@ -40,6 +40,7 @@ pub mod sim {
     pub use super::session::{Exec, Next, Session, SessionBreakage};
 }
 
+use acquire::HeldKeys;
 pub use election::{ElectOptions, Election, Leader, LeaderEvent};
 pub use guard::LeaseGuard;
 pub use job::ClaimedJob;
@@ -87,8 +88,7 @@ struct ClientInner {
     /// Keys this client holds through a live guard (or leader), each with
     /// its grant's token: a second acquire of one waits like any other
     /// contender instead of sharing the grant ([`Client::mark_held`]).
-    /// (foldhash: hashed three times a pair.)
-    held: Mutex<hashbrown::HashMap<Arc<str>, u64>>,
+    held: Mutex<HeldKeys>,
     /// How many keys `held` has, written under its lock after each change:
     /// an acquire's check skips the lock while this client holds nothing.
     held_count: AtomicU64,
@@ -182,7 +182,7 @@ impl ClientBuilder {
                 busy_timeout: self.busy_timeout,
                 jitter: AtomicU64::new(seed),
                 fork: ForkGuard::new(),
-                held: Mutex::new(hashbrown::HashMap::new()),
+                held: Mutex::new(HeldKeys::default()),
                 held_count: AtomicU64::new(0),
             }),
         }
@@ -405,7 +405,7 @@ impl Client {
         limit: u32,
     ) -> Result<core::Grant> {
         let marked = match self.holds_any() {
-            true => lock(&self.inner.held).get(key).copied(),
+            true => lock(&self.inner.held).live.get(key).copied(),
             false => None,
         };
         if let Some(token) = marked {
