@@ -991,9 +991,15 @@ fn lock_jobs(schema: &Schema, filter: &str) -> postgres::Client {
     c
 }
 
-/// What an idle worker reads: its claim, and when to look again.
+/// What an idle worker reads: its claim, and when to look again. (A
+/// retry waits an hour: an expired claim's job does not come back during
+/// the test, however slow the machine.)
 fn look(store: &PostgresStore, queue: &str) -> (usize, Option<u64>) {
-    let p = leasehold::QueuePolicy::default();
+    let p = leasehold::QueuePolicy {
+        backoff_base_ms: 3_600_000,
+        backoff_max_ms: 3_600_000,
+        ..leasehold::QueuePolicy::default()
+    };
     store
         .txn(|tx| {
             let jobs = core::job::claim(tx, queue, HolderId(9), 30_000, 4, &p)?;
@@ -1087,7 +1093,10 @@ fn an_idle_worker_starts_a_job_another_transaction_held_when_it_lets_go() {
             }
         }
         let stopping = SetOnDrop(&stop);
-        std::thread::sleep(Duration::from_millis(800));
+        // Long enough for its first claims however loaded the machine
+        // (it would sleep for its backstop after the first if nothing
+        // said "look again soon").
+        std::thread::sleep(Duration::from_millis(1_500));
         assert!(started.lock().unwrap().is_none(), "ran while held");
         let let_go = Instant::now();
         other.batch_execute("ROLLBACK").unwrap();

@@ -41,8 +41,9 @@ pub struct WorkOptions {
     /// time alone (a retry or a delayed job falls due, a claim runs out, a
     /// rate allows a start), which ends the sleep too. On PostgreSQL,
     /// where claims overlap, an empty claim that passed over rows another
-    /// worker's claim held locked looks again within 10 ms, and then
-    /// sees that claim (it runs out if its worker dies). So an idle loop wakes only for this backstop
+    /// worker's claim held locked looks again about 10 ms later, and then
+    /// sees that claim (it runs out if its worker dies); if the rows stay
+    /// held, its looks back off to one a second. So an idle loop wakes only for this backstop
     /// while nothing happens. Where the store cannot announce other
     /// processes' changes ([`crate::Store::announces_changes`]: a SQLite
     /// database whose doorbell file could not be made), and with `drain`

@@ -791,6 +791,55 @@ fn where_every_change_is_announced_an_empty_claim_waits_the_whole_backstop() {
 }
 
 #[test]
+fn looks_again_soon_back_off_when_the_answer_keeps_saying_soon() {
+    // Rows another transaction holds (PostgreSQL: a claim in flight, or a
+    // session idle in its transaction for hours): each empty claim says
+    // to look again in 10 ms. The first four are followed at once, then
+    // the looks back off to one a second; a claim that takes a job, or a
+    // hint further away or none, starts the count again.
+    let cfg = WorkerConfig {
+        announced: true,
+        idle_max_ms: 30_000,
+        ..worker(1, 0, 8)
+    };
+    let mut m = WorkerMachine::new(cfg, LocalMs(0));
+    let mut now = LocalMs(0);
+    let mut waits = Vec::new();
+    let look = |m: &mut WorkerMachine, now: &mut LocalMs, hint: Option<u64>| {
+        assert_eq!(requests(&drain(m)), [WorkerRequest::Claim { max: 1 }]);
+        m.handle_reply(
+            *now,
+            WorkerReply::Idle {
+                next_change_in_ms: hint,
+            },
+        );
+        let next = m.poll_timeout().unwrap();
+        let wait = next - *now;
+        *now = next;
+        m.handle_timeout(*now);
+        wait
+    };
+    for _ in 0..12 {
+        waits.push(look(&mut m, &mut now, Some(10)));
+    }
+    assert_eq!(
+        waits,
+        [11, 11, 11, 11, 16, 32, 64, 128, 256, 512, 1_000, 1_000]
+    );
+    // A hint further away ends the run: the next "soon" is followed at once.
+    assert_eq!(look(&mut m, &mut now, Some(500)), 501);
+    assert_eq!(look(&mut m, &mut now, Some(10)), 11);
+    for _ in 0..9 {
+        look(&mut m, &mut now, Some(0));
+    }
+    assert_eq!(look(&mut m, &mut now, Some(0)), 1_000);
+    // No hint at all ends it too.
+    let backstop = look(&mut m, &mut now, None);
+    assert!((15_000..=30_000).contains(&backstop), "{backstop}");
+    assert_eq!(look(&mut m, &mut now, Some(0)), 1);
+}
+
+#[test]
 fn a_wake_up_during_a_claim_makes_its_empty_answer_claim_again_at_once() {
     for announced in [true, false] {
         let cfg = WorkerConfig {

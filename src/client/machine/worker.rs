@@ -199,6 +199,10 @@ pub struct WorkerMachine {
     pub(super) ahead: usize,
     pub(super) next_claim: LocalMs,
     pub(super) idle: Backoff,
+    /// Empty claims in a row whose answer said to look again almost at
+    /// once (`SOON_MS`): past a few, the next look backs off
+    /// (`soon_floor_ms`).
+    pub(super) soon_hints: u32,
     /// A wake-up came while a claim was in flight: the claim may have read
     /// the queue before the change it announces, so an empty answer claims
     /// again at once instead of waiting.
@@ -254,6 +258,7 @@ impl WorkerMachine {
                 mix64(cfg.seed ^ 0x1d1e),
             ),
             rewake: false,
+            soon_hints: 0,
             round_sent: None,
             next_round: LocalMs::MAX,
             drain_sent: false,

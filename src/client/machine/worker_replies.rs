@@ -14,6 +14,23 @@ use crate::time::LocalMs;
 /// Longest wait before a claim that got no answer is sent again.
 const CLAIM_RETRY_CAP_MS: u64 = 1_000;
 
+/// An empty claim's hint this close ("the queue changes at once", or
+/// "look again soon": rows another transaction holds) counts toward
+/// [`soon_floor_ms`].
+pub(super) const SOON_MS: u64 = 16;
+
+/// The least wait after `n` such hints in a row: none for the first four
+/// (a claim in flight elsewhere commits within milliseconds), then 16 ms
+/// doubling up to a second. A row held for long (a session idle in its
+/// transaction until the server notices its client is gone, a long bulk
+/// change) then costs each idle worker a look a second, not a hundred.
+pub(super) fn soon_floor_ms(n: u32) -> u64 {
+    match n.checked_sub(5) {
+        None => 0,
+        Some(k) => (SOON_MS << k.min(10)).min(1_000),
+    }
+}
+
 impl WorkerMachine {
     /// The store answered a request (at local instant `now`).
     pub fn handle_reply(&mut self, now: LocalMs, reply: WorkerReply) {
@@ -98,6 +115,7 @@ impl WorkerMachine {
             return;
         }
         self.idle.reset();
+        self.soon_hints = 0;
         self.next_claim = now;
         if self.jobs.is_empty() && self.reported.is_empty() {
             self.next_round = self.next_round_after(sent_at);
@@ -152,7 +170,14 @@ impl WorkerMachine {
     /// whether the queue is drained.
     fn idle(&mut self, now: LocalMs, change_in: Option<u64>) {
         let wait = self.idle.next_wait();
-        let wait = change_in.map_or(wait, |c| wait.min(c.saturating_add(1)));
+        let soon = change_in.is_some_and(|c| c <= SOON_MS);
+        self.soon_hints = if soon {
+            self.soon_hints.saturating_add(1)
+        } else {
+            0
+        };
+        let floor = soon_floor_ms(self.soon_hints);
+        let wait = change_in.map_or(wait, |c| wait.min(c.saturating_add(1).max(floor)));
         self.next_claim = now.saturating_add(wait.max(1));
         self.check_drained();
     }

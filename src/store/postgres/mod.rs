@@ -58,8 +58,8 @@
 //!   listener thread per store handle (started on the first wait, with its
 //!   own connection) wakes blocked acquirers and idle workers. A claim
 //!   does not notify (notifying commits take turns on the server): an
-//!   empty claim whose scans skipped rows another transaction held says
-//!   so, and its worker looks again soon
+//!   empty claim whose ready scan skipped rows another transaction held
+//!   says so, and its worker looks again soon
 //!   ([`crate::core::JobTxn::skipped_locked`]). Idle workers keep a
 //!   backstop claim (`idle_poll`).
 //! - **Errors**: serialization failures, deadlocks, lock timeouts, unique

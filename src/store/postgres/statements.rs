@@ -142,11 +142,12 @@ fn due_scan() -> String {
 /// whether the ready scan skipped rows others held locked ([`SKIPPED_COLUMN`]),
 /// on a row of NULL job columns if no job was read.
 ///
-/// The ready scan skipped rows when it came back short of its limit
-/// while the ready rows as the statement's snapshot has them include one
-/// it did not lock: one probe of the ready index, only for a short scan.
-/// (The snapshot may also hold a row a transaction committed a change to
-/// since: then an idle worker looks once more for nothing.) The expired
+/// The ready scan skipped rows when it came back empty while the
+/// statement's snapshot has a ready row: one probe of the ready index,
+/// only for an empty scan (a scan that read rows starts jobs, or, on a
+/// limited queue, takes its turn at the queue's row after any claim in
+/// flight). (The snapshot may also hold a row a transaction committed a
+/// change to since: then an idle worker looks once more for nothing.) The expired
 /// and due scans need no probe: a row they passed over is still expired
 /// or due in what [`crate::core::job::next_change_in`] reads after them,
 /// or the change that made it otherwise is in it.
@@ -157,8 +158,8 @@ pub(super) fn pending_ready_sql() -> String {
            LIMIT $4 FOR UPDATE SKIP LOCKED),
            j AS (SELECT * FROM e UNION ALL SELECT * FROM d UNION ALL SELECT * FROM r)
          SELECT j.*, {QUEUE_COLUMNS},
-           (SELECT count(*) FROM r) < $4 AND EXISTS (SELECT 1 FROM {{s}}.jobs
-             WHERE queue = $1 AND {READY} AND id NOT IN (SELECT id FROM r))
+           NOT EXISTS (SELECT 1 FROM r)
+             AND EXISTS (SELECT 1 FROM {{s}}.jobs WHERE queue = $1 AND {READY})
          FROM (SELECT) AS one LEFT JOIN j ON true LEFT JOIN {{s}}.queues c ON c.queue = $1",
         expired_scan(),
         due_scan(),
