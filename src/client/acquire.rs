@@ -14,6 +14,7 @@ use super::{ms_of, Client, LeaseGuard, LeaseOptions};
 use crate::core::{self, HolderInfo, Wake};
 use crate::error::{Error, Field, Result};
 use crate::sync::{lock, Ordering};
+use hashbrown::hash_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,11 +127,19 @@ impl Client {
     /// (no copy per grant).
     pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
         let mut held = lock(&self.inner.held);
-        let claimed = !held.extended.is_empty() && held.extended.get(key) == Some(&token);
-        if claimed || held.live.get(key).is_some_and(|&m| m >= token) {
+        if !held.extended.is_empty() && held.extended.get(key) == Some(&token) {
             return false;
         }
-        held.live.insert(key.clone(), token);
+        // (One lookup: this is on every acquire's way.)
+        match held.live.entry(key.clone()) {
+            Entry::Occupied(marked) if *marked.get() >= token => return false,
+            Entry::Occupied(mut marked) => {
+                marked.insert(token);
+            }
+            Entry::Vacant(free) => {
+                free.insert(token);
+            }
+        }
         self.count_held(held.live.len());
         true
     }
