@@ -29,9 +29,11 @@ pub(crate) struct HeldKeys {
     /// ([`Client::claim_extended`]) had this token: the acquire whose new
     /// grant it was may get its answer only after that claim, even after
     /// the claimer gave the grant back, and must not build on it
-    /// ([`Client::mark_held`]). One entry per key that ever met such a
+    /// ([`Client::mark_held`]). Forgotten when the claim ends without a
+    /// release ([`Client::unmark_unreleased`]: the grant is still live, and
+    /// that answer may build on it). One entry per key that met such a
     /// race (rare: two acquires of one key through one client at once, or
-    /// a release left unanswered), kept for the client's life.
+    /// a release left unanswered), kept otherwise for the client's life.
     extended: hashbrown::HashMap<Arc<str>, u64>,
 }
 
@@ -154,6 +156,19 @@ impl Client {
             }
         }
         self.count_held(held.live.len());
+    }
+
+    /// Take back the mark of grant `token` of `key` that no guard (or
+    /// leader) came of and that nobody released: the grant is still live
+    /// in the store. If it was claimed by extension, forget that too: an
+    /// acquire whose new grant it was may still get its answer, and may
+    /// build on it (refused, the slot would be left to run out).
+    pub(crate) fn unmark_unreleased(&self, key: &str, token: u64) {
+        self.unmark_held(key, token);
+        let mut held = lock(&self.inner.held);
+        if held.extended.get(key) == Some(&token) {
+            held.extended.remove(key);
+        }
     }
 
     /// Whether a guard (or leader) of this client holds any key: when
@@ -287,7 +302,7 @@ impl Drop for Answer {
     fn drop(&mut self) {
         if let Some(HolderReply::Acquired(Ok(grant))) = &self.reply {
             if grant.renewed {
-                self.client.unmark_held(&self.key, grant.token);
+                self.client.unmark_unreleased(&self.key, grant.token);
             }
         }
     }
@@ -399,7 +414,7 @@ impl Acquiring {
                             life: life.clone(),
                         },
                         None => {
-                            self.exec.client.unmark_held(&self.exec.key, token);
+                            self.exec.client.unmark_unreleased(&self.exec.key, token);
                             AcquireNext::Failed(Error::store(
                                 "acquiring",
                                 "granted without a lifetime",
@@ -424,7 +439,7 @@ impl Acquiring {
         self.machine.handle_reply(|| client.local_now(), reply);
         if let Some(token) = marked.filter(|_| self.machine.lifetime().is_none()) {
             // The machine was not waiting for this grant: no guard comes.
-            self.exec.client.unmark_held(&self.exec.key, token);
+            self.exec.client.unmark_unreleased(&self.exec.key, token);
         }
     }
 
