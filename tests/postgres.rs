@@ -991,10 +991,12 @@ fn lock_jobs(schema: &Schema, filter: &str) -> postgres::Client {
     c
 }
 
-/// What an idle worker reads: its claim, and when to look again. (A
-/// retry waits an hour: an expired claim's job does not come back during
-/// the test, however slow the machine.)
-fn look(store: &PostgresStore, queue: &str) -> (usize, Option<u64>) {
+/// What an idle worker reads: a claim of up to 4 jobs, how many it took,
+/// and when its empty answer says to look again (the sooner of the
+/// queue's next change by time and the relook), with whether the relook
+/// said it. (A retry waits an hour: an expired claim's job does not come
+/// back during the test, however slow the machine.)
+fn look(store: &PostgresStore, queue: &str) -> (usize, Option<u64>, bool) {
     let p = leasehold::QueuePolicy {
         backoff_base_ms: 3_600_000,
         backoff_max_ms: 3_600_000,
@@ -1003,7 +1005,10 @@ fn look(store: &PostgresStore, queue: &str) -> (usize, Option<u64>) {
     store
         .txn(|tx| {
             let jobs = core::job::claim(tx, queue, HolderId(9), 30_000, 4, &p)?;
-            Ok((jobs.len(), core::job::next_change_in(tx, queue)?))
+            let next = core::job::next_change_in(tx, queue)?;
+            let relook = core::job::relook_in(tx)?;
+            let sooner = next.into_iter().chain(relook).min();
+            Ok((jobs.len(), sooner, relook.is_some()))
         })
         .unwrap()
 }
@@ -1018,7 +1023,7 @@ fn an_empty_claim_that_passed_over_locked_rows_looks_again_soon() {
     let c = Client::new(schema.open(PostgresOptions::default()));
     let soon = Some(core::job::OVERLAP_RELOOK_MS);
     // Nothing locked, nothing there: nothing to look for.
-    assert_eq!(look(&store, "ready"), (0, None));
+    assert_eq!(look(&store, "ready"), (0, None, false));
     // A ready job, a due one (delayed, now past its time) and an expired
     // claim, each held by another open transaction: the claim passes
     // over them and says to look again soon.
@@ -1036,11 +1041,14 @@ fn an_empty_claim_that_passed_over_locked_rows_looks_again_soon() {
     // once. A ready one shows only through the skipped rows.)
     for queue in ["ready", "due", "expired"] {
         let mut other = lock_jobs(&schema, &format!("queue = '{queue}'"));
-        let (n, next) = look(&store, queue);
+        let (n, next, relook) = look(&store, queue);
         assert!(
             n == 0 && next.is_some() && next <= soon,
             "{queue}: locked: {n} {next:?}"
         );
+        // The ready job is seen only through the relook, and only the
+        // relook is a guess the worker may back off.
+        assert_eq!(relook, queue == "ready", "{queue}");
         other.batch_execute("ROLLBACK").unwrap();
         // Let go: the claim takes it (an expired claim goes to its retry).
         let taken = look(&store, queue).0;
@@ -1054,12 +1062,12 @@ fn an_empty_claim_that_passed_over_locked_rows_looks_again_soon() {
         q.push(&JobSpec::new("r")).unwrap();
     }
     let mut other = lock_jobs(&schema, "queue = 'ready' AND state = 0 LIMIT 1");
-    let (n, next) = look(&store, "ready");
-    assert!(n == 4 && next > Some(10_000), "{n} {next:?}");
+    let (n, next, relook) = look(&store, "ready");
+    assert!(n == 4 && next > Some(10_000) && !relook, "{n} {next:?}");
     other.batch_execute("ROLLBACK").unwrap();
     assert_eq!(look(&store, "ready").0, 1);
-    let (n, next) = look(&store, "ready");
-    assert!(n == 0 && next > Some(10_000), "{n} {next:?}");
+    let (n, next, relook) = look(&store, "ready");
+    assert!(n == 0 && next > Some(10_000) && !relook, "{n} {next:?}");
 }
 
 #[test]
@@ -1110,6 +1118,65 @@ fn an_idle_worker_starts_a_job_another_transaction_held_when_it_lets_go() {
         looping.join().unwrap().unwrap()
     });
     assert_eq!(report.completed, 1);
+}
+
+#[test]
+fn a_delayed_job_starts_on_time_while_another_row_stays_held() {
+    // A row held for long makes every empty claim say "look again soon",
+    // and the worker backs those looks off to one a second. A delayed job
+    // pushed meanwhile still starts when it falls due, not at the next
+    // backed-off look (up to a second late before the two hints were
+    // told apart).
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("held_and_delayed");
+    let c = Client::new(schema.open(PostgresOptions::default()));
+    let q = c.queue("q").unwrap();
+    q.push(&JobSpec::new("held")).unwrap();
+    let mut other = lock_jobs(&schema, "queue = 'q'");
+    let started = Mutex::new(None);
+    let stop = leasehold::StopSignal::new();
+    let worker = Client::new(schema.open(PostgresOptions::default()));
+    let wq = worker.queue("q").unwrap();
+    std::thread::scope(|s| {
+        let looping = s.spawn(|| {
+            wq.work(&WorkOptions::default(), &stop, |_| {
+                *started.lock().unwrap() = Some(Instant::now());
+                Ok(())
+            })
+        });
+        struct SetOnDrop<'a>(&'a leasehold::StopSignal);
+        impl Drop for SetOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.set();
+            }
+        }
+        let stopping = SetOnDrop(&stop);
+        // Long enough for the looks to back off to one a second
+        // (11 ms four times, then 16 ms doubling: about a second in all).
+        std::thread::sleep(Duration::from_millis(2_000));
+        let delayed = JobSpec {
+            delay_ms: 300,
+            ..JobSpec::new("delayed")
+        };
+        let pushed = Instant::now();
+        q.push(&delayed).unwrap();
+        while started.lock().unwrap().is_none() && pushed.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let at = started.lock().unwrap().expect("never started");
+        // Due 300 ms after the push; the backed-off look came a second
+        // after it.
+        assert!(
+            at - pushed < Duration::from_millis(800),
+            "{:?}",
+            at - pushed
+        );
+        drop(stopping);
+        looping.join().unwrap().unwrap();
+    });
+    other.batch_execute("ROLLBACK").unwrap();
 }
 
 #[test]

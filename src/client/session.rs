@@ -88,15 +88,21 @@ impl Exec {
                 let first = FirstRead::Claim { queue, ready: max };
                 let claimed = store.txn_reading("claim", Some(first), |tx| {
                     let jobs = core::job::claim(tx, queue, holder, lease_ms, max, policy)?;
-                    let change_in = match jobs.is_empty() {
-                        true => core::job::next_change_in(tx, queue)?,
-                        false => None,
+                    let hints = match jobs.is_empty() {
+                        true => (
+                            core::job::next_change_in(tx, queue)?,
+                            core::job::relook_in(tx)?,
+                        ),
+                        false => (None, None),
                     };
-                    Ok((jobs, change_in))
+                    Ok((jobs, hints))
                 });
                 match claimed {
-                    Ok((jobs, next_change_in_ms)) if jobs.is_empty() => {
-                        WorkerReply::Idle { next_change_in_ms }
+                    Ok((jobs, (next_change_in_ms, relook_in_ms))) if jobs.is_empty() => {
+                        WorkerReply::Idle {
+                            next_change_in_ms,
+                            relook_in_ms,
+                        }
                     }
                     other => WorkerReply::Claimed(other.map(|(jobs, _)| jobs)),
                 }

@@ -237,10 +237,10 @@ pub trait JobTxn {
     /// skip locked rows). Such a job is being changed by a transaction
     /// still open (another worker's claim, most often): an idle worker
     /// that found nothing looks again soon
-    /// ([`crate::core::job::next_change_in`]), and then sees what that
+    /// ([`crate::core::job::relook_in`]), and then sees what that
     /// transaction did, a claim's expiry included. (Due and expired jobs
-    /// passed over need nothing: `next_change_in` reads them as due.) Announcing every
-    /// claim instead serialized the commits of all claims on the server
+    /// passed over need nothing: [`crate::core::job::next_change_in`]
+    /// reads them as due.) Announcing every claim instead serialized the commits of all claims on the server
     /// (PostgreSQL orders notifying commits under one lock). False, the
     /// default, where transactions run one at a time (SQLite, the file and
     /// mem stores): a claim sees every claim committed before it.

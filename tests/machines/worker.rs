@@ -704,6 +704,7 @@ fn an_idle_worker_claims_again_when_the_queue_changes_by_time() {
         now,
         WorkerReply::Idle {
             next_change_in_ms: Some(30),
+            relook_in_ms: None,
         },
     );
     assert_eq!(m.poll_timeout(), Some(now + 31));
@@ -715,6 +716,7 @@ fn an_idle_worker_claims_again_when_the_queue_changes_by_time() {
         now,
         WorkerReply::Idle {
             next_change_in_ms: Some(60_000),
+            relook_in_ms: None,
         },
     );
     let next = m.poll_timeout().unwrap();
@@ -730,6 +732,7 @@ fn an_idle_worker_claims_again_when_the_queue_changes_by_time() {
         now,
         WorkerReply::Idle {
             next_change_in_ms: None,
+            relook_in_ms: None,
         },
     );
     let next = m.poll_timeout().unwrap();
@@ -742,6 +745,7 @@ fn an_idle_worker_claims_again_when_the_queue_changes_by_time() {
         now,
         WorkerReply::Idle {
             next_change_in_ms: Some(0),
+            relook_in_ms: None,
         },
     );
     assert_eq!(m.poll_timeout(), Some(now + 1));
@@ -750,6 +754,7 @@ fn an_idle_worker_claims_again_when_the_queue_changes_by_time() {
         now,
         WorkerReply::Idle {
             next_change_in_ms: Some(0),
+            relook_in_ms: None,
         },
     );
     assert_eq!(m.poll_timeout(), Some(now + 1));
@@ -782,6 +787,7 @@ fn where_every_change_is_announced_an_empty_claim_waits_the_whole_backstop() {
         now,
         WorkerReply::Idle {
             next_change_in_ms: Some(40),
+            relook_in_ms: None,
         },
     );
     assert_eq!(m.poll_timeout(), Some(now + 41));
@@ -805,12 +811,13 @@ fn looks_again_soon_back_off_when_the_answer_keeps_saying_soon() {
     let mut m = WorkerMachine::new(cfg, LocalMs(0));
     let mut now = LocalMs(0);
     let mut waits = Vec::new();
-    let look = |m: &mut WorkerMachine, now: &mut LocalMs, hint: Option<u64>| {
+    let look = |m: &mut WorkerMachine, now: &mut LocalMs, due: Option<u64>, relook: Option<u64>| {
         assert_eq!(requests(&drain(m)), [WorkerRequest::Claim { max: 1 }]);
         m.handle_reply(
             *now,
             WorkerReply::Idle {
-                next_change_in_ms: hint,
+                next_change_in_ms: due,
+                relook_in_ms: relook,
             },
         );
         let next = m.poll_timeout().unwrap();
@@ -820,23 +827,31 @@ fn looks_again_soon_back_off_when_the_answer_keeps_saying_soon() {
         wait
     };
     for _ in 0..12 {
-        waits.push(look(&mut m, &mut now, Some(10)));
+        waits.push(look(&mut m, &mut now, None, Some(10)));
     }
     assert_eq!(
         waits,
         [11, 11, 11, 11, 16, 32, 64, 128, 256, 512, 1_000, 1_000]
     );
-    // A hint further away ends the run: the next "soon" is followed at once.
-    assert_eq!(look(&mut m, &mut now, Some(500)), 501);
-    assert_eq!(look(&mut m, &mut now, Some(10)), 11);
+    // A due time further away, beside the relook that keeps coming, is
+    // kept to the millisecond: a delayed job starts on time even while a
+    // row stays held.
+    assert_eq!(look(&mut m, &mut now, Some(200), Some(10)), 201);
+    assert_eq!(look(&mut m, &mut now, Some(5_000), Some(10)), 1_000);
+    // A hint further away and no relook ends the run: the next "soon" is
+    // followed at once.
+    assert_eq!(look(&mut m, &mut now, Some(500), None), 501);
+    assert_eq!(look(&mut m, &mut now, None, Some(10)), 11);
+    // A due job another transaction holds ("due at once", again and
+    // again) backs off the same way.
     for _ in 0..9 {
-        look(&mut m, &mut now, Some(0));
+        look(&mut m, &mut now, Some(0), None);
     }
-    assert_eq!(look(&mut m, &mut now, Some(0)), 1_000);
+    assert_eq!(look(&mut m, &mut now, Some(0), None), 1_000);
     // No hint at all ends it too.
-    let backstop = look(&mut m, &mut now, None);
+    let backstop = look(&mut m, &mut now, None, None);
     assert!((15_000..=30_000).contains(&backstop), "{backstop}");
-    assert_eq!(look(&mut m, &mut now, Some(0)), 1);
+    assert_eq!(look(&mut m, &mut now, Some(0), None), 1);
 }
 
 #[test]
@@ -865,6 +880,7 @@ fn a_wake_up_during_a_claim_makes_its_empty_answer_claim_again_at_once() {
             now + 2,
             WorkerReply::Idle {
                 next_change_in_ms: None,
+                relook_in_ms: None,
             },
         );
         assert_eq!(

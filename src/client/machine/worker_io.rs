@@ -181,6 +181,11 @@ pub enum WorkerReply {
     Idle {
         /// Store milliseconds until the next change, if any.
         next_change_in_ms: Option<u64>,
+        /// Store milliseconds until a look that may see what another
+        /// transaction was doing to rows this claim passed over
+        /// ([`crate::core::job::relook_in`]), if any: a guess, which the
+        /// machine backs off when it keeps hearing it.
+        relook_in_ms: Option<u64>,
     },
     /// To [`WorkerRequest::Heartbeat`], in the order sent.
     Heartbeated(Result<Vec<Result<HeartbeatReply>>>),

@@ -19,6 +19,9 @@ const CLAIM_RETRY_CAP_MS: u64 = 1_000;
 /// [`soon_floor_ms`].
 pub(super) const SOON_MS: u64 = 16;
 
+/// An empty claim's answer: `(next_change_in_ms, relook_in_ms)`.
+type Hints = (Option<u64>, Option<u64>);
+
 /// The least wait after `n` such hints in a row: none for the first four
 /// (a claim in flight elsewhere commits within milliseconds), then 16 ms
 /// doubling up to a second. A row held for long (a session idle in its
@@ -40,10 +43,11 @@ impl WorkerMachine {
         // Time passed too: a deadline seen passed first is a loss first.
         self.expire(now);
         match reply {
-            WorkerReply::Claimed(r) => self.claimed(now, r, None),
-            WorkerReply::Idle { next_change_in_ms } => {
-                self.claimed(now, Ok(Vec::new()), next_change_in_ms);
-            }
+            WorkerReply::Claimed(r) => self.claimed(now, r, (None, None)),
+            WorkerReply::Idle {
+                next_change_in_ms,
+                relook_in_ms,
+            } => self.claimed(now, Ok(Vec::new()), (next_change_in_ms, relook_in_ms)),
             WorkerReply::Heartbeated(r) => self.heartbeated(now, r),
             WorkerReply::Settled(r) => self.settled(now, r),
             WorkerReply::Drained(r) => self.drained(r),
@@ -85,7 +89,9 @@ impl WorkerMachine {
         }
     }
 
-    fn claimed(&mut self, now: LocalMs, r: Result<Vec<JobRecord>>, change_in: Option<u64>) {
+    /// `hints`: an empty answer's `(next_change_in_ms, relook_in_ms)`
+    /// ([`WorkerReply::Idle`]).
+    fn claimed(&mut self, now: LocalMs, r: Result<Vec<JobRecord>>, hints: Hints) {
         let Some(sent_at) = self.claim_sent.take() else {
             return;
         };
@@ -108,7 +114,7 @@ impl WorkerMachine {
         self.adapt_ahead(jobs.len());
         self.last_claim_empty = jobs.is_empty();
         if jobs.is_empty() {
-            self.idle(now, change_in);
+            self.idle(now, hints);
             if rewake {
                 self.next_claim = now;
             }
@@ -165,19 +171,27 @@ impl WorkerMachine {
     }
 
     /// An empty claim: back off (jittered, doubling), but no later than
-    /// the queue's next change by time (`change_in`, from the store) plus
-    /// 1 ms; with the drain rule on and nothing held, ask the store
-    /// whether the queue is drained.
-    fn idle(&mut self, now: LocalMs, change_in: Option<u64>) {
+    /// the store's hints plus 1 ms (the queue's next change by time, a
+    /// relook); a hint within [`SOON_MS`] heard again and again waits at
+    /// least [`soon_floor_ms`], a hint further away is kept exactly (a
+    /// delayed job falls due on time beside a row held for hours). With
+    /// the drain rule on and nothing held, ask the store whether the
+    /// queue is drained.
+    fn idle(&mut self, now: LocalMs, (change_in, relook_in): Hints) {
         let wait = self.idle.next_wait();
-        let soon = change_in.is_some_and(|c| c <= SOON_MS);
-        self.soon_hints = if soon {
+        let soon = |h: &Option<u64>| h.is_some_and(|h| h <= SOON_MS);
+        self.soon_hints = if soon(&change_in) || soon(&relook_in) {
             self.soon_hints.saturating_add(1)
         } else {
             0
         };
         let floor = soon_floor_ms(self.soon_hints);
-        let wait = change_in.map_or(wait, |c| wait.min(c.saturating_add(1).max(floor)));
+        let by = |h: u64| match h <= SOON_MS {
+            true => h.saturating_add(1).max(floor),
+            false => h.saturating_add(1),
+        };
+        let hinted = change_in.into_iter().chain(relook_in).map(by).min();
+        let wait = hinted.map_or(wait, |h| wait.min(h));
         self.next_claim = now.saturating_add(wait.max(1));
         self.check_drained();
     }

@@ -400,11 +400,9 @@ pub fn heartbeat_many(
 /// these comes, or the queue is paused (F2). An idle worker claims again
 /// by then at the latest (a wake-up may come first), so a retry waiting
 /// out its backoff, a delayed job, a dead worker's job or a job held back
-/// by a rate starts when it can, without the worker polling for it. Where
-/// this transaction's claim passed over rows another transaction held
-/// ([`JobTxn::skipped_locked`]), at most [`OVERLAP_RELOOK_MS`]: that
-/// transaction's change (a claim that may run out, a job it leaves ready)
-/// is not in what this one read. Three reads, and one per rate set.
+/// by a rate starts when it can, without the worker polling for it. Rows
+/// another transaction held are [`relook_in`]'s. Three reads, and one per
+/// rate set.
 pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
     check_queue(queue)?;
     let tx = tx.jobs()?;
@@ -433,21 +431,25 @@ pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
     let runs_out = first(tx, JobState::Running)?
         .first()
         .and_then(|p| p.job.claim.map(|c| c.lease_until_ms));
-    let relook = tx
-        .skipped_locked()
-        .then(|| now_ms.saturating_add(OVERLAP_RELOOK_MS));
-    let at = due
-        .into_iter()
-        .chain(runs_out)
-        .chain(allowed)
-        .chain(relook)
-        .min();
+    let at = due.into_iter().chain(runs_out).chain(allowed).min();
     Ok(at.map(|at| at.saturating_sub(now_ms)))
 }
 
+/// How soon (store ms) an idle worker looks again because this
+/// transaction's claim passed over rows another transaction held
+/// ([`JobTxn::skipped_locked`]): [`OVERLAP_RELOOK_MS`], else `None`. That
+/// transaction's change (a claim that may run out, a job it leaves ready)
+/// is not in what this one read. Apart from [`next_change_in`] because it
+/// is a guess, not a due time: a worker that keeps hearing it backs off
+/// (a row may be held for hours), while a due time is kept to the
+/// millisecond.
+pub fn relook_in(tx: &mut dyn Txn) -> Result<Option<u64>> {
+    Ok(tx.jobs()?.skipped_locked().then_some(OVERLAP_RELOOK_MS))
+}
+
 /// How soon (store ms) an idle worker looks again when its claim passed
-/// over rows another open transaction held ([`next_change_in`]): about as
-/// long as a claim's transaction takes to commit.
+/// over rows another open transaction held ([`relook_in`]): about as long
+/// as a claim's transaction takes to commit.
 pub const OVERLAP_RELOOK_MS: u64 = 10;
 
 /// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):
