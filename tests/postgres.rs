@@ -1070,30 +1070,24 @@ fn an_empty_claim_that_passed_over_locked_rows_looks_again_soon() {
     assert!(n == 0 && next > Some(10_000) && !relook, "{n} {next:?}");
 }
 
-#[test]
-fn an_idle_worker_starts_a_job_another_transaction_held_when_it_lets_go() {
-    if !pg::enabled() {
-        return;
-    }
-    let schema = Schema::new("skipped_worker");
-    let c = Client::new(schema.open(PostgresOptions::default()));
-    let q = c.queue("q").unwrap();
-    q.push(&JobSpec::new("held")).unwrap();
-    // Held before the worker starts: its push was announced before the
-    // worker listened, and its first claims pass over it.
-    let mut other = lock_jobs(&schema, "queue = 'q'");
+/// `body` run beside a worker of its own client on queue `q` of `schema`,
+/// whose handler records when the last job started; the worker stops
+/// however `body` ends, and its report comes back.
+fn beside_a_worker(
+    schema: &Schema,
+    body: impl FnOnce(&Mutex<Option<Instant>>),
+) -> leasehold::WorkReport {
     let started = Mutex::new(None);
     let stop = leasehold::StopSignal::new();
     let worker = Client::new(schema.open(PostgresOptions::default()));
     let wq = worker.queue("q").unwrap();
-    let report = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let looping = s.spawn(|| {
             wq.work(&WorkOptions::default(), &stop, |_| {
                 *started.lock().unwrap() = Some(Instant::now());
                 Ok(())
             })
         });
-        // The loop stops however the test ends.
         struct SetOnDrop<'a>(&'a leasehold::StopSignal);
         impl Drop for SetOnDrop<'_> {
             fn drop(&mut self) {
@@ -1101,6 +1095,32 @@ fn an_idle_worker_starts_a_job_another_transaction_held_when_it_lets_go() {
             }
         }
         let stopping = SetOnDrop(&stop);
+        body(&started);
+        drop(stopping);
+        looping.join().unwrap().unwrap()
+    })
+}
+
+/// When a job started (the worker's record), after waiting up to 10 s.
+fn started_by(started: &Mutex<Option<Instant>>, since: Instant) -> Instant {
+    while started.lock().unwrap().is_none() && since.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    started.lock().unwrap().expect("never started")
+}
+
+#[test]
+fn an_idle_worker_starts_a_job_another_transaction_held_when_it_lets_go() {
+    if !pg::enabled() {
+        return;
+    }
+    let schema = Schema::new("skipped_worker");
+    let c = Client::new(schema.open(PostgresOptions::default()));
+    c.queue("q").unwrap().push(&JobSpec::new("held")).unwrap();
+    // Held before the worker starts: its push was announced before the
+    // worker listened, and its first claims pass over it.
+    let mut other = lock_jobs(&schema, "queue = 'q'");
+    let report = beside_a_worker(&schema, |started| {
         // Long enough for its first claims however loaded the machine
         // (it would sleep for its backstop after the first if nothing
         // said "look again soon").
@@ -1109,13 +1129,8 @@ fn an_idle_worker_starts_a_job_another_transaction_held_when_it_lets_go() {
         let let_go = Instant::now();
         other.batch_execute("ROLLBACK").unwrap();
         // Far below the 15-30 s backstop it would otherwise sleep for.
-        while started.lock().unwrap().is_none() && let_go.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let at = started.lock().unwrap().expect("never started");
+        let at = started_by(started, let_go);
         assert!(at - let_go < Duration::from_secs(4), "{:?}", at - let_go);
-        drop(stopping);
-        looping.join().unwrap().unwrap()
     });
     assert_eq!(report.completed, 1);
 }
@@ -1135,24 +1150,7 @@ fn a_delayed_job_starts_on_time_while_another_row_stays_held() {
     let q = c.queue("q").unwrap();
     q.push(&JobSpec::new("held")).unwrap();
     let mut other = lock_jobs(&schema, "queue = 'q'");
-    let started = Mutex::new(None);
-    let stop = leasehold::StopSignal::new();
-    let worker = Client::new(schema.open(PostgresOptions::default()));
-    let wq = worker.queue("q").unwrap();
-    std::thread::scope(|s| {
-        let looping = s.spawn(|| {
-            wq.work(&WorkOptions::default(), &stop, |_| {
-                *started.lock().unwrap() = Some(Instant::now());
-                Ok(())
-            })
-        });
-        struct SetOnDrop<'a>(&'a leasehold::StopSignal);
-        impl Drop for SetOnDrop<'_> {
-            fn drop(&mut self) {
-                self.0.set();
-            }
-        }
-        let stopping = SetOnDrop(&stop);
+    let report = beside_a_worker(&schema, |started| {
         // Long enough for the looks to back off to one a second
         // (11 ms four times, then 16 ms doubling: about a second in all).
         std::thread::sleep(Duration::from_millis(2_000));
@@ -1162,20 +1160,16 @@ fn a_delayed_job_starts_on_time_while_another_row_stays_held() {
         };
         let pushed = Instant::now();
         q.push(&delayed).unwrap();
-        while started.lock().unwrap().is_none() && pushed.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let at = started.lock().unwrap().expect("never started");
         // Due 300 ms after the push; the backed-off look came a second
         // after it.
+        let at = started_by(started, pushed);
         assert!(
             at - pushed < Duration::from_millis(800),
             "{:?}",
             at - pushed
         );
-        drop(stopping);
-        looping.join().unwrap().unwrap();
     });
+    assert_eq!(report.completed, 1);
     other.batch_execute("ROLLBACK").unwrap();
 }
 
