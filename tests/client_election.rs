@@ -156,7 +156,12 @@ fn a_grant_answered_after_a_sibling_claimed_and_gave_it_back_does_not_lead() {
     });
     let client = Client::builder_shared(store.clone()).build();
     let opts = ElectOptions::new(Duration::from_secs(10));
-    let a = client.campaign("leader", opts, |_| {}).unwrap();
+    let (tx, a_events) = mpsc::channel();
+    let a = client
+        .campaign("leader", opts, move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
     {
         let state = store.state.lock().unwrap();
         let (state, _) = store
@@ -178,6 +183,15 @@ fn a_grant_answered_after_a_sibling_claimed_and_gave_it_back_does_not_lead() {
     let b_leader = b.leader().expect("B still leads");
     assert_eq!(b_leader.token(), b_token);
     assert!(b_leader.is_valid());
+    // A says who leads: B's term, not A's late grant, which never led.
+    let told: Vec<_> = a_events.try_iter().collect();
+    assert!(
+        told.iter().all(|e| match e {
+            LeaderEvent::NewLeader(info) => info.token == b_token,
+            _ => false,
+        }),
+        "B leads with token {b_token}: {told:?}"
+    );
 }
 
 #[test]

@@ -111,7 +111,8 @@ impl Client {
     }
 
     /// Record that a guard (or a leader) of this client holds `key` with
-    /// the new grant `token`; `false` if this answer may not build one.
+    /// the new grant `token`; if this answer may not build one, `Err` with
+    /// the token of the grant this client holds the key with, if any.
     /// Two acquires of one key through one client can both pass the check
     /// before either grant, and the store extends the first grant for the
     /// second (one holder, the same token): the second marks it as it
@@ -127,14 +128,14 @@ impl Client {
     /// A mark of an earlier grant is replaced (the store made this one, so
     /// the recorded one is no longer live). The map shares the guard's key
     /// (no copy per grant).
-    pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> bool {
+    pub(crate) fn mark_held(&self, key: &Arc<str>, token: u64) -> Result<(), Option<u64>> {
         let mut held = lock(&self.inner.held);
         if !held.extended.is_empty() && held.extended.get(key) == Some(&token) {
-            return false;
+            return Err(held.live.get(key).copied());
         }
         // (One lookup: this is on every acquire's way.)
         match held.live.entry(key.clone()) {
-            Entry::Occupied(marked) if *marked.get() >= token => return false,
+            Entry::Occupied(marked) if *marked.get() >= token => return Err(Some(*marked.get())),
             Entry::Occupied(mut marked) => {
                 marked.insert(token);
             }
@@ -143,7 +144,7 @@ impl Client {
             }
         }
         self.count_held(held.live.len());
-        true
+        Ok(())
     }
 
     /// The guard (or leader) of grant `token` of `key` ended: take back
@@ -332,12 +333,21 @@ pub(crate) fn mark_grant(
         let token = grant.token;
         return (HolderReply::Acquired(Ok(grant)), Some(token));
     }
-    if client.mark_held(key, grant.token) {
-        let token = grant.token;
-        return (HolderReply::Acquired(Ok(grant)), Some(token));
+    match client.mark_held(key, grant.token) {
+        Ok(()) => {
+            let token = grant.token;
+            (HolderReply::Acquired(Ok(grant)), Some(token))
+        }
+        // Refused: name the grant this client holds the key with (a
+        // sibling's), not this late one, which may never have been live
+        // as a guard or a term. (With this answer's expiry: the
+        // sibling's is not kept here, and is no earlier.)
+        Err(holding) => {
+            let token = holding.unwrap_or(grant.token);
+            let held = client.held_here(key, token, grant.expires_at_ms);
+            (HolderReply::Acquired(Err(held)), None)
+        }
     }
-    let held = client.held_here(key, grant.token, grant.expires_at_ms);
-    (HolderReply::Acquired(Err(held)), None)
 }
 
 /// What the executor must do next.
