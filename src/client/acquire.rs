@@ -151,6 +151,10 @@ impl Client {
     /// its record, unless a later grant replaced it.
     pub(crate) fn unmark_held(&self, key: &str, token: u64) {
         let mut held = lock(&self.inner.held);
+        self.unmark_locked(&mut held, key, token);
+    }
+
+    fn unmark_locked(&self, held: &mut HeldKeys, key: &str, token: u64) {
         if let Some((key, later)) = held.live.remove_entry(key) {
             if later != token {
                 held.live.insert(key, later);
@@ -165,8 +169,8 @@ impl Client {
     /// acquire whose new grant it was may still get its answer, and may
     /// build on it (refused, the slot would be left to run out).
     pub(crate) fn unmark_unreleased(&self, key: &str, token: u64) {
-        self.unmark_held(key, token);
         let mut held = lock(&self.inner.held);
+        self.unmark_locked(&mut held, key, token);
         if held.extended.get(key) == Some(&token) {
             held.extended.remove(key);
         }
