@@ -1153,6 +1153,60 @@ fn an_acquire_whose_extended_slot_was_released_meanwhile_gets_a_new_grant() {
     guard.release().unwrap();
 }
 
+/// A store whose `at`-th transaction panics.
+struct PanicAt {
+    inner: MemStore,
+    calls: AtomicUsize,
+    at: AtomicUsize,
+}
+
+impl Store for PanicAt {
+    fn transact(
+        &self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> leasehold::Result<()>,
+    ) -> leasehold::Result<()> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        assert_ne!(n, self.at.load(Ordering::SeqCst), "the store panicked");
+        self.inner.transact(f)
+    }
+    fn describe(&self) -> String {
+        "panic-at".into()
+    }
+}
+
+/// An acquire that extended a slot of its own holder marks the key before
+/// it looks whether the slot is still live. A panic in that look took the
+/// mark with it: every later acquire of the key through the client was
+/// refused (`Held`, by the client itself) for the client's life.
+#[test]
+fn a_store_panic_while_an_extended_grant_is_checked_leaves_the_key_free() {
+    let store = Arc::new(PanicAt {
+        inner: MemStore::new(),
+        calls: AtomicUsize::new(0),
+        at: AtomicUsize::new(usize::MAX),
+    });
+    let c = Client::builder_shared(store.clone())
+        .holder(Holder::new(HolderId(7)))
+        .build();
+    // Live in the store, no guard's.
+    let (_, token) = c
+        .try_acquire("k", Duration::from_secs(30))
+        .unwrap()
+        .detach();
+    // The next acquire extends it; its look at the slot panics.
+    let next = store.calls.load(Ordering::SeqCst) + 2;
+    store.at.store(next, Ordering::SeqCst);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        c.try_acquire("k", Duration::from_secs(30))
+    }));
+    assert!(panicked.is_err(), "{panicked:?}");
+    assert_eq!(store.calls.load(Ordering::SeqCst), next);
+    let guard = c.try_acquire("k", Duration::from_secs(30)).unwrap();
+    assert_eq!(guard.token(), token, "the live grant, extended");
+    guard.release().unwrap();
+    assert!(c.inspect("k").unwrap().holders.is_empty());
+}
+
 /// A loop ended by a store call's panic tells the handlers still running
 /// to stop: their handles turn invalid at once, not at their claims' local
 /// deadlines (the loop renews nothing any more).

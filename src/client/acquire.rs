@@ -218,21 +218,26 @@ impl Client {
             held.extended.insert(key.clone(), grant.token);
             self.count_held(held.live.len());
         }
+        // Taken back unless the grant is live, a panic in the store
+        // included (left, the mark would refuse every later acquire of
+        // the key through this client).
+        let mark = Marked {
+            client: self,
+            key: &key,
+            token: grant.token,
+        };
         let live = self.inspect(&key).map(|info| {
             info.holders
                 .iter()
                 .any(|h| h.holder.id == me && h.token == grant.token)
         });
         match live {
-            Ok(true) => Ok(Some(grant)),
-            Ok(false) => {
-                self.unmark_held(&key, grant.token);
-                Ok(None)
+            Ok(true) => {
+                std::mem::forget(mark);
+                Ok(Some(grant))
             }
-            Err(e) => {
-                self.unmark_held(&key, grant.token);
-                Err(e)
-            }
+            Ok(false) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -252,6 +257,19 @@ impl Client {
     fn count_held(&self, len: usize) {
         let len = u64::try_from(len).unwrap_or(u64::MAX);
         self.inner.held_count.store(len, Ordering::Release);
+    }
+}
+
+/// A mark [`Client::claim_extended`] made, taken back when dropped.
+struct Marked<'a> {
+    client: &'a Client,
+    key: &'a str,
+    token: u64,
+}
+
+impl Drop for Marked<'_> {
+    fn drop(&mut self) {
+        self.client.unmark_held(self.key, self.token);
     }
 }
 
