@@ -117,7 +117,7 @@ impl Client {
     /// before either grant, and the store extends the first grant for the
     /// second (one holder, the same token): the second marks it as it
     /// gets it ([`Client::claim_extended`]), the first here, and only the
-    /// first of the two to mark it may build a guard. So `false` when:
+    /// first of the two to mark it may build a guard. So `Err` when:
     /// - the key is marked with this grant (another guard holds it);
     /// - the key is marked with a later grant: the store made that one
     ///   for this holder, so this one, answered late, is no longer live;
@@ -360,14 +360,26 @@ pub(crate) fn mark_grant(
             let token = grant.token;
             (HolderReply::Acquired(Ok(grant)), Some(token))
         }
-        // Refused: name the grant this client holds the key with (a
-        // sibling's), not this late one, which may never have been live
-        // as a guard or a term. (With this answer's expiry: the
-        // sibling's is not kept here, and is no earlier.)
-        Err(holding) => {
-            let token = holding.unwrap_or(grant.token);
+        // Refused, and a sibling holds the key: name the sibling's grant,
+        // not this late one, which may never have been live as a guard
+        // or a term. (With this answer's expiry, approximate: the
+        // sibling's is not kept here.)
+        Err(Some(token)) => {
             let held = client.held_here(key, token, grant.expires_at_ms);
             (HolderReply::Acquired(Err(held)), None)
+        }
+        // Refused, and nobody here holds the key: a sibling claimed this
+        // grant and gave it back. Ask the store again (a retry): the key
+        // may be free, or held by a new grant.
+        Err(None) => {
+            let again = Error::transient(
+                format!("acquiring {key:?}"),
+                format!(
+                    "grant {} was given back by another acquire of this client before this one's answer came",
+                    grant.token
+                ),
+            );
+            (HolderReply::Acquired(Err(again)), None)
         }
     }
 }
