@@ -88,22 +88,17 @@ impl Exec {
                 let first = FirstRead::Claim { queue, ready: max };
                 let claimed = store.txn_reading("claim", Some(first), |tx| {
                     let jobs = core::job::claim(tx, queue, holder, lease_ms, max, policy)?;
-                    let hints = match jobs.is_empty() {
-                        true => (
-                            core::job::next_change_in(tx, queue)?,
-                            core::job::relook_in(tx)?,
-                        ),
-                        false => (None, None),
+                    let look = match jobs.is_empty() {
+                        true => core::job::next_look(tx, queue)?,
+                        false => core::job::NextLook::default(),
                     };
-                    Ok((jobs, hints))
+                    Ok((jobs, look))
                 });
                 match claimed {
-                    Ok((jobs, (next_change_in_ms, relook_in_ms))) if jobs.is_empty() => {
-                        WorkerReply::Idle {
-                            next_change_in_ms,
-                            relook_in_ms,
-                        }
-                    }
+                    Ok((jobs, look)) if jobs.is_empty() => WorkerReply::Idle {
+                        next_change_in_ms: look.change_in_ms,
+                        relook_in_ms: look.relook_in_ms,
+                    },
                     other => WorkerReply::Claimed(other.map(|(jobs, _)| jobs)),
                 }
             }

@@ -80,7 +80,7 @@ pub enum Wake {
     LeaseFreed = 0,
     /// A queue's plan changed for its idle workers: a job became ready
     /// (pushed, due, given back, released), or the instant the queue next
-    /// changes by time alone ([`crate::core::job::next_change_in`]) may
+    /// changes by time alone ([`crate::core::job::NextLook`]) may
     /// have moved earlier than an idle worker last read (a job scheduled:
     /// a delayed push, a retry's backoff; a job parked until a rate allows
     /// it; a schedule put). A claim does not announce itself: where claims
@@ -237,10 +237,11 @@ pub trait JobTxn {
     /// skip locked rows). Such a job is being changed by a transaction
     /// still open (another worker's claim, most often): an idle worker
     /// that found nothing looks again soon
-    /// ([`crate::core::job::relook_in`]), and then sees what that
-    /// transaction did, a claim's expiry included. (Due and expired jobs
-    /// passed over need nothing: [`crate::core::job::next_change_in`]
-    /// reads them as due.) Announcing every claim instead serialized the commits of all claims on the server
+    /// ([`crate::core::job::NextLook::relook_in_ms`]), and then sees what
+    /// that transaction did, a claim's expiry included. (Due and expired
+    /// jobs passed over need nothing here:
+    /// [`crate::core::job::next_look`] reads them as past.) Announcing
+    /// every claim instead serialized the commits of all claims on the server
     /// (PostgreSQL orders notifying commits under one lock). False, the
     /// default, where transactions run one at a time (SQLite, the file and
     /// mem stores): a claim sees every claim committed before it.

@@ -19,7 +19,9 @@
 //!   least half of that room is free (so that claims come in batches). An
 //!   empty claim backs off ([`Backoff`], doubling up to `idle_max_ms`;
 //!   where the store announces every change, `announced`, it waits
-//!   `idle_max_ms` at once), never past the queue's next change by time;
+//!   `idle_max_ms` at once), never past the queue's next change by time
+//!   or a relook (rows another transaction holds), except that a hint
+//!   within `SOON_MS` heard again and again backs off (`soon_floor_ms`);
 //!   a wake-up (a job became ready, or the queue's plan moved earlier)
 //!   cuts the wait short, and one that came while a claim was in flight
 //!   makes an empty answer claim again at once. A claim answered
@@ -200,9 +202,10 @@ pub struct WorkerMachine {
     pub(super) next_claim: LocalMs,
     pub(super) idle: Backoff,
     /// Empty claims in a row whose answer said to look again almost at
-    /// once (`SOON_MS`): past a few, the next look backs off
+    /// once (`SOON_MS`), for each of the answer's two hints (the queue's
+    /// next change by time, the relook): past a few, that hint backs off
     /// (`soon_floor_ms`).
-    pub(super) soon_hints: u32,
+    pub(super) soon_hints: [u32; 2],
     /// A wake-up came while a claim was in flight: the claim may have read
     /// the queue before the change it announces, so an empty answer claims
     /// again at once instead of waiting.
@@ -258,7 +261,7 @@ impl WorkerMachine {
                 mix64(cfg.seed ^ 0x1d1e),
             ),
             rewake: false,
-            soon_hints: 0,
+            soon_hints: [0; 2],
             round_sent: None,
             next_round: LocalMs::MAX,
             drain_sent: false,

@@ -174,17 +174,18 @@ impl WorkerRequest {
 pub enum WorkerReply {
     /// To [`WorkerRequest::Claim`].
     Claimed(Result<Vec<JobRecord>>),
-    /// To [`WorkerRequest::Claim`], when it claimed nothing: how long
-    /// (ms) until the queue changes by time alone (a scheduled job falls
-    /// due, a claim runs out: [`crate::core::job::next_change_in`]), if
-    /// anything is scheduled or running. The next claim goes out by then.
+    /// To [`WorkerRequest::Claim`], when it claimed nothing: when to
+    /// look again ([`crate::core::job::NextLook`]). The next claim goes
+    /// out by the sooner of the two, except a hint within a few
+    /// milliseconds heard again and again, which backs off.
     Idle {
-        /// Store milliseconds until the next change, if any.
+        /// Store milliseconds until the queue changes by time alone (a
+        /// scheduled job falls due, a claim runs out), if anything is
+        /// scheduled or running.
         next_change_in_ms: Option<u64>,
         /// Store milliseconds until a look that may see what another
-        /// transaction was doing to rows this claim passed over
-        /// ([`crate::core::job::relook_in`]), if any: a guess, which the
-        /// machine backs off when it keeps hearing it.
+        /// transaction was doing to rows this claim passed over, if any:
+        /// a guess.
         relook_in_ms: Option<u64>,
     },
     /// To [`WorkerRequest::Heartbeat`], in the order sent.

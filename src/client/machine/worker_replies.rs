@@ -22,6 +22,18 @@ pub(super) const SOON_MS: u64 = 16;
 /// An empty claim's answer: `(next_change_in_ms, relook_in_ms)`.
 type Hints = (Option<u64>, Option<u64>);
 
+/// When to look again for one of an empty claim's hints (ms from now),
+/// counting `streak`, its answers in a row within [`SOON_MS`].
+fn follow(streak: &mut u32, hint: Option<u64>) -> Option<u64> {
+    let soon = hint.filter(|&h| h <= SOON_MS);
+    *streak = match soon {
+        Some(_) => streak.saturating_add(1),
+        None => 0,
+    };
+    let floor = soon.map_or(0, |_| soon_floor_ms(*streak));
+    hint.map(|h| h.saturating_add(1).max(floor))
+}
+
 /// The least wait after `n` such hints in a row: none for the first four
 /// (a claim in flight elsewhere commits within milliseconds), then 16 ms
 /// doubling up to a second. A row held for long (a session idle in its
@@ -121,7 +133,7 @@ impl WorkerMachine {
             return;
         }
         self.idle.reset();
-        self.soon_hints = 0;
+        self.soon_hints = [0; 2];
         self.next_claim = now;
         if self.jobs.is_empty() && self.reported.is_empty() {
             self.next_round = self.next_round_after(sent_at);
@@ -172,26 +184,17 @@ impl WorkerMachine {
 
     /// An empty claim: back off (jittered, doubling), but no later than
     /// the store's hints plus 1 ms (the queue's next change by time, a
-    /// relook); a hint within [`SOON_MS`] heard again and again waits at
-    /// least [`soon_floor_ms`], a hint further away is kept exactly (a
-    /// delayed job falls due on time beside a row held for hours). With
-    /// the drain rule on and nothing held, ask the store whether the
-    /// queue is drained.
+    /// relook). Each hint keeps its own count of answers in a row that
+    /// said "within [`SOON_MS`]": heard again and again, it waits at least
+    /// [`soon_floor_ms`]; heard once, or further away, it is kept exactly
+    /// (a job falls due on time beside a row held for hours). With the
+    /// drain rule on and nothing held, ask the store whether the queue is
+    /// drained.
     fn idle(&mut self, now: LocalMs, (change_in, relook_in): Hints) {
         let wait = self.idle.next_wait();
-        let soon = |h: &Option<u64>| h.is_some_and(|h| h <= SOON_MS);
-        self.soon_hints = if soon(&change_in) || soon(&relook_in) {
-            self.soon_hints.saturating_add(1)
-        } else {
-            0
-        };
-        let floor = soon_floor_ms(self.soon_hints);
-        let by = |h: u64| match h <= SOON_MS {
-            true => h.saturating_add(1).max(floor),
-            false => h.saturating_add(1),
-        };
-        let hinted = change_in.into_iter().chain(relook_in).map(by).min();
-        let wait = hinted.map_or(wait, |h| wait.min(h));
+        let [changes, relooks] = &mut self.soon_hints;
+        let hinted = [follow(changes, change_in), follow(relooks, relook_in)];
+        let wait = hinted.into_iter().flatten().fold(wait, u64::min);
         self.next_claim = now.saturating_add(wait.max(1));
         self.check_drained();
     }

@@ -54,7 +54,7 @@
 //!   running jobs keep their claims, renew and settle, and pushes are
 //!   accepted; only `claim` is refused, and it answers no jobs rather
 //!   than an error, so a worker on a paused queue idles as on an empty one
-//!   ([`super::next_change_in`] answers "nothing by time alone": the
+//!   ([`super::next_look`] answers "nothing by time alone": the
 //!   worker sleeps until a wake-up or its idle poll).
 
 use super::rate::{Bucket, Rate, QUEUE_BUCKET};

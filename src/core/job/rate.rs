@@ -29,7 +29,7 @@
 //!   allowance comes. Every start is appended to its buckets' logs.
 //! - **a key's allowance comes** ([`unpark_due`], in each claim): the
 //!   best parked jobs of the key, as many as it may start, are unparked;
-//!   an idle worker sleeps until then ([`super::next_change_in`]).
+//!   an idle worker sleeps until then ([`super::next_look`]).
 //! - **purge** ([`super::purge`]) removes the buckets whose newest start
 //!   is older than the longest window ([`MAX_WINDOW_MS`]) and that wake
 //!   nobody: no window can count them, so keys that came and went leave

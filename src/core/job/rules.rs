@@ -6,8 +6,8 @@ use super::deps;
 use super::flow::{claim_limited, slot_freed};
 use super::rate::{unpark_due, QUEUE_BUCKET};
 use super::{
-    backoff_ms, Claim, HeartbeatReply, JobId, JobRecord, JobState, QueueConfig, QueuePolicy,
-    StateCounts,
+    backoff_ms, Claim, HeartbeatReply, JobCursor, JobId, JobRecord, JobState, QueueConfig,
+    QueuePolicy, StateCounts,
 };
 use crate::core::{
     check_count, check_key, expiry_ms, Event, HolderId, JobChange, JobQuery, JobTxn, Txn, Wake,
@@ -394,21 +394,37 @@ pub fn heartbeat_many(
     Ok(replies)
 }
 
-/// How long (store ms from now) until `queue` changes by time alone: the
-/// earliest scheduled job falls due, the earliest running claim runs
-/// out, or a rate limit allows a start again (F4); `None` if none of
-/// these comes, or the queue is paused (F2). An idle worker claims again
-/// by then at the latest (a wake-up may come first), so a retry waiting
-/// out its backoff, a delayed job, a dead worker's job or a job held back
-/// by a rate starts when it can, without the worker polling for it. Rows
-/// another transaction held are [`relook_in`]'s. Three reads, and one per
-/// rate set.
-pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
+/// When an idle worker whose claim came back empty claims again at the
+/// latest ([`next_look`]), in store milliseconds from now; a wake-up may
+/// come first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NextLook {
+    /// Until `queue` changes by time alone: the earliest scheduled job
+    /// falls due, the earliest running claim runs out, or a rate limit
+    /// allows a start again (F4). `None` if none of these comes. Kept to
+    /// the millisecond: a retry waiting out its backoff, a delayed job, a
+    /// dead worker's job or a job held back by a rate starts when it can,
+    /// without the worker polling for it.
+    pub change_in_ms: Option<u64>,
+    /// [`OVERLAP_RELOOK_MS`] when the claim passed over rows another
+    /// transaction holds: a ready job ([`JobTxn::skipped_locked`]), or a
+    /// job already due or a claim already run out that the claim would
+    /// otherwise have taken. That transaction's change (a claim that may
+    /// run out, a job it leaves ready) is not in what this one read. A
+    /// guess, not a due time: a worker that keeps hearing it backs off (a
+    /// row may be held for hours).
+    pub relook_in_ms: Option<u64>,
+}
+
+/// When an idle worker looks at `queue` again after an empty claim in
+/// this transaction ([`NextLook`]); nothing by time alone if the queue is
+/// paused (F2: resuming wakes the workers). Three reads (five where rows
+/// at or before now were passed over), and one per rate set.
+pub fn next_look(tx: &mut dyn Txn, queue: &str) -> Result<NextLook> {
     check_queue(queue)?;
     let tx = tx.jobs()?;
     let limits = match tx.queue_config(queue)? {
-        // Nothing starts by time alone: resuming wakes the workers.
-        c if c.paused => return Ok(None),
+        c if c.paused => return Ok(NextLook::default()),
         c => c.limits,
     };
     let now_ms = tx.now_ms();
@@ -424,32 +440,37 @@ pub fn next_change_in(tx: &mut dyn Txn, queue: &str) -> Result<Option<u64>> {
         let wake = tx.rate_wakes(queue, u64::MAX, 1)?.first().map(|w| w.1);
         allowed = allowed.into_iter().chain(wake).min();
     }
-    let first = |tx: &mut dyn JobTxn, state| tx.page(queue, state, None, 1, 0);
-    let due = first(tx, JobState::Scheduled)?
-        .first()
-        .map(|p| p.job.run_at_ms);
-    let runs_out = first(tx, JobState::Running)?
-        .first()
-        .and_then(|p| p.job.claim.map(|c| c.lease_until_ms));
+    // The first instant of `state`'s order after now. A row at or before
+    // now is one the claim passed over: it is held, and what comes after
+    // it is read past it.
+    let mut passed_over = tx.skipped_locked();
+    let mut first_after = |tx: &mut dyn JobTxn, state, at: fn(&JobRecord) -> Option<u64>| {
+        let first = tx.page(queue, state, None, 1, 0)?;
+        let first = first.first().and_then(|p| at(&p.job));
+        if first.is_none_or(|t| t > now_ms) {
+            return Ok(first);
+        }
+        passed_over = true;
+        let past = JobCursor {
+            priority: 0,
+            at_ms: now_ms,
+            id: JobId(u64::MAX),
+        };
+        let next = tx.page(queue, state, Some(past), 1, 0)?;
+        Ok::<_, Error>(next.first().and_then(|p| at(&p.job)))
+    };
+    let due = first_after(tx, JobState::Scheduled, |j| Some(j.run_at_ms))?;
+    let runs_out = first_after(tx, JobState::Running, |j| j.claim.map(|c| c.lease_until_ms))?;
     let at = due.into_iter().chain(runs_out).chain(allowed).min();
-    Ok(at.map(|at| at.saturating_sub(now_ms)))
-}
-
-/// How soon (store ms) an idle worker looks again because this
-/// transaction's claim passed over rows another transaction held
-/// ([`JobTxn::skipped_locked`]): [`OVERLAP_RELOOK_MS`], else `None`. That
-/// transaction's change (a claim that may run out, a job it leaves ready)
-/// is not in what this one read. Apart from [`next_change_in`] because it
-/// is a guess, not a due time: a worker that keeps hearing it backs off
-/// (a row may be held for hours), while a due time is kept to the
-/// millisecond.
-pub fn relook_in(tx: &mut dyn Txn) -> Result<Option<u64>> {
-    Ok(tx.jobs()?.skipped_locked().then_some(OVERLAP_RELOOK_MS))
+    Ok(NextLook {
+        change_in_ms: at.map(|at| at.saturating_sub(now_ms)),
+        relook_in_ms: passed_over.then_some(OVERLAP_RELOOK_MS),
+    })
 }
 
 /// How soon (store ms) an idle worker looks again when its claim passed
-/// over rows another open transaction held ([`relook_in`]): about as long
-/// as a claim's transaction takes to commit.
+/// over rows another open transaction held ([`NextLook::relook_in_ms`]):
+/// about as long as a claim's transaction takes to commit.
 pub const OVERLAP_RELOOK_MS: u64 = 10;
 
 /// The one drain rule (`Queue::work` with `drain`, `queue work --drain`):

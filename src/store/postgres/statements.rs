@@ -149,7 +149,8 @@ fn due_scan() -> String {
 /// flight). (The snapshot may also hold a row a transaction committed a
 /// change to since: then an idle worker looks once more for nothing.) The expired
 /// and due scans need no probe: a row they passed over is still expired
-/// or due in what [`crate::core::job::next_change_in`] reads after them,
+/// or due in what [`crate::core::job::next_look`] reads after them (a
+/// relook),
 /// or the change that made it otherwise is in it.
 pub(super) fn pending_ready_sql() -> String {
     format!(

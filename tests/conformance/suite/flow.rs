@@ -31,7 +31,9 @@ pub fn queue_pause_starts_nothing_until_resumed(make: &Make) {
     for h in [1, 2] {
         assert!(w.claim("q", h, 1_000, 10).is_empty(), "paused: holder {h}");
     }
-    let next = w.tx(|tx| core::job::next_change_in(tx, "q")).unwrap();
+    let next = w
+        .tx(|tx| core::job::next_look(tx, "q").map(|l| l.change_in_ms))
+        .unwrap();
     assert_eq!(next, None, "nothing starts by time alone while paused");
     // Another queue claims as ever.
     let o = w.push("other", JobSpec::new("o"));

@@ -514,7 +514,10 @@ pub fn job_retry_takes_exactly_the_retryable_states(make: &Make) {
 /// falls due or the earliest running claim runs out, whichever is first.
 pub fn job_next_change_is_the_first_due_or_expiry(make: &Make) {
     let w = World::new(make);
-    let next = |w: &World| w.tx(|tx| core::job::next_change_in(tx, "q")).unwrap();
+    let next = |w: &World| {
+        w.tx(|tx| core::job::next_look(tx, "q").map(|l| l.change_in_ms))
+            .unwrap()
+    };
     assert_eq!(next(&w), None, "an empty queue never changes by time");
     w.push("q", JobSpec::new("ready"));
     assert_eq!(next(&w), None, "a ready job is not a change by time");
@@ -542,7 +545,30 @@ pub fn job_next_change_is_the_first_due_or_expiry(make: &Make) {
         },
     );
     assert_eq!(next(&w), Some(100), "another queue's jobs do not count");
-    // Past due (nobody brought the queue up to date yet): now.
+    // Past due, and nothing claimed them in this transaction: rows the
+    // claim passed over, which another transaction holds. A look soon,
+    // and the change by time is the first one after now.
     w.at(T0 + 9_000);
-    assert_eq!(next(&w), Some(0));
+    let look = |w: &World| w.tx(|tx| core::job::next_look(tx, "q")).unwrap();
+    let soon = Some(core::job::OVERLAP_RELOOK_MS);
+    assert_eq!(
+        look(&w),
+        core::job::NextLook {
+            change_in_ms: None,
+            relook_in_ms: soon
+        }
+    );
+    let after = JobSpec {
+        run_at: Some(leasehold::StoreMs(T0 + 9_700)),
+        ..JobSpec::new("after")
+    };
+    w.push("q", after);
+    assert_eq!(
+        look(&w),
+        core::job::NextLook {
+            change_in_ms: Some(700),
+            relook_in_ms: soon
+        },
+        "a due time past the held rows is kept"
+    );
 }

@@ -470,7 +470,8 @@ pub fn job_pages_list_empty_payloads(make: &Make) {
         assert!(page[0].job.payload.is_empty());
     }
     assert_eq!(
-        w.tx(|tx| core::job::next_change_in(tx, "q")).unwrap(),
+        w.tx(|tx| core::job::next_look(tx, "q").map(|l| l.change_in_ms))
+            .unwrap(),
         Some(1_000),
         "the claim runs out"
     );

@@ -8,7 +8,8 @@ use super::*;
 use leasehold::core::{Limits, Rate};
 
 fn next_change(w: &World, queue: &str) -> Option<u64> {
-    w.tx(|tx| core::job::next_change_in(tx, queue)).unwrap()
+    w.tx(|tx| core::job::next_look(tx, queue).map(|l| l.change_in_ms))
+        .unwrap()
 }
 
 /// At most N jobs of a queue start in any window of W, whoever claims and
