@@ -571,4 +571,19 @@ pub fn job_next_change_is_the_first_due_or_expiry(make: &Make) {
         },
         "a due time past the held rows is kept"
     );
+    // A row due this very instant is one the claim would have taken.
+    let exact = JobSpec {
+        run_at: Some(leasehold::StoreMs(T0 + 9_800)),
+        ..JobSpec::new("exact")
+    };
+    w.push("exact", exact);
+    w.at(T0 + 9_800);
+    assert_eq!(
+        w.tx(|tx| core::job::next_look(tx, "exact")).unwrap(),
+        core::job::NextLook {
+            change_in_ms: None,
+            relook_in_ms: soon
+        },
+        "due now: passed over"
+    );
 }
