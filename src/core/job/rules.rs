@@ -398,6 +398,7 @@ pub fn heartbeat_many(
 /// latest ([`next_look`]), in store milliseconds from now; a wake-up may
 /// come first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NextLook {
     /// Until `queue` changes by time alone: the earliest scheduled job
     /// falls due, the earliest running claim runs out, or a rate limit

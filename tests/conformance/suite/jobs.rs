@@ -549,26 +549,20 @@ pub fn job_next_change_is_the_first_due_or_expiry(make: &Make) {
     // claim passed over, which another transaction holds. A look soon,
     // and the change by time is the first one after now.
     w.at(T0 + 9_000);
-    let look = |w: &World| w.tx(|tx| core::job::next_look(tx, "q")).unwrap();
+    let look = |w: &World, queue: &str| {
+        let l = w.tx(|tx| core::job::next_look(tx, queue)).unwrap();
+        (l.change_in_ms, l.relook_in_ms)
+    };
     let soon = Some(core::job::OVERLAP_RELOOK_MS);
-    assert_eq!(
-        look(&w),
-        core::job::NextLook {
-            change_in_ms: None,
-            relook_in_ms: soon
-        }
-    );
+    assert_eq!(look(&w, "q"), (None, soon));
     let after = JobSpec {
         run_at: Some(leasehold::StoreMs(T0 + 9_700)),
         ..JobSpec::new("after")
     };
     w.push("q", after);
     assert_eq!(
-        look(&w),
-        core::job::NextLook {
-            change_in_ms: Some(700),
-            relook_in_ms: soon
-        },
+        look(&w, "q"),
+        (Some(700), soon),
         "a due time past the held rows is kept"
     );
     // A row due this very instant is one the claim would have taken.
@@ -578,12 +572,16 @@ pub fn job_next_change_is_the_first_due_or_expiry(make: &Make) {
     };
     w.push("exact", exact);
     w.at(T0 + 9_800);
+    assert_eq!(look(&w, "exact"), (None, soon), "due now: passed over");
+    // Likewise a claim already run out, and the next one to run out.
+    w.push("leases", JobSpec::new("short"));
+    w.push("leases", JobSpec::new("long"));
+    w.claim_one("leases", 3, 1_000);
+    w.claim_one("leases", 3, 20_000);
+    w.at(T0 + 14_800);
     assert_eq!(
-        w.tx(|tx| core::job::next_look(tx, "exact")).unwrap(),
-        core::job::NextLook {
-            change_in_ms: None,
-            relook_in_ms: soon
-        },
-        "due now: passed over"
+        look(&w, "leases"),
+        (Some(15_000), soon),
+        "run out, then the next"
     );
 }
