@@ -142,6 +142,33 @@ impl Store for LateAnswer {
     }
 }
 
+impl LateAnswer {
+    fn new() -> Arc<LateAnswer> {
+        Arc::new(LateAnswer {
+            inner: MemStore::new(),
+            state: std::sync::Mutex::new((false, false)),
+            changed: std::sync::Condvar::new(),
+        })
+    }
+
+    /// Wait (up to 5 s) until the first transaction has committed and
+    /// holds its answer back.
+    fn wait_first(&self) {
+        let state = self.state.lock().unwrap();
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, Duration::from_secs(5), |s| !s.0)
+            .unwrap();
+        assert!(state.0, "the first transaction never reached the store");
+    }
+
+    /// Let the first transaction's answer go.
+    fn let_go(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
 #[test]
 fn a_grant_answered_after_a_sibling_claimed_and_gave_it_back_does_not_lead() {
     // Campaign A's acquire commits a new grant, and its answer is late.
@@ -149,11 +176,7 @@ fn a_grant_answered_after_a_sibling_claimed_and_gave_it_back_does_not_lead() {
     // same holder: extended), claims it, gives it back (not a term of its
     // own) and wins a new term. A's answer then comes: its grant is gone,
     // and A must not lead beside B.
-    let store = Arc::new(LateAnswer {
-        inner: MemStore::new(),
-        state: std::sync::Mutex::new((false, false)),
-        changed: std::sync::Condvar::new(),
-    });
+    let store = LateAnswer::new();
     let client = Client::builder_shared(store.clone()).build();
     let opts = ElectOptions::new(Duration::from_secs(10));
     let (tx, a_events) = mpsc::channel();
@@ -162,22 +185,14 @@ fn a_grant_answered_after_a_sibling_claimed_and_gave_it_back_does_not_lead() {
             let _ = tx.send(e);
         })
         .unwrap();
-    {
-        let state = store.state.lock().unwrap();
-        let (state, _) = store
-            .changed
-            .wait_timeout_while(state, Duration::from_secs(5), |s| !s.0)
-            .unwrap();
-        assert!(state.0, "A's acquire never reached the store");
-    }
+    store.wait_first();
     let b = client.campaign("leader", opts, |_| {}).unwrap();
     assert!(
         wait_for(Duration::from_secs(5), || b.leader().is_some()),
         "B never led"
     );
     let b_token = b.leader().unwrap().token();
-    store.state.lock().unwrap().1 = true;
-    store.changed.notify_all();
+    store.let_go();
     std::thread::sleep(Duration::from_millis(300));
     assert!(a.leader().is_none(), "A leads beside B");
     let b_leader = b.leader().expect("B still leads");
@@ -202,29 +217,17 @@ fn a_grant_answered_after_a_sibling_claimed_and_released_it_acquires_again() {
     // holds the key: the late acquire asks the store again and gets a
     // grant of its own (before, it failed with `Held`, naming the grant
     // that had been released).
-    let store = Arc::new(LateAnswer {
-        inner: MemStore::new(),
-        state: std::sync::Mutex::new((false, false)),
-        changed: std::sync::Condvar::new(),
-    });
+    let store = LateAnswer::new();
     let client = Client::builder_shared(store.clone()).build();
     let ttl = Duration::from_secs(10);
     std::thread::scope(|s| {
         let late = s.spawn(|| client.try_acquire("k", ttl));
-        {
-            let state = store.state.lock().unwrap();
-            let (state, _) = store
-                .changed
-                .wait_timeout_while(state, Duration::from_secs(5), |s| !s.0)
-                .unwrap();
-            assert!(state.0, "the first acquire never reached the store");
-        }
+        store.wait_first();
         let sibling = client.try_acquire("k", ttl).unwrap();
         assert!(sibling.renewed(), "the late acquire's grant, extended");
         let given_back = sibling.token();
         sibling.release().unwrap();
-        store.state.lock().unwrap().1 = true;
-        store.changed.notify_all();
+        store.let_go();
         let guard = late.join().unwrap().expect("acquired again");
         assert!(guard.token() > given_back, "a new grant");
         assert!(guard.is_valid());
